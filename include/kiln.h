@@ -1,0 +1,252 @@
+/* kiln.h — the whole public API of Kiln: eager tensors, autodiff and a
+ * tracing JIT for C. The contract is ../shared/API.md; this header is its
+ * manual. Every function says what it returns, who owns it and when it fails. */
+#ifndef KILN_H
+#define KILN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+#if defined(__GNUC__)
+#pragma GCC visibility push(default) /* the library hides everything else */
+#endif
+
+/* ------------------------------------------------------------------------
+ * 1. Conventions
+ *
+ * Errors: a function returning a pointer returns NULL on failure; one
+ * returning int returns 0 on success and -1 on failure. kiln_last_error()
+ * then holds a message that begins with the operation's name, e.g.
+ * "gather: indices[0] = 7 is not in [0, 3)". An op given a NULL input returns
+ * NULL and keeps the first error, so a chain can be checked once at its end.
+ * Nothing aborts the process on bad input.
+ *
+ * Ownership: tensors are immutable and reference counted. A tensor returned
+ * by any kiln_ function belongs to the innermost open scope of the calling
+ * thread; with no scope open the caller owns it and ends it with
+ * kiln_release().
+ * ---------------------------------------------------------------------- */
+
+#define KILN_MAX_RANK 8
+
+/* KILN_SHAPE(2, 3) -> 2, (const int64_t[]){2, 3}. Rank 0 is written 0, NULL. */
+#define KILN_SHAPE(...)                                                   \
+  (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),        \
+      (const int64_t[]) { __VA_ARGS__ }
+/* KILN_AXES(0, 1) -> 2, (const int[]){0, 1}. */
+#define KILN_AXES(...)                                                    \
+  (int)(sizeof((const int[]){__VA_ARGS__}) / sizeof(int)), (const int[]) { __VA_ARGS__ }
+
+typedef enum {
+  KILN_F32,
+  KILN_F64,
+  KILN_I32,
+  KILN_I64,
+  KILN_BOOL, /* one byte per element, 0 or 1 */
+  KILN_F16,  /* IEEE half: storage only; kiln_cast to and from it */
+  KILN_BF16  /* bfloat16: storage only; kiln_cast to and from it */
+} kiln_dtype;
+#define KILN_DTYPE_COUNT 7
+
+typedef struct kiln_tensor kiln_tensor;
+typedef struct kiln_variable kiln_variable;
+typedef struct kiln_tape kiln_tape;
+typedef struct kiln_function kiln_function;
+
+const char *kiln_version(void);               /* "0.1.0"; static string */
+const char *kiln_last_error(void);            /* "" when nothing failed; per thread */
+void kiln_clear_error(void);                  /* makes kiln_last_error() "" again */
+int kiln_fail(const char *fmt, ...);          /* sets the error from user code, returns -1 */
+const char *kiln_dtype_name(kiln_dtype);      /* "f32", "i64", ...; "?" if out of range */
+size_t kiln_dtype_size(kiln_dtype);           /* bytes per element; 0 if out of range */
+
+/* Scopes own the tensors returned while they are innermost. */
+void kiln_scope_push(void);
+void kiln_scope_pop(void);                      /* releases what the scope still owns */
+kiln_tensor *kiln_scope_escape(kiln_tensor *t); /* hand t to the parent scope (or the caller);
+                                                   NULL if t is not owned by this scope */
+kiln_tensor *kiln_retain(kiln_tensor *t);       /* +1 reference owned by the caller; returns t */
+void kiln_release(kiln_tensor *t);              /* -1 caller-owned reference; NULL is fine */
+
+/* ------------------------------------------------------------------------
+ * 2. Tensors. Storage is row-major, contiguous and 64-byte aligned.
+ * Shapes have rank 0..8; an element count that overflows is an error.
+ * ---------------------------------------------------------------------- */
+
+kiln_tensor *kiln_tensor_new(kiln_dtype, int rank, const int64_t *shape,
+                             const void *data); /* copies data; data NULL = zeros */
+kiln_tensor *kiln_scalar(kiln_dtype, double value);
+kiln_tensor *kiln_scalar_like(const kiln_tensor *t, double value); /* rank 0, t's dtype and device */
+kiln_tensor *kiln_zeros(kiln_dtype, int rank, const int64_t *shape);
+kiln_tensor *kiln_ones(kiln_dtype, int rank, const int64_t *shape);
+kiln_tensor *kiln_fill(kiln_dtype, int rank, const int64_t *shape, double value);
+kiln_tensor *kiln_arange(kiln_dtype, int64_t n); /* 0 .. n-1; n >= 0 */
+kiln_tensor *kiln_eye(kiln_dtype, int64_t n);    /* n x n identity */
+
+/* Random numbers come from a counter-based Philox-4x32-10 generator. The
+ * global state is (seed, counter): the same seed gives the same stream, and
+ * each draw advances the counter by the blocks it used. */
+void kiln_random_seed(uint64_t seed); /* also resets the counter to 0 */
+/* Standard normal (Box-Muller); float dtypes only. */
+kiln_tensor *kiln_random_normal(kiln_dtype, int rank, const int64_t *shape);
+/* Uniform in [lo, hi). Integer dtypes draw integers in [lo, hi). */
+kiln_tensor *kiln_random_uniform(kiln_dtype, int rank, const int64_t *shape, double lo, double hi);
+/* The generator's position, for code that must save, restore or stage it. */
+void kiln_random_get_state(uint64_t *seed, uint64_t *counter);
+void kiln_random_set_state(uint64_t seed, uint64_t counter);
+
+kiln_dtype kiln_tensor_dtype(const kiln_tensor *);    /* KILN_F32 for NULL */
+int kiln_tensor_rank(const kiln_tensor *);            /* -1 for NULL */
+const int64_t *kiln_tensor_shape(const kiln_tensor *); /* rank entries, valid while t lives */
+int64_t kiln_tensor_size(const kiln_tensor *);        /* number of elements; -1 for NULL */
+const char *kiln_tensor_device(const kiln_tensor *);  /* "cpu:0", "gpu:0"; NULL for NULL */
+/* Copies the data to dst, row-major; fails if bytes < size * dtype size. */
+int kiln_tensor_read(const kiln_tensor *, void *dst, size_t bytes);
+/* The one element as double; NAN with the error set unless size is 1. */
+double kiln_tensor_item(const kiln_tensor *);
+/* "kiln.Tensor([[2. 3.] [4. 5.]], shape=(2, 2), dtype=f32)"; more than 1000
+ * elements are summarised with "..." as NumPy does. malloc'd: free() it. */
+char *kiln_tensor_str(const kiln_tensor *);
+int kiln_tensor_print(const kiln_tensor *, FILE *); /* kiln_tensor_str and a newline */
+/* Read-only pointer to the host data of a CPU tensor (NULL otherwise). */
+const void *kiln_tensor_data(const kiln_tensor *);
+
+/* ------------------------------------------------------------------------
+ * 3. Operations. Each returns a new tensor (owned as in section 1) or NULL.
+ *
+ * Semantics pinned down here:
+ * - Binary ops broadcast as NumPy does; dtypes must match exactly.
+ * - Arithmetic works on f32, f64, i32, i64; bool takes the logical ops,
+ *   comparisons, select, maximum/minimum and the data-movement ops. f16 and
+ *   bf16 are storage types: cast, print, read and move them (reshape,
+ *   transpose, slice, concat, ...), cast to f32 to compute.
+ * - Integer div and mod truncate toward zero, as C does (mod takes the sign
+ *   of the dividend); float mod is fmod. Integer division or mod by zero is
+ *   an error. INT_MIN / -1 wraps. Integer pow with a negative exponent is 0
+ *   unless the base is 1 or -1.
+ * - Comparisons and logical ops return bool.
+ * - cast from float to an integer truncates toward zero; NaN gives 0 and
+ *   values out of range saturate. Casting to bool gives x != 0.
+ * - Reductions of an empty axis give the identity: sum 0, prod 1,
+ *   max -inf (integer: the type's minimum), min +inf (integer: maximum).
+ *   reduce_mean of an empty axis is NaN (0/0). argmax picks the first
+ *   maximum; argmax of an empty axis is an error.
+ * - sign(0) = 0; relu(x) = max(x, 0); sigmoid is computed without overflow.
+ * ---------------------------------------------------------------------- */
+
+/* elementwise binary, NumPy broadcasting */
+kiln_tensor *kiln_add(kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_sub(kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_mul(kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_div(kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_pow(kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_maximum(kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_minimum(kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_mod(kiln_tensor *a, kiln_tensor *b);
+/* comparisons -> bool */
+kiln_tensor *kiln_equal(kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_not_equal(kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_less(kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_less_equal(kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_greater(kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_greater_equal(kiln_tensor *a, kiln_tensor *b);
+/* logical, bool only */
+kiln_tensor *kiln_logical_and(kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_logical_or(kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_logical_not(kiln_tensor *a);
+/* elementwise unary; exp..tanh, sigmoid, floor, ceil need a float dtype */
+kiln_tensor *kiln_neg(kiln_tensor *a);
+kiln_tensor *kiln_abs(kiln_tensor *a);
+kiln_tensor *kiln_sign(kiln_tensor *a);
+kiln_tensor *kiln_exp(kiln_tensor *a);
+kiln_tensor *kiln_log(kiln_tensor *a);
+kiln_tensor *kiln_log1p(kiln_tensor *a);
+kiln_tensor *kiln_sqrt(kiln_tensor *a);
+kiln_tensor *kiln_rsqrt(kiln_tensor *a);
+kiln_tensor *kiln_square(kiln_tensor *a);
+kiln_tensor *kiln_sin(kiln_tensor *a);
+kiln_tensor *kiln_cos(kiln_tensor *a);
+kiln_tensor *kiln_tanh(kiln_tensor *a);
+kiln_tensor *kiln_sigmoid(kiln_tensor *a);
+kiln_tensor *kiln_relu(kiln_tensor *a);
+kiln_tensor *kiln_floor(kiln_tensor *a);
+kiln_tensor *kiln_ceil(kiln_tensor *a);
+/* cond ? a : b elementwise; cond is bool; all three broadcast together */
+kiln_tensor *kiln_select(kiln_tensor *cond, kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_cast(kiln_tensor *t, kiln_dtype);
+kiln_tensor *kiln_identity(kiln_tensor *t);
+kiln_tensor *kiln_stop_gradient(kiln_tensor *t);
+
+/* reductions: axes == NULL (or naxes == 0 with axes NULL) reduces every axis;
+ * negative axes count from the end; repeated axes are an error. */
+kiln_tensor *kiln_reduce_sum(kiln_tensor *t, int naxes, const int *axes, bool keepdims);
+kiln_tensor *kiln_reduce_mean(kiln_tensor *t, int naxes, const int *axes, bool keepdims);
+kiln_tensor *kiln_reduce_max(kiln_tensor *t, int naxes, const int *axes, bool keepdims);
+kiln_tensor *kiln_reduce_min(kiln_tensor *t, int naxes, const int *axes, bool keepdims);
+kiln_tensor *kiln_reduce_prod(kiln_tensor *t, int naxes, const int *axes, bool keepdims);
+kiln_tensor *kiln_argmax(kiln_tensor *t, int axis); /* i64; first maximum wins */
+
+/* linear algebra: rank >= 2, leading dimensions broadcast as batch */
+kiln_tensor *kiln_matmul(kiln_tensor *a, kiln_tensor *b);
+
+/* shape */
+kiln_tensor *kiln_reshape(kiln_tensor *t, int rank, const int64_t *shape); /* one -1 allowed */
+kiln_tensor *kiln_transpose(kiln_tensor *t, int rank, const int *perm);    /* perm NULL = reverse */
+kiln_tensor *kiln_broadcast_to(kiln_tensor *t, int rank, const int64_t *shape);
+kiln_tensor *kiln_expand_dims(kiln_tensor *t, int axis); /* axis in [-rank-1, rank] */
+kiln_tensor *kiln_squeeze(kiln_tensor *t, int axis);     /* that axis must have size 1 */
+/* begin[i] in [0, dim]; size -1 = to the end; begin+size must fit */
+kiln_tensor *kiln_slice(kiln_tensor *t, const int64_t *begin, const int64_t *size);
+kiln_tensor *kiln_index(kiln_tensor *t, int64_t i); /* t[i] on axis 0; negative i from the end */
+kiln_tensor *kiln_concat(int n, kiln_tensor *const *ts, int axis);
+/* n equal parts along axis into out[0..n); 0 or -1 (out untouched on failure) */
+int kiln_split(kiln_tensor *t, int n, int axis, kiln_tensor **out);
+kiln_tensor *kiln_stack(int n, kiln_tensor *const *ts, int axis);
+/* result shape params.shape[:axis] + indices.shape + params.shape[axis+1:];
+ * indices i32 or i64, each in [0, dim) (negative indices are errors) */
+kiln_tensor *kiln_gather(kiln_tensor *params, kiln_tensor *indices, int axis);
+/* indices (i32/i64) -> indices.shape + (depth,); out-of-range rows are all 0 */
+kiln_tensor *kiln_one_hot(kiln_tensor *indices, int64_t depth, kiln_dtype);
+
+/* neural-network helpers (float dtypes) */
+kiln_tensor *kiln_softmax(kiln_tensor *t, int axis);
+kiln_tensor *kiln_log_softmax(kiln_tensor *t, int axis);
+/* labels and logits [..., classes] -> per example [...] */
+kiln_tensor *kiln_softmax_cross_entropy(kiln_tensor *labels, kiln_tensor *logits);
+/* labels i32/i64 [...] in [0, classes), logits [..., classes] -> [...] */
+kiln_tensor *kiln_sparse_softmax_cross_entropy(kiln_tensor *labels, kiln_tensor *logits);
+/* t * max_norm / max(l2norm(t), max_norm) */
+kiln_tensor *kiln_clip_by_norm(kiln_tensor *t, double max_norm);
+
+/* ------------------------------------------------------------------------
+ * 7. Devices. CPU is always present and listed first.
+ * ---------------------------------------------------------------------- */
+
+int kiln_device_count(void);
+const char *kiln_device_name(int i);           /* "cpu:0" first; NULL if out of range */
+int kiln_device_push(const char *name);        /* ops run there until the pop; -1 if unknown */
+void kiln_device_pop(void);                    /* no-op when nothing was pushed */
+const char *kiln_device_current(void);         /* innermost device scope, "cpu:0" by default */
+kiln_tensor *kiln_to_device(kiln_tensor *t, const char *name);
+
+/* ------------------------------------------------------------------------
+ * Debugging and tests
+ * ---------------------------------------------------------------------- */
+
+/* Tensors alive in the whole process (headers, views included). */
+int64_t kiln_debug_live_tensors(void);
+/* Worker threads the eager kernels may use, the caller included (>= 1). */
+int kiln_num_threads(void);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
+#ifdef __cplusplus
+}
+#endif
+#endif /* KILN_H */

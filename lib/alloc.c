@@ -1,0 +1,108 @@
+/* alloc.c — a size-class caching allocator: blocks are powers of two,
+ * 64-byte aligned. Small blocks are cached per thread (no lock, no malloc in
+ * steady state); large ones in one global cache with a byte budget, so big
+ * eager temporaries don't pay page faults on every op. */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "runtime.h"
+
+enum {
+  MIN_CLASS = 7,     /* 128 bytes */
+  SMALL_MAX = 16,    /* <= 64 KiB: per-thread cache */
+  MAX_CLASS = 48,
+  SMALL_KEEP = 64,   /* blocks kept per small class and thread */
+};
+#define LARGE_BUDGET ((size_t)1 << 30) /* bytes kept in the global cache */
+
+typedef struct free_block {
+  struct free_block *next;
+} free_block;
+
+typedef struct {
+  free_block *head[SMALL_MAX + 1];
+  int count[SMALL_MAX + 1];
+  bool registered;
+} thread_cache;
+
+static _Thread_local thread_cache tcache;
+static pthread_key_t tcache_key;
+static pthread_once_t tcache_once = PTHREAD_ONCE_INIT;
+
+static pthread_mutex_t large_lock = PTHREAD_MUTEX_INITIALIZER;
+static free_block *large_head[MAX_CLASS + 1];
+static size_t large_bytes;
+
+static void tcache_flush(void *arg) {
+  thread_cache *c = arg;
+  for (int k = 0; k <= SMALL_MAX; k++) {
+    while (c->head[k]) {
+      free_block *b = c->head[k];
+      c->head[k] = b->next;
+      free(b);
+    }
+    c->count[k] = 0;
+  }
+}
+
+static void tcache_key_init(void) { pthread_key_create(&tcache_key, tcache_flush); }
+
+static int size_class(size_t bytes) {
+  if (bytes <= ((size_t)1 << MIN_CLASS)) return MIN_CLASS;
+  int k = 64 - __builtin_clzll((unsigned long long)(bytes - 1));
+  return k;
+}
+
+void *mem_alloc(size_t bytes, int32_t *cls) {
+  int k = size_class(bytes);
+  if (KILN_UNLIKELY(k > MAX_CLASS)) return NULL;
+  *cls = k;
+  if (k <= SMALL_MAX) {
+    free_block *b = tcache.head[k];
+    if (KILN_LIKELY(b != NULL)) {
+      tcache.head[k] = b->next;
+      tcache.count[k]--;
+      return b;
+    }
+  } else {
+    pthread_mutex_lock(&large_lock);
+    free_block *b = large_head[k];
+    if (b) {
+      large_head[k] = b->next;
+      large_bytes -= (size_t)1 << k;
+    }
+    pthread_mutex_unlock(&large_lock);
+    if (b) return b;
+  }
+  return aligned_alloc(KILN_ALIGN, (size_t)1 << k);
+}
+
+void mem_free(void *p, int32_t k) {
+  if (!p) return;
+  free_block *b = p;
+  if (k <= SMALL_MAX) {
+    if (KILN_UNLIKELY(!tcache.registered)) {
+      pthread_once(&tcache_once, tcache_key_init);
+      pthread_setspecific(tcache_key, &tcache);
+      tcache.registered = true;
+    }
+    if (tcache.count[k] < SMALL_KEEP) {
+      b->next = tcache.head[k];
+      tcache.head[k] = b;
+      tcache.count[k]++;
+      return;
+    }
+  } else {
+    size_t size = (size_t)1 << k;
+    pthread_mutex_lock(&large_lock);
+    bool keep = large_bytes + size <= LARGE_BUDGET;
+    if (keep) {
+      b->next = large_head[k];
+      large_head[k] = b;
+      large_bytes += size;
+    }
+    pthread_mutex_unlock(&large_lock);
+    if (keep) return;
+  }
+  free(p);
+}

@@ -1,0 +1,17 @@
+/* compat.h — the one place for compiler-specific extensions (GCC/Clang).
+ * Everything else in Kiln is plain C11. */
+#ifndef KILN_COMPAT_H
+#define KILN_COMPAT_H
+
+#define KILN_LIKELY(x) __builtin_expect(!!(x), 1)
+#define KILN_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define KILN_CONSTRUCTOR __attribute__((constructor))
+#define KILN_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#define KILN_UNUSED __attribute__((unused))
+#define KILN_RESTRICT __restrict__
+#define KILN_ASSUME_ALIGNED(p, n) __builtin_assume_aligned((p), (n))
+/* a * b into *out; true on overflow */
+#define KILN_MUL_OVERFLOW(a, b, out) __builtin_mul_overflow((a), (b), (out))
+#define KILN_ADD_OVERFLOW(a, b, out) __builtin_add_overflow((a), (b), (out))
+
+#endif

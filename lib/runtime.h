@@ -1,0 +1,99 @@
+/* runtime.h — the tensor runtime shared by every file of lib/: the tensor
+ * struct, the allocator, errors, scopes, devices and the thread pool.
+ * Internal: only include/kiln.h is public. */
+#ifndef KILN_RUNTIME_H
+#define KILN_RUNTIME_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "compat.h"
+#include "kiln.h"
+
+#define KILN_ALIGN 64
+
+enum { TF_SYMBOLIC = 1 }; /* kiln_tensor.flags */
+
+struct kiln_tensor {
+  atomic_int refs;
+  uint8_t dtype;   /* kiln_dtype */
+  int8_t rank;
+  uint8_t device;  /* index into the device list; 0 = cpu:0 */
+  uint8_t flags;   /* TF_* */
+  int32_t mem_class; /* allocator class of this block (see alloc.c) */
+  int64_t size;      /* number of elements */
+  int64_t shape[KILN_MAX_RANK];
+  void *data;        /* 64-byte aligned; inside this block, in base, or separate */
+  kiln_tensor *base; /* a view's owner of data (retained), else NULL */
+  void *data_block;  /* separately allocated data, else NULL */
+  int32_t data_class;
+  void *sym;         /* the tracer's value when TF_SYMBOLIC (staging issue) */
+  void *grad;        /* autodiff bookkeeping (autodiff issue) */
+};
+
+/* ---- dtypes ---- */
+extern const uint8_t kiln_dtype_sizes[KILN_DTYPE_COUNT];
+static inline bool dtype_valid(int dt) { return dt >= 0 && dt < KILN_DTYPE_COUNT; }
+static inline bool dtype_is_float(kiln_dtype dt) { return dt == KILN_F32 || dt == KILN_F64; }
+static inline bool dtype_is_int(kiln_dtype dt) { return dt == KILN_I32 || dt == KILN_I64; }
+/* element i of t's data as double (any dtype, f16/bf16 included) */
+double dtype_load(kiln_dtype dt, const void *data, int64_t i);
+/* stores v into element i, converting as kiln_cast does */
+void dtype_store(kiln_dtype dt, void *data, int64_t i, double v);
+float kiln_f16_to_f32(uint16_t h);
+uint16_t kiln_f32_to_f16(float f); /* round to nearest even */
+float kiln_bf16_to_f32(uint16_t h);
+uint16_t kiln_f32_to_bf16(float f); /* round to nearest even */
+
+/* ---- errors (error.c) ---- */
+/* Sets the thread's error message (printf format); returns -1. */
+int kiln_set_error(const char *fmt, ...) KILN_PRINTF(1, 2);
+/* true when a previous failure left a message */
+bool kiln_has_error(void);
+/* "(2, 3)" into buf; returns buf */
+char *shape_str(char *buf, size_t n, int rank, const int64_t *shape);
+
+/* ---- memory (alloc.c): size-class caching, 64-byte aligned ---- */
+void *mem_alloc(size_t bytes, int32_t *cls);
+void mem_free(void *p, int32_t cls);
+
+/* ---- tensors (tensor.c) ---- */
+/* Checks rank and dims (>= 0, no overflow); writes the element count. */
+int shape_check(const char *op, int rank, const int64_t *shape, int64_t *size);
+/* A fresh tensor with uninitialised data, owned by the caller (refs 1), not
+ * yet in any scope. Fails (NULL) on bad shape or out of memory. */
+kiln_tensor *tensor_alloc(const char *op, kiln_dtype dt, int rank, const int64_t *shape);
+/* A header sharing base's data with another shape of the same size. */
+kiln_tensor *tensor_view(kiln_tensor *base, int rank, const int64_t *shape);
+/* Hands a caller-owned tensor to the innermost scope (if any); returns t. */
+kiln_tensor *scope_own(kiln_tensor *t);
+static inline size_t tensor_bytes(const kiln_tensor *t) {
+  return (size_t)t->size * kiln_dtype_sizes[t->dtype];
+}
+
+/* ---- devices (device.c) ---- */
+int device_current(void); /* index of the innermost device scope */
+int device_find(const char *name); /* -1 if unknown */
+
+/* ---- random numbers (random.c) ----
+ * Philox-4x32-10 keyed by the 64-bit seed; block c gives four 32-bit words.
+ * Element i of a draw that starts at counter c0 uses block c0 + i/2: words
+ * 0-1 for even i, words 2-3 for odd i (a normal pair uses all four for
+ * elements 2j and 2j+1). A draw of n elements advances the stream by
+ * (n + 1) / 2 blocks. */
+/* Reserves blocks of the global stream atomically; returns the first
+ * counter and writes the seed. */
+uint64_t rng_reserve(uint64_t blocks, uint64_t *seed);
+/* One Philox-4x32-10 block. */
+void philox4x32(uint64_t seed, uint64_t counter, uint32_t out[4]);
+
+/* ---- threads (threadpool.c) ---- */
+/* Calls fn(ctx, begin, end) over [0, n) in chunks of at least grain,
+ * on the pool and the calling thread; serial when n <= grain, when the
+ * pool is busy, or inside a pool task. */
+typedef void (*parallel_fn)(void *ctx, int64_t begin, int64_t end);
+void parallel_for(int64_t n, int64_t grain, parallel_fn fn, void *ctx);
+
+#endif
