@@ -210,6 +210,13 @@ kiln_tensor *kiln_stack(int n, kiln_tensor *const *ts, int axis);
 /* result shape params.shape[:axis] + indices.shape + params.shape[axis+1:];
  * indices i32 or i64, each in [0, dim) (negative indices are errors) */
 kiln_tensor *kiln_gather(kiln_tensor *params, kiln_tensor *indices, int axis);
+/* The gradient of kiln_gather: zeros of shape (rank, shape), then
+ * out[..., indices[j], ...] += updates[..., j, ...] along axis (duplicates
+ * accumulate). updates has shape shape[:axis] + indices.shape + shape[axis+1:];
+ * f32, f64, i32, i64 (integer sums wrap). indices i32 or i64, each in
+ * [0, shape[axis]) (negative indices are errors); axis in [-rank, rank). */
+kiln_tensor *kiln_scatter_add(kiln_tensor *updates, kiln_tensor *indices, int axis, int rank,
+                              const int64_t *shape);
 /* indices (i32/i64) -> indices.shape + (depth,); out-of-range rows are all 0 */
 kiln_tensor *kiln_one_hot(kiln_tensor *indices, int64_t depth, kiln_dtype);
 
@@ -222,6 +229,70 @@ kiln_tensor *kiln_softmax_cross_entropy(kiln_tensor *labels, kiln_tensor *logits
 kiln_tensor *kiln_sparse_softmax_cross_entropy(kiln_tensor *labels, kiln_tensor *logits);
 /* t * max_norm / max(l2norm(t), max_norm) */
 kiln_tensor *kiln_clip_by_norm(kiln_tensor *t, double max_norm);
+
+/* ------------------------------------------------------------------------
+ * 4. Variables, gradients, optimizers, checkpoints
+ * ---------------------------------------------------------------------- */
+
+/* Mutable state with a fixed dtype and shape. kiln_variable_new copies init
+ * (NULL or a symbolic init is an error); name may be NULL ("var<N>" is
+ * made up); the name is copied. Creating a variable while tracing fails. */
+kiln_variable *kiln_variable_new(const kiln_tensor *init, const char *name);
+void kiln_variable_free(kiln_variable *); /* NULL is fine; tensors read stay valid */
+const char *kiln_variable_name(const kiln_variable *);
+kiln_tensor *kiln_variable_read(kiln_variable *); /* current value; watched by every active tape */
+/* Replace the value; value must have the variable's dtype and shape. 0 / -1. */
+int kiln_variable_assign(kiln_variable *, const kiln_tensor *value);
+int kiln_variable_assign_add(kiln_variable *, const kiln_tensor *delta); /* delta broadcasts */
+int kiln_variable_assign_sub(kiln_variable *, const kiln_tensor *delta);
+
+/* Gradient tapes, as TensorFlow Eager's GradientTape. A tape records, while
+ * it is active on this thread, every op with a float (f32/f64) result that
+ * depends on a tensor it watches. Tapes nest; each sees the ops of the
+ * others, so an outer tape records the gradient computation of an inner
+ * one (higher-order derivatives). Recorded tensors stay alive until
+ * kiln_tape_free. */
+kiln_tape *kiln_tape_begin(bool persistent); /* starts recording; NULL on failure */
+void kiln_tape_watch(kiln_tape *, kiln_tensor *); /* NULL/int tensors are ignored */
+void kiln_tape_end(kiln_tape *);  /* stops recording; must be the innermost active tape */
+void kiln_tape_free(kiln_tape *); /* ends it first if still active; NULL is fine */
+/* d(sum of target)/d(source): grads[i] gets a new tensor of sources[i]'s
+ * shape and dtype, or NULL where target does not depend on sources[i].
+ * A target that is a source gets ones. A non-persistent tape computes one
+ * gradient; a second call fails. The gradient may be taken while the tape
+ * is still active. reduce_max/min send the gradient to every tied maximum
+ * (minimum) in equal parts; argmax, comparisons, floor, ceil, sign and
+ * integer results carry none. 0 / -1 (grads all NULL on failure). */
+int kiln_tape_gradient(kiln_tape *, kiln_tensor *target, int n, kiln_tensor *const *sources,
+                       kiln_tensor **grads);
+/* The same with respect to variables read while the tape was active (the
+ * gradients of all reads of a variable are summed). */
+int kiln_tape_gradient_vars(kiln_tape *, kiln_tensor *target, int n, kiln_variable *const *vars,
+                            kiln_tensor **grads);
+
+/* Custom gradient: fwd runs without recording; active tapes record one node
+ * whose gradient is grad(). grad writes dxs[i] (NULL = no gradient) and
+ * returns 0 or -1; it is itself recorded by outer tapes. */
+typedef kiln_tensor *(*kiln_forward_fn)(void *user, int n, kiln_tensor *const *xs);
+typedef int (*kiln_gradient_fn)(void *user, int n, kiln_tensor *const *xs, kiln_tensor *y,
+                                kiln_tensor *dy, kiln_tensor **dxs);
+kiln_tensor *kiln_custom_gradient(kiln_forward_fn fwd, kiln_gradient_fn grad, void *user, int n,
+                                  kiln_tensor *const *xs);
+
+typedef struct kiln_optimizer kiln_optimizer;
+kiln_optimizer *kiln_sgd_new(double learning_rate); /* v -= lr * g */
+/* v -= lr * (m = momentum * m + g), or Nesterov's variant when nesterov */
+kiln_optimizer *kiln_sgd_momentum_new(double learning_rate, double momentum, bool nesterov);
+/* Adam with bias correction (Kingma and Ba, Algorithm 1) */
+kiln_optimizer *kiln_adam_new(double learning_rate, double beta1, double beta2, double epsilon);
+/* One step: grads[i] (NULL = skip) must match vars[i]'s dtype and shape. */
+int kiln_optimizer_apply(kiln_optimizer *, int n, kiln_variable *const *vars, kiln_tensor *const *grads);
+void kiln_optimizer_free(kiln_optimizer *); /* NULL is fine */
+
+/* safetensors files, keyed by variable name; restore checks names, dtype and
+ * shape, and fails cleanly on a truncated or corrupt file. */
+int kiln_checkpoint_save(const char *path, int n, kiln_variable *const *vars);
+int kiln_checkpoint_restore(const char *path, int n, kiln_variable *const *vars);
 
 /* ------------------------------------------------------------------------
  * 7. Devices. CPU is always present and listed first.

@@ -11,8 +11,10 @@ enum {
   MIN_CLASS = 7,     /* 128 bytes */
   SMALL_MAX = 16,    /* <= 64 KiB: per-thread cache */
   MAX_CLASS = 48,
-  SMALL_KEEP = 64,   /* blocks kept per small class and thread */
 };
+/* bytes kept per small class and thread: a scope of a few thousand small
+ * results recycles without touching malloc */
+#define SMALL_KEEP_BYTES ((int64_t)8 << 20)
 #define LARGE_BUDGET ((size_t)1 << 30) /* bytes kept in the global cache */
 
 typedef struct free_block {
@@ -21,7 +23,7 @@ typedef struct free_block {
 
 typedef struct {
   free_block *head[SMALL_MAX + 1];
-  int count[SMALL_MAX + 1];
+  int64_t count[SMALL_MAX + 1];
   bool registered;
 } thread_cache;
 
@@ -86,7 +88,7 @@ void mem_free(void *p, int32_t k) {
       pthread_setspecific(tcache_key, &tcache);
       tcache.registered = true;
     }
-    if (tcache.count[k] < SMALL_KEEP) {
+    if (tcache.count[k] << k < SMALL_KEEP_BYTES) {
       b->next = tcache.head[k];
       tcache.head[k] = b;
       tcache.count[k]++;

@@ -8,6 +8,8 @@
 #define KILN_CONSTRUCTOR __attribute__((constructor))
 #define KILN_PRINTF(f, a) __attribute__((format(printf, f, a)))
 #define KILN_UNUSED __attribute__((unused))
+/* exports one internal function from the -fvisibility=hidden library (test hooks) */
+#define KILN_EXPORT __attribute__((visibility("default")))
 #define KILN_RESTRICT __restrict__
 #define KILN_ASSUME_ALIGNED(p, n) __builtin_assume_aligned((p), (n))
 /* a * b into *out; true on overflow */

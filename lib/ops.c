@@ -5,7 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "ops.h"
+#include "autodiff.h"
 
 static const op_attrs no_attrs;
 
@@ -84,7 +84,7 @@ kiln_tensor *op_apply(op_id op, const op_attrs *attrs, int n, kiln_tensor *const
   }
 done:
   if (types != small) free(types);
-  /* Active tapes record (op, inputs, out) here (autodiff issue). */
+  if (KILN_UNLIKELY(tape_active_count) && out) tape_record(op, attrs, n, in, out);
   return scope_own(out);
 }
 
@@ -331,8 +331,22 @@ static kiln_tensor *random_draw(op_id op, kiln_dtype dt, int rank, const int64_t
   }
   op_attrs a = {.dtype = dt, .rank = rank, .lo = lo, .hi = hi};
   for (int i = 0; i < rank; i++) a.shape[i] = shape[i];
-  /* reserve only for a call that will run: dtype errors must not move the stream */
+  /* reserve only for a call that will run: a failed draw must not move the stream */
   if (!dtype_valid(dt) || !(kiln_ops[op].dtypes & DT_BIT(dt))) return op_apply(op, &a, 0, NULL);
+  if (dtype_is_int(dt)) {
+    double l = ceil(lo), h = ceil(hi), limit = dt == KILN_I32 ? 0x1p31 : 0x1p63;
+    if (!(l < h)) {
+      kiln_set_error("%s: empty integer range [%g, %g)", name, lo, hi);
+      return NULL;
+    }
+    if (l < -limit || h > limit) {
+      kiln_set_error("%s: range [%g, %g) does not fit %s", name, lo, hi, kiln_dtype_name(dt));
+      return NULL;
+    }
+  } else if (dt == KILN_F32 && (fabs(lo) > 3.4028234663852886e38 || fabs(hi) > 3.4028234663852886e38)) {
+    kiln_set_error("%s: range [%g, %g) does not fit f32", name, lo, hi);
+    return NULL;
+  }
   a.counter = rng_reserve(((uint64_t)size + 1) / 2, &a.seed);
   return op_apply(op, &a, 0, NULL);
 }

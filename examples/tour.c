@@ -1,0 +1,202 @@
+/* tour.c — a first walk through Kiln: tensors, broadcasting, reductions,
+ * matmul, a composite op, random numbers, errors as values, and scopes that
+ * keep it all leak-free. Run it with ./scripts/tour.sh; read it top to bottom. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#include <kiln.h>
+
+#include <stdlib.h>
+#include <time.h>
+
+/* Prints "label: <tensor>", or the error if t is NULL. Returns 0 / -1. */
+static int show(const char *label, kiln_tensor *t) {
+  printf("  %-22s ", label);
+  if (!t) {
+    printf("(failed: %s)\n", kiln_last_error());
+    return -1;
+  }
+  return kiln_tensor_print(t, stdout);
+}
+
+static void heading(const char *title) { printf("\n== %s ==\n", title); }
+
+/* 1. Tensors: made from C arrays or by constructors, printed as NumPy does. */
+static int tour_tensors(void) {
+  heading("tensors");
+  printf("  kiln %s, devices:", kiln_version());
+  for (int i = 0; i < kiln_device_count(); i++) printf(" %s", kiln_device_name(i));
+  printf("\n");
+
+  kiln_tensor *a = kiln_tensor_new(KILN_F32, KILN_SHAPE(2, 3), (float[]){1, 2, 3, 4, 5, 6});
+  kiln_tensor *r = kiln_reshape(kiln_arange(KILN_I64, 6), KILN_SHAPE(3, -1));
+  int rc = 0;
+  rc |= show("a", a);
+  rc |= show("arange(6) as (3, -1)", r);
+  rc |= show("eye(3)", kiln_eye(KILN_F64, 3));
+  rc |= show("cast(a, i32)", kiln_cast(a, KILN_I32));
+  printf("  a has rank %d, shape (%lld, %lld), %lld elements, dtype %s, on %s\n",
+         kiln_tensor_rank(a), (long long)kiln_tensor_shape(a)[0],
+         (long long)kiln_tensor_shape(a)[1], (long long)kiln_tensor_size(a),
+         kiln_dtype_name(kiln_tensor_dtype(a)), kiln_tensor_device(a));
+  return rc;
+}
+
+/* 2. Broadcasting follows NumPy: shapes align on the right, 1s stretch. */
+static int tour_broadcasting(void) {
+  heading("broadcasting");
+  kiln_tensor *a = kiln_tensor_new(KILN_F32, KILN_SHAPE(2, 3), (float[]){1, 2, 3, 4, 5, 6});
+  kiln_tensor *row = kiln_tensor_new(KILN_F32, KILN_SHAPE(3), (float[]){10, 20, 30});
+  kiln_tensor *col = kiln_tensor_new(KILN_F32, KILN_SHAPE(2, 1), (float[]){100, 200});
+  int rc = 0;
+  rc |= show("a + row  (2,3)+(3,)", kiln_add(a, row));
+  rc |= show("a + col  (2,3)+(2,1)", kiln_add(a, col));
+  rc |= show("a * 0.5  (scalar)", kiln_mul(a, kiln_scalar(KILN_F32, 0.5)));
+  rc |= show("a > 3", kiln_greater(a, kiln_scalar(KILN_F32, 3)));
+  return rc;
+}
+
+/* 3. Reductions take a list of axes (NULL = all of them). */
+static int tour_reductions(void) {
+  heading("reductions");
+  kiln_tensor *a = kiln_tensor_new(KILN_F32, KILN_SHAPE(2, 3), (float[]){1, 5, 3, 4, 2, 6});
+  int rc = 0;
+  rc |= show("a", a);
+  rc |= show("sum over axis 1", kiln_reduce_sum(a, KILN_AXES(1), false));
+  rc |= show("max over axis 0", kiln_reduce_max(a, KILN_AXES(0), true));
+  rc |= show("mean of everything", kiln_reduce_mean(a, 0, NULL, false));
+  rc |= show("argmax over axis 1", kiln_argmax(a, 1));
+  return rc;
+}
+
+/* 4. Matmul: rank >= 2; leading dimensions broadcast as a batch. */
+static int tour_matmul(void) {
+  heading("matmul");
+  kiln_tensor *a = kiln_tensor_new(KILN_F32, KILN_SHAPE(2, 3), (float[]){1, 2, 3, 4, 5, 6});
+  kiln_tensor *b = kiln_tensor_new(KILN_F32, KILN_SHAPE(3, 2), (float[]){1, 0, 0, 1, 1, 1});
+  int rc = 0;
+  rc |= show("a @ b", kiln_matmul(a, b));
+  rc |= show("a @ transpose(a)", kiln_matmul(a, kiln_transpose(a, 0, NULL)));
+  return rc;
+}
+
+/* 5. Composites such as softmax are built from the primitive ops. */
+static int tour_softmax(void) {
+  heading("softmax (a composite)");
+  kiln_tensor *logits = kiln_tensor_new(KILN_F32, KILN_SHAPE(2, 3), (float[]){1, 2, 3, 1, 1, 1});
+  kiln_tensor *p = kiln_softmax(logits, -1);
+  int rc = 0;
+  rc |= show("softmax(logits, -1)", p);
+  rc |= show("each row sums to", kiln_reduce_sum(p, KILN_AXES(-1), false));
+  return rc;
+}
+
+/* 6. Random numbers: a counter-based generator; the same seed, the same numbers. */
+static int tour_random(void) {
+  heading("random numbers");
+  kiln_random_seed(42);
+  kiln_tensor *n1 = kiln_random_normal(KILN_F32, KILN_SHAPE(2, 3));
+  kiln_tensor *dice = kiln_random_uniform(KILN_I32, KILN_SHAPE(8), 1, 7);
+  kiln_random_seed(42);
+  kiln_tensor *n2 = kiln_random_normal(KILN_F32, KILN_SHAPE(2, 3));
+  int rc = 0;
+  rc |= show("normal, seed 42", n1);
+  rc |= show("eight dice", dice);
+  rc |= show("normal, seed 42 again", n2);
+  kiln_tensor *same = kiln_reduce_min(kiln_cast(kiln_equal(n1, n2), KILN_I32), 0, NULL, false);
+  if (!same) return -1;
+  printf("  same numbers again: %s\n", kiln_tensor_item(same) == 1 ? "yes" : "no");
+  return rc;
+}
+
+/* 7. Errors are values: NULL (or -1) and a message naming the op. A NULL
+ * input makes the next op fail too while keeping the first message, so a
+ * chain can be checked once at its end. Nothing aborts. */
+static int tour_errors(void) {
+  heading("errors");
+  kiln_tensor *params = kiln_tensor_new(KILN_F32, KILN_SHAPE(3), (float[]){10, 20, 30});
+  kiln_tensor *idx = kiln_tensor_new(KILN_I64, KILN_SHAPE(2), (int64_t[]){2, 7});
+  kiln_tensor *g = kiln_gather(params, idx, 0);
+  printf("  gather index 7 of 3:  %s -> \"%s\"\n", g ? "a tensor?!" : "NULL", kiln_last_error());
+  kiln_clear_error();
+
+  kiln_tensor *a = kiln_zeros(KILN_F32, KILN_SHAPE(2, 3));
+  kiln_tensor *b = kiln_zeros(KILN_F32, KILN_SHAPE(4));
+  kiln_tensor *chain = kiln_exp(kiln_mul(kiln_add(a, b), a));
+  printf("  exp((a + b) * a):     %s -> \"%s\"\n", chain ? "a tensor?!" : "NULL", kiln_last_error());
+  kiln_clear_error();
+
+  kiln_tensor *c = kiln_add(a, kiln_zeros(KILN_I32, KILN_SHAPE(2, 3)));
+  printf("  f32 + i32:            %s -> \"%s\"\n", c ? "a tensor?!" : "NULL", kiln_last_error());
+  kiln_clear_error();
+  return g || chain || c ? -1 : 0;
+}
+
+/* 8. Ownership: main() pushes a scope around each section, so everything
+ * above was released at its pop. To keep a tensor past the scope it was made
+ * in, escape it to the enclosing scope; kiln_retain gives a reference of your
+ * own, which kiln_release ends. */
+static int tour_scopes(void) {
+  heading("scopes");
+  int64_t before = kiln_debug_live_tensors();
+  kiln_scope_push();
+  kiln_tensor *tmp = kiln_arange(KILN_F32, 3);
+  kiln_tensor *kept = kiln_scope_escape(kiln_square(tmp)); /* tmp dies at the pop */
+  kiln_scope_pop();
+  int rc = show("escaped from a scope", kept);
+  printf("  tensors alive: %lld more than before the scope\n",
+         (long long)(kiln_debug_live_tensors() - before));
+  kiln_tensor *mine = kiln_retain(kept); /* outlives every scope... */
+  kiln_release(mine);                    /* ...until released by hand */
+  return rc;
+}
+
+/* ---- 9. Gradients (tapes) and staged functions (kiln_jit) go here, once
+ * the autodiff and staging issues land. Each is one more tour_* function
+ * called from main() below, in its own scope like the others. ---- */
+
+/* The cost of one tiny eager op: what staging is for. */
+static double now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *x, const void *y) {
+  double a = *(const double *)x, b = *(const double *)y;
+  return (a > b) - (a < b);
+}
+
+static int tour_benchmark(void) {
+  heading("one benchmark");
+  enum { RUNS = 9, ADDS = 1000 };
+  kiln_tensor *x = kiln_scalar(KILN_F32, 1), *y = kiln_scalar(KILN_F32, 2);
+  if (!x || !y) return -1;
+  double ns[RUNS];
+  for (int r = -1; r < RUNS; r++) { /* run -1 warms up */
+    double t0 = now_ns();
+    kiln_scope_push();
+    for (int i = 0; i < ADDS; i++) kiln_add(x, y);
+    kiln_scope_pop();
+    if (r >= 0) ns[r] = (now_ns() - t0) / ADDS;
+  }
+  qsort(ns, RUNS, sizeof ns[0], cmp_double);
+  printf("  eager add of two 1-element f32 tensors: %.0f ns (median of %d runs of %d)\n",
+         ns[RUNS / 2], RUNS, ADDS);
+  return 0;
+}
+
+int main(void) {
+  static int (*const sections[])(void) = {
+      tour_tensors, tour_broadcasting, tour_reductions, tour_matmul,
+      tour_softmax, tour_random,       tour_errors,     tour_scopes,
+      tour_benchmark,
+  };
+  int failures = 0;
+  for (size_t i = 0; i < sizeof sections / sizeof sections[0]; i++) {
+    kiln_scope_push(); /* every tensor a section makes is released at the pop */
+    if (sections[i]() != 0) failures++;
+    kiln_scope_pop();
+  }
+  long long live = (long long)kiln_debug_live_tensors();
+  printf("\n%d section(s) failed; %lld tensors still alive at exit\n", failures, live);
+  return failures == 0 && live == 0 ? 0 : 1;
+}

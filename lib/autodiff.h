@@ -1,0 +1,45 @@
+/* autodiff.h — gradient tapes (tape.c), gradient rules (gradients.c) and
+ * variables (variable.c). Internal. The eager front end calls tape_record
+ * after every op while a tape is active: one thread-local test otherwise. */
+#ifndef KILN_AUTODIFF_H
+#define KILN_AUTODIFF_H
+
+#include "ops.h"
+
+/* Active, unpaused tapes on this thread (0 = record nothing). */
+extern _Thread_local int tape_active_count;
+
+/* Records op(in) -> out on every active tape that tracks one of the inputs. */
+void tape_record(op_id op, const op_attrs *attrs, int n, kiln_tensor *const *in, kiln_tensor *out);
+/* Makes every tape of this thread stop recording until tape_resume. */
+typedef struct {
+  kiln_tape *innermost;
+  int count;
+} tape_state;
+tape_state tape_pause(void);
+void tape_resume(tape_state saved);
+/* Every active tape watches t; variable reads remember (var, t). */
+void tape_watch_variable_read(kiln_variable *var, kiln_tensor *t);
+
+/* ---- gradient rules (gradients.c) ----
+ * A rule computes, with public ops, the gradient of each input from dout
+ * (the gradient of out, with out's shape and dtype). It writes dx[i] (NULL
+ * = no gradient) with exactly in[i]'s shape; returns 0 or -1. */
+typedef struct grad_args {
+  op_id op;
+  const op_attrs *attrs;
+  int n;
+  kiln_tensor *const *in;
+  kiln_tensor *out;
+  kiln_tensor *dout;
+  kiln_tensor **dx;
+} grad_args;
+typedef int (*grad_fn)(const grad_args *g);
+/* NULL for ops whose results carry no gradient (comparisons, argmax, ...). */
+extern const grad_fn kiln_grads[OP_COUNT];
+
+/* Sums g over the axes that broadcasting added or stretched so the result
+ * has like's shape. */
+kiln_tensor *grad_unbroadcast(kiln_tensor *g, const kiln_tensor *like);
+
+#endif

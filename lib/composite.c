@@ -1,0 +1,378 @@
+/* composite.c — the public ops that are not primitives (square, mean,
+ * expand_dims, softmax, cross-entropy, one_hot, ...), each written once from
+ * the public primitive ops, so tapes, the tracer and the backends only ever
+ * see the short list of ir/ops.def (DESIGN.md, "Keep the primitive set small"). */
+#include <math.h>
+#include <stdlib.h>
+
+#include "ops.h"
+
+/* Each composite checks its own arguments first, so that its errors begin
+ * with its own name rather than that of a primitive it happens to use. */
+
+static bool null_input(const char *op, const kiln_tensor *t) {
+  if (t) return false;
+  if (!kiln_has_error()) kiln_set_error("%s: input is NULL", op);
+  return true;
+}
+
+static int check_dtype(const char *op, const kiln_tensor *t, unsigned mask) {
+  kiln_dtype dt = (kiln_dtype)t->dtype;
+  if (mask & DT_BIT(dt)) return 0;
+  char list[64] = "";
+  size_t used = 0;
+  for (int d = 0; d < KILN_DTYPE_COUNT; d++)
+    if (mask & DT_BIT(d))
+      used += (size_t)snprintf(list + used, sizeof list - used, used ? ", %s" : "%s",
+                               kiln_dtype_name((kiln_dtype)d));
+  if (dt == KILN_F16 || dt == KILN_BF16)
+    return kiln_set_error("%s: dtype %s is not supported (%s); %s is a storage type: kiln_cast it to f32 first",
+                          op, kiln_dtype_name(dt), list, kiln_dtype_name(dt));
+  return kiln_set_error("%s: dtype %s is not supported (%s)", op, kiln_dtype_name(dt), list);
+}
+
+/* Axes that insert a new dimension: [-rank-1, rank], normalised into *out. */
+static int new_axis(const char *op, int axis, int rank, int *out) {
+  if (axis < -rank - 1 || axis > rank)
+    return kiln_set_error("%s: axis %d is out of range for rank %d (expected [%d, %d])", op, axis, rank,
+                          -rank - 1, rank);
+  if (rank == KILN_MAX_RANK)
+    return kiln_set_error("%s: the result would have rank %d, more than %d", op, rank + 1, KILN_MAX_RANK);
+  *out = axis < 0 ? axis + rank + 1 : axis;
+  return 0;
+}
+
+/* A composite opens its own scope so that its intermediates die at the
+ * pop; the result escapes to the caller's scope, or to the caller itself
+ * when none is open: the ownership any returned tensor has. */
+static kiln_tensor *finish(kiln_tensor *result) {
+  if (result) result = kiln_scope_escape(result);
+  kiln_scope_pop();
+  return result;
+}
+
+/* ---- elementwise and reductions ---- */
+
+kiln_tensor *kiln_square(kiln_tensor *a) {
+  if (null_input("square", a) || check_dtype("square", a, DT_NUM)) return NULL;
+  return kiln_mul(a, a);
+}
+
+/* sum / count. Integer tensors stay integers: the mean truncates toward
+ * zero as integer div does (NumPy would return a float). The mean of an
+ * empty axis is NaN for floats and an error for integers. */
+kiln_tensor *kiln_reduce_mean(kiln_tensor *t, int naxes, const int *axes, bool keepdims) {
+  const char *op = "reduce_mean";
+  if (null_input(op, t) || check_dtype(op, t, DT_NUM)) return NULL;
+  bool reduced[KILN_MAX_RANK] = {false};
+  if (!axes) {
+    for (int i = 0; i < t->rank; i++) reduced[i] = true;
+  } else {
+    if (naxes < 0 || naxes > t->rank) {
+      kiln_set_error("%s: %d axes given for rank %d", op, naxes, t->rank);
+      return NULL;
+    }
+    for (int i = 0; i < naxes; i++) {
+      int ax;
+      if (axis_normalize(op, axes[i], t->rank, &ax)) return NULL;
+      if (reduced[ax]) {
+        kiln_set_error("%s: axis %d is repeated", op, axes[i]);
+        return NULL;
+      }
+      reduced[ax] = true;
+    }
+  }
+  int64_t count = 1, kept = 1;
+  for (int i = 0; i < t->rank; i++) {
+    if (reduced[i])
+      count *= t->shape[i];
+    else
+      kept *= t->shape[i];
+  }
+  if (dtype_is_int((kiln_dtype)t->dtype) && count == 0 && kept > 0) {
+    kiln_set_error("%s: the mean of an empty axis is undefined for %s", op,
+                   kiln_dtype_name((kiln_dtype)t->dtype));
+    return NULL;
+  }
+  kiln_scope_push();
+  kiln_tensor *sum = kiln_reduce_sum(t, naxes, axes, keepdims);
+  if (count == 0 && kept == 0) return finish(sum); /* nothing to divide */
+  return finish(kiln_div(sum, kiln_scalar_like(t, (double)count)));
+}
+
+/* ---- shape ---- */
+
+kiln_tensor *kiln_expand_dims(kiln_tensor *t, int axis) {
+  int ax = 0;
+  if (null_input("expand_dims", t) || new_axis("expand_dims", axis, t->rank, &ax)) return NULL;
+  int64_t shape[KILN_MAX_RANK];
+  for (int i = 0, j = 0; i <= t->rank; i++) shape[i] = i == ax ? 1 : t->shape[j++];
+  return kiln_reshape(t, t->rank + 1, shape);
+}
+
+kiln_tensor *kiln_squeeze(kiln_tensor *t, int axis) {
+  int ax = 0;
+  if (null_input("squeeze", t) || axis_normalize("squeeze", axis, t->rank, &ax)) return NULL;
+  if (t->shape[ax] != 1) {
+    kiln_set_error("squeeze: axis %d has size %lld, not 1", axis, (long long)t->shape[ax]);
+    return NULL;
+  }
+  int64_t shape[KILN_MAX_RANK];
+  for (int i = 0, j = 0; i < t->rank; i++)
+    if (i != ax) shape[j++] = t->shape[i];
+  return kiln_reshape(t, t->rank - 1, shape);
+}
+
+kiln_tensor *kiln_index(kiln_tensor *t, int64_t i) {
+  if (null_input("index", t)) return NULL;
+  if (t->rank == 0) {
+    kiln_set_error("index: cannot index a scalar (rank 0)");
+    return NULL;
+  }
+  int64_t n = t->shape[0];
+  if (i < -n || i >= n) {
+    kiln_set_error("index: i = %lld is not in [%lld, %lld)", (long long)i, (long long)-n, (long long)n);
+    return NULL;
+  }
+  int64_t begin[KILN_MAX_RANK] = {i < 0 ? i + n : i}, size[KILN_MAX_RANK];
+  size[0] = 1;
+  for (int d = 1; d < t->rank; d++) size[d] = -1;
+  kiln_scope_push();
+  return finish(kiln_reshape(kiln_slice(t, begin, size), t->rank - 1, t->shape + 1));
+}
+
+kiln_tensor *kiln_stack(int n, kiln_tensor *const *ts, int axis) {
+  const char *op = "stack";
+  if (n < 1 || !ts) {
+    kiln_set_error("%s: needs at least one tensor, got %d", op, ts ? n : 0);
+    return NULL;
+  }
+  for (int k = 0; k < n; k++)
+    if (null_input(op, ts[k])) return NULL;
+  const kiln_tensor *t0 = ts[0];
+  for (int k = 1; k < n; k++) {
+    const kiln_tensor *t = ts[k];
+    if (t->dtype != t0->dtype) {
+      kiln_set_error("%s: tensor %d has dtype %s, tensor 0 has %s", op, k,
+                     kiln_dtype_name((kiln_dtype)t->dtype), kiln_dtype_name((kiln_dtype)t0->dtype));
+      return NULL;
+    }
+    bool same = t->rank == t0->rank;
+    for (int d = 0; same && d < t->rank; d++) same = t->shape[d] == t0->shape[d];
+    if (!same) {
+      char a[160], b[160];
+      kiln_set_error("%s: tensor %d has shape %s, tensor 0 has %s", op, k,
+                     shape_str(a, sizeof a, t->rank, t->shape), shape_str(b, sizeof b, t0->rank, t0->shape));
+      return NULL;
+    }
+  }
+  int ax = 0;
+  if (new_axis(op, axis, t0->rank, &ax)) return NULL;
+  kiln_tensor **parts = malloc((size_t)n * sizeof *parts);
+  if (!parts) {
+    kiln_set_error("%s: out of memory", op);
+    return NULL;
+  }
+  kiln_scope_push();
+  for (int k = 0; k < n; k++) parts[k] = kiln_expand_dims(ts[k], ax);
+  kiln_tensor *r = kiln_concat(n, parts, ax); /* reports a failed expand_dims */
+  free(parts);
+  return finish(r);
+}
+
+int kiln_split(kiln_tensor *t, int n, int axis, kiln_tensor **out) {
+  const char *op = "split";
+  int ax = 0;
+  if (null_input(op, t)) return -1;
+  if (!out) return kiln_set_error("%s: out is NULL", op);
+  if (n < 1) return kiln_set_error("%s: n = %d must be positive", op, n);
+  if (axis_normalize(op, axis, t->rank, &ax)) return -1;
+  int64_t dim = t->shape[ax];
+  if (dim % n)
+    return kiln_set_error("%s: dimension %lld of axis %d is not divisible by %d", op, (long long)dim, axis,
+                          n);
+  kiln_tensor **parts = malloc((size_t)n * sizeof *parts);
+  if (!parts) return kiln_set_error("%s: out of memory", op);
+  int64_t begin[KILN_MAX_RANK] = {0}, size[KILN_MAX_RANK];
+  for (int d = 0; d < t->rank; d++) size[d] = -1;
+  size[ax] = dim / n;
+  kiln_scope_push();
+  int rc = 0;
+  for (int k = 0; k < n && rc == 0; k++) {
+    begin[ax] = k * size[ax];
+    parts[k] = kiln_slice(t, begin, size);
+    rc = parts[k] ? 0 : -1;
+  }
+  /* out is written only once every part exists: untouched on failure */
+  for (int k = 0; k < n && rc == 0; k++) out[k] = kiln_scope_escape(parts[k]);
+  kiln_scope_pop();
+  free(parts);
+  return rc;
+}
+
+/* equal(expand_dims(indices, -1), arange(depth)): an index outside
+ * [0, depth) matches nothing and leaves its row all zeros, as in TF. */
+kiln_tensor *kiln_one_hot(kiln_tensor *indices, int64_t depth, kiln_dtype dt) {
+  const char *op = "one_hot";
+  if (null_input(op, indices)) return NULL;
+  kiln_dtype it = (kiln_dtype)indices->dtype;
+  if (it != KILN_I32 && it != KILN_I64) {
+    kiln_set_error("%s: indices must be i32 or i64, not %s", op, kiln_dtype_name(it));
+    return NULL;
+  }
+  if (depth < 0) {
+    kiln_set_error("%s: depth = %lld is negative", op, (long long)depth);
+    return NULL;
+  }
+  if (!dtype_valid(dt)) {
+    kiln_set_error("%s: invalid dtype %d", op, (int)dt);
+    return NULL;
+  }
+  int ax = 0;
+  if (new_axis(op, -1, indices->rank, &ax)) return NULL;
+  kiln_scope_push();
+  kiln_tensor *idx = indices;
+  if (it == KILN_I32 && depth > INT32_MAX) { /* arange(depth) would not fit in i32 */
+    idx = kiln_cast(indices, KILN_I64);
+    it = KILN_I64;
+  }
+  kiln_tensor *hot = kiln_equal(kiln_expand_dims(idx, -1), kiln_arange(it, depth));
+  return finish(dt == KILN_BOOL ? hot : kiln_cast(hot, dt));
+}
+
+/* ---- neural-network helpers ---- */
+
+static int float_along(const char *op, kiln_tensor *t, int axis, int *ax) {
+  if (null_input(op, t) || check_dtype(op, t, DT_FLOAT)) return -1;
+  return axis_normalize(op, axis, t->rank, ax);
+}
+
+/* t - max(t) along ax. The max only keeps exp from overflowing and cancels
+ * out of the result, so no gradient flows through it. */
+static kiln_tensor *shift_by_max(kiln_tensor *t, int ax) {
+  return kiln_sub(t, kiln_stop_gradient(kiln_reduce_max(t, 1, &ax, true)));
+}
+
+kiln_tensor *kiln_softmax(kiln_tensor *t, int axis) {
+  int ax = 0;
+  if (float_along("softmax", t, axis, &ax)) return NULL;
+  kiln_scope_push();
+  kiln_tensor *e = kiln_exp(shift_by_max(t, ax));
+  return finish(kiln_div(e, kiln_reduce_sum(e, 1, &ax, true)));
+}
+
+kiln_tensor *kiln_log_softmax(kiln_tensor *t, int axis) {
+  int ax = 0;
+  if (float_along("log_softmax", t, axis, &ax)) return NULL;
+  kiln_scope_push();
+  kiln_tensor *s = shift_by_max(t, ax);
+  return finish(kiln_sub(s, kiln_log(kiln_reduce_sum(kiln_exp(s), 1, &ax, true))));
+}
+
+/* logits float, rank >= 1, classes on the last axis */
+static int check_logits(const char *op, const kiln_tensor *logits) {
+  if (check_dtype(op, logits, DT_FLOAT)) return -1;
+  if (logits->rank == 0)
+    return kiln_set_error("%s: logits need rank >= 1 (classes on the last axis), got a scalar", op);
+  return 0;
+}
+
+kiln_tensor *kiln_softmax_cross_entropy(kiln_tensor *labels, kiln_tensor *logits) {
+  const char *op = "softmax_cross_entropy";
+  if (null_input(op, labels) || null_input(op, logits) || check_logits(op, logits)) return NULL;
+  if (labels->dtype != logits->dtype) {
+    kiln_set_error("%s: labels have dtype %s, logits %s", op, kiln_dtype_name((kiln_dtype)labels->dtype),
+                   kiln_dtype_name((kiln_dtype)logits->dtype));
+    return NULL;
+  }
+  bool same = labels->rank == logits->rank;
+  for (int d = 0; same && d < logits->rank; d++) same = labels->shape[d] == logits->shape[d];
+  if (!same) {
+    char a[160], b[160];
+    kiln_set_error("%s: labels shape %s does not match logits shape %s", op,
+                   shape_str(a, sizeof a, labels->rank, labels->shape),
+                   shape_str(b, sizeof b, logits->rank, logits->shape));
+    return NULL;
+  }
+  int last = -1;
+  kiln_scope_push();
+  kiln_tensor *picked = kiln_mul(labels, kiln_log_softmax(logits, -1));
+  return finish(kiln_neg(kiln_reduce_sum(picked, 1, &last, false)));
+}
+
+/* Concrete labels are checked here so that a bad one is reported under this
+ * op's name with its position; returns 0 / -1. */
+static int check_labels(const char *op, const kiln_tensor *labels, int64_t classes) {
+  if ((labels->flags & TF_SYMBOLIC) || labels->device != 0) return 0;
+  for (int64_t i = 0; i < labels->size; i++) {
+    int64_t v = labels->dtype == KILN_I32 ? ((const int32_t *)labels->data)[i]
+                                          : ((const int64_t *)labels->data)[i];
+    if (v >= 0 && v < classes) continue;
+    char where[200] = "";
+    size_t used = 0;
+    int64_t stride = labels->size;
+    for (int d = 0; d < labels->rank; d++) { /* the row-major index of element i */
+      stride /= labels->shape[d];
+      used += (size_t)snprintf(where + used, sizeof where - used, d ? ", %lld" : "[%lld",
+                               (long long)(i / stride % labels->shape[d]));
+    }
+    if (labels->rank > 0) snprintf(where + used, sizeof where - used, "]");
+    return kiln_set_error("%s: labels%s = %lld is not in [0, %lld)", op, where, (long long)v,
+                          (long long)classes);
+  }
+  return 0;
+}
+
+/* -log_softmax(logits)[label] per example, picked by one gather from the
+ * flattened log-probabilities at row * classes + label (O(examples), where
+ * one_hot would cost O(examples * classes)). */
+kiln_tensor *kiln_sparse_softmax_cross_entropy(kiln_tensor *labels, kiln_tensor *logits) {
+  const char *op = "sparse_softmax_cross_entropy";
+  if (null_input(op, labels) || null_input(op, logits) || check_logits(op, logits)) return NULL;
+  if (labels->dtype != KILN_I32 && labels->dtype != KILN_I64) {
+    kiln_set_error("%s: labels must be i32 or i64, not %s", op, kiln_dtype_name((kiln_dtype)labels->dtype));
+    return NULL;
+  }
+  bool same = labels->rank == logits->rank - 1;
+  for (int d = 0; same && d < labels->rank; d++) same = labels->shape[d] == logits->shape[d];
+  if (!same) {
+    char a[160], b[160];
+    kiln_set_error("%s: labels shape %s does not match logits shape %s without its last axis", op,
+                   shape_str(a, sizeof a, labels->rank, labels->shape),
+                   shape_str(b, sizeof b, logits->rank, logits->shape));
+    return NULL;
+  }
+  int64_t classes = logits->shape[logits->rank - 1], n = labels->size;
+  if (check_labels(op, labels, classes)) return NULL;
+  kiln_scope_push();
+  kiln_tensor *flat = kiln_reshape(kiln_log_softmax(logits, -1), 1, (int64_t[]){n * classes});
+  kiln_tensor *label = kiln_reshape(labels->dtype == KILN_I64 ? labels : kiln_cast(labels, KILN_I64), 1,
+                                    (int64_t[]){n});
+  kiln_tensor *row_start = kiln_mul(kiln_arange(KILN_I64, n), kiln_scalar(KILN_I64, (double)classes));
+  kiln_tensor *at = kiln_add(row_start, label);
+  if (labels->flags & TF_SYMBOLIC) { /* unchecked: send a bad label out of range so gather reports it */
+    kiln_tensor *ok = kiln_logical_and(kiln_greater_equal(label, kiln_scalar(KILN_I64, 0)),
+                                       kiln_less(label, kiln_scalar(KILN_I64, (double)classes)));
+    at = kiln_select(ok, at, kiln_scalar(KILN_I64, -1));
+  }
+  kiln_tensor *picked = kiln_gather(flat, at, 0);
+  return finish(kiln_neg(kiln_reshape(picked, labels->rank, labels->shape)));
+}
+
+/* t * max_norm / max(l2norm(t), max_norm), the norm taken over all of t.
+ * As TF does, the square root is kept away from 0 so that the gradient at
+ * t = 0 is finite rather than NaN. */
+kiln_tensor *kiln_clip_by_norm(kiln_tensor *t, double max_norm) {
+  const char *op = "clip_by_norm";
+  if (null_input(op, t) || check_dtype(op, t, DT_FLOAT)) return NULL;
+  if (!(max_norm > 0) || isinf(max_norm)) {
+    kiln_set_error("%s: max_norm = %g must be positive and finite", op, max_norm);
+    return NULL;
+  }
+  kiln_scope_push();
+  kiln_tensor *m = kiln_scalar_like(t, max_norm), *zero = kiln_scalar_like(t, 0);
+  kiln_tensor *sum2 = kiln_reduce_sum(kiln_square(t), 0, NULL, false);
+  kiln_tensor *pos = kiln_greater(sum2, zero);
+  kiln_tensor *norm = kiln_select(pos, kiln_sqrt(kiln_select(pos, sum2, kiln_scalar_like(t, 1))), zero);
+  return finish(kiln_mul(t, kiln_div(m, kiln_maximum(norm, m))));
+}

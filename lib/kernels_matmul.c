@@ -1,0 +1,364 @@
+/* kernels_matmul.c — CPU kernels of DOT (kiln_matmul): batched matrix
+ * products whose leading dimensions broadcast as NumPy does. f32 and f64 use
+ * a BLIS-style GEMM (packed panels, register-tiled micro-kernel, threads over
+ * blocks of C); small products and integers take plain loops. */
+#include <math.h>
+
+#include "ops.h"
+
+/* Register tiles. The micro-kernel is plain C: gcc turns its MR x NR
+ * accumulator array into registers only when NR fills whole vectors that it
+ * does not unroll away first (NR = 16 floats, say, defeats it), so these
+ * were picked by reading the generated code and timing against OpenBLAS. */
+#if defined(__AVX512F__)
+enum { MR_F32 = 6, NR_F32 = 32, MR_F64 = 6, NR_F64 = 32 };
+#else
+enum { MR_F32 = 4, NR_F32 = 24, MR_F64 = 2, NR_F64 = 24 }; /* 16 vector registers */
+#endif
+/* Cache blocks, in elements: an MC x KC block of A and a KC x NC panel of B
+ * are packed per task; the micro-kernel walks the packed B panel against one
+ * A micro-panel at a time (which then stays in L1). */
+enum { KC_F32 = 256, MC_F32 = 192, NC_F32 = 1024 };
+enum { KC_F64 = 256, MC_F64 = 96, NC_F64 = 1024 };
+
+/* m*n*k up to which unpacked strips beat packing; least m*n*k per task
+ * when threaded; columns per task of the unpacked path */
+#define SMALL_WORK ((int64_t)24 * 24 * 24)
+#define TASK_WORK ((int64_t)1 << 18)
+enum { COL_GROUP = 256, LANES = 16 };
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+/* One matrix product C[m,n] = A[m,k] B[k,n], all row-major. */
+typedef struct {
+  int64_t m, n, k, lda, ldb, ldc;
+  const void *a, *b;
+  void *c;
+} gemm_args;
+
+/* The threaded BLIS path splits C into a tm x tn grid of tasks. */
+typedef struct {
+  const gemm_args *g;
+  int64_t tn, mstep, nstep;
+  atomic_int failed; /* a task could not allocate its packing buffers */
+} gemm_job;
+
+static void grid(const gemm_args *g, int64_t mr, int64_t nr, bool parallel, gemm_job *job) {
+  int64_t threads = parallel ? kiln_num_threads() : 1;
+  int64_t want = min64(threads, g->m * g->n * g->k / TASK_WORK);
+  int64_t best_tm = 1, best_tn = 1;
+  double best = -1;
+  /* a task packs its rows of A and its columns of B: keep tasks squarish */
+  for (int64_t tn = 1; want > 1 && tn <= want; tn++) {
+    if (want % tn) continue;
+    int64_t tm = want / tn;
+    if (tm > (g->m + mr - 1) / mr || tn > (g->n + nr - 1) / nr) continue;
+    double cost = (double)g->m / (double)tm + (double)g->n / (double)tn;
+    if (best < 0 || cost < best) best = cost, best_tm = tm, best_tn = tn;
+  }
+  job->g = g;
+  job->tn = best_tn;
+  job->mstep = round_up((g->m + best_tm - 1) / best_tm, mr);
+  job->nstep = round_up((g->n + best_tn - 1) / best_tn, nr);
+  atomic_init(&job->failed, 0);
+}
+
+/* GEMM_BLOCKED(T, SUF, FMA, MR, NR, KC, MC, NC): the blocked product for one
+ * float type. Packed A holds MR-row micro-panels with each row contiguous in
+ * k (rows past m are zero); packed B holds NR-column micro-panels, k-major
+ * (columns past n are zero), so edge tiles run the full kernel on zeros and
+ * only the valid part is stored. */
+#define GEMM_BLOCKED(T, SUF, FMA, MR, NR, KC, MC, NC)                                            \
+  static void ukernel_##SUF(int64_t kc, const T *KILN_RESTRICT a, const T *KILN_RESTRICT b,    \
+                            T *KILN_RESTRICT c, int64_t ldc, bool add) {                       \
+    T acc[MR][NR];                                                                             \
+    for (int i = 0; i < MR; i++)                                                               \
+      for (int j = 0; j < NR; j++) acc[i][j] = 0;                                              \
+    for (int64_t p = 0; p < kc; p++, b += NR) {                                                \
+      for (int i = 0; i < MR; i++) {                                                           \
+        T ai = a[i * kc + p];                                                                  \
+        for (int j = 0; j < NR; j++) acc[i][j] = FMA(ai, b[j], acc[i][j]);                     \
+      }                                                                                        \
+    }                                                                                          \
+    if (add) {                                                                                 \
+      for (int i = 0; i < MR; i++)                                                             \
+        for (int j = 0; j < NR; j++) c[i * ldc + j] += acc[i][j];                              \
+    } else {                                                                                   \
+      for (int i = 0; i < MR; i++)                                                             \
+        for (int j = 0; j < NR; j++) c[i * ldc + j] = acc[i][j];                               \
+    }                                                                                          \
+  }                                                                                            \
+                                                                                               \
+  static void pack_a_##SUF(int64_t mc, int64_t kc, const T *a, int64_t lda,                    \
+                           T *KILN_RESTRICT ap) {                                              \
+    for (int64_t r = 0; r < round_up(mc, MR); r++, ap += kc) {                                 \
+      if (r < mc)                                                                              \
+        memcpy(ap, a + r * lda, (size_t)kc * sizeof(T));                                       \
+      else                                                                                     \
+        memset(ap, 0, (size_t)kc * sizeof(T));                                                 \
+    }                                                                                          \
+  }                                                                                            \
+                                                                                               \
+  static void pack_b_##SUF(int64_t kc, int64_t nc, const T *b, int64_t ldb,                    \
+                           T *KILN_RESTRICT bp) {                                              \
+    for (int64_t q = 0; q < nc; q += NR) {                                                     \
+      int64_t w = min64(NR, nc - q);                                                           \
+      const T *src = b + q;                                                                    \
+      if (w == NR) {                                                                           \
+        for (int64_t p = 0; p < kc; p++, bp += NR, src += ldb)                                 \
+          for (int j = 0; j < NR; j++) bp[j] = src[j];                                         \
+      } else {                                                                                 \
+        for (int64_t p = 0; p < kc; p++, bp += NR, src += ldb)                                 \
+          for (int j = 0; j < NR; j++) bp[j] = j < w ? src[j] : 0;                             \
+      }                                                                                        \
+    }                                                                                          \
+  }                                                                                            \
+                                                                                               \
+  /* C[m0:m1, n0:n1] with the caller's packing buffers */                                      \
+  static void block_range_##SUF(const gemm_args *g, int64_t m0, int64_t m1, int64_t n0,         \
+                                int64_t n1, T *ap, T *bp) {                                                    \
+    const T *A = g->a, *B = g->b;                                                              \
+    T *C = g->c;                                                                               \
+    T tile[MR * NR];                                                                           \
+    for (int64_t jc = n0; jc < n1; jc += NC) {                                                 \
+      int64_t nc = min64(NC, n1 - jc);                                                         \
+      for (int64_t pc = 0; pc < g->k; pc += KC) {                                              \
+        int64_t kc = min64(KC, g->k - pc);                                                     \
+        bool add = pc > 0;                                                                     \
+        pack_b_##SUF(kc, nc, B + pc * g->ldb + jc, g->ldb, bp);                                \
+        for (int64_t ic = m0; ic < m1; ic += MC) {                                             \
+          int64_t mc = min64(MC, m1 - ic);                                                     \
+          pack_a_##SUF(mc, kc, A + ic * g->lda + pc, g->lda, ap);                              \
+          for (int64_t ir = 0; ir < mc; ir += MR) {                                            \
+            int64_t mr = min64(MR, mc - ir);                                                   \
+            for (int64_t jr = 0; jr < nc; jr += NR) {                                          \
+              int64_t nr = min64(NR, nc - jr);                                                 \
+              T *cc = C + (ic + ir) * g->ldc + jc + jr;                                        \
+              if (mr == MR && nr == NR) {                                                      \
+                ukernel_##SUF(kc, ap + ir * kc, bp + jr * kc, cc, g->ldc, add);                \
+                continue;                                                                      \
+              }                                                                                \
+              ukernel_##SUF(kc, ap + ir * kc, bp + jr * kc, tile, NR, false);                  \
+              for (int64_t i = 0; i < mr; i++)                                                 \
+                for (int64_t j = 0; j < nr; j++)                                               \
+                  cc[i * g->ldc + j] = (add ? cc[i * g->ldc + j] : 0) + tile[i * NR + j];      \
+            }                                                                                  \
+          }                                                                                    \
+        }                                                                                      \
+      }                                                                                        \
+    }                                                                                          \
+  }                                                                                            \
+                                                                                               \
+  static void blocked_task_##SUF(void *ctx, int64_t begin, int64_t end) {                      \
+    gemm_job *job = ctx;                                                                       \
+    const gemm_args *g = job->g;                                                               \
+    int64_t kc = min64(KC, g->k), mc = round_up(min64(MC, job->mstep), MR);                    \
+    int64_t nc = round_up(min64(NC, job->nstep), NR);                                          \
+    int32_t acls, bcls;                                                                        \
+    T *ap = mem_alloc((size_t)(mc * kc) * sizeof(T), &acls);                                   \
+    T *bp = mem_alloc((size_t)(kc * nc) * sizeof(T), &bcls);                                   \
+    if (ap && bp) {                                                                            \
+      for (int64_t t = begin; t < end; t++) {                                                  \
+        int64_t m0 = t / job->tn * job->mstep, n0 = t % job->tn * job->nstep;                  \
+        if (m0 < g->m && n0 < g->n)                                                            \
+          block_range_##SUF(g, m0, min64(g->m, m0 + job->mstep), n0,                           \
+                            min64(g->n, n0 + job->nstep), ap, bp);                             \
+      }                                                                                        \
+    } else {                                                                                   \
+      atomic_store(&job->failed, 1);                                                           \
+    }                                                                                          \
+    if (ap) mem_free(ap, acls);                                                                \
+    if (bp) mem_free(bp, bcls);                                                                \
+  }                                                                                            \
+                                                                                               \
+  static int blocked_##SUF(const gemm_args *g, bool parallel) {                               \
+    gemm_job job;                                                                              \
+    grid(g, MR, NR, parallel, &job);                                                           \
+    int64_t tm = (g->m + job.mstep - 1) / job.mstep;                                           \
+    parallel_for(tm * job.tn, 1, blocked_task_##SUF, &job);                                    \
+    return atomic_load(&job.failed) ? -1 : 0;                                                  \
+  }
+
+GEMM_BLOCKED(float, f32, fmaf, MR_F32, NR_F32, KC_F32, MC_F32, NC_F32)
+GEMM_BLOCKED(double, f64, fma, MR_F64, NR_F64, KC_F64, MC_F64, NC_F64)
+
+/* ---- unpacked products: small ones, integers, and m or n of 1 ----
+ * Each row of C is computed in strips whose accumulators stay in registers
+ * while k runs (accumulating into C itself would chain every step through a
+ * store and a reload). U is the arithmetic type: T for floats, the unsigned
+ * type of T's width for integers, so integer products wrap without undefined
+ * behaviour. */
+
+#define STRIP(SUF, T, U, MADD, W)                                                             \
+  static void strip_##SUF##_##W(int64_t k, const T *a, const T *b, int64_t ldb, T *c) {       \
+    U acc[W];                                                                                 \
+    for (int j = 0; j < W; j++) acc[j] = 0;                                                   \
+    for (int64_t p = 0; p < k; p++) {                                                         \
+      U ap = (U)a[p];                                                                         \
+      const U *KILN_RESTRICT bp = (const U *)(b + p * ldb);                                   \
+      for (int j = 0; j < W; j++) acc[j] = MADD(ap, bp[j], acc[j]);                           \
+    }                                                                                         \
+    memcpy(c, acc, sizeof acc);                                                               \
+  }
+
+/* UNPACKED(SUF, T, U, MADD, W4, W2, W1, W0): strips of W4 columns (four
+ * vectors), then one each of W2, W1, W0, then single columns. */
+#define UNPACKED(SUF, T, U, MADD, W4, W2, W1, W0)                                             \
+  STRIP(SUF, T, U, MADD, W4)                                                                  \
+  STRIP(SUF, T, U, MADD, W2)                                                                  \
+  STRIP(SUF, T, U, MADD, W1)                                                                  \
+  STRIP(SUF, T, U, MADD, W0)                                                                  \
+                                                                                              \
+  /* C[i, j0:j1] */                                                                           \
+  static void row_part_##SUF(const gemm_args *g, int64_t i, int64_t j, int64_t j1) {          \
+    const T *a = (const T *)g->a + i * g->lda, *b = g->b;                                     \
+    T *c = (T *)g->c + i * g->ldc;                                                            \
+    for (; j + W4 <= j1; j += W4) strip_##SUF##_##W4(g->k, a, b + j, g->ldb, c + j);          \
+    if (j + W2 <= j1) strip_##SUF##_##W2(g->k, a, b + j, g->ldb, c + j), j += W2;             \
+    if (j + W1 <= j1) strip_##SUF##_##W1(g->k, a, b + j, g->ldb, c + j), j += W1;             \
+    if (j + W0 <= j1) strip_##SUF##_##W0(g->k, a, b + j, g->ldb, c + j), j += W0;             \
+    for (; j < j1; j++) {                                                                     \
+      U s = 0;                                                                                \
+      for (int64_t p = 0; p < g->k; p++) s = MADD((U)a[p], (U)b[p * g->ldb + j], s);         \
+      c[j] = (T)s;                                                                            \
+    }                                                                                         \
+  }                                                                                           \
+                                                                                              \
+  /* units [begin, end) of (row, group of COL_GROUP columns) */                               \
+  static void unpacked_task_##SUF(void *ctx, int64_t begin, int64_t end) {                    \
+    const gemm_args *g = ctx;                                                                 \
+    int64_t groups = (g->n + COL_GROUP - 1) / COL_GROUP;                                      \
+    for (int64_t u = begin; u < end; u++) {                                                   \
+      int64_t i = u / groups, j0 = u % groups * COL_GROUP;                                    \
+      row_part_##SUF(g, i, j0, min64(g->n, j0 + COL_GROUP));                                  \
+    }                                                                                         \
+  }                                                                                           \
+                                                                                              \
+  /* rows [begin, end) when n is 1 (B is one contiguous column): dot         \
+   * products over LANES partial sums, which vectorize */                                     \
+  static void gemv_task_##SUF(void *ctx, int64_t begin, int64_t end) {                        \
+    const gemm_args *g = ctx;                                                                 \
+    const U *KILN_RESTRICT b = g->b;                                                          \
+    for (int64_t i = begin; i < end; i++) {                                                   \
+      const U *KILN_RESTRICT a = (const U *)((const T *)g->a + i * g->lda);                   \
+      U part[LANES] = {0};                                                                    \
+      int64_t p = 0;                                                                          \
+      for (; p + LANES <= g->k; p += LANES)                                                   \
+        for (int j = 0; j < LANES; j++) part[j] = MADD(a[p + j], b[p + j], part[j]);         \
+      for (; p < g->k; p++) part[0] = MADD(a[p], b[p], part[0]);                              \
+      for (int w = LANES / 2; w >= 1; w /= 2)                                                 \
+        for (int j = 0; j < w; j++) part[j] += part[j + w];                                   \
+      ((T *)g->c)[i * g->ldc] = (T)part[0];                                                   \
+    }                                                                                         \
+  }                                                                                           \
+                                                                                              \
+  static int unpacked_##SUF(const gemm_args *g, bool parallel) {                              \
+    if (g->n == 1) {                                                                          \
+      parallel_for(g->m, parallel ? TASK_WORK / g->k + 1 : g->m, gemv_task_##SUF, (void *)g); \
+      return 0;                                                                               \
+    }                                                                                         \
+    int64_t groups = (g->n + COL_GROUP - 1) / COL_GROUP, units = g->m * groups;               \
+    int64_t unit_work = g->k * min64(g->n, COL_GROUP);                                        \
+    parallel_for(units, parallel ? TASK_WORK / unit_work + 1 : units, unpacked_task_##SUF,    \
+                 (void *)g);                                                                  \
+    return 0;                                                                                 \
+  }
+
+#define MADD_FLOAT(a, b, c) fmaf((a), (b), (c))
+#define MADD_DOUBLE(a, b, c) fma((a), (b), (c))
+#define MADD_WRAP(a, b, c) ((a) * (b) + (c))
+UNPACKED(f32, float, float, MADD_FLOAT, 64, 32, 16, 8)
+UNPACKED(f64, double, double, MADD_DOUBLE, 32, 16, 8, 4)
+UNPACKED(i32, int32_t, uint32_t, MADD_WRAP, 64, 32, 16, 8)
+UNPACKED(i64, int64_t, uint64_t, MADD_WRAP, 32, 16, 8, 4)
+
+/* Packing pays off once the product is big enough and both m and n exceed
+ * one vector strip. */
+static int gemm_f32(const gemm_args *g, bool parallel) {
+  if (g->m == 1 || g->n == 1 || g->m * g->n * g->k <= SMALL_WORK) return unpacked_f32(g, parallel);
+  return blocked_f32(g, parallel);
+}
+static int gemm_f64(const gemm_args *g, bool parallel) {
+  if (g->m == 1 || g->n == 1 || g->m * g->n * g->k <= SMALL_WORK) return unpacked_f64(g, parallel);
+  return blocked_f64(g, parallel);
+}
+static int gemm_i32(const gemm_args *g, bool parallel) { return unpacked_i32(g, parallel); }
+static int gemm_i64(const gemm_args *g, bool parallel) { return unpacked_i64(g, parallel); }
+
+/* ---- batches ---- */
+
+typedef int (*gemm_fn)(const gemm_args *g, bool parallel);
+
+typedef struct {
+  gemm_fn gemm;
+  size_t esize;
+  const char *a, *b;
+  char *c;
+  int64_t m, n, k;
+  int brank;                                             /* batch dims of the result */
+  int64_t bshape[KILN_MAX_RANK], sa[KILN_MAX_RANK], sb[KILN_MAX_RANK]; /* in matrices */
+  atomic_int failed;
+} dot_ctx;
+
+/* the product for flat batch index t */
+static int dot_one(dot_ctx *d, int64_t t, bool parallel) {
+  int64_t ia = 0, ib = 0, ic = t;
+  for (int i = d->brank - 1; i >= 0; i--) {
+    int64_t idx = t % d->bshape[i];
+    t /= d->bshape[i];
+    ia += idx * d->sa[i];
+    ib += idx * d->sb[i];
+  }
+  gemm_args g = {d->m, d->n, d->k, d->k, d->n, d->n, d->a + (size_t)(ia * d->m * d->k) * d->esize,
+                 d->b + (size_t)(ib * d->k * d->n) * d->esize,
+                 d->c + (size_t)(ic * d->m * d->n) * d->esize};
+  return d->gemm(&g, parallel);
+}
+
+static void dot_batches(void *ctx, int64_t begin, int64_t end) {
+  dot_ctx *d = ctx;
+  for (int64_t t = begin; t < end; t++)
+    if (dot_one(d, t, false)) atomic_store(&d->failed, 1);
+}
+
+static int dot_run(const op_call *c, gemm_fn gemm) {
+  const kiln_tensor *a = c->in[0], *b = c->in[1];
+  kiln_tensor *out = c->out;
+  dot_ctx d = {.gemm = gemm, .esize = kiln_dtype_sizes[out->dtype], .a = a->data, .b = b->data,
+               .c = out->data, .brank = out->rank - 2};
+  d.m = out->shape[out->rank - 2];
+  d.n = out->shape[out->rank - 1];
+  d.k = a->shape[a->rank - 1];
+  atomic_init(&d.failed, 0);
+  if (out->size == 0) return 0;
+  if (d.k == 0) {
+    memset(out->data, 0, tensor_bytes(out)); /* an empty sum */
+    return 0;
+  }
+  memcpy(d.bshape, out->shape, (size_t)d.brank * sizeof(int64_t));
+  broadcast_strides(a->rank - 2, a->shape, d.brank, out->shape, d.sa);
+  broadcast_strides(b->rank - 2, b->shape, d.brank, out->shape, d.sb);
+  int64_t batches = out->size / (d.m * d.n), work = d.m * d.n * d.k;
+  if (batches == 1 || work >= TASK_WORK) {
+    /* big matrices: each product uses every thread */
+    for (int64_t t = 0; t < batches; t++)
+      if (dot_one(&d, t, true)) atomic_store(&d.failed, 1);
+  } else {
+    parallel_for(batches, TASK_WORK / work + 1, dot_batches, &d);
+  }
+  if (atomic_load(&d.failed)) return kiln_set_error("matmul: out of memory for packing buffers");
+  return 0;
+}
+
+static int dot_f32(const op_call *c) { return dot_run(c, gemm_f32); }
+static int dot_f64(const op_call *c) { return dot_run(c, gemm_f64); }
+static int dot_i32(const op_call *c) { return dot_run(c, gemm_i32); }
+static int dot_i64(const op_call *c) { return dot_run(c, gemm_i64); }
+
+KILN_CONSTRUCTOR static void register_kernels(void) {
+  dispatch_register(OP_DOT, 0, KILN_F32, dot_f32);
+  dispatch_register(OP_DOT, 0, KILN_F64, dot_f64);
+  dispatch_register(OP_DOT, 0, KILN_I32, dot_i32);
+  dispatch_register(OP_DOT, 0, KILN_I64, dot_i64);
+}

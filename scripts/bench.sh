@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# bench.sh — builds Release in build/ and runs every benchmark in bench/.
+# Speed is measured here, never asserted by tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+./scripts/setup.sh
+gen=()
+[ -f build/CMakeCache.txt ] || gen=(-G Ninja)
+cmake -S . -B build "${gen[@]}" -DCMAKE_BUILD_TYPE=Release >/dev/null
+benches=()
+for src in bench/*.c; do benches+=("$(basename "$src" .c)"); done
+cmake --build build --target "${benches[@]}"
+for b in "${benches[@]}"; do
+  printf '\n== %s ==\n' "$b"
+  "./build/$b"
+done

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# setup.sh — installs the Debian packages Kiln needs to build, test and
+# benchmark, on Debian 12, as root or through sudo. Fast on repeat runs: when
+# every package is already installed it never touches apt.
+set -euo pipefail
+
+# libopenblas-dev is only the benchmarks' peer (bench/bench_matmul.c);
+# the library itself never links it.
+packages=(cmake ninja-build llvm-19-dev llvm-19-tools libffi-dev libgtest-dev
+          pkg-config g++ libopenblas-dev)
+
+if ! command -v dpkg-query >/dev/null 2>&1; then
+  echo "setup.sh: no dpkg here (not Debian?); install these by hand: ${packages[*]}" >&2
+  exit 0
+fi
+
+# One dpkg-query for all of them; unknown packages print nothing.
+installed=$(dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' "${packages[@]}" 2>/dev/null |
+            awk '$1 == "ii" { print $2 }' || true)
+missing=()
+for p in "${packages[@]}"; do
+  grep -qx -- "$p" <<<"$installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+if [ "$(id -u)" -eq 0 ]; then
+  as_root=()
+elif command -v sudo >/dev/null 2>&1; then
+  as_root=(sudo)
+else
+  echo "setup.sh: missing ${missing[*]}, and neither root nor sudo is available" >&2
+  exit 1
+fi
+
+echo "setup.sh: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+"${as_root[@]}" apt-get update -q
+"${as_root[@]}" apt-get install -y -q -o DPkg::Lock::Timeout=900 "${missing[@]}"

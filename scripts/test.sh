@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# test.sh — the one test command, locally and in CI. Installs what is missing
+# (scripts/setup.sh), then: a Release build in build/ and its ctest suite, the
+# examples, an install smoke test (pkg-config and find_package(Kiln)), and an
+# AddressSanitizer+UBSan build in build-asan/ with the whole suite again.
+# Every stage runs even after a failure; the exit status is non-zero if any
+# failed, and the last line is "N passed, N failed".
+# shellcheck disable=SC2317 # functions called through check() look unreachable
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+
+passed=0
+failed=0
+failures=()
+
+pass() { passed=$((passed + 1)); echo "ok: $1"; }
+fail() { failed=$((failed + 1)); failures+=("$1"); echo "FAILED: $1" >&2; }
+# check NAME CMD...: one counted check
+check() {
+  local name=$1
+  shift
+  if "$@"; then pass "$name"; else fail "$name"; fi
+}
+section() { printf '\n==== %s ====\n' "$1"; }
+
+summary() {
+  echo
+  if [ ${#failures[@]} -gt 0 ]; then
+    echo "failed:"
+    printf '  %s\n' "${failures[@]}"
+  fi
+  echo "$passed passed, $failed failed"
+  [ "$failed" -eq 0 ]
+  exit $?
+}
+
+# configure DIR ARGS...: Ninja for a new build folder; an existing one keeps
+# the generator it was made with.
+configure() {
+  local dir=$1
+  shift
+  local gen=()
+  [ -f "$dir/CMakeCache.txt" ] || gen=(-G Ninja)
+  cmake -S . -B "$dir" "${gen[@]}" "$@"
+}
+
+# run_ctest DIR: runs the suite and adds its counts to the totals. A suite
+# that could not run at all (or exits non-zero with no failed test) counts
+# as one failure.
+run_ctest() {
+  local dir=$1 log
+  log=$(mktemp)
+  ctest --test-dir "$dir" --output-on-failure -j2 --no-tests=error --timeout 900 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  local line
+  line=$(grep -Eo '[0-9]+ tests? failed out of [0-9]+' "$log" | tail -n 1)
+  rm -f "$log"
+  if [ -z "$line" ]; then
+    fail "ctest in $dir did not run"
+    return
+  fi
+  local nfail ntotal
+  nfail=$(awk '{ print $1 }' <<<"$line")
+  ntotal=$(awk '{ print $NF }' <<<"$line")
+  passed=$((passed + ntotal - nfail))
+  failed=$((failed + nfail))
+  [ "$nfail" -eq 0 ] || failures+=("$nfail ctest test(s) in $dir")
+  if [ "$rc" -ne 0 ] && [ "$nfail" -eq 0 ]; then fail "ctest in $dir exited $rc"; fi
+}
+
+# ---- the install smoke test's two consumers ----
+write_smoke_c() {
+  cat >"$1" <<'C'
+#include <kiln.h>
+#include <stdio.h>
+
+int main(void) {
+  kiln_scope_push();
+  kiln_tensor *x = kiln_arange(KILN_F32, 4); /* 0 1 2 3 */
+  kiln_tensor *s = kiln_reduce_sum(kiln_add(x, x), 0, NULL, false);
+  double v = kiln_tensor_item(s);
+  kiln_scope_pop();
+  if (v != 12.0) {
+    fprintf(stderr, "smoke: sum = %g, want 12 (%s)\n", v, kiln_last_error());
+    return 1;
+  }
+  if (kiln_debug_live_tensors() != 0) {
+    fprintf(stderr, "smoke: %lld tensors leaked\n", (long long)kiln_debug_live_tensors());
+    return 1;
+  }
+  printf("kiln %s: ok\n", kiln_version());
+  return 0;
+}
+C
+}
+
+write_smoke_cmake() {
+  cat >"$1" <<'CMAKE'
+cmake_minimum_required(VERSION 3.20)
+project(kiln_smoke C)
+find_package(Kiln 0.1 REQUIRED)
+add_executable(smoke smoke.c)
+target_link_libraries(smoke PRIVATE Kiln::kiln)
+CMAKE
+}
+
+# smoke_pkgconfig DIR PKG_CONFIG_PATH LD_LIBRARY_PATH: knows Kiln only
+# through pkg-config.
+smoke_pkgconfig() {
+  local flags
+  flags=$(PKG_CONFIG_PATH="$2" pkg-config --cflags --libs kiln) || return 1
+  echo "pkg-config --cflags --libs kiln: $flags"
+  # shellcheck disable=SC2086 # flags are words
+  cc -std=c11 -Wall -Wextra -Werror "$1/smoke.c" -o "$1/smoke" $flags &&
+    LD_LIBRARY_PATH="$3" "$1/smoke"
+}
+
+# smoke_cmake DIR PREFIX LD_LIBRARY_PATH: find_package(Kiln) + Kiln::kiln.
+smoke_cmake() {
+  if ! cmake -S "$1" -B "$1/build" -G Ninja -DCMAKE_PREFIX_PATH="$2" >"$1/configure.log" 2>&1; then
+    cat "$1/configure.log"
+    return 1
+  fi
+  cmake --build "$1/build" && LD_LIBRARY_PATH="$3" "$1/build/smoke"
+}
+
+# ---------------------------------------------------------------------------
+section "packages"
+if ! ./scripts/setup.sh; then
+  fail "scripts/setup.sh"
+  summary
+fi
+
+# ---------------------------------------------------------------------------
+section "Release build (build/)"
+release_ok=0
+if configure build -DCMAKE_BUILD_TYPE=Release && cmake --build build; then
+  release_ok=1
+else
+  fail "Release build"
+fi
+
+if [ $release_ok -eq 1 ]; then
+  section "ctest (build/)"
+  run_ctest build
+
+  section "examples (build/)"
+  check "build/hello" ./build/hello
+  check "build/tour" ./build/tour
+
+  section "install smoke test"
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  prefix=$work/prefix
+  if cmake --install build --prefix "$prefix" >"$work/install.log" 2>&1; then
+    pass "cmake --install build --prefix <tmp>"
+    libdirs=$(find "$prefix" -name 'libkiln.so*' -printf '%h\n' | sort -u | paste -sd:)
+    pcdirs=$(find "$prefix" -name kiln.pc -printf '%h\n' | sort -u | paste -sd:)
+
+    mkdir -p "$work/pc" "$work/cm"
+    write_smoke_c "$work/pc/smoke.c"
+    write_smoke_c "$work/cm/smoke.c"
+    write_smoke_cmake "$work/cm/CMakeLists.txt"
+    check "pkg-config: compile and run a C program" smoke_pkgconfig "$work/pc" "$pcdirs" "$libdirs"
+    check "find_package(Kiln): configure, build and run" smoke_cmake "$work/cm" "$prefix" "$libdirs"
+  else
+    cat "$work/install.log"
+    fail "cmake --install build --prefix <tmp>"
+  fi
+fi
+
+# ---------------------------------------------------------------------------
+section "sanitizer build (build-asan/)"
+export ASAN_OPTIONS=detect_leaks=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+if configure build-asan -DKILN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug -DKILN_NATIVE=ON &&
+   cmake --build build-asan; then
+  section "ctest (build-asan/)"
+  run_ctest build-asan
+  section "examples (build-asan/)"
+  check "build-asan/hello" ./build-asan/hello
+  check "build-asan/tour" ./build-asan/tour
+else
+  fail "sanitizer build"
+fi
+
+summary
