@@ -21,7 +21,9 @@
 
 /* ---- dtypes ----
  * Every dtype of the format, so that a file with tensors kiln cannot hold
- * still opens for the tensors it can. bits: size of one element. */
+ * still opens for the tensors it can; in the reference's order (by
+ * alignment), which also orders the tensors of a saved file. bits: size of
+ * one element. */
 typedef struct {
   const char *name;
   int bits;
@@ -29,18 +31,18 @@ typedef struct {
 } st_dtype;
 
 static const st_dtype st_dtypes[] = {
-    {"BOOL", 8, KILN_BOOL},   {"U8", 8, -1},       {"I8", 8, -1},        {"F8_E5M2", 8, -1},
-    {"F8_E4M3", 8, -1},       {"F8_E8M0", 8, -1},  {"F4", 4, -1},        {"F6_E2M3", 6, -1},
-    {"F6_E3M2", 6, -1},       {"I16", 16, -1},     {"U16", 16, -1},      {"F16", 16, KILN_F16},
-    {"BF16", 16, KILN_BF16},  {"I32", 32, KILN_I32}, {"U32", 32, -1},    {"F32", 32, KILN_F32},
-    {"C64", 64, -1},          {"F64", 64, KILN_F64}, {"I64", 64, KILN_I64}, {"U64", 64, -1},
+    {"BOOL", 8, KILN_BOOL}, {"F4", 4, -1},      {"F6_E2M3", 6, -1},      {"F6_E3M2", 6, -1},
+    {"U8", 8, -1},          {"I8", 8, -1},      {"F8_E5M2", 8, -1},      {"F8_E4M3", 8, -1},
+    {"F8_E8M0", 8, -1},     {"I16", 16, -1},    {"U16", 16, -1},         {"F16", 16, KILN_F16},
+    {"BF16", 16, KILN_BF16}, {"I32", 32, KILN_I32}, {"U32", 32, -1},     {"F32", 32, KILN_F32},
+    {"C64", 64, -1},        {"F64", 64, KILN_F64}, {"I64", 64, KILN_I64}, {"U64", 64, -1},
 };
 #define ST_DTYPE_COUNT ((int)(sizeof st_dtypes / sizeof st_dtypes[0]))
 
-static const char *st_name(kiln_dtype dt) {
+static int st_index(kiln_dtype dt) {
   for (int i = 0; i < ST_DTYPE_COUNT; i++)
-    if (st_dtypes[i].kiln == (int)dt) return st_dtypes[i].name;
-  return "?";
+    if (st_dtypes[i].kiln == (int)dt) return i;
+  return 0; /* unreachable: every kiln dtype is in the table */
 }
 
 static bool host_little_endian(void) {
@@ -812,12 +814,19 @@ int kiln_checkpoint_restore(const char *path, int n, kiln_variable *const *vars)
   const char *who = "checkpoint_restore";
   if (!path) return kiln_set_error("%s: path is NULL", who);
   if (check_vars(who, n, vars)) return -1;
-  FILE *f = fopen(path, "rb");
-  if (!f) return kiln_set_error("%s: %s: cannot open: %s", who, path, errno_str(errno));
+  /* O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return kiln_set_error("%s: %s: cannot open: %s", who, path, errno_str(errno));
   struct stat st;
-  if (fstat(fileno(f), &st) == 0 && !S_ISREG(st.st_mode)) {
-    fclose(f);
+  if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+    close(fd);
     return kiln_set_error("%s: %s: not a regular file", who, path);
+  }
+  FILE *f = fdopen(fd, "rb");
+  if (!f) {
+    int e = errno;
+    close(fd);
+    return kiln_set_error("%s: %s: cannot open: %s", who, path, errno_str(e));
   }
   int rc = checkpoint_restore_stream(path, f, n, vars);
   fclose(f);
@@ -896,12 +905,14 @@ static int save_item_by_name(const void *a, const void *b) {
   return strcmp(((const save_item *)a)->name, ((const save_item *)b)->name);
 }
 
-/* Larger elements first, then by name: every tensor starts at a multiple of
- * its element size (the data starts 8-aligned), as the reference lays out. */
+/* The reference's layout: dtypes in descending order of the table (so
+ * larger elements first, and every tensor aligned to its element size, the
+ * data starting 8-aligned), then by name. A file saved here is then byte for
+ * byte what the reference writes for the same tensors. */
 static int save_item_by_layout(const void *a, const void *b) {
   const save_item *x = a, *y = b;
-  size_t sx = kiln_dtype_size(kiln_tensor_dtype(x->value)), sy = kiln_dtype_size(kiln_tensor_dtype(y->value));
-  if (sx != sy) return sx > sy ? -1 : 1;
+  int dx = st_index(kiln_tensor_dtype(x->value)), dy = st_index(kiln_tensor_dtype(y->value));
+  if (dx != dy) return dx > dy ? -1 : 1;
   return strcmp(x->name, y->name);
 }
 
@@ -941,7 +952,7 @@ static int build_header(save_item *items, int n, sbuf *h) {
     if (i) sb_str(h, ",");
     sb_json_string(h, items[i].name);
     sb_str(h, ":{\"dtype\":\"");
-    sb_str(h, st_name(kiln_tensor_dtype(t)));
+    sb_str(h, st_dtypes[st_index(kiln_tensor_dtype(t))].name);
     sb_str(h, "\",\"shape\":[");
     for (int k = 0; k < kiln_tensor_rank(t); k++) {
       if (k) sb_str(h, ",");

@@ -97,59 +97,59 @@ static inline uint16_t f32_bf16(float f) {
  * Same-dtype casts are copies and not listed. Integer narrowing wraps (as C,
  * NumPy and LLVM's trunc do); anything to bool is x != 0 (NaN is true). */
 
-#define CAST_PAIRS(X)                                              \
-  X(f32, f64, float, double, (double)x)                            \
-  X(f32, i32, float, int32_t, f32_i32(x))                          \
-  X(f32, i64, float, int64_t, f32_i64(x))                          \
-  X(f32, b8, float, uint8_t, x != 0)                               \
-  X(f32, f16, float, uint16_t, f32_f16(x))                         \
-  X(f32, bf16, float, uint16_t, f32_bf16(x))                       \
-  X(f64, f32, double, float, (float)x)                             \
-  X(f64, i32, double, int32_t, f64_i32(x))                         \
-  X(f64, i64, double, int64_t, f64_i64(x))                         \
-  X(f64, b8, double, uint8_t, x != 0)                              \
-  X(f64, f16, double, uint16_t, f32_f16((float)x))                 \
-  X(f64, bf16, double, uint16_t, f32_bf16((float)x))               \
-  X(i32, f32, int32_t, float, (float)x)                            \
-  X(i32, f64, int32_t, double, (double)x)                          \
-  X(i32, i64, int32_t, int64_t, (int64_t)x)                        \
-  X(i32, b8, int32_t, uint8_t, x != 0)                             \
-  X(i32, f16, int32_t, uint16_t, f32_f16((float)x))                \
-  X(i32, bf16, int32_t, uint16_t, f32_bf16((float)x))              \
-  X(i64, f32, int64_t, float, (float)x)                            \
-  X(i64, f64, int64_t, double, (double)x)                          \
-  X(i64, i32, int64_t, int32_t, (int32_t)(uint32_t)(uint64_t)x)    \
-  X(i64, b8, int64_t, uint8_t, x != 0)                             \
-  X(i64, f16, int64_t, uint16_t, f32_f16((float)x))                \
-  X(i64, bf16, int64_t, uint16_t, f32_bf16((float)x))              \
-  X(b8, f32, uint8_t, float, (float)x)                             \
-  X(b8, f64, uint8_t, double, (double)x)                           \
-  X(b8, i32, uint8_t, int32_t, (int32_t)x)                         \
-  X(b8, i64, uint8_t, int64_t, (int64_t)x)                         \
-  X(b8, f16, uint8_t, uint16_t, x ? 0x3c00 : 0)                    \
-  X(b8, bf16, uint8_t, uint16_t, x ? 0x3f80 : 0)                   \
-  X(f16, f32, uint16_t, float, f16_f32(x))                         \
-  X(f16, f64, uint16_t, double, (double)f16_f32(x))                \
-  X(f16, i32, uint16_t, int32_t, f32_i32(f16_f32(x)))              \
-  X(f16, i64, uint16_t, int64_t, f32_i64(f16_f32(x)))              \
-  X(f16, b8, uint16_t, uint8_t, (x & 0x7fff) != 0)                 \
-  X(f16, bf16, uint16_t, uint16_t, f32_bf16(f16_f32(x)))           \
-  X(bf16, f32, uint16_t, float, bf16_f32(x))                       \
-  X(bf16, f64, uint16_t, double, (double)bf16_f32(x))              \
-  X(bf16, i32, uint16_t, int32_t, f32_i32(bf16_f32(x)))            \
-  X(bf16, i64, uint16_t, int64_t, f32_i64(bf16_f32(x)))            \
-  X(bf16, b8, uint16_t, uint8_t, (x & 0x7fff) != 0)                \
+#define CAST_PAIRS(X)                                           \
+  X(f32, f64, float, double, (double)x)                         \
+  X(f32, i32, float, int32_t, f32_i32(x))                       \
+  X(f32, i64, float, int64_t, f32_i64(x))                       \
+  X(f32, b8, float, uint8_t, x != 0)                            \
+  X(f32, f16, float, uint16_t, f32_f16(x))                      \
+  X(f32, bf16, float, uint16_t, f32_bf16(x))                    \
+  X(f64, f32, double, float, (float)x)                          \
+  X(f64, i32, double, int32_t, f64_i32(x))                      \
+  X(f64, i64, double, int64_t, f64_i64(x))                      \
+  X(f64, b8, double, uint8_t, x != 0)                           \
+  X(f64, f16, double, uint16_t, f32_f16((float)x))              \
+  X(f64, bf16, double, uint16_t, f32_bf16((float)x))            \
+  X(i32, f32, int32_t, float, (float)x)                         \
+  X(i32, f64, int32_t, double, (double)x)                       \
+  X(i32, i64, int32_t, int64_t, (int64_t)x)                     \
+  X(i32, b8, int32_t, uint8_t, x != 0)                          \
+  X(i32, f16, int32_t, uint16_t, f32_f16((float)x))             \
+  X(i32, bf16, int32_t, uint16_t, f32_bf16((float)x))           \
+  X(i64, f32, int64_t, float, (float)x)                         \
+  X(i64, f64, int64_t, double, (double)x)                       \
+  X(i64, i32, int64_t, int32_t, (int32_t)(uint32_t)(uint64_t)x) \
+  X(i64, b8, int64_t, uint8_t, x != 0)                          \
+  X(i64, f16, int64_t, uint16_t, f32_f16((float)x))             \
+  X(i64, bf16, int64_t, uint16_t, f32_bf16((float)x))           \
+  X(b8, f32, uint8_t, float, (float)x)                          \
+  X(b8, f64, uint8_t, double, (double)x)                        \
+  X(b8, i32, uint8_t, int32_t, (int32_t)x)                      \
+  X(b8, i64, uint8_t, int64_t, (int64_t)x)                      \
+  X(b8, f16, uint8_t, uint16_t, x ? 0x3c00 : 0)                 \
+  X(b8, bf16, uint8_t, uint16_t, x ? 0x3f80 : 0)                \
+  X(f16, f32, uint16_t, float, f16_f32(x))                      \
+  X(f16, f64, uint16_t, double, (double)f16_f32(x))             \
+  X(f16, i32, uint16_t, int32_t, f32_i32(f16_f32(x)))           \
+  X(f16, i64, uint16_t, int64_t, f32_i64(f16_f32(x)))           \
+  X(f16, b8, uint16_t, uint8_t, (x & 0x7fff) != 0)              \
+  X(f16, bf16, uint16_t, uint16_t, f32_bf16(f16_f32(x)))        \
+  X(bf16, f32, uint16_t, float, bf16_f32(x))                    \
+  X(bf16, f64, uint16_t, double, (double)bf16_f32(x))           \
+  X(bf16, i32, uint16_t, int32_t, f32_i32(bf16_f32(x)))         \
+  X(bf16, i64, uint16_t, int64_t, f32_i64(bf16_f32(x)))         \
+  X(bf16, b8, uint16_t, uint8_t, (x & 0x7fff) != 0)             \
   X(bf16, f16, uint16_t, uint16_t, f32_f16(bf16_f32(x)))
 
 typedef void (*cast_loop)(void *KILN_RESTRICT o, const void *KILN_RESTRICT x, int64_t n);
 
-#define CAST_LOOP(src, dst, TS, TD, expr)                                                \
+#define CAST_LOOP(src, dst, TS, TD, expr)                                              \
   static inline TD cv_##src##_##dst(TS x) { return (TD)(expr); }                       \
   static void cast_##src##_##dst(void *KILN_RESTRICT o_, const void *KILN_RESTRICT x_, \
-                                 int64_t n) {                                           \
-    TD *KILN_RESTRICT o = o_;                                                           \
-    const TS *KILN_RESTRICT x = x_;                                                     \
-    for (int64_t i = 0; i < n; i++) o[i] = cv_##src##_##dst(x[i]);                      \
+                                 int64_t n) {                                          \
+    TD *KILN_RESTRICT o = o_;                                                          \
+    const TS *KILN_RESTRICT x = x_;                                                    \
+    for (int64_t i = 0; i < n; i++) o[i] = cv_##src##_##dst(x[i]);                     \
   }
 
 CAST_PAIRS(CAST_LOOP)
@@ -196,5 +196,6 @@ static int k_cast(const op_call *c) {
 }
 
 KILN_CONSTRUCTOR static void register_convert_kernels(void) {
-  for (int dt = 0; dt < KILN_DTYPE_COUNT; dt++) dispatch_register(OP_CONVERT, 0, (kiln_dtype)dt, k_cast);
+  for (int dt = 0; dt < KILN_DTYPE_COUNT; dt++)
+    dispatch_register(OP_CONVERT, 0, (kiln_dtype)dt, k_cast);
 }

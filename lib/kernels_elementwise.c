@@ -7,8 +7,9 @@
 #include "ops.h"
 
 /* Elements below a grain run serially (small ops must stay cheap); the heavy
- * grain is for libm calls, integer division and the float polynomials. Long
- * rows are cut into blocks so a few huge rows still spread over the pool. */
+ * grain is for ops that call libm per element (sin, cos, log1p, pow, fmod)
+ * or divide integers. Long rows are cut into blocks so that a few huge rows
+ * still spread over the pool. */
 enum { GRAIN = 32768, GRAIN_HEAVY = 8192, BLOCK = 16384 };
 
 /* ------------------------------------------------------------------------
@@ -37,20 +38,26 @@ static inline float bits_f32(uint32_t u) {
   return f;
 }
 
-/* e^x = 2^n e^r, |r| <= ln2/2; e^r by a degree-6 minimax polynomial. */
-static inline float exp_f32(float x) {
-  float xc = x > -104.0f ? x : -104.0f; /* e^-104 rounds to 0; NaN lands here, fixed below */
-  xc = xc < 89.0f ? xc : 89.0f;         /* e^89 overflows */
-  const float shift = 0x1.8p23f;        /* adding it rounds to an integer */
-  float n = FMAF(xc, 1.44269504f, shift) - shift;
-  float r = FMAF(n, -0.693359375f, xc); /* ln 2 in two parts: n * hi is exact */
-  r = FMAF(n, 2.12194440e-4f, r);
+/* e^x = 2^n e^r with n = round(x / ln2) and |r| <= ln2/2: returns e^r (a
+ * degree-6 Chebyshev fit) and writes n, an integer-valued float. */
+static inline float exp_reduced_f32(float x, float *n) {
+  const float shift = 0x1.8p23f; /* adding it rounds to an integer */
+  float k = FMAF(x, 1.44269504f, shift) - shift;
+  float r = FMAF(k, -0.693359375f, x); /* ln 2 in two parts: k * hi is exact */
+  r = FMAF(k, 2.12194440e-4f, r);
   float p = 1.392617612e-03f;
   p = FMAF(p, r, 8.363173075e-03f);
   p = FMAF(p, r, 4.166655466e-02f);
   p = FMAF(p, r, 1.666657703e-01f);
   p = FMAF(p, r, 0.5f);
-  p = FMAF(p, r * r, r) + 1.0f;
+  *n = k;
+  return FMAF(p, r * r, r) + 1.0f;
+}
+
+static inline float exp_f32(float x) {
+  float xc = x > -104.0f ? x : -104.0f; /* e^-104 rounds to 0; NaN lands here, fixed below */
+  xc = xc < 89.0f ? xc : 89.0f;         /* e^89 overflows */
+  float n, p = exp_reduced_f32(xc, &n);
   /* 2^n as two factors: n reaches 128 (overflow to inf) and -150 (subnormal) */
   int32_t ni = (int32_t)n, n1 = ni / 2, n2 = ni - n1;
   float y = p * bits_f32((uint32_t)(n1 + 127) << 23) * bits_f32((uint32_t)(n2 + 127) << 23);
@@ -59,7 +66,7 @@ static inline float exp_f32(float x) {
 
 /* log x = e ln2 + log1p(f), m = 1 + f in [sqrt(1/2), sqrt(2)]. */
 static inline float log_f32(float x) {
-  uint32_t ux = f32_bits(x); /* integer tests: they if-convert where float compares may not */
+  uint32_t ux = f32_bits(x);  /* integer tests: they if-convert where float compares may not */
   int sub = ux < 0x00800000u; /* +0 and subnormals: scale by 2^23 first */
   float xs = x * bits_f32(sub ? 0x4b000000u : 0x3f800000u);
   uint32_t u = f32_bits(xs), mbits = u & 0x007fffffu;
@@ -83,9 +90,9 @@ static inline float log_f32(float x) {
   /* 0 -> -inf, negative -> NaN, inf and NaN -> themselves. A bitwise blend,
    * not ?:, or gcc sinks the polynomial into a branch it cannot vectorize. */
   uint32_t special = (ux & 0x7fffffffu) == 0 ? 0xff800000u
-                     : ux > 0x80000000u     ? 0x7fc00000u
-                     : ux == 0x7f800000u    ? ux
-                                            : ux | 0x00400000u;
+                     : ux > 0x80000000u      ? 0x7fc00000u
+                     : ux == 0x7f800000u     ? ux
+                                             : ux | 0x00400000u;
   uint32_t ok = 0u - (uint32_t)(ux - 1u < 0x7f7fffffu); /* all ones for finite x > 0 */
   return bits_f32((f32_bits(r) & ok) | (special & ~ok));
 }
@@ -101,10 +108,11 @@ static inline float tanh_f32(float x) {
   q = FMAF(q, s, 1.333330356e-01f);
   q = FMAF(q, s, -3.333333317e-01f);
   float small = FMAF(a * s, q, a);
-  float e = exp_f32(2.0f * (a < 9.5f ? a : 9.5f)); /* tanh(9.5) rounds to 1 */
+  /* 2|x| in [0, 19] (tanh(9.5) rounds to 1): one scale factor, no clamps */
+  float n, e = exp_reduced_f32(2.0f * (a < 9.5f ? a : 9.5f), &n);
+  e *= bits_f32((uint32_t)((int32_t)n + 127) << 23);
   float big = 1.0f - 2.0f / (e + 1.0f);
-  float y = copysignf(a < 0.625f ? small : big, x);
-  return x != x ? x + x : y;
+  return copysignf(a >= 0.625f ? big : small, x); /* NaN takes the polynomial: NaN */
 }
 
 /* e^-|x| never overflows: 1/(1+e) for x >= 0, e/(1+e) below. */
@@ -125,36 +133,35 @@ static inline double sigmoid_f64(double x) {
  * ---------------------------------------------------------------------- */
 
 #define FLOAT_ELEMS(sfx, T, M)                                                    \
-  static inline T el_neg_##sfx(T x) { return -x; }                               \
-  static inline T el_abs_##sfx(T x) { return fabs##M(x); }                       \
-  static inline T el_sign_##sfx(T x) { /* 0 and NaN give themselves */          \
+  static inline T el_neg_##sfx(T x) { return -x; }                                \
+  static inline T el_abs_##sfx(T x) { return fabs##M(x); }                        \
+  static inline T el_sign_##sfx(T x) { /* 0 and NaN give themselves */            \
     int gt = x > 0, lt = x < 0;                                                   \
     return gt ? (T)1 : lt ? (T)-1 : x;                                            \
   }                                                                               \
   static inline T el_relu_##sfx(T x) { return x < 0 ? (T)0 : x; } /* NaN stays */ \
-  static inline T el_log1p_##sfx(T x) { return log1p##M(x); }                    \
-  static inline T el_sqrt_##sfx(T x) { return sqrt##M(x); }                      \
-  static inline T el_rsqrt_##sfx(T x) { return (T)1 / sqrt##M(x); }              \
-  static inline T el_sin_##sfx(T x) { return sin##M(x); }                        \
-  static inline T el_cos_##sfx(T x) { return cos##M(x); }                        \
-  /* floor and ceil through nearbyint, which vectorizes (floorf does not:     \
-   * it may not raise inexact); the rounded value is x's floor or ceiling,     \
-   * and copysign restores the sign of a zero result                           \
-   */                                                                         \
-  static inline T el_floor_##sfx(T x) {                                          \
-    T r = nearbyint##M(x), d = r > x ? (T)1 : (T)0;                             \
-    return copysign##M(r - d, x);                                                \
+  static inline T el_log1p_##sfx(T x) { return log1p##M(x); }                     \
+  static inline T el_sqrt_##sfx(T x) { return sqrt##M(x); }                       \
+  static inline T el_rsqrt_##sfx(T x) { return (T)1 / sqrt##M(x); }               \
+  static inline T el_sin_##sfx(T x) { return sin##M(x); }                         \
+  static inline T el_cos_##sfx(T x) { return cos##M(x); }                         \
+  /* through nearbyint, which vectorizes (floor may not: it must not raise        \
+   * inexact); the rounded value is x's floor or ceiling, and copysign keeps      \
+   * the sign of a zero result (ceil(-0.5) = -0) */                               \
+  static inline T el_floor_##sfx(T x) {                                           \
+    T r = nearbyint##M(x), d = r > x ? (T)1 : (T)0;                               \
+    return copysign##M(r - d, x);                                                 \
   }                                                                               \
-  static inline T el_ceil_##sfx(T x) {                                           \
-    T r = nearbyint##M(x), d = r < x ? (T)1 : (T)0;                             \
-    return copysign##M(r + d, x);                                                \
+  static inline T el_ceil_##sfx(T x) {                                            \
+    T r = nearbyint##M(x), d = r < x ? (T)1 : (T)0;                               \
+    return copysign##M(r + d, x);                                                 \
   }                                                                               \
-  static inline T el_add_##sfx(T x, T y) { return x + y; }                       \
-  static inline T el_sub_##sfx(T x, T y) { return x - y; }                       \
-  static inline T el_mul_##sfx(T x, T y) { return x * y; }                       \
-  static inline T el_div_##sfx(T x, T y) { return x / y; }                       \
-  static inline T el_pow_##sfx(T x, T y) { return pow##M(x, y); }                \
-  static inline T el_mod_##sfx(T x, T y) { return fmod##M(x, y); }               \
+  static inline T el_add_##sfx(T x, T y) { return x + y; }                        \
+  static inline T el_sub_##sfx(T x, T y) { return x - y; }                        \
+  static inline T el_mul_##sfx(T x, T y) { return x * y; }                        \
+  static inline T el_div_##sfx(T x, T y) { return x / y; }                        \
+  static inline T el_pow_##sfx(T x, T y) { return pow##M(x, y); }                 \
+  static inline T el_mod_##sfx(T x, T y) { return fmod##M(x, y); }                \
   /* NaN in either operand gives NaN, as NumPy's maximum and minimum do */        \
   static inline T el_max_##sfx(T x, T y) {                                        \
     int pick = (x > y) | (x != x);                                                \
@@ -179,27 +186,27 @@ static inline double el_sigmoid_f64(double x) { return sigmoid_f64(x); }
 
 /* Division and mod by zero never get here (checked first); x / -1 would
  * trap on INT_MIN, so it is negation, which wraps. */
-#define INT_ELEMS(sfx, T, U)                                                        \
-  static inline T el_neg_##sfx(T x) { return (T)((U)0 - (U)x); }                   \
-  static inline T el_abs_##sfx(T x) { return x < 0 ? (T)((U)0 - (U)x) : x; }       \
-  static inline T el_sign_##sfx(T x) { return (T)((x > 0) - (x < 0)); }            \
-  static inline T el_relu_##sfx(T x) { return x < 0 ? 0 : x; }                     \
-  static inline T el_add_##sfx(T x, T y) { return (T)((U)x + (U)y); }              \
-  static inline T el_sub_##sfx(T x, T y) { return (T)((U)x - (U)y); }              \
-  static inline T el_mul_##sfx(T x, T y) { return (T)((U)x * (U)y); }              \
+#define INT_ELEMS(sfx, T, U)                                                           \
+  static inline T el_neg_##sfx(T x) { return (T)((U)0 - (U)x); }                       \
+  static inline T el_abs_##sfx(T x) { return x < 0 ? (T)((U)0 - (U)x) : x; }           \
+  static inline T el_sign_##sfx(T x) { return (T)((x > 0) - (x < 0)); }                \
+  static inline T el_relu_##sfx(T x) { return x < 0 ? 0 : x; }                         \
+  static inline T el_add_##sfx(T x, T y) { return (T)((U)x + (U)y); }                  \
+  static inline T el_sub_##sfx(T x, T y) { return (T)((U)x - (U)y); }                  \
+  static inline T el_mul_##sfx(T x, T y) { return (T)((U)x * (U)y); }                  \
   static inline T el_div_##sfx(T x, T y) { return y == -1 ? el_neg_##sfx(x) : x / y; } \
-  static inline T el_mod_##sfx(T x, T y) { return y == -1 ? 0 : x % y; }           \
-  static inline T el_max_##sfx(T x, T y) { return x > y ? x : y; }                 \
-  static inline T el_min_##sfx(T x, T y) { return x < y ? x : y; }                 \
-  /* by squaring; a negative exponent leaves 0 unless |x| == 1 */                  \
-  static inline T el_pow_##sfx(T x, T y) {                                          \
-    if (y < 0) return x == 1 ? 1 : x == -1 ? (y % 2 ? -1 : 1) : 0;                 \
-    U r = 1, b = (U)x;                                                              \
-    for (U e = (U)y; e; e >>= 1) {                                                  \
-      if (e & 1) r *= b;                                                            \
-      b *= b;                                                                       \
-    }                                                                               \
-    return (T)r;                                                                    \
+  static inline T el_mod_##sfx(T x, T y) { return y == -1 ? 0 : x % y; }               \
+  static inline T el_max_##sfx(T x, T y) { return x > y ? x : y; }                     \
+  static inline T el_min_##sfx(T x, T y) { return x < y ? x : y; }                     \
+  /* by squaring; a negative exponent leaves 0 unless |x| == 1 */                      \
+  static inline T el_pow_##sfx(T x, T y) {                                             \
+    if (y < 0) return x == 1 ? 1 : x == -1 ? (y % 2 ? -1 : 1) : 0;                     \
+    U r = 1, b = (U)x;                                                                 \
+    for (U e = (U)y; e; e >>= 1) {                                                     \
+      if (e & 1) r *= b;                                                               \
+      b *= b;                                                                          \
+    }                                                                                  \
+    return (T)r;                                                                       \
   }
 
 INT_ELEMS(i32, int32_t, uint32_t)
@@ -212,12 +219,12 @@ static inline uint8_t el_or_b8(uint8_t x, uint8_t y) { return x | y; }
 static inline uint8_t el_max_b8(uint8_t x, uint8_t y) { return x | y; }
 static inline uint8_t el_min_b8(uint8_t x, uint8_t y) { return x & y; }
 
-#define COMPARE_ELEMS(sfx, T)                                           \
-  static inline uint8_t el_eq_##sfx(T x, T y) { return x == y; }     \
-  static inline uint8_t el_ne_##sfx(T x, T y) { return x != y; }     \
-  static inline uint8_t el_lt_##sfx(T x, T y) { return x < y; }      \
-  static inline uint8_t el_le_##sfx(T x, T y) { return x <= y; }     \
-  static inline uint8_t el_gt_##sfx(T x, T y) { return x > y; }      \
+#define COMPARE_ELEMS(sfx, T)                                    \
+  static inline uint8_t el_eq_##sfx(T x, T y) { return x == y; } \
+  static inline uint8_t el_ne_##sfx(T x, T y) { return x != y; } \
+  static inline uint8_t el_lt_##sfx(T x, T y) { return x < y; }  \
+  static inline uint8_t el_le_##sfx(T x, T y) { return x <= y; } \
+  static inline uint8_t el_gt_##sfx(T x, T y) { return x > y; }  \
   static inline uint8_t el_ge_##sfx(T x, T y) { return x >= y; }
 
 COMPARE_ELEMS(f32, float)
@@ -343,34 +350,34 @@ static int ew_run(const op_call *c, const ew_loop *loops, int64_t grain) {
  * that path must cost next to nothing beyond the loop (the dispatch budget).
  * ---------------------------------------------------------------------- */
 
-#define LOOP1(name, F, TI, TO)                                                         \
-  static void name(LOOP_PARAMS) {                                                      \
-    (void)y_, (void)z_;                                                                \
-    TO *KILN_RESTRICT o = o_;                                                          \
-    const TI *KILN_RESTRICT x = x_;                                                    \
-    for (int64_t i = 0; i < n; i++) o[i] = F(x[i]);                                    \
+#define LOOP1(name, F, TI, TO)                      \
+  static void name(LOOP_PARAMS) {                   \
+    (void)y_, (void)z_;                             \
+    TO *KILN_RESTRICT o = o_;                       \
+    const TI *KILN_RESTRICT x = x_;                 \
+    for (int64_t i = 0; i < n; i++) o[i] = F(x[i]); \
   }
 
-#define LOOP2(name, F, TI, TO, SX, SY)                                                 \
-  static void name(LOOP_PARAMS) {                                                      \
-    (void)z_;                                                                          \
-    TO *KILN_RESTRICT o = o_;                                                          \
-    const TI *KILN_RESTRICT x = x_;                                                    \
-    const TI *KILN_RESTRICT y = y_;                                                    \
-    for (int64_t i = 0; i < n; i++) o[i] = F(x[i * SX], y[i * SY]);                    \
+#define LOOP2(name, F, TI, TO, SX, SY)                              \
+  static void name(LOOP_PARAMS) {                                   \
+    (void)z_;                                                       \
+    TO *KILN_RESTRICT o = o_;                                       \
+    const TI *KILN_RESTRICT x = x_;                                 \
+    const TI *KILN_RESTRICT y = y_;                                 \
+    for (int64_t i = 0; i < n; i++) o[i] = F(x[i * SX], y[i * SY]); \
   }
 
 /* select: x is the bool condition; values are copied as raw bits of their size */
-#define LOOP3(name, T, SX, SY, SZ)                                                     \
-  static void name(LOOP_PARAMS) {                                                      \
-    T *KILN_RESTRICT o = o_;                                                           \
-    const uint8_t *KILN_RESTRICT cond = x_;                                            \
-    const T *KILN_RESTRICT a = y_;                                                     \
-    const T *KILN_RESTRICT b = z_;                                                     \
-    for (int64_t i = 0; i < n; i++) {                                                  \
-      T va = a[i * SY], vb = b[i * SZ]; /* both loaded: a plain blend */               \
-      o[i] = cond[i * SX] ? va : vb;                                                   \
-    }                                                                                  \
+#define LOOP3(name, T, SX, SY, SZ)                                       \
+  static void name(LOOP_PARAMS) {                                        \
+    T *KILN_RESTRICT o = o_;                                             \
+    const uint8_t *KILN_RESTRICT cond = x_;                              \
+    const T *KILN_RESTRICT a = y_;                                       \
+    const T *KILN_RESTRICT b = z_;                                       \
+    for (int64_t i = 0; i < n; i++) {                                    \
+      T va = a[i * SY], vb = b[i * SZ]; /* both loaded: a plain blend */ \
+      o[i] = cond[i * SX] ? va : vb;                                     \
+    }                                                                    \
   }
 
 static inline int no_check(const op_call *c) {
@@ -378,107 +385,111 @@ static inline int no_check(const op_call *c) {
   return 0;
 }
 
-#define UNARY_KERNEL(op, sfx, T, grain)                                       \
-  LOOP1(op##_##sfx##_1, el_##op##_##sfx, T, T)                                \
-  static int k_##op##_##sfx(const op_call *c) {                               \
-    static const ew_loop loops[2] = {op##_##sfx##_1, op##_##sfx##_1};         \
-    kiln_tensor *o = c->out;                                                  \
-    if (KILN_LIKELY(o->size <= (grain))) {                                    \
-      op##_##sfx##_1(o->data, c->in[0]->data, NULL, NULL, o->size);           \
-      return 0;                                                               \
-    }                                                                         \
-    return ew_run(c, loops, grain);                                           \
+#define UNARY_KERNEL(op, sfx, T, grain)                               \
+  LOOP1(op##_##sfx##_1, el_##op##_##sfx, T, T)                        \
+  static int k_##op##_##sfx(const op_call *c) {                       \
+    static const ew_loop loops[2] = {op##_##sfx##_1, op##_##sfx##_1}; \
+    kiln_tensor *o = c->out;                                          \
+    if (KILN_LIKELY(o->size <= (grain))) {                            \
+      op##_##sfx##_1(o->data, c->in[0]->data, NULL, NULL, o->size);   \
+      return 0;                                                       \
+    }                                                                 \
+    return ew_run(c, loops, grain);                                   \
   }
 
 /* check(c) runs first and may refuse the inputs (integer division by zero) */
-#define BINARY_KERNEL(op, sfx, TI, TO, grain, check)                                 \
-  LOOP2(op##_##sfx##_00, el_##op##_##sfx, TI, TO, 0, 0)                              \
-  LOOP2(op##_##sfx##_10, el_##op##_##sfx, TI, TO, 1, 0)                              \
-  LOOP2(op##_##sfx##_01, el_##op##_##sfx, TI, TO, 0, 1)                              \
-  LOOP2(op##_##sfx##_11, el_##op##_##sfx, TI, TO, 1, 1)                              \
-  static int k_##op##_##sfx(const op_call *c) {                                      \
-    static const ew_loop loops[4] = {op##_##sfx##_00, op##_##sfx##_10,               \
-                                     op##_##sfx##_01, op##_##sfx##_11};              \
-    const kiln_tensor *x = c->in[0], *y = c->in[1];                                  \
-    kiln_tensor *o = c->out;                                                         \
-    if (check(c)) return -1;                                                         \
-    if (KILN_LIKELY(x->size == o->size && y->size == o->size && o->size <= (grain))) { \
-      op##_##sfx##_11(o->data, x->data, y->data, NULL, o->size);                     \
-      return 0;                                                                      \
-    }                                                                                \
-    return ew_run(c, loops, grain);                                                  \
+#define BINARY_KERNEL(op, sfx, TI, TO, grain, check)                                    \
+  LOOP2(op##_##sfx##_00, el_##op##_##sfx, TI, TO, 0, 0)                                 \
+  LOOP2(op##_##sfx##_10, el_##op##_##sfx, TI, TO, 1, 0)                                 \
+  LOOP2(op##_##sfx##_01, el_##op##_##sfx, TI, TO, 0, 1)                                 \
+  LOOP2(op##_##sfx##_11, el_##op##_##sfx, TI, TO, 1, 1)                                 \
+  static int k_##op##_##sfx(const op_call *c) {                                         \
+    static const ew_loop loops[4] = {op##_##sfx##_00, op##_##sfx##_10, op##_##sfx##_01, \
+                                     op##_##sfx##_11};                                  \
+    const kiln_tensor *x = c->in[0], *y = c->in[1];                                     \
+    kiln_tensor *o = c->out;                                                            \
+    if (check(c)) return -1;                                                            \
+    if (KILN_LIKELY(x->size == o->size && y->size == o->size && o->size <= (grain))) {  \
+      op##_##sfx##_11(o->data, x->data, y->data, NULL, o->size);                        \
+      return 0;                                                                         \
+    }                                                                                   \
+    return ew_run(c, loops, grain);                                                     \
   }
 
 /* Integer div and mod refuse a zero divisor before computing anything. */
-#define DIVISOR_CHECK(sfx, T)                                                        \
-  static int nonzero_##sfx(const op_call *c) {                                       \
-    const T *y = c->in[1]->data;                                                     \
-    int64_t n = c->out->size ? c->in[1]->size : 0;                                   \
-    int zero = 0;                                                                    \
-    for (int64_t i = 0; i < n; i++) zero |= y[i] == 0;                               \
-    if (KILN_LIKELY(!zero)) return 0;                                                \
-    int64_t i = 0;                                                                   \
-    while (y[i] != 0) i++;                                                           \
+#define DIVISOR_CHECK(sfx, T)                                                           \
+  static int nonzero_##sfx(const op_call *c) {                                          \
+    const T *y = c->in[1]->data;                                                        \
+    int64_t n = c->out->size ? c->in[1]->size : 0;                                      \
+    int zero = 0;                                                                       \
+    for (int64_t i = 0; i < n; i++) zero |= y[i] == 0;                                  \
+    if (KILN_LIKELY(!zero)) return 0;                                                   \
+    int64_t i = 0;                                                                      \
+    while (y[i] != 0) i++;                                                              \
     return kiln_set_error("%s: integer division by zero (element %lld of the divisor)", \
-                          kiln_ops[c->op].api, (long long)i);                        \
+                          kiln_ops[c->op].api, (long long)i);                           \
   }
 
 DIVISOR_CHECK(i32, int32_t)
 DIVISOR_CHECK(i64, int64_t)
 
-#define SELECT_KERNEL(sfx, T)                                                          \
-  LOOP3(select_##sfx##_000, T, 0, 0, 0)                                                \
-  LOOP3(select_##sfx##_100, T, 1, 0, 0)                                                \
-  LOOP3(select_##sfx##_010, T, 0, 1, 0)                                                \
-  LOOP3(select_##sfx##_110, T, 1, 1, 0)                                                \
-  LOOP3(select_##sfx##_001, T, 0, 0, 1)                                                \
-  LOOP3(select_##sfx##_101, T, 1, 0, 1)                                                \
-  LOOP3(select_##sfx##_011, T, 0, 1, 1)                                                \
-  LOOP3(select_##sfx##_111, T, 1, 1, 1)                                                \
-  static int k_select_##sfx(const op_call *c) {                                        \
-    static const ew_loop loops[8] = {select_##sfx##_000, select_##sfx##_100,           \
-                                     select_##sfx##_010, select_##sfx##_110,           \
-                                     select_##sfx##_001, select_##sfx##_101,           \
-                                     select_##sfx##_011, select_##sfx##_111};          \
-    kiln_tensor *o = c->out;                                                           \
-    int64_t n = o->size;                                                               \
-    if (KILN_LIKELY(c->in[0]->size == n && c->in[1]->size == n && c->in[2]->size == n && \
-                    n <= GRAIN)) {                                                     \
-      select_##sfx##_111(o->data, c->in[0]->data, c->in[1]->data, c->in[2]->data, n);  \
-      return 0;                                                                        \
-    }                                                                                  \
-    return ew_run(c, loops, GRAIN);                                                    \
+#define SELECT_KERNEL(sfx, T)                                                                    \
+  LOOP3(select_##sfx##_000, T, 0, 0, 0)                                                          \
+  LOOP3(select_##sfx##_100, T, 1, 0, 0)                                                          \
+  LOOP3(select_##sfx##_010, T, 0, 1, 0)                                                          \
+  LOOP3(select_##sfx##_110, T, 1, 1, 0)                                                          \
+  LOOP3(select_##sfx##_001, T, 0, 0, 1)                                                          \
+  LOOP3(select_##sfx##_101, T, 1, 0, 1)                                                          \
+  LOOP3(select_##sfx##_011, T, 0, 1, 1)                                                          \
+  LOOP3(select_##sfx##_111, T, 1, 1, 1)                                                          \
+  static int k_select_##sfx(const op_call *c) {                                                  \
+    static const ew_loop loops[8] = {select_##sfx##_000, select_##sfx##_100, select_##sfx##_010, \
+                                     select_##sfx##_110, select_##sfx##_001, select_##sfx##_101, \
+                                     select_##sfx##_011, select_##sfx##_111};                    \
+    kiln_tensor *o = c->out;                                                                     \
+    int64_t n = o->size;                                                                         \
+    if (KILN_LIKELY(c->in[0]->size == n && c->in[1]->size == n && c->in[2]->size == n &&         \
+                    n <= GRAIN)) {                                                               \
+      select_##sfx##_111(o->data, c->in[0]->data, c->in[1]->data, c->in[2]->data, n);            \
+      return 0;                                                                                  \
+    }                                                                                            \
+    return ew_run(c, loops, GRAIN);                                                              \
   }
 
 /* ---- the op lists: X(OP id, element name, grain) ---- */
 
-#define NUM_UNARY(X) X(NEG, neg, GRAIN) X(ABS, abs, GRAIN) X(SIGN, sign, GRAIN) X(RELU, relu, GRAIN)
-#define FLOAT_UNARY(X)                                                                    \
-  X(EXP, exp, GRAIN_HEAVY) X(LOG, log, GRAIN_HEAVY) X(LOG1P, log1p, GRAIN_HEAVY)          \
-  X(SQRT, sqrt, GRAIN) X(RSQRT, rsqrt, GRAIN) X(SIN, sin, GRAIN_HEAVY)                    \
-  X(COS, cos, GRAIN_HEAVY) X(TANH, tanh, GRAIN_HEAVY) X(SIGMOID, sigmoid, GRAIN_HEAVY)    \
+/* clang-format off */
+#define NUM_UNARY(X)                                                             \
+  X(NEG, neg, GRAIN) X(ABS, abs, GRAIN) X(SIGN, sign, GRAIN) X(RELU, relu, GRAIN)
+#define FLOAT_UNARY(X)                                                           \
+  X(EXP, exp, GRAIN) X(LOG, log, GRAIN) X(LOG1P, log1p, GRAIN_HEAVY)            \
+  X(SQRT, sqrt, GRAIN) X(RSQRT, rsqrt, GRAIN)                                    \
+  X(SIN, sin, GRAIN_HEAVY) X(COS, cos, GRAIN_HEAVY)                              \
+  X(TANH, tanh, GRAIN) X(SIGMOID, sigmoid, GRAIN)                                \
   X(FLOOR, floor, GRAIN) X(CEIL, ceil, GRAIN)
-#define NUM_BINARY(X)                                                                     \
-  X(ADD, add, GRAIN) X(SUB, sub, GRAIN) X(MUL, mul, GRAIN) X(MAX, max, GRAIN)             \
-  X(MIN, min, GRAIN)
-#define COMPARE(X) X(EQ, eq, GRAIN) X(NE, ne, GRAIN) X(LT, lt, GRAIN) X(LE, le, GRAIN) \
-  X(GT, gt, GRAIN) X(GE, ge, GRAIN)
+#define NUM_BINARY(X)                                                            \
+  X(ADD, add, GRAIN) X(SUB, sub, GRAIN) X(MUL, mul, GRAIN)                       \
+  X(MAX, max, GRAIN) X(MIN, min, GRAIN)
+#define COMPARE(X)                                                               \
+  X(EQ, eq, GRAIN) X(NE, ne, GRAIN) X(LT, lt, GRAIN)                             \
+  X(LE, le, GRAIN) X(GT, gt, GRAIN) X(GE, ge, GRAIN)
+/* clang-format on */
 
 #define FLOAT_UNARY_K(ID, op, grain) \
   UNARY_KERNEL(op, f32, float, grain) UNARY_KERNEL(op, f64, double, grain)
 #define INT_UNARY_K(ID, op, grain) \
   UNARY_KERNEL(op, i32, int32_t, grain) UNARY_KERNEL(op, i64, int64_t, grain)
-#define FLOAT_BINARY_K(ID, op, grain)                        \
-  BINARY_KERNEL(op, f32, float, float, grain, no_check)      \
+#define FLOAT_BINARY_K(ID, op, grain)                   \
+  BINARY_KERNEL(op, f32, float, float, grain, no_check) \
   BINARY_KERNEL(op, f64, double, double, grain, no_check)
-#define INT_BINARY_K(ID, op, grain)                          \
-  BINARY_KERNEL(op, i32, int32_t, int32_t, grain, no_check)  \
+#define INT_BINARY_K(ID, op, grain)                         \
+  BINARY_KERNEL(op, i32, int32_t, int32_t, grain, no_check) \
   BINARY_KERNEL(op, i64, int64_t, int64_t, grain, no_check)
-#define COMPARE_K(ID, op, grain)                             \
-  BINARY_KERNEL(op, f32, float, uint8_t, grain, no_check)    \
-  BINARY_KERNEL(op, f64, double, uint8_t, grain, no_check)   \
-  BINARY_KERNEL(op, i32, int32_t, uint8_t, grain, no_check)  \
-  BINARY_KERNEL(op, i64, int64_t, uint8_t, grain, no_check)  \
+#define COMPARE_K(ID, op, grain)                            \
+  BINARY_KERNEL(op, f32, float, uint8_t, grain, no_check)   \
+  BINARY_KERNEL(op, f64, double, uint8_t, grain, no_check)  \
+  BINARY_KERNEL(op, i32, int32_t, uint8_t, grain, no_check) \
+  BINARY_KERNEL(op, i64, int64_t, uint8_t, grain, no_check) \
   BINARY_KERNEL(op, b8, uint8_t, uint8_t, grain, no_check)
 
 NUM_UNARY(FLOAT_UNARY_K)

@@ -1,10 +1,18 @@
 /* kernels_matmul.c — CPU kernels of DOT (kiln_matmul): batched matrix
  * products whose leading dimensions broadcast as NumPy does. f32 and f64 use
  * a BLIS-style GEMM (packed panels, register-tiled micro-kernel, threads over
- * blocks of C); small products and integers take plain loops. */
+ * blocks of C); small products, integers and vector shapes skip the packing. */
 #include <math.h>
 
 #include "ops.h"
+
+#ifdef __FMA__
+#define FMA_F32(a, b, c) fmaf((a), (b), (c))
+#define FMA_F64(a, b, c) fma((a), (b), (c))
+#else /* without hardware FMA, fmaf is a slow libm call */
+#define FMA_F32(a, b, c) ((a) * (b) + (c))
+#define FMA_F64(a, b, c) ((a) * (b) + (c))
+#endif
 
 /* Register tiles. The micro-kernel is plain C: gcc turns its MR x NR
  * accumulator array into registers only when NR fills whole vectors that it
@@ -49,13 +57,15 @@ static void grid(const gemm_args *g, int64_t mr, int64_t nr, bool parallel, gemm
   int64_t want = min64(threads, g->m * g->n * g->k / TASK_WORK);
   int64_t best_tm = 1, best_tn = 1;
   double best = -1;
-  /* a task packs its rows of A and its columns of B: keep tasks squarish */
-  for (int64_t tn = 1; want > 1 && tn <= want; tn++) {
-    if (want % tn) continue;
-    int64_t tm = want / tn;
-    if (tm > (g->m + mr - 1) / mr || tn > (g->n + nr - 1) / nr) continue;
-    double cost = (double)g->m / (double)tm + (double)g->n / (double)tn;
-    if (best < 0 || cost < best) best = cost, best_tm = tm, best_tn = tn;
+  /* want tasks as tm x tn, each at least one register tile; a task packs its
+   * rows of A and its columns of B, so squarish tasks copy the least */
+  for (; want > 1 && best < 0; want--) {
+    for (int64_t tn = 1; tn <= want; tn++) {
+      int64_t tm = want / tn;
+      if (tm * tn != want || tm > (g->m + mr - 1) / mr || tn > (g->n + nr - 1) / nr) continue;
+      double cost = (double)g->m / (double)tm + (double)g->n / (double)tn;
+      if (best < 0 || cost < best) best = cost, best_tm = tm, best_tn = tn;
+    }
   }
   job->g = g;
   job->tn = best_tn;
@@ -69,119 +79,117 @@ static void grid(const gemm_args *g, int64_t mr, int64_t nr, bool parallel, gemm
  * k (rows past m are zero); packed B holds NR-column micro-panels, k-major
  * (columns past n are zero), so edge tiles run the full kernel on zeros and
  * only the valid part is stored. */
-#define GEMM_BLOCKED(T, SUF, FMA, MR, NR, KC, MC, NC)                                            \
-  static void ukernel_##SUF(int64_t kc, const T *KILN_RESTRICT a, const T *KILN_RESTRICT b,    \
-                            T *KILN_RESTRICT c, int64_t ldc, bool add) {                       \
-    T acc[MR][NR];                                                                             \
-    for (int i = 0; i < MR; i++)                                                               \
-      for (int j = 0; j < NR; j++) acc[i][j] = 0;                                              \
-    for (int64_t p = 0; p < kc; p++, b += NR) {                                                \
-      for (int i = 0; i < MR; i++) {                                                           \
-        T ai = a[i * kc + p];                                                                  \
-        for (int j = 0; j < NR; j++) acc[i][j] = FMA(ai, b[j], acc[i][j]);                     \
-      }                                                                                        \
-    }                                                                                          \
-    if (add) {                                                                                 \
-      for (int i = 0; i < MR; i++)                                                             \
-        for (int j = 0; j < NR; j++) c[i * ldc + j] += acc[i][j];                              \
-    } else {                                                                                   \
-      for (int i = 0; i < MR; i++)                                                             \
-        for (int j = 0; j < NR; j++) c[i * ldc + j] = acc[i][j];                               \
-    }                                                                                          \
-  }                                                                                            \
-                                                                                               \
-  static void pack_a_##SUF(int64_t mc, int64_t kc, const T *a, int64_t lda,                    \
-                           T *KILN_RESTRICT ap) {                                              \
-    for (int64_t r = 0; r < round_up(mc, MR); r++, ap += kc) {                                 \
-      if (r < mc)                                                                              \
-        memcpy(ap, a + r * lda, (size_t)kc * sizeof(T));                                       \
-      else                                                                                     \
-        memset(ap, 0, (size_t)kc * sizeof(T));                                                 \
-    }                                                                                          \
-  }                                                                                            \
-                                                                                               \
-  static void pack_b_##SUF(int64_t kc, int64_t nc, const T *b, int64_t ldb,                    \
-                           T *KILN_RESTRICT bp) {                                              \
-    for (int64_t q = 0; q < nc; q += NR) {                                                     \
-      int64_t w = min64(NR, nc - q);                                                           \
-      const T *src = b + q;                                                                    \
-      if (w == NR) {                                                                           \
-        for (int64_t p = 0; p < kc; p++, bp += NR, src += ldb)                                 \
-          for (int j = 0; j < NR; j++) bp[j] = src[j];                                         \
-      } else {                                                                                 \
-        for (int64_t p = 0; p < kc; p++, bp += NR, src += ldb)                                 \
-          for (int j = 0; j < NR; j++) bp[j] = j < w ? src[j] : 0;                             \
-      }                                                                                        \
-    }                                                                                          \
-  }                                                                                            \
-                                                                                               \
-  /* C[m0:m1, n0:n1] with the caller's packing buffers */                                      \
-  static void block_range_##SUF(const gemm_args *g, int64_t m0, int64_t m1, int64_t n0,         \
-                                int64_t n1, T *ap, T *bp) {                                                    \
-    const T *A = g->a, *B = g->b;                                                              \
-    T *C = g->c;                                                                               \
-    T tile[MR * NR];                                                                           \
-    for (int64_t jc = n0; jc < n1; jc += NC) {                                                 \
-      int64_t nc = min64(NC, n1 - jc);                                                         \
-      for (int64_t pc = 0; pc < g->k; pc += KC) {                                              \
-        int64_t kc = min64(KC, g->k - pc);                                                     \
-        bool add = pc > 0;                                                                     \
-        pack_b_##SUF(kc, nc, B + pc * g->ldb + jc, g->ldb, bp);                                \
-        for (int64_t ic = m0; ic < m1; ic += MC) {                                             \
-          int64_t mc = min64(MC, m1 - ic);                                                     \
-          pack_a_##SUF(mc, kc, A + ic * g->lda + pc, g->lda, ap);                              \
-          for (int64_t ir = 0; ir < mc; ir += MR) {                                            \
-            int64_t mr = min64(MR, mc - ir);                                                   \
-            for (int64_t jr = 0; jr < nc; jr += NR) {                                          \
-              int64_t nr = min64(NR, nc - jr);                                                 \
-              T *cc = C + (ic + ir) * g->ldc + jc + jr;                                        \
-              if (mr == MR && nr == NR) {                                                      \
-                ukernel_##SUF(kc, ap + ir * kc, bp + jr * kc, cc, g->ldc, add);                \
-                continue;                                                                      \
-              }                                                                                \
-              ukernel_##SUF(kc, ap + ir * kc, bp + jr * kc, tile, NR, false);                  \
-              for (int64_t i = 0; i < mr; i++)                                                 \
-                for (int64_t j = 0; j < nr; j++)                                               \
-                  cc[i * g->ldc + j] = (add ? cc[i * g->ldc + j] : 0) + tile[i * NR + j];      \
-            }                                                                                  \
-          }                                                                                    \
-        }                                                                                      \
-      }                                                                                        \
-    }                                                                                          \
-  }                                                                                            \
-                                                                                               \
-  static void blocked_task_##SUF(void *ctx, int64_t begin, int64_t end) {                      \
-    gemm_job *job = ctx;                                                                       \
-    const gemm_args *g = job->g;                                                               \
-    int64_t kc = min64(KC, g->k), mc = round_up(min64(MC, job->mstep), MR);                    \
-    int64_t nc = round_up(min64(NC, job->nstep), NR);                                          \
-    int32_t acls, bcls;                                                                        \
-    T *ap = mem_alloc((size_t)(mc * kc) * sizeof(T), &acls);                                   \
-    T *bp = mem_alloc((size_t)(kc * nc) * sizeof(T), &bcls);                                   \
-    if (ap && bp) {                                                                            \
-      for (int64_t t = begin; t < end; t++) {                                                  \
-        int64_t m0 = t / job->tn * job->mstep, n0 = t % job->tn * job->nstep;                  \
-        if (m0 < g->m && n0 < g->n)                                                            \
-          block_range_##SUF(g, m0, min64(g->m, m0 + job->mstep), n0,                           \
-                            min64(g->n, n0 + job->nstep), ap, bp);                             \
-      }                                                                                        \
-    } else {                                                                                   \
-      atomic_store(&job->failed, 1);                                                           \
-    }                                                                                          \
-    if (ap) mem_free(ap, acls);                                                                \
-    if (bp) mem_free(bp, bcls);                                                                \
-  }                                                                                            \
-                                                                                               \
-  static int blocked_##SUF(const gemm_args *g, bool parallel) {                               \
-    gemm_job job;                                                                              \
-    grid(g, MR, NR, parallel, &job);                                                           \
-    int64_t tm = (g->m + job.mstep - 1) / job.mstep;                                           \
-    parallel_for(tm * job.tn, 1, blocked_task_##SUF, &job);                                    \
-    return atomic_load(&job.failed) ? -1 : 0;                                                  \
+#define GEMM_BLOCKED(T, SUF, FMA, MR, NR, KC, MC, NC)                                              \
+  static void ukernel_##SUF(int64_t kc, const T *KILN_RESTRICT a, const T *KILN_RESTRICT b,        \
+                            T *KILN_RESTRICT c, int64_t ldc, bool add) {                           \
+    T acc[MR][NR];                                                                                 \
+    for (int i = 0; i < MR; i++)                                                                   \
+      for (int j = 0; j < NR; j++) acc[i][j] = 0;                                                  \
+    for (int64_t p = 0; p < kc; p++, b += NR) {                                                    \
+      for (int i = 0; i < MR; i++) {                                                               \
+        T ai = a[i * kc + p];                                                                      \
+        for (int j = 0; j < NR; j++) acc[i][j] = FMA(ai, b[j], acc[i][j]);                         \
+      }                                                                                            \
+    }                                                                                              \
+    if (add) {                                                                                     \
+      for (int i = 0; i < MR; i++)                                                                 \
+        for (int j = 0; j < NR; j++) c[i * ldc + j] += acc[i][j];                                  \
+    } else {                                                                                       \
+      for (int i = 0; i < MR; i++)                                                                 \
+        for (int j = 0; j < NR; j++) c[i * ldc + j] = acc[i][j];                                   \
+    }                                                                                              \
+  }                                                                                                \
+                                                                                                   \
+  static void pack_a_##SUF(int64_t mc, int64_t kc, const T *a, int64_t lda, T *KILN_RESTRICT ap) { \
+    for (int64_t r = 0; r < round_up(mc, MR); r++, ap += kc) {                                     \
+      if (r < mc)                                                                                  \
+        memcpy(ap, a + r * lda, (size_t)kc * sizeof(T));                                           \
+      else                                                                                         \
+        memset(ap, 0, (size_t)kc * sizeof(T));                                                     \
+    }                                                                                              \
+  }                                                                                                \
+                                                                                                   \
+  static void pack_b_##SUF(int64_t kc, int64_t nc, const T *b, int64_t ldb, T *KILN_RESTRICT bp) { \
+    for (int64_t q = 0; q < nc; q += NR) {                                                         \
+      int64_t w = min64(NR, nc - q);                                                               \
+      const T *src = b + q;                                                                        \
+      if (w == NR) {                                                                               \
+        for (int64_t p = 0; p < kc; p++, bp += NR, src += ldb)                                     \
+          for (int j = 0; j < NR; j++) bp[j] = src[j];                                             \
+      } else {                                                                                     \
+        for (int64_t p = 0; p < kc; p++, bp += NR, src += ldb)                                     \
+          for (int j = 0; j < NR; j++) bp[j] = j < w ? src[j] : 0;                                 \
+      }                                                                                            \
+    }                                                                                              \
+  }                                                                                                \
+                                                                                                   \
+  /* C[m0:m1, n0:n1] with the caller's packing buffers */                                          \
+  static void block_range_##SUF(const gemm_args *g, int64_t m0, int64_t m1, int64_t n0,            \
+                                int64_t n1, T *ap, T *bp) {                                        \
+    const T *A = g->a, *B = g->b;                                                                  \
+    T *C = g->c;                                                                                   \
+    T tile[MR * NR];                                                                               \
+    for (int64_t jc = n0; jc < n1; jc += NC) {                                                     \
+      int64_t nc = min64(NC, n1 - jc);                                                             \
+      for (int64_t pc = 0; pc < g->k; pc += KC) {                                                  \
+        int64_t kc = min64(KC, g->k - pc);                                                         \
+        bool add = pc > 0;                                                                         \
+        pack_b_##SUF(kc, nc, B + pc * g->ldb + jc, g->ldb, bp);                                    \
+        for (int64_t ic = m0; ic < m1; ic += MC) {                                                 \
+          int64_t mc = min64(MC, m1 - ic);                                                         \
+          pack_a_##SUF(mc, kc, A + ic * g->lda + pc, g->lda, ap);                                  \
+          for (int64_t ir = 0; ir < mc; ir += MR) {                                                \
+            int64_t mr = min64(MR, mc - ir);                                                       \
+            for (int64_t jr = 0; jr < nc; jr += NR) {                                              \
+              int64_t nr = min64(NR, nc - jr);                                                     \
+              T *cc = C + (ic + ir) * g->ldc + jc + jr;                                            \
+              if (mr == MR && nr == NR) {                                                          \
+                ukernel_##SUF(kc, ap + ir * kc, bp + jr * kc, cc, g->ldc, add);                    \
+                continue;                                                                          \
+              }                                                                                    \
+              ukernel_##SUF(kc, ap + ir * kc, bp + jr * kc, tile, NR, false);                      \
+              for (int64_t i = 0; i < mr; i++)                                                     \
+                for (int64_t j = 0; j < nr; j++)                                                   \
+                  cc[i * g->ldc + j] = (add ? cc[i * g->ldc + j] : 0) + tile[i * NR + j];          \
+            }                                                                                      \
+          }                                                                                        \
+        }                                                                                          \
+      }                                                                                            \
+    }                                                                                              \
+  }                                                                                                \
+                                                                                                   \
+  static void blocked_task_##SUF(void *ctx, int64_t begin, int64_t end) {                          \
+    gemm_job *job = ctx;                                                                           \
+    const gemm_args *g = job->g;                                                                   \
+    int64_t kc = min64(KC, g->k), mc = round_up(min64(MC, job->mstep), MR);                        \
+    int64_t nc = round_up(min64(NC, job->nstep), NR);                                              \
+    int32_t acls, bcls;                                                                            \
+    T *ap = mem_alloc((size_t)(mc * kc) * sizeof(T), &acls);                                       \
+    T *bp = mem_alloc((size_t)(kc * nc) * sizeof(T), &bcls);                                       \
+    if (ap && bp) {                                                                                \
+      for (int64_t t = begin; t < end; t++) {                                                      \
+        int64_t m0 = t / job->tn * job->mstep, n0 = t % job->tn * job->nstep;                      \
+        if (m0 < g->m && n0 < g->n)                                                                \
+          block_range_##SUF(g, m0, min64(g->m, m0 + job->mstep), n0, min64(g->n, n0 + job->nstep), \
+                            ap, bp);                                                               \
+      }                                                                                            \
+    } else {                                                                                       \
+      atomic_store(&job->failed, 1);                                                               \
+    }                                                                                              \
+    if (ap) mem_free(ap, acls);                                                                    \
+    if (bp) mem_free(bp, bcls);                                                                    \
+  }                                                                                                \
+                                                                                                   \
+  static int blocked_##SUF(const gemm_args *g, bool parallel) {                                    \
+    gemm_job job;                                                                                  \
+    grid(g, MR, NR, parallel, &job);                                                               \
+    int64_t tm = (g->m + job.mstep - 1) / job.mstep;                                               \
+    parallel_for(tm *job.tn, 1, blocked_task_##SUF, &job);                                         \
+    return atomic_load(&job.failed) ? -1 : 0;                                                      \
   }
 
-GEMM_BLOCKED(float, f32, fmaf, MR_F32, NR_F32, KC_F32, MC_F32, NC_F32)
-GEMM_BLOCKED(double, f64, fma, MR_F64, NR_F64, KC_F64, MC_F64, NC_F64)
+GEMM_BLOCKED(float, f32, FMA_F32, MR_F32, NR_F32, KC_F32, MC_F32, NC_F32)
+GEMM_BLOCKED(double, f64, FMA_F64, MR_F64, NR_F64, KC_F64, MC_F64, NC_F64)
 
 /* ---- unpacked products: small ones, integers, and m or n of 1 ----
  * Each row of C is computed in strips whose accumulators stay in registers
@@ -190,16 +198,16 @@ GEMM_BLOCKED(double, f64, fma, MR_F64, NR_F64, KC_F64, MC_F64, NC_F64)
  * type of T's width for integers, so integer products wrap without undefined
  * behaviour. */
 
-#define STRIP(SUF, T, U, MADD, W)                                                             \
-  static void strip_##SUF##_##W(int64_t k, const T *a, const T *b, int64_t ldb, T *c) {       \
-    U acc[W];                                                                                 \
-    for (int j = 0; j < W; j++) acc[j] = 0;                                                   \
-    for (int64_t p = 0; p < k; p++) {                                                         \
-      U ap = (U)a[p];                                                                         \
-      const U *KILN_RESTRICT bp = (const U *)(b + p * ldb);                                   \
-      for (int j = 0; j < W; j++) acc[j] = MADD(ap, bp[j], acc[j]);                           \
-    }                                                                                         \
-    memcpy(c, acc, sizeof acc);                                                               \
+#define STRIP(SUF, T, U, MADD, W)                                                       \
+  static void strip_##SUF##_##W(int64_t k, const T *a, const T *b, int64_t ldb, T *c) { \
+    U acc[W];                                                                           \
+    for (int j = 0; j < W; j++) acc[j] = 0;                                             \
+    for (int64_t p = 0; p < k; p++) {                                                   \
+      U ap = (U)a[p];                                                                   \
+      const U *KILN_RESTRICT bp = (const U *)(b + p * ldb);                             \
+      for (int j = 0; j < W; j++) acc[j] = MADD(ap, bp[j], acc[j]);                     \
+    }                                                                                   \
+    memcpy(c, acc, sizeof acc);                                                         \
   }
 
 /* UNPACKED(SUF, T, U, MADD, W4, W2, W1, W0): strips of W4 columns (four
@@ -220,7 +228,7 @@ GEMM_BLOCKED(double, f64, fma, MR_F64, NR_F64, KC_F64, MC_F64, NC_F64)
     if (j + W0 <= j1) strip_##SUF##_##W0(g->k, a, b + j, g->ldb, c + j), j += W0;             \
     for (; j < j1; j++) {                                                                     \
       U s = 0;                                                                                \
-      for (int64_t p = 0; p < g->k; p++) s = MADD((U)a[p], (U)b[p * g->ldb + j], s);         \
+      for (int64_t p = 0; p < g->k; p++) s = MADD((U)a[p], (U)b[p * g->ldb + j], s);          \
       c[j] = (T)s;                                                                            \
     }                                                                                         \
   }                                                                                           \
@@ -235,7 +243,7 @@ GEMM_BLOCKED(double, f64, fma, MR_F64, NR_F64, KC_F64, MC_F64, NC_F64)
     }                                                                                         \
   }                                                                                           \
                                                                                               \
-  /* rows [begin, end) when n is 1 (B is one contiguous column): dot         \
+  /* rows [begin, end) when n is 1 (B is one contiguous column): dot                          \
    * products over LANES partial sums, which vectorize */                                     \
   static void gemv_task_##SUF(void *ctx, int64_t begin, int64_t end) {                        \
     const gemm_args *g = ctx;                                                                 \
@@ -245,7 +253,7 @@ GEMM_BLOCKED(double, f64, fma, MR_F64, NR_F64, KC_F64, MC_F64, NC_F64)
       U part[LANES] = {0};                                                                    \
       int64_t p = 0;                                                                          \
       for (; p + LANES <= g->k; p += LANES)                                                   \
-        for (int j = 0; j < LANES; j++) part[j] = MADD(a[p + j], b[p + j], part[j]);         \
+        for (int j = 0; j < LANES; j++) part[j] = MADD(a[p + j], b[p + j], part[j]);          \
       for (; p < g->k; p++) part[0] = MADD(a[p], b[p], part[0]);                              \
       for (int w = LANES / 2; w >= 1; w /= 2)                                                 \
         for (int j = 0; j < w; j++) part[j] += part[j + w];                                   \
@@ -265,11 +273,9 @@ GEMM_BLOCKED(double, f64, fma, MR_F64, NR_F64, KC_F64, MC_F64, NC_F64)
     return 0;                                                                                 \
   }
 
-#define MADD_FLOAT(a, b, c) fmaf((a), (b), (c))
-#define MADD_DOUBLE(a, b, c) fma((a), (b), (c))
 #define MADD_WRAP(a, b, c) ((a) * (b) + (c))
-UNPACKED(f32, float, float, MADD_FLOAT, 64, 32, 16, 8)
-UNPACKED(f64, double, double, MADD_DOUBLE, 32, 16, 8, 4)
+UNPACKED(f32, float, float, FMA_F32, 64, 32, 16, 8)
+UNPACKED(f64, double, double, FMA_F64, 32, 16, 8, 4)
 UNPACKED(i32, int32_t, uint32_t, MADD_WRAP, 64, 32, 16, 8)
 UNPACKED(i64, int64_t, uint64_t, MADD_WRAP, 32, 16, 8, 4)
 
@@ -296,7 +302,7 @@ typedef struct {
   const char *a, *b;
   char *c;
   int64_t m, n, k;
-  int brank;                                             /* batch dims of the result */
+  int brank; /* batch dims of the result */
   int64_t bshape[KILN_MAX_RANK], sa[KILN_MAX_RANK], sb[KILN_MAX_RANK]; /* in matrices */
   atomic_int failed;
 } dot_ctx;
@@ -310,9 +316,15 @@ static int dot_one(dot_ctx *d, int64_t t, bool parallel) {
     ia += idx * d->sa[i];
     ib += idx * d->sb[i];
   }
-  gemm_args g = {d->m, d->n, d->k, d->k, d->n, d->n, d->a + (size_t)(ia * d->m * d->k) * d->esize,
-                 d->b + (size_t)(ib * d->k * d->n) * d->esize,
-                 d->c + (size_t)(ic * d->m * d->n) * d->esize};
+  gemm_args g = {.m = d->m,
+                 .n = d->n,
+                 .k = d->k,
+                 .lda = d->k,
+                 .ldb = d->n,
+                 .ldc = d->n,
+                 .a = d->a + (size_t)(ia * d->m * d->k) * d->esize,
+                 .b = d->b + (size_t)(ib * d->k * d->n) * d->esize,
+                 .c = d->c + (size_t)(ic * d->m * d->n) * d->esize};
   return d->gemm(&g, parallel);
 }
 
@@ -325,8 +337,12 @@ static void dot_batches(void *ctx, int64_t begin, int64_t end) {
 static int dot_run(const op_call *c, gemm_fn gemm) {
   const kiln_tensor *a = c->in[0], *b = c->in[1];
   kiln_tensor *out = c->out;
-  dot_ctx d = {.gemm = gemm, .esize = kiln_dtype_sizes[out->dtype], .a = a->data, .b = b->data,
-               .c = out->data, .brank = out->rank - 2};
+  dot_ctx d = {.gemm = gemm,
+               .esize = kiln_dtype_sizes[out->dtype],
+               .a = a->data,
+               .b = b->data,
+               .c = out->data,
+               .brank = out->rank - 2};
   d.m = out->shape[out->rank - 2];
   d.n = out->shape[out->rank - 1];
   d.k = a->shape[a->rank - 1];

@@ -7,10 +7,11 @@
 #include "ops.h"
 
 enum {
-  LANES = 32,       /* partial results per row reduction: gcc vectorizes them */
-  TILE = 2048,       /* output columns accumulated at once in column mode */
-  ARG_BLOCK = 256,  /* argmax finds the best block first, then scans it */
-  MAX_PARTS = 64,   /* most pieces one reduction is split into */
+  LANES = 32,            /* partial results per row reduction: gcc vectorizes them */
+  TILE = 2048,           /* output columns accumulated at once in column mode */
+  ARG_TILE = 1024,       /* the same for argmax, which keeps values and indices */
+  ARG_BLOCK = 1024,      /* argmax finds the best block first, then scans it */
+  MAX_PARTS = 64,        /* most pieces one reduction is split into */
   PAIRWISE_BLOCK = 4096, /* f64 row sums: blocks summed directly, then pairwise */
 };
 #define GRAIN ((int64_t)1 << 15) /* input elements below which a reduction runs serially */
@@ -28,7 +29,7 @@ typedef struct {
   int64_t inner; /* size of the innermost group (stride 1) */
   int64_t tiles; /* column mode: TILE slices per output row */
   int64_t units, parts;
-  int64_t span;  /* reduction length parts split: elements (rows) or rows (columns) */
+  int64_t span; /* reduction length parts split: elements (rows) or rows (columns) */
   int64_t out_count;
   const void *in;
   void *out;
@@ -96,123 +97,121 @@ static void part_range(int64_t span, int64_t parts, int64_t s, int64_t *f0, int6
  * dtype). ACC is the accumulator type: double for f32 sums and products (so
  * long rows stay accurate), the unsigned type of the same width for integer
  * sums and products (they wrap without undefined behaviour). */
-#define REDUCER(NAME, T, ACC, ID, OP)                                                        \
-  /* a function, not the macro: nested macro calls would copy their arguments */           \
-  static inline ACC op_##NAME(ACC a, ACC b) { return OP(a, b); }                           \
-                                                                                           \
-  static ACC row_##NAME(const T *KILN_RESTRICT p, int64_t n) {                             \
-    ACC acc = (ID);                                                                        \
-    if (n < LANES) {                                                                       \
-      for (int64_t i = 0; i < n; i++) acc = op_##NAME(acc, (ACC)p[i]);                     \
-      return acc;                                                                          \
-    }                                                                                      \
-    ACC lane[LANES];                                                                       \
-    for (int j = 0; j < LANES; j++) lane[j] = (ID);                                        \
-    int64_t i = 0;                                                                         \
-    for (; i + LANES <= n; i += LANES)                                                     \
-      for (int j = 0; j < LANES; j++) lane[j] = op_##NAME(lane[j], (ACC)p[i + j]);         \
-    for (; i < n; i++) acc = op_##NAME(acc, (ACC)p[i]);                                    \
-    for (int w = LANES / 2; w >= 1; w /= 2)                                                \
-      for (int j = 0; j < w; j++) lane[j] = op_##NAME(lane[j], lane[j + w]);               \
-    return op_##NAME(lane[0], acc);                                                        \
-  }                                                                                        \
-                                                                                           \
-  static void col_##NAME(ACC *KILN_RESTRICT acc, const T *KILN_RESTRICT p, int64_t n) {    \
-    for (int64_t j = 0; j < n; j++) acc[j] = op_##NAME(acc[j], (ACC)p[j]);                 \
-  }                                                                                        \
-                                                                                           \
-  /* four rows per pass: a quarter of the accumulator traffic */                           \
-  static void col4_##NAME(ACC *KILN_RESTRICT acc, const T *const *rows, int64_t n) {       \
-    const T *KILN_RESTRICT p0 = rows[0], *KILN_RESTRICT p1 = rows[1];                      \
-    const T *KILN_RESTRICT p2 = rows[2], *KILN_RESTRICT p3 = rows[3];                      \
-    for (int64_t j = 0; j < n; j++) {                                                      \
-      ACC a = op_##NAME(op_##NAME(acc[j], (ACC)p0[j]), (ACC)p1[j]);                        \
-      acc[j] = op_##NAME(op_##NAME(a, (ACC)p2[j]), (ACC)p3[j]);                            \
-    }                                                                                      \
-  }                                                                                        \
-                                                                                           \
-  /* rows mode: unit u over the slice [f0, f1) of its rows, laid end to end */             \
-  static ACC rows_##NAME(const reduce_plan *P, int64_t u, int64_t f0, int64_t f1) {        \
-    const T *base = (const T *)P->in + kept_offset(P, u);                                  \
-    int64_t col = f0 % P->inner;                                                           \
-    ACC acc = (ID);                                                                        \
-    odometer o;                                                                            \
-    odo_init(P, &o, f0 / P->inner);                                                        \
-    while (f0 < f1) {                                                                      \
-      int64_t len = P->inner - col < f1 - f0 ? P->inner - col : f1 - f0;                   \
-      acc = op_##NAME(acc, ROW_##NAME(base + o.off + col, len));                           \
-      f0 += len;                                                                           \
-      col = 0;                                                                             \
-      odo_next(P, &o);                                                                     \
-    }                                                                                      \
-    return acc;                                                                            \
-  }                                                                                        \
-                                                                                           \
-  /* columns mode: unit u (a TILE slice of an output row) over rows [f0, f1) */            \
-  static void cols_##NAME(const reduce_plan *P, int64_t u, int64_t f0, int64_t f1,         \
-                          ACC *acc, int64_t *at, int64_t *w) {                             \
-    int64_t ko = u / P->tiles, j0 = u % P->tiles * TILE;                                   \
-    *w = P->inner - j0 < TILE ? P->inner - j0 : TILE;                                      \
-    *at = ko * P->inner + j0;                                                              \
-    const T *base = (const T *)P->in + kept_offset(P, ko) + j0;                            \
-    for (int64_t j = 0; j < *w; j++) acc[j] = (ID);                                        \
-    odometer o;                                                                            \
-    odo_init(P, &o, f0);                                                                   \
-    for (; f0 + 4 <= f1; f0 += 4) {                                                        \
-      const T *r[4];                                                                       \
-      for (int q = 0; q < 4; q++, odo_next(P, &o)) r[q] = base + o.off;                    \
-      col4_##NAME(acc, r, *w);                                                             \
-    }                                                                                      \
-    for (; f0 < f1; f0++, odo_next(P, &o)) col_##NAME(acc, base + o.off, *w);              \
-  }                                                                                        \
-                                                                                           \
-  static void task_##NAME(void *ctx, int64_t begin, int64_t end) {                         \
-    const reduce_plan *P = ctx;                                                            \
-    T *out = P->out;                                                                       \
-    ACC *partial = P->partial;                                                             \
-    if (P->rows && P->nr == 0 && P->parts == 1) { /* contiguous rows, one per output */    \
-      const T *in = P->in;                                                                 \
-      for (int64_t u = begin; u < end; u++) out[u] = (T)ROW_##NAME(in + u * P->inner, P->inner); \
-      return;                                                                              \
-    }                                                                                      \
-    for (int64_t t = begin; t < end; t++) {                                                \
-      int64_t u = t / P->parts, s = t % P->parts, f0, f1;                                  \
-      part_range(P->span, P->parts, s, &f0, &f1);                                          \
-      if (P->rows) {                                                                       \
-        ACC acc = rows_##NAME(P, u, f0, f1);                                               \
-        if (P->parts == 1)                                                                 \
-          out[u] = (T)acc;                                                                 \
-        else                                                                               \
-          partial[s * P->out_count + u] = acc;                                             \
-        continue;                                                                          \
-      }                                                                                    \
-      ACC acc[TILE];                                                                       \
-      int64_t at, w;                                                                       \
-      cols_##NAME(P, u, f0, f1, acc, &at, &w);                                             \
-      if (P->parts == 1)                                                                   \
-        for (int64_t j = 0; j < w; j++) out[at + j] = (T)acc[j];                           \
-      else                                                                                 \
-        memcpy(partial + s * P->out_count + at, acc, (size_t)w * sizeof(ACC));             \
-    }                                                                                      \
-  }                                                                                        \
-                                                                                           \
-  static void combine_##NAME(const reduce_plan *P) {                                       \
-    const ACC *partial = P->partial;                                                       \
-    T *out = P->out;                                                                       \
-    for (int64_t e = 0; e < P->out_count; e++) {                                           \
-      ACC acc = partial[e];                                                                \
-      for (int64_t s = 1; s < P->parts; s++)                                               \
-        acc = op_##NAME(acc, partial[s * P->out_count + e]);                               \
-      out[e] = (T)acc;                                                                     \
-    }                                                                                      \
-  }                                                                                        \
-                                                                                           \
-  static void fill_##NAME(void *out, int64_t n) {                                          \
-    for (int64_t i = 0; i < n; i++) ((T *)out)[i] = (T)(ID);                               \
-  }                                                                                        \
-                                                                                           \
-  static const reduce_impl impl_##NAME = {task_##NAME, combine_##NAME, fill_##NAME,        \
-                                          sizeof(ACC)};
+#define REDUCER(NAME, T, ACC, ID, OP)                                                             \
+  /* a function, not the macro: nested macro calls would copy their arguments */                  \
+  static inline ACC op_##NAME(ACC a, ACC b) { return OP(a, b); }                                  \
+                                                                                                  \
+  static ACC row_##NAME(const T *KILN_RESTRICT p, int64_t n) {                                    \
+    ACC acc = (ID);                                                                               \
+    if (n < LANES) {                                                                              \
+      for (int64_t i = 0; i < n; i++) acc = op_##NAME(acc, (ACC)p[i]);                            \
+      return acc;                                                                                 \
+    }                                                                                             \
+    ACC lane[LANES];                                                                              \
+    for (int j = 0; j < LANES; j++) lane[j] = (ID);                                               \
+    int64_t i = 0;                                                                                \
+    for (; i + LANES <= n; i += LANES)                                                            \
+      for (int j = 0; j < LANES; j++) lane[j] = op_##NAME(lane[j], (ACC)p[i + j]);                \
+    for (; i < n; i++) acc = op_##NAME(acc, (ACC)p[i]);                                           \
+    for (int w = LANES / 2; w >= 1; w /= 2)                                                       \
+      for (int j = 0; j < w; j++) lane[j] = op_##NAME(lane[j], lane[j + w]);                      \
+    return op_##NAME(lane[0], acc);                                                               \
+  }                                                                                               \
+                                                                                                  \
+  static void col_##NAME(ACC *KILN_RESTRICT acc, const T *KILN_RESTRICT p, int64_t n) {           \
+    for (int64_t j = 0; j < n; j++) acc[j] = op_##NAME(acc[j], (ACC)p[j]);                        \
+  }                                                                                               \
+                                                                                                  \
+  /* four rows per pass: a quarter of the accumulator traffic */                                  \
+  static void col4_##NAME(ACC *KILN_RESTRICT acc, const T *const *rows, int64_t n) {              \
+    const T *KILN_RESTRICT p0 = rows[0], *KILN_RESTRICT p1 = rows[1];                             \
+    const T *KILN_RESTRICT p2 = rows[2], *KILN_RESTRICT p3 = rows[3];                             \
+    for (int64_t j = 0; j < n; j++) {                                                             \
+      ACC a = op_##NAME(op_##NAME(acc[j], (ACC)p0[j]), (ACC)p1[j]);                               \
+      acc[j] = op_##NAME(op_##NAME(a, (ACC)p2[j]), (ACC)p3[j]);                                   \
+    }                                                                                             \
+  }                                                                                               \
+                                                                                                  \
+  /* rows mode: unit u over the slice [f0, f1) of its rows, laid end to end */                    \
+  static ACC rows_##NAME(const reduce_plan *P, int64_t u, int64_t f0, int64_t f1) {               \
+    const T *base = (const T *)P->in + kept_offset(P, u);                                         \
+    int64_t col = f0 % P->inner;                                                                  \
+    ACC acc = (ID);                                                                               \
+    odometer o;                                                                                   \
+    odo_init(P, &o, f0 / P->inner);                                                               \
+    while (f0 < f1) {                                                                             \
+      int64_t len = P->inner - col < f1 - f0 ? P->inner - col : f1 - f0;                          \
+      acc = op_##NAME(acc, ROW_##NAME(base + o.off + col, len));                                  \
+      f0 += len;                                                                                  \
+      col = 0;                                                                                    \
+      odo_next(P, &o);                                                                            \
+    }                                                                                             \
+    return acc;                                                                                   \
+  }                                                                                               \
+                                                                                                  \
+  /* columns mode: unit u (a TILE slice of an output row) over rows [f0, f1) */                   \
+  static void cols_##NAME(const reduce_plan *P, int64_t u, int64_t f0, int64_t f1, ACC *acc,      \
+                          int64_t *at, int64_t *w) {                                              \
+    int64_t ko = u / P->tiles, j0 = u % P->tiles * TILE;                                          \
+    *w = P->inner - j0 < TILE ? P->inner - j0 : TILE;                                             \
+    *at = ko * P->inner + j0;                                                                     \
+    const T *base = (const T *)P->in + kept_offset(P, ko) + j0;                                   \
+    for (int64_t j = 0; j < *w; j++) acc[j] = (ID);                                               \
+    odometer o;                                                                                   \
+    odo_init(P, &o, f0);                                                                          \
+    for (; f0 + 4 <= f1; f0 += 4) {                                                               \
+      const T *r[4];                                                                              \
+      for (int q = 0; q < 4; q++, odo_next(P, &o)) r[q] = base + o.off;                           \
+      col4_##NAME(acc, r, *w);                                                                    \
+    }                                                                                             \
+    for (; f0 < f1; f0++, odo_next(P, &o)) col_##NAME(acc, base + o.off, *w);                     \
+  }                                                                                               \
+                                                                                                  \
+  static void task_##NAME(void *ctx, int64_t begin, int64_t end) {                                \
+    const reduce_plan *P = ctx;                                                                   \
+    T *out = P->out;                                                                              \
+    ACC *partial = P->partial;                                                                    \
+    if (P->rows && P->nr == 0 && P->parts == 1) { /* contiguous rows, one per output */           \
+      const T *in = P->in;                                                                        \
+      for (int64_t u = begin; u < end; u++) out[u] = (T)ROW_##NAME(in + u * P->inner, P->inner);  \
+      return;                                                                                     \
+    }                                                                                             \
+    for (int64_t t = begin; t < end; t++) {                                                       \
+      int64_t u = t / P->parts, s = t % P->parts, f0, f1;                                         \
+      part_range(P->span, P->parts, s, &f0, &f1);                                                 \
+      if (P->rows) {                                                                              \
+        ACC acc = rows_##NAME(P, u, f0, f1);                                                      \
+        if (P->parts == 1)                                                                        \
+          out[u] = (T)acc;                                                                        \
+        else                                                                                      \
+          partial[s * P->out_count + u] = acc;                                                    \
+        continue;                                                                                 \
+      }                                                                                           \
+      ACC acc[TILE];                                                                              \
+      int64_t at, w;                                                                              \
+      cols_##NAME(P, u, f0, f1, acc, &at, &w);                                                    \
+      if (P->parts == 1)                                                                          \
+        for (int64_t j = 0; j < w; j++) out[at + j] = (T)acc[j];                                  \
+      else                                                                                        \
+        memcpy(partial + s * P->out_count + at, acc, (size_t)w * sizeof(ACC));                    \
+    }                                                                                             \
+  }                                                                                               \
+                                                                                                  \
+  static void combine_##NAME(const reduce_plan *P) {                                              \
+    const ACC *partial = P->partial;                                                              \
+    T *out = P->out;                                                                              \
+    for (int64_t e = 0; e < P->out_count; e++) {                                                  \
+      ACC acc = partial[e];                                                                       \
+      for (int64_t s = 1; s < P->parts; s++) acc = op_##NAME(acc, partial[s * P->out_count + e]); \
+      out[e] = (T)acc;                                                                            \
+    }                                                                                             \
+  }                                                                                               \
+                                                                                                  \
+  static void fill_##NAME(void *out, int64_t n) {                                                 \
+    for (int64_t i = 0; i < n; i++) ((T *)out)[i] = (T)(ID);                                      \
+  }                                                                                               \
+                                                                                                  \
+  static const reduce_impl impl_##NAME = {task_##NAME, combine_##NAME, fill_##NAME, sizeof(ACC)};
 
 /* Rows of f64 sums are summed pairwise (as NumPy does): the error grows with
  * log n, not n. Every other row reduction uses row_NAME directly. */
@@ -341,9 +340,10 @@ static int reduce_run(const op_call *c, const reduce_impl *impl) {
 /* ---- argmax: the first maximum wins; NaN counts as the maximum (the
  * first NaN wins), as in NumPy ---- */
 
-#define BETTER_F(x, best) ((x) > (best) || (isnan(x) && !isnan(best)))
+/* x != x is isnan(x): written so, gcc 12 vectorizes the column loop */
+#define BETTER_F(x, best) ((x) > (best) || ((x) != (x) && (best) == (best)))
 #define BETTER_I(x, best) ((x) > (best))
-#define SAME_F(x, best) ((x) == (best) || (isnan(x) && isnan(best)))
+#define SAME_F(x, best) ((x) == (best) || ((x) != (x) && (best) != (best)))
 #define SAME_I(x, best) ((x) == (best))
 
 typedef struct {
@@ -355,15 +355,45 @@ typedef struct {
 } argmax_plan;
 
 #define ARGMAX(SUF, T, BETTER, SAME)                                                          \
-  /* index of the first best element of p[0, n), n >= 1; its value in *val */                \
+  static inline bool better_##SUF(T x, T best) { return BETTER(x, best); }                    \
+                                                                                              \
+  /* rows k .. k+n-1 (n <= 4) of a column tile, in one pass over best and                     \
+   * idx: the first best of those rows, then strictly better than best */                     \
+  static void argcol_##SUF(T *KILN_RESTRICT best, int64_t *KILN_RESTRICT idx, const T *p,     \
+                           int64_t ld, int64_t k, int n, int64_t w) {                         \
+    const T *KILN_RESTRICT q0 = p + k * ld, *KILN_RESTRICT q1 = q0 + (n > 1) * ld;            \
+    const T *KILN_RESTRICT q2 = q0 + (n > 2) * 2 * ld;                                        \
+    const T *KILN_RESTRICT q3 = q0 + (n > 3) * 3 * ld;                                        \
+    for (int64_t j = 0; j < w; j++) {                                                         \
+      T m = q0[j];                                                                            \
+      int32_t o = 0;                                                                          \
+      bool t = better_##SUF(q1[j], m);                                                        \
+      m = t ? q1[j] : m, o = t ? 1 : o;                                                       \
+      t = better_##SUF(q2[j], m);                                                             \
+      m = t ? q2[j] : m, o = t ? 2 : o;                                                       \
+      t = better_##SUF(q3[j], m);                                                             \
+      m = t ? q3[j] : m, o = t ? 3 : o;                                                       \
+      T b = best[j];                                                                          \
+      t = better_##SUF(m, b);                                                                 \
+      best[j] = t ? m : b;                                                                    \
+      idx[j] = t ? k + o : idx[j];                                                            \
+    }                                                                                         \
+  }                                                                                           \
+                                                                                              \
+  /* index of the first best element of p[0, n), n >= 1; its value in *val */                 \
   static int64_t row_argmax_##SUF(const T *p, int64_t n, T *val) {                            \
     T best = row_max_##SUF(p, n < ARG_BLOCK ? n : ARG_BLOCK);                                 \
     int64_t block = 0;                                                                        \
     for (int64_t b = ARG_BLOCK; b < n; b += ARG_BLOCK) {                                      \
       T m = row_max_##SUF(p + b, n - b < ARG_BLOCK ? n - b : ARG_BLOCK);                      \
-      if (BETTER(m, best)) best = m, block = b;                                               \
+      if (better_##SUF(m, best)) best = m, block = b;                                         \
     }                                                                                         \
-    int64_t i = block;                                                                        \
+    int64_t i = block; /* skip LANES-wide chunks without a match, then scan one */            \
+    for (; i + LANES <= n; i += LANES) {                                                      \
+      int hit = 0;                                                                            \
+      for (int j = 0; j < LANES; j++) hit |= SAME(p[i + j], best);                            \
+      if (hit) break;                                                                         \
+    }                                                                                         \
     while (!SAME(p[i], best)) i++;                                                            \
     *val = best;                                                                              \
     return i;                                                                                 \
@@ -386,19 +416,15 @@ typedef struct {
         }                                                                                     \
         continue;                                                                             \
       }                                                                                       \
-      int64_t o = t / P->tiles, j0 = t % P->tiles * TILE;                                     \
-      int64_t w = P->inner - j0 < TILE ? P->inner - j0 : TILE;                                \
+      int64_t o = t / P->tiles, j0 = t % P->tiles * ARG_TILE;                                 \
+      int64_t w = P->inner - j0 < ARG_TILE ? P->inner - j0 : ARG_TILE;                        \
       const T *p = in + o * P->axis_len * P->inner + j0;                                      \
-      T best[TILE];                                                                           \
-      int64_t idx[TILE];                                                                      \
+      T best[ARG_TILE];                                                                       \
+      int64_t idx[ARG_TILE];                                                                  \
       for (int64_t j = 0; j < w; j++) best[j] = p[j], idx[j] = 0;                             \
-      for (int64_t k = 1; k < P->axis_len; k++) {                                             \
-        const T *q = p + k * P->inner;                                                        \
-        for (int64_t j = 0; j < w; j++) {                                                     \
-          bool take = BETTER(q[j], best[j]);                                                  \
-          best[j] = take ? q[j] : best[j];                                                    \
-          idx[j] = take ? k : idx[j];                                                         \
-        }                                                                                     \
+      for (int64_t k = 1; k < P->axis_len; k += 4) {                                          \
+        int n = P->axis_len - k < 4 ? (int)(P->axis_len - k) : 4;                             \
+        argcol_##SUF(best, idx, p, P->inner, k, n, w);                                        \
       }                                                                                       \
       memcpy(P->out + o * P->inner + j0, idx, (size_t)w * sizeof(int64_t));                   \
     }                                                                                         \
@@ -409,7 +435,7 @@ typedef struct {
     for (int64_t u = 0; u < P->outer; u++) {                                                  \
       int64_t b = u * P->parts;                                                               \
       for (int64_t s = 1; s < P->parts; s++)                                                  \
-        if (BETTER(best[u * P->parts + s], best[b])) b = u * P->parts + s;                    \
+        if (better_##SUF(best[u * P->parts + s], best[b])) b = u * P->parts + s;              \
       P->out[u] = P->where[b];                                                                \
     }                                                                                         \
   }                                                                                           \
@@ -422,7 +448,7 @@ typedef struct {
     for (int i = axis + 1; i < x->rank; i++) P.inner *= x->shape[i];                          \
     P.axis_len = x->shape[axis];                                                              \
     if (c->out->size == 0) return 0;                                                          \
-    P.tiles = (P.inner + TILE - 1) / TILE;                                                    \
+    P.tiles = (P.inner + ARG_TILE - 1) / ARG_TILE;                                            \
     int64_t units = P.outer * P.tiles, want = pieces(x->size);                                \
     int32_t cls = 0;                                                                          \
     if (P.inner == 1 && units < want) {                                                       \
@@ -468,7 +494,7 @@ REDUCE_KERNEL(min_i32)
 REDUCE_KERNEL(min_i64)
 
 KILN_CONSTRUCTOR static void register_kernels(void) {
-#define REG(OP, name)                                     \
+#define REG(OP, name)                                      \
   dispatch_register(OP, 0, KILN_F32, reduce_##name##_f32); \
   dispatch_register(OP, 0, KILN_F64, reduce_##name##_f64); \
   dispatch_register(OP, 0, KILN_I32, reduce_##name##_i32); \

@@ -142,7 +142,7 @@ static int slots_grow(kiln_optimizer *o) {
   return 0;
 }
 
-/* The slots pool computes f16/bf16 variables in f32. */
+/* f16 and bf16 are storage types: their updates and slots are f32. */
 static kiln_dtype compute_dtype(kiln_dtype dt) {
   return dt == KILN_F16 || dt == KILN_BF16 ? KILN_F32 : dt;
 }
@@ -209,9 +209,9 @@ static kiln_tensor *correction(kiln_tensor *t, double beta) {
 }
 
 /* Computes the update of one variable and writes var, m and v. */
-static int update(kiln_optimizer *o, kiln_variable *var, kiln_tensor *value, kiln_tensor *g, slot *s,
+static int update(kiln_optimizer *o, kiln_variable *var, kiln_dtype dt, kiln_tensor *g, slot *s,
                   const adam_step *as) {
-  kiln_dtype dt = kiln_tensor_dtype(value), cd = compute_dtype(dt);
+  kiln_dtype cd = compute_dtype(dt);
   if (cd != dt) g = kiln_cast(g, cd);
   kiln_tensor *delta = NULL, *m = NULL, *v = NULL;
   switch (o->kind) {
@@ -232,7 +232,8 @@ static int update(kiln_optimizer *o, kiln_variable *var, kiln_tensor *value, kil
     break;
   }
   }
-  kiln_tensor *next = cd == dt ? NULL : kiln_cast(kiln_sub(kiln_cast(value, cd), delta), dt);
+  kiln_tensor *next = NULL; /* f16/bf16: the new value; read var again, this apply may have written it */
+  if (cd != dt) next = kiln_cast(kiln_sub(kiln_cast(kiln_variable_read(var), cd), delta), dt);
   if (!delta || (o->kind != OPT_SGD && !m) || (o->kind == OPT_ADAM && !v) || (cd != dt && !next)) {
     char reason[512];
     snprintf(reason, sizeof reason, "%s", kiln_last_error());
@@ -299,7 +300,7 @@ static int apply(kiln_optimizer *o, int n, kiln_variable *const *vars, kiln_tens
     }
   }
   for (int i = 0; i < n; i++)
-    if (grads[i] && update(o, vars[i], values[i], grads[i], slots[i], &as)) goto done;
+    if (grads[i] && update(o, vars[i], kiln_tensor_dtype(values[i]), grads[i], slots[i], &as)) goto done;
   rc = as.t ? kiln_variable_assign(o->step, as.t) : 0;
 done:
   free(values);

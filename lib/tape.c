@@ -74,15 +74,21 @@ static void map_free(ptr_map *m, bool release_keys, bool release_values) {
 
 /* ---- tapes ---- */
 
+/* Kept small: recording is on the hot path of every taped op. Inputs and
+ * attributes are stored out of line only for the ops that need it. */
+enum { NODE_SMALL = 2 };
 typedef struct {
   op_id op; /* OP_COUNT for a custom gradient */
   int n;
-  kiln_tensor **in; /* retained */
-  kiln_tensor *out; /* retained */
-  op_attrs attrs;
+  kiln_tensor *small[NODE_SMALL]; /* the inputs when n <= NODE_SMALL, retained */
+  kiln_tensor **big;               /* else malloc'd, retained */
+  kiln_tensor *out;                /* retained */
+  op_attrs *attrs;                 /* malloc'd copy; NULL for ops without attributes */
   kiln_gradient_fn custom;
   void *user;
 } tape_node;
+
+static kiln_tensor **node_inputs(tape_node *nd) { return nd->n <= NODE_SMALL ? nd->small : nd->big; }
 
 typedef struct {
   kiln_variable *var;
@@ -153,9 +159,11 @@ void kiln_tape_end(kiln_tape *tape) {
 static void free_nodes(kiln_tape *tape) {
   for (int64_t i = 0; i < tape->n_nodes; i++) {
     tape_node *nd = &tape->nodes[i];
-    for (int j = 0; j < nd->n; j++) kiln_release(nd->in[j]);
+    kiln_tensor **ins = node_inputs(nd);
+    for (int j = 0; j < nd->n; j++) kiln_release(ins[j]);
     kiln_release(nd->out);
-    free(nd->in);
+    free(nd->big);
+    free(nd->attrs);
   }
   free(tape->nodes);
   tape->nodes = NULL;
@@ -204,23 +212,25 @@ static int push_node(kiln_tape *tape, op_id op, const op_attrs *attrs, int n, ki
     tape->nodes = nodes;
     tape->cap_nodes = cap;
   }
-  kiln_tensor **ins = malloc((size_t)(n ? n : 1) * sizeof *ins);
-  if (!ins || track(tape, out)) {
-    free(ins);
+  tape_node nd = {.op = op, .n = n, .custom = custom, .user = user};
+  if (n > NODE_SMALL && !(nd.big = malloc((size_t)n * sizeof *nd.big)))
     return kiln_set_error("tape: out of memory");
+  if (attrs && op < OP_COUNT && kiln_ops[op].attrs[0]) {
+    if (!(nd.attrs = malloc(sizeof *nd.attrs))) {
+      free(nd.big);
+      return kiln_set_error("tape: out of memory");
+    }
+    *nd.attrs = *attrs;
   }
-  tape_node *nd = &tape->nodes[tape->n_nodes++];
-  nd->op = op;
-  nd->n = n;
-  nd->in = ins;
+  if (track(tape, out)) {
+    free(nd.big);
+    free(nd.attrs);
+    return -1;
+  }
+  kiln_tensor **ins = node_inputs(&nd);
   for (int i = 0; i < n; i++) ins[i] = kiln_retain(in[i]);
-  nd->out = kiln_retain(out);
-  if (attrs)
-    nd->attrs = *attrs;
-  else
-    memset(&nd->attrs, 0, sizeof nd->attrs);
-  nd->custom = custom;
-  nd->user = user;
+  nd.out = kiln_retain(out);
+  tape->nodes[tape->n_nodes++] = nd;
   return 0;
 }
 
@@ -308,6 +318,7 @@ static int backward(kiln_tape *tape, int64_t end, ptr_map *grads) {
   for (int64_t k = end; k-- > 0;) {
     /* a copy: the rules may record onto this tape and move its node array */
     tape_node node = tape->nodes[k], *nd = &node;
+    kiln_tensor **in = node_inputs(nd);
     map_entry *e = map_find(grads, nd->out);
     if (!e || !e->value) continue;
     kiln_tensor *small[SMALL] = {NULL}, **dx = nd->n <= SMALL ? small : calloc((size_t)nd->n, sizeof *dx);
@@ -316,18 +327,19 @@ static int backward(kiln_tape *tape, int64_t end, ptr_map *grads) {
     const char *what;
     if (nd->custom) {
       what = "custom_gradient";
-      rc = nd->custom(nd->user, nd->n, nd->in, nd->out, e->value, dx);
+      rc = nd->custom(nd->user, nd->n, in, nd->out, e->value, dx);
       if (rc && !kiln_has_error()) kiln_set_error("tape_gradient: a custom gradient failed without an error");
     } else {
       what = kiln_ops[nd->op].api;
-      grad_args g = {nd->op, &nd->attrs, nd->n, nd->in, nd->out, e->value, dx};
+      static const op_attrs no_attrs;
+      grad_args g = {nd->op, nd->attrs ? nd->attrs : &no_attrs, nd->n, in, nd->out, e->value, dx};
       rc = kiln_grads[nd->op](&g);
     }
     for (int i = 0; rc == 0 && i < nd->n; i++) {
-      if (!dx[i] || !tracks(tape, nd->in[i])) continue;
-      if ((rc = check_grad_shape(what, i, dx[i], nd->in[i]))) break;
+      if (!dx[i] || !tracks(tape, in[i])) continue;
+      if ((rc = check_grad_shape(what, i, dx[i], in[i]))) break;
       bool added;
-      map_entry *acc = map_insert(grads, nd->in[i], &added);
+      map_entry *acc = map_insert(grads, in[i], &added);
       if (!acc) {
         rc = kiln_set_error("tape_gradient: out of memory");
         break;

@@ -31,11 +31,15 @@ flags=(-std=c11 -O1 -g -D_GNU_SOURCE -Iinclude -Ilib -Iir -fno-omit-frame-pointe
 echo "fuzz.sh: building with $cc"
 objs=()
 for src in lib/*.c; do objs+=("$out/obj/$(basename "${src%.c}").o"); done
+# stale: the object is missing or older than its source or any header
+stale() {
+  local f
+  [ -f "$2" ] || return 0
+  for f in "$1" lib/*.h include/kiln.h ir/ops.def; do [ "$f" -nt "$2" ] && return 0; done
+  return 1
+}
 for src in lib/*.c; do
-  obj="$out/obj/$(basename "${src%.c}").o"
-  if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ] || [ lib/runtime.h -nt "$obj" ] || [ include/kiln.h -nt "$obj" ]; then
-    echo "$src"
-  fi
+  if stale "$src" "$out/obj/$(basename "${src%.c}").o"; then echo "$src"; fi
 done | xargs -r -P "$(nproc)" -I{} sh -c \
   'o="$1/obj/$(basename "${2%.c}").o"; shift 2; exec "$@" -fsanitize=fuzzer-no-link -c "$0" -o "$o"' \
   {} "$out" {} "$cc" "${flags[@]}"
@@ -58,9 +62,13 @@ f32w='\0\0\200\77\0\0\0\100\0\0\100\100\0\0\200\100\0\0\240\100\0\0\300\100' # 1
 i64='\7\0\0\0\0\0\0\0'
 f64='\0\0\0\0\0\0\340\77'
 f16='\0\74\0\100\0\274'
-seed full.st '{"__metadata__":{"format":"pt"},"d":{"dtype":"F64","shape":[1,1],"data_offsets":[0,8]},"step":{"dtype":"I64","shape":[],"data_offsets":[8,16]},"w":{"dtype":"F32","shape":[2,3],"data_offsets":[16,40]},"h":{"dtype":"F16","shape":[3],"data_offsets":[40,46]},"e":{"dtype":"BF16","shape":[0,2],"data_offsets":[46,46]},"m":{"dtype":"BOOL","shape":[2],"data_offsets":[46,48]},"x":{"dtype":"U8","shape":[1],"data_offsets":[48,49]}}' \
+seed full.st '{"__metadata__":{"format":"pt"},"d":{"dtype":"F64","shape":[1,1],"data_offsets":[0,8]},'\
+'"step":{"dtype":"I64","shape":[],"data_offsets":[8,16]},"w":{"dtype":"F32","shape":[2,3],"data_offsets":[16,40]},'\
+'"h":{"dtype":"F16","shape":[3],"data_offsets":[40,46]},"e":{"dtype":"BF16","shape":[0,2],"data_offsets":[46,46]},'\
+'"m":{"dtype":"BOOL","shape":[2],"data_offsets":[46,48]},"x":{"dtype":"U8","shape":[1],"data_offsets":[48,49]}}' \
   "$f64$i64$f32w$f16\1\0\5"
-seed spaced.st '{"w": {"shape": [2, 3], "data_offsets": [0, 24], "dtype": "F32", "extra": [1, -2.5e3, true, null, {"a": "b\u00e9\ud83d\ude00\n"}]}, "__metadata__": {"k": "v"}}' "$f32w"
+seed spaced.st '{"w": {"shape": [2, 3], "data_offsets": [0, 24], "dtype": "F32", '\
+'"extra": [1, -2.5e3, true, null, {"a": "b\u00e9\ud83d\ude00\n"}]}, "__metadata__": {"k": "v"}}' "$f32w"
 seed hf.st '{"__metadata__":{"format":"pt"},"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}' "$f32w"
 seed empty.st '{}' ''
 

@@ -80,41 +80,46 @@ TEST(Cast, SameDtypeIsACopy) {
             (std::vector<int64_t>{INT64_MIN, 3}));
   EXPECT_EQ(cast<uint16_t>(vec(KILN_F16, Bits{0x7E01, 0x8001}), KILN_F16), (Bits{0x7E01, 0x8001}));
   EXPECT_EQ(cast<uint16_t>(vec(KILN_BF16, Bits{0xFFC1, 0x0001}), KILN_BF16), (Bits{0xFFC1, 0x0001}));
-  EXPECT_EQ(cast<uint8_t>(vec(KILN_BOOL, std::vector<uint8_t>{1, 0}), KILN_BOOL), (std::vector<uint8_t>{1, 0}));
+  EXPECT_EQ(cast<uint8_t>(vec(KILN_BOOL, std::vector<uint8_t>{1, 0}), KILN_BOOL),
+            (std::vector<uint8_t>{1, 0}));
 }
 
 TEST(Cast, FloatToIntTruncatesAndSaturates) {
   Scoped s;
   const int32_t mn = INT32_MIN, mx = INT32_MAX;
-  std::vector<float> x = {1.9f,  -1.9f, 0.5f,  -0.5f, kNanF, kInfF, -kInfF, 3e9f, -3e9f, 2147483520.0f,
-                          2147483648.0f, -2147483648.0f, 16777217.0f};
+  std::vector<float> x = {1.9f, -1.9f, 0.5f,          -0.5f,         kNanF,          kInfF,      -kInfF,
+                          3e9f, -3e9f, 2147483520.0f, 2147483648.0f, -2147483648.0f, 16777217.0f};
   EXPECT_EQ(cast<int32_t>(vec(KILN_F32, x), KILN_I32),
             (std::vector<int32_t>{1, -1, 0, 0, 0, mx, mn, mx, mn, 2147483520, mx, mn, 16777216}));
   EXPECT_EQ(cast<int64_t>(vec(KILN_F32, x), KILN_I64),
-            (std::vector<int64_t>{1, -1, 0, 0, 0, INT64_MAX, INT64_MIN, 3000000000LL, -3000000000LL, 2147483520LL,
-                                  2147483648LL, -2147483648LL, 16777216}));
-  std::vector<float> big = {9.3e18f, -9.3e18f, 9223371487098961920.0f, 9223372036854775808.0f, -9223372036854775808.0f};
+            (std::vector<int64_t>{1, -1, 0, 0, 0, INT64_MAX, INT64_MIN, 3000000000LL, -3000000000LL,
+                                  2147483520LL, 2147483648LL, -2147483648LL, 16777216}));
+  std::vector<float> big = {9.3e18f, -9.3e18f, 9223371487098961920.0f, 9223372036854775808.0f,
+                            -9223372036854775808.0f};
   EXPECT_EQ(cast<int64_t>(vec(KILN_F32, big), KILN_I64),
             (std::vector<int64_t>{INT64_MAX, INT64_MIN, 9223371487098961920LL, INT64_MAX, INT64_MIN}));
 
-  std::vector<double> d = {2147483647.9, 2147483648.0, -2147483648.9, -2147483649.0, -7.99, kNan, kInf, 1e300};
-  EXPECT_EQ(cast<int32_t>(vec(KILN_F64, d), KILN_I32),
-            (std::vector<int32_t>{mx, mx, mn, mn, -7, 0, mx, mx}));
-  std::vector<double> e = {9007199254740993.0, -1e19, 1e19, 9223372036854774784.0, 9223372036854775808.0, kNan,
-                           -kInf, -0.999};
+  std::vector<double> d = {2147483647.9, 2147483648.0, -2147483648.9, -2147483649.0,
+                           -7.99,        kNan,         kInf,          1e300};
+  EXPECT_EQ(cast<int32_t>(vec(KILN_F64, d), KILN_I32), (std::vector<int32_t>{mx, mx, mn, mn, -7, 0, mx, mx}));
+  std::vector<double> e = {9007199254740993.0,    -1e19, 1e19,  9223372036854774784.0,
+                           9223372036854775808.0, kNan,  -kInf, -0.999};
   EXPECT_EQ(cast<int64_t>(vec(KILN_F64, e), KILN_I64),
-            (std::vector<int64_t>{9007199254740992LL, INT64_MIN, INT64_MAX, 9223372036854774784LL, INT64_MAX, 0,
-                                  INT64_MIN, 0}));
+            (std::vector<int64_t>{9007199254740992LL, INT64_MIN, INT64_MAX, 9223372036854774784LL, INT64_MAX,
+                                  0, INT64_MIN, 0}));
 }
 
 TEST(Cast, IntToFloatRoundsToNearest) {
   Scoped s;
   // 2^24 + 1 is halfway between two floats: ties to even (2^24); 2^24 + 3 -> 2^24 + 4
-  std::vector<float> f = cast<float>(vec(KILN_I32, std::vector<int32_t>{16777217, 16777219, -3, INT32_MIN}), KILN_F32);
+  std::vector<float> f =
+      cast<float>(vec(KILN_I32, std::vector<int32_t>{16777217, 16777219, -3, INT32_MIN}), KILN_F32);
   EXPECT_EQ(f, (std::vector<float>{16777216.0f, 16777220.0f, -3.0f, -2147483648.0f}));
-  std::vector<double> d = cast<double>(vec(KILN_I64, std::vector<int64_t>{9007199254740993LL, INT64_MAX, -5}), KILN_F64);
+  std::vector<double> d =
+      cast<double>(vec(KILN_I64, std::vector<int64_t>{9007199254740993LL, INT64_MAX, -5}), KILN_F64);
   EXPECT_EQ(d, (std::vector<double>{9007199254740992.0, 9223372036854775808.0, -5.0}));
-  std::vector<float> g = cast<float>(vec(KILN_I64, std::vector<int64_t>{INT64_MIN, 1LL << 40, 33554435}), KILN_F32);
+  std::vector<float> g =
+      cast<float>(vec(KILN_I64, std::vector<int64_t>{INT64_MIN, 1LL << 40, 33554435}), KILN_F32);
   EXPECT_EQ(g, (std::vector<float>{-9223372036854775808.0f, 1099511627776.0f, 33554436.0f}));
   EXPECT_EQ(cast<double>(vec(KILN_I32, std::vector<int32_t>{INT32_MAX, -1}), KILN_F64),
             (std::vector<double>{2147483647.0, -1.0}));
@@ -126,7 +131,8 @@ TEST(Cast, BetweenFloats) {
   EXPECT_EQ(d[0], 0.100000001490116119384765625);  // the f32 nearest 0.1, exactly
   EXPECT_EQ(d[1], kInf);
   EXPECT_TRUE(std::signbit(d[2]));
-  std::vector<float> f = cast<float>(vec(KILN_F64, std::vector<double>{0.1, 1e39, -1e39, 1e-46, kNan}), KILN_F32);
+  std::vector<float> f =
+      cast<float>(vec(KILN_F64, std::vector<double>{0.1, 1e39, -1e39, 1e-46, kNan}), KILN_F32);
   EXPECT_EQ(f[0], 0.1f);
   EXPECT_EQ(f[1], kInfF);
   EXPECT_EQ(f[2], -kInfF);
@@ -146,10 +152,12 @@ TEST(Cast, IntegerNarrowingWraps) {
 TEST(Cast, ToAndFromBool) {
   Scoped s;
   using B = std::vector<uint8_t>;
-  EXPECT_EQ(cast<uint8_t>(vec(KILN_F32, std::vector<float>{0.0f, -0.0f, 0.5f, kNanF, -kInfF, 1e-45f}), KILN_BOOL),
-            (B{0, 0, 1, 1, 1, 1}));
+  EXPECT_EQ(
+      cast<uint8_t>(vec(KILN_F32, std::vector<float>{0.0f, -0.0f, 0.5f, kNanF, -kInfF, 1e-45f}), KILN_BOOL),
+      (B{0, 0, 1, 1, 1, 1}));
   EXPECT_EQ(cast<uint8_t>(vec(KILN_F64, std::vector<double>{0.0, 1e-300, -2.0}), KILN_BOOL), (B{0, 1, 1}));
-  EXPECT_EQ(cast<uint8_t>(vec(KILN_I32, std::vector<int32_t>{0, 5, -1, INT32_MIN}), KILN_BOOL), (B{0, 1, 1, 1}));
+  EXPECT_EQ(cast<uint8_t>(vec(KILN_I32, std::vector<int32_t>{0, 5, -1, INT32_MIN}), KILN_BOOL),
+            (B{0, 1, 1, 1}));
   EXPECT_EQ(cast<uint8_t>(vec(KILN_I64, std::vector<int64_t>{1LL << 40, 0}), KILN_BOOL), (B{1, 0}));
   // f16/bf16: any bits but the sign make it true (subnormals and NaN included)
   EXPECT_EQ(cast<uint8_t>(vec(KILN_F16, Bits{0x0000, 0x8000, 0x0001, 0x7E00, 0xBC00}), KILN_BOOL),
@@ -168,23 +176,22 @@ TEST(Cast, ToAndFromBool) {
 TEST(Cast, F32ToF16) {
   Scoped s;
   std::vector<float> x = {
-      1.0f,    0.1f,   65504.0f, 65519.99f, 65520.0f,  -2.0f,         kInfF,           -kInfF,
-      kNanF,   0.0f,   -0.0f,
-      0x1p-24f,         // the smallest subnormal
-      0x1p-25f,         // a tie between 0 and 2^-24 -> 0 (even)
-      0x1.8p-25f,       // 1.5 * 2^-25 -> 2^-24
-      0x1.8p-24f,       // 1.5 * 2^-24: a tie -> 2 * 2^-24 (even)
-      0x1p-14f,         // the smallest normal
-      0x1.ff8p-15f,     // the largest subnormal, 1023 * 2^-24
-      0x1.002p0f,       // 1 + 2^-11: a tie -> 1 (even)
-      0x1.006p0f,       // 1 + 3 * 2^-11: a tie -> 1 + 2^-9 (even)
-      0x1.002002p0f,    // just above 1 + 2^-11 -> 1 + 2^-10
+      1.0f,          0.1f, 65504.0f, 65519.99f, 65520.0f, -2.0f, kInfF, -kInfF, kNanF, 0.0f, -0.0f,
+      0x1p-24f,       // the smallest subnormal
+      0x1p-25f,       // a tie between 0 and 2^-24 -> 0 (even)
+      0x1.8p-25f,     // 1.5 * 2^-25 -> 2^-24
+      0x1.8p-24f,     // 1.5 * 2^-24: a tie -> 2 * 2^-24 (even)
+      0x1p-14f,       // the smallest normal
+      0x1.ff8p-15f,   // the largest subnormal, 1023 * 2^-24
+      0x1.002p0f,     // 1 + 2^-11: a tie -> 1 (even)
+      0x1.006p0f,     // 1 + 3 * 2^-11: a tie -> 1 + 2^-9 (even)
+      0x1.002002p0f,  // just above 1 + 2^-11 -> 1 + 2^-10
       -0.333333333f,
-      1e-10f,           // underflows to 0
+      1e-10f,  // underflows to 0
       -1e10f,
   };
-  Bits want = {0x3C00, 0x2E66, 0x7BFF, 0x7BFF, 0x7C00, 0xC000, 0x7C00, 0xFC00, 0x7E00, 0x0000, 0x8000,
-               0x0001, 0x0000, 0x0001, 0x0002, 0x0400, 0x03FF, 0x3C00, 0x3C02, 0x3C01, 0xB555, 0x0000, 0xFC00};
+  Bits want = {0x3C00, 0x2E66, 0x7BFF, 0x7BFF, 0x7C00, 0xC000, 0x7C00, 0xFC00, 0x7E00, 0x0000, 0x8000, 0x0001,
+               0x0000, 0x0001, 0x0002, 0x0400, 0x03FF, 0x3C00, 0x3C02, 0x3C01, 0xB555, 0x0000, 0xFC00};
   EXPECT_EQ(cast<uint16_t>(vec(KILN_F32, x), KILN_F16), want);
 }
 
@@ -229,16 +236,18 @@ TEST(Cast, F32ToBf16) {
                           -0.0f,
                           f32_from_bits(0x00000001),  // the smallest f32 subnormal -> 0
                           3.14159265f};
-  Bits want = {0x3F80, 0x3DCD, 0x4040, 0xBF80, 0x3F80, 0x3F82, 0x3F81, 0x7F80,
-               0xFF80, 0x7F80, 0x8000, 0x0000, 0x4049};
+  Bits want = {0x3F80, 0x3DCD, 0x4040, 0xBF80, 0x3F80, 0x3F82, 0x3F81,
+               0x7F80, 0xFF80, 0x7F80, 0x8000, 0x0000, 0x4049};
   EXPECT_EQ(cast<uint16_t>(vec(KILN_F32, x), KILN_BF16), want);
   Bits nan = cast<uint16_t>(vec(KILN_F32, std::vector<float>{kNanF, f32_from_bits(0x7F800001)}), KILN_BF16);
-  for (uint16_t b : nan) EXPECT_TRUE((b & 0x7F80) == 0x7F80 && (b & 0x007F) != 0) << std::hex << b;  // still NaN
+  for (uint16_t b : nan)
+    EXPECT_TRUE((b & 0x7F80) == 0x7F80 && (b & 0x007F) != 0) << std::hex << b;  // still NaN
 }
 
 TEST(Cast, Bf16ToF32) {
   Scoped s;
-  std::vector<float> f = cast<float>(vec(KILN_BF16, Bits{0x3F80, 0x4049, 0xC000, 0x0001, 0x7F80, 0x8000}), KILN_F32);
+  std::vector<float> f =
+      cast<float>(vec(KILN_BF16, Bits{0x3F80, 0x4049, 0xC000, 0x0001, 0x7F80, 0x8000}), KILN_F32);
   EXPECT_EQ(f[0], 1.0f);
   EXPECT_EQ(f[1], 3.140625f);
   EXPECT_EQ(f[2], -2.0f);
@@ -262,16 +271,20 @@ TEST(Cast, HalfToAndFromOtherDtypes) {
   // integers -> f16: 2049 is a tie between 2048 and 2050 -> 2048 (even); 70000 overflows
   EXPECT_EQ(cast<uint16_t>(vec(KILN_I32, std::vector<int32_t>{2049, 2051, 70000, -1}), KILN_F16),
             (Bits{0x6800, 0x6802, 0x7C00, 0xBC00}));
-  EXPECT_EQ(cast<uint16_t>(vec(KILN_I64, std::vector<int64_t>{1, 1LL << 40}), KILN_BF16), (Bits{0x3F80, 0x5380}));
+  EXPECT_EQ(cast<uint16_t>(vec(KILN_I64, std::vector<int64_t>{1, 1LL << 40}), KILN_BF16),
+            (Bits{0x3F80, 0x5380}));
   EXPECT_EQ(cast<uint16_t>(vec(KILN_I64, std::vector<int64_t>{-65504, 3}), KILN_F16), (Bits{0xFBFF, 0x4200}));
-  EXPECT_EQ(cast<uint16_t>(vec(KILN_I32, std::vector<int32_t>{257}), KILN_BF16), (Bits{0x4380}));  // 257 -> 256
+  EXPECT_EQ(cast<uint16_t>(vec(KILN_I32, std::vector<int32_t>{257}), KILN_BF16),
+            (Bits{0x4380}));  // 257 -> 256
   // f16/bf16 -> integers: truncate, NaN -> 0, saturate
   EXPECT_EQ(cast<int32_t>(vec(KILN_F16, Bits{0x7BFF, 0xFC00, 0x7E00, 0x3E00, 0xBE00}), KILN_I32),
             (std::vector<int32_t>{65504, INT32_MIN, 0, 1, -1}));
-  EXPECT_EQ(cast<int64_t>(vec(KILN_F16, Bits{0x7C00, 0xD640}), KILN_I64), (std::vector<int64_t>{INT64_MAX, -100}));
+  EXPECT_EQ(cast<int64_t>(vec(KILN_F16, Bits{0x7C00, 0xD640}), KILN_I64),
+            (std::vector<int64_t>{INT64_MAX, -100}));
   EXPECT_EQ(cast<int32_t>(vec(KILN_BF16, Bits{0x4F80, 0xCF00, 0x42F7}), KILN_I32),  // 2^32, -2^31, 123.5
             (std::vector<int32_t>{INT32_MAX, INT32_MIN, 123}));
-  EXPECT_EQ(cast<int64_t>(vec(KILN_BF16, Bits{0x5F80, 0x7FC0}), KILN_I64), (std::vector<int64_t>{INT64_MAX, 0}));
+  EXPECT_EQ(cast<int64_t>(vec(KILN_BF16, Bits{0x5F80, 0x7FC0}), KILN_I64),
+            (std::vector<int64_t>{INT64_MAX, 0}));
   EXPECT_EQ(cast<double>(vec(KILN_BF16, Bits{0x4049}), KILN_F64), (std::vector<double>{3.140625}));
 }
 
@@ -282,7 +295,8 @@ TEST(Cast, HalfRoundTripsThroughF32) {
     Bits all;
     for (uint32_t i = 0; i < 65536; i++) {
       uint16_t h = (uint16_t)i;
-      bool nan = dt == KILN_F16 ? (h & 0x7C00) == 0x7C00 && (h & 0x03FF) : (h & 0x7F80) == 0x7F80 && (h & 0x007F);
+      bool nan =
+          dt == KILN_F16 ? (h & 0x7C00) == 0x7C00 && (h & 0x03FF) : (h & 0x7F80) == 0x7F80 && (h & 0x007F);
       if (!nan) all.push_back(h);
     }
     kiln_tensor *f = kiln_cast(vec(dt, all), KILN_F32);

@@ -188,23 +188,58 @@ TEST(Checkpoint, SavedBytesAreExactlyTheFormat) {
   EXPECT_EQ(read_file(path), want);
 }
 
-TEST(Checkpoint, LayoutLargestElementsFirstThenByName) {
+TEST(Checkpoint, LayoutAsTheReferenceOrdersIt) {
   Scoped s;
   Vars vars;
   TempDir dir;
+  // The reference sorts by dtype, in the descending order of its enum
+  // (U64 I64 F64 F32 U32 I32 BF16 F16 ... BOOL), then by name.
   std::vector<kiln_variable *> v = {
       vars.add(kiln_zeros(KILN_F16, KILN_SHAPE(1)), "a"),  vars.add(kiln_zeros(KILN_F64, KILN_SHAPE(1)), "b"),
       vars.add(kiln_zeros(KILN_F32, KILN_SHAPE(1)), "d"),  vars.add(kiln_zeros(KILN_BOOL, KILN_SHAPE(2)), "e"),
-      vars.add(kiln_zeros(KILN_F32, 0, nullptr), "c"),
+      vars.add(kiln_zeros(KILN_F32, 0, nullptr), "c"),     vars.add(kiln_zeros(KILN_I64, KILN_SHAPE(1)), "f"),
+      vars.add(kiln_zeros(KILN_I32, KILN_SHAPE(1)), "g"),  vars.add(kiln_zeros(KILN_BF16, KILN_SHAPE(1)), "h"),
   };
   std::string path = dir.file("l.safetensors");
   ASSERT_EQ(kiln_checkpoint_save(path.c_str(), (int)v.size(), v.data()), 0) << kiln_last_error();
-  std::string header = R"({"b":{"dtype":"F64","shape":[1],"data_offsets":[0,8]},)"
-                       R"("c":{"dtype":"F32","shape":[],"data_offsets":[8,12]},)"
-                       R"("d":{"dtype":"F32","shape":[1],"data_offsets":[12,16]},)"
-                       R"("a":{"dtype":"F16","shape":[1],"data_offsets":[16,18]},)"
-                       R"("e":{"dtype":"BOOL","shape":[2],"data_offsets":[18,20]}})";
-  EXPECT_EQ(read_file(path), st_file(header, std::string(20, '\0')));
+  std::string header = R"({"f":{"dtype":"I64","shape":[1],"data_offsets":[0,8]},)"
+                       R"("b":{"dtype":"F64","shape":[1],"data_offsets":[8,16]},)"
+                       R"("c":{"dtype":"F32","shape":[],"data_offsets":[16,20]},)"
+                       R"("d":{"dtype":"F32","shape":[1],"data_offsets":[20,24]},)"
+                       R"("g":{"dtype":"I32","shape":[1],"data_offsets":[24,28]},)"
+                       R"("h":{"dtype":"BF16","shape":[1],"data_offsets":[28,30]},)"
+                       R"("a":{"dtype":"F16","shape":[1],"data_offsets":[30,32]},)"
+                       R"("e":{"dtype":"BOOL","shape":[2],"data_offsets":[32,34]}})";
+  EXPECT_EQ(read_file(path), st_file(header, std::string(34, '\0')));
+}
+
+// Byte vectors from the reference implementation's own serialization tests.
+TEST(Checkpoint, SavesTheReferenceBytes) {
+  Scoped s;
+  Vars vars;
+  TempDir dir;
+  float data[6] = {0, 1, 2, 3, 4, 5};
+  kiln_variable *attn0 = vars.add(kiln_tensor_new(KILN_F32, KILN_SHAPE(1, 1, 2, 3), data), "attn0");
+  std::string path = dir.file("r.safetensors");
+  ASSERT_EQ(kiln_checkpoint_save(path.c_str(), 1, &attn0), 0) << kiln_last_error();
+  const unsigned char want[] = {
+      72,  0,   0,   0,   0,  0,  0,   0,   123, 34,  97,  116, 116, 110, 48,  34,  58,  123, 34,  100,
+      116, 121, 112, 101, 34, 58, 34,  70,  51,  50,  34,  44,  34,  115, 104, 97,  112, 101, 34,  58,
+      91,  49,  44,  49,  44, 50, 44,  51,  93,  44,  34,  100, 97,  116, 97,  95,  111, 102, 102, 115,
+      101, 116, 115, 34,  58, 91, 48,  44,  50,  52,  93,  125, 125, 32,  32,  32,  32,  32,  32,  32,
+      0,   0,   0,   0,   0,  0,  128, 63,  0,   0,   0,   64,  0,   0,   64,  64,  0,   0,   128, 64,
+      0,   0,   160, 64};
+  EXPECT_EQ(read_file(path), std::string((const char *)want, sizeof want));
+  ASSERT_EQ(kiln_checkpoint_save(path.c_str(), 0, nullptr), 0) << kiln_last_error();
+  const unsigned char empty[] = {8, 0, 0, 0, 0, 0, 0, 0, 123, 125, 32, 32, 32, 32, 32, 32};
+  EXPECT_EQ(read_file(path), std::string((const char *)empty, sizeof empty));
+  // and with metadata, which kiln does not write but reads past
+  const unsigned char meta[] = {40,  0,   0,   0,   0,   0,   0,   0,   123, 34,  95,  95,  109, 101,
+                                116, 97,  100, 97,  116, 97,  95,  95,  34,  58,  123, 34,  102, 114,
+                                97,  109, 101, 119, 111, 114, 107, 34,  58,  34,  112, 116, 34,  125,
+                                125, 32,  32,  32,  32,  32};
+  write_file(path, std::string((const char *)meta, sizeof meta));
+  EXPECT_EQ(kiln_checkpoint_restore(path.c_str(), 0, nullptr), 0) << kiln_last_error();
 }
 
 TEST(Checkpoint, RestoresHeaderAsHuggingFaceWritesIt) {
@@ -517,6 +552,12 @@ TEST(Checkpoint, UnreadablePaths) {
   EXPECT_EQ(kiln_last_error(), "checkpoint_restore: " + missing + ": cannot open: No such file or directory");
   EXPECT_EQ(kiln_checkpoint_restore(dir.path.c_str(), 1, &w), -1);
   EXPECT_EQ(kiln_last_error(), "checkpoint_restore: " + dir.path + ": not a regular file");
+  std::string fifo = dir.file("fifo");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(kiln_checkpoint_restore(fifo.c_str(), 1, &w), -1) << "and it did not wait for a writer";
+  EXPECT_EQ(kiln_last_error(), "checkpoint_restore: " + fifo + ": not a regular file");
+  EXPECT_EQ(kiln_checkpoint_restore("/dev/null", 1, &w), -1);
+  EXPECT_STREQ(kiln_last_error(), "checkpoint_restore: /dev/null: not a regular file");
   EXPECT_EQ(kiln_checkpoint_restore(nullptr, 1, &w), -1);
   EXPECT_STREQ(kiln_last_error(), "checkpoint_restore: path is NULL");
   std::string ok = dir.file("ok.safetensors");

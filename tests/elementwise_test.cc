@@ -30,12 +30,28 @@ struct Scoped {
   }
 };
 
-template <typename T> struct Dtype;
-template <> struct Dtype<float> { static constexpr kiln_dtype value = KILN_F32; };
-template <> struct Dtype<double> { static constexpr kiln_dtype value = KILN_F64; };
-template <> struct Dtype<int32_t> { static constexpr kiln_dtype value = KILN_I32; };
-template <> struct Dtype<int64_t> { static constexpr kiln_dtype value = KILN_I64; };
-template <> struct Dtype<uint8_t> { static constexpr kiln_dtype value = KILN_BOOL; };  // bool
+template <typename T>
+struct Dtype;
+template <>
+struct Dtype<float> {
+  static constexpr kiln_dtype value = KILN_F32;
+};
+template <>
+struct Dtype<double> {
+  static constexpr kiln_dtype value = KILN_F64;
+};
+template <>
+struct Dtype<int32_t> {
+  static constexpr kiln_dtype value = KILN_I32;
+};
+template <>
+struct Dtype<int64_t> {
+  static constexpr kiln_dtype value = KILN_I64;
+};
+template <>
+struct Dtype<uint8_t> {
+  static constexpr kiln_dtype value = KILN_BOOL;
+};  // bool
 
 using Shape = std::vector<int64_t>;
 using Bools = std::vector<uint8_t>;
@@ -207,8 +223,8 @@ TEST(Elementwise, ExpLogF32) {
   EXPECT_TRUE(std::isnan(e[10]));
   EXPECT_NEAR(e[11], 3.72007598e-44f, 1.5e-45f);  // subnormal
 
-  std::vector<float> l = un(kiln_log, std::vector<float>{1.0f, 2.0f, 0.5f, 10.0f, 0.0f, -1.0f, kInfF,
-                                                         kNanF, 1e-45f, 3.4e38f, -0.0f});
+  std::vector<float> l = un(kiln_log, std::vector<float>{1.0f, 2.0f, 0.5f, 10.0f, 0.0f, -1.0f, kInfF, kNanF,
+                                                         1e-45f, 3.4e38f, -0.0f});
   EXPECT_EQ(l[0], 0.0f);
   EXPECT_FLOAT_EQ(l[1], 0.693147181f);
   EXPECT_FLOAT_EQ(l[2], -0.693147181f);
@@ -406,7 +422,8 @@ TEST(Elementwise, MaxMinPropagateNaN) {
   }
   EXPECT_EQ(mx[3], 3.0f);
   EXPECT_EQ(mn[3], -kInfF);
-  std::vector<double> d = bin<double>(kiln_maximum, std::vector<double>{kNan, 2.0}, std::vector<double>{0.0, kNan});
+  std::vector<double> d =
+      bin<double>(kiln_maximum, std::vector<double>{kNan, 2.0}, std::vector<double>{0.0, kNan});
   EXPECT_TRUE(std::isnan(d[0]));
   EXPECT_TRUE(std::isnan(d[1]));
 }
@@ -437,7 +454,8 @@ TEST(Elementwise, IntegerDivModTruncate) {
   Scoped s;
   std::vector<int32_t> a = {7, -7, 7, -7, 6, 0}, b = {2, 2, -2, -2, 3, 5};
   EXPECT_EQ(bin<int32_t>(kiln_div, a, b), (std::vector<int32_t>{3, -3, -3, 3, 2, 0}));
-  EXPECT_EQ(bin<int32_t>(kiln_mod, a, b), (std::vector<int32_t>{1, -1, 1, -1, 0, 0}));  // sign of the dividend
+  EXPECT_EQ(bin<int32_t>(kiln_mod, a, b),
+            (std::vector<int32_t>{1, -1, 1, -1, 0, 0}));  // sign of the dividend
   std::vector<int64_t> c = {7, -7, 7, -7, 1000000000000LL}, d = {2, 2, -2, -2, 7};
   EXPECT_EQ(bin<int64_t>(kiln_div, c, d), (std::vector<int64_t>{3, -3, -3, 3, 142857142857LL}));
   EXPECT_EQ(bin<int64_t>(kiln_mod, c, d), (std::vector<int64_t>{1, -1, 1, -1, 1}));
@@ -488,14 +506,16 @@ TEST(Elementwise, FloatMod) {
   EXPECT_EQ(m[2], 2.0f);
   EXPECT_TRUE(std::isnan(m[3]));
   EXPECT_TRUE(std::signbit(m[4]));
-  std::vector<double> d = bin<double>(kiln_mod, std::vector<double>{10.25, -1.0}, std::vector<double>{3.0, 0.75});
+  std::vector<double> d =
+      bin<double>(kiln_mod, std::vector<double>{10.25, -1.0}, std::vector<double>{3.0, 0.75});
   EXPECT_EQ(d[0], 1.25);
   EXPECT_EQ(d[1], -0.25);
 }
 
 TEST(Elementwise, PowInt) {
   Scoped s;
-  std::vector<int32_t> a = {2, -3, 5, 0, 2, 1, -1, -1, 0, 2, 7, -2}, b = {10, 3, 0, 0, -1, -5, -3, -4, -1, 31, 2, 31};
+  std::vector<int32_t> a = {2, -3, 5, 0, 2, 1, -1, -1, 0, 2, 7, -2},
+                       b = {10, 3, 0, 0, -1, -5, -3, -4, -1, 31, 2, 31};
   EXPECT_EQ(bin<int32_t>(kiln_pow, a, b),
             (std::vector<int32_t>{1024, -27, 1, 1, 0, 1, -1, 1, 0, INT32_MIN, 49, INT32_MIN}));
   std::vector<int64_t> c = {3, 2, 10, -2, 3}, d = {39, 62, 18, 63, 41};
@@ -516,7 +536,8 @@ TEST(Elementwise, PowFloat) {
   EXPECT_EQ(p[4], -8.0f);
   EXPECT_EQ(p[5], 1.0f);  // pow(NaN, 0) = 1, as C and NumPy say
   EXPECT_EQ(p[6], 8.0f);
-  std::vector<double> d = bin<double>(kiln_pow, std::vector<double>{10.0, 2.0}, std::vector<double>{-2.0, 0.5});
+  std::vector<double> d =
+      bin<double>(kiln_pow, std::vector<double>{10.0, 2.0}, std::vector<double>{-2.0, 0.5});
   EXPECT_DOUBLE_EQ(d[0], 0.01);
   EXPECT_DOUBLE_EQ(d[1], 1.4142135623730951);
 }
@@ -618,7 +639,8 @@ TEST(Elementwise, BroadcastHigherRank) {
   std::vector<float> d = values<float>(kiln_sub(big, vec(std::vector<float>{0, 1, 2, 3})));
   EXPECT_EQ(d[5], 4.0f);    // 5 - 1
   EXPECT_EQ(d[23], 20.0f);  // 23 - 3
-  std::vector<float> e = values<float>(kiln_add(big, tensor<float>({2, 1, 4}, {0, 0, 0, 0, 100, 100, 100, 100})));
+  std::vector<float> e =
+      values<float>(kiln_add(big, tensor<float>({2, 1, 4}, {0, 0, 0, 0, 100, 100, 100, 100})));
   EXPECT_EQ(e[11], 11.0f);
   EXPECT_EQ(e[12], 112.0f);
   // broadcasting against 1-sized dims of the result
@@ -632,7 +654,8 @@ TEST(Elementwise, ZeroSize) {
   ASSERT_NE(r, nullptr) << kiln_last_error();
   EXPECT_EQ(shape_of(r), (Shape{0, 3}));
   EXPECT_EQ(kiln_tensor_size(r), 0);
-  EXPECT_EQ(shape_of(kiln_mul(kiln_zeros(KILN_I32, KILN_SHAPE(2, 0)), kiln_scalar(KILN_I32, 3))), (Shape{2, 0}));
+  EXPECT_EQ(shape_of(kiln_mul(kiln_zeros(KILN_I32, KILN_SHAPE(2, 0)), kiln_scalar(KILN_I32, 3))),
+            (Shape{2, 0}));
   EXPECT_EQ(shape_of(kiln_exp(e)), (Shape{0, 3}));
   EXPECT_EQ(shape_of(kiln_less(e, e)), (Shape{0, 3}));
   EXPECT_EQ(kiln_tensor_dtype(kiln_less(e, e)), KILN_BOOL);
@@ -712,8 +735,8 @@ TEST(Elementwise, LargeBroadcast) {
   kiln_tensor *big = kiln_arange(KILN_F32, 200000);
   std::vector<float> half = values<float>(kiln_mul(kiln_scalar(KILN_F32, 0.5f), big));
   EXPECT_EQ(half[199999], 99999.5f);
-  kiln_tensor *even = kiln_equal(kiln_mod(kiln_arange(KILN_I32, 200000), kiln_scalar(KILN_I32, 2)),
-                                 kiln_scalar(KILN_I32, 0));
+  kiln_tensor *even =
+      kiln_equal(kiln_mod(kiln_arange(KILN_I32, 200000), kiln_scalar(KILN_I32, 2)), kiln_scalar(KILN_I32, 0));
   std::vector<float> sel = values<float>(kiln_select(even, big, kiln_scalar(KILN_F32, -1)));
   EXPECT_EQ(sel[4], 4.0f);
   EXPECT_EQ(sel[5], -1.0f);
@@ -739,12 +762,15 @@ TEST(Elementwise, LargeIntegerDivisionByZero) {
 TEST(Elementwise, SelectAllDtypes) {
   Scoped s;
   kiln_tensor *c = vec(Bools{1, 0, 1});
-  EXPECT_EQ(values<float>(kiln_select(c, vec(std::vector<float>{1, 2, 3}), vec(std::vector<float>{-1, -2, -3}))),
-            (std::vector<float>{1, -2, 3}));
-  EXPECT_EQ(values<double>(kiln_select(c, vec(std::vector<double>{1, 2, 3}), vec(std::vector<double>{-1, -2, -3}))),
-            (std::vector<double>{1, -2, 3}));
-  EXPECT_EQ(values<int32_t>(kiln_select(c, vec(std::vector<int32_t>{1, 2, 3}), vec(std::vector<int32_t>{7, 8, 9}))),
-            (std::vector<int32_t>{1, 8, 3}));
+  EXPECT_EQ(
+      values<float>(kiln_select(c, vec(std::vector<float>{1, 2, 3}), vec(std::vector<float>{-1, -2, -3}))),
+      (std::vector<float>{1, -2, 3}));
+  EXPECT_EQ(
+      values<double>(kiln_select(c, vec(std::vector<double>{1, 2, 3}), vec(std::vector<double>{-1, -2, -3}))),
+      (std::vector<double>{1, -2, 3}));
+  EXPECT_EQ(
+      values<int32_t>(kiln_select(c, vec(std::vector<int32_t>{1, 2, 3}), vec(std::vector<int32_t>{7, 8, 9}))),
+      (std::vector<int32_t>{1, 8, 3}));
   EXPECT_EQ(values<int64_t>(kiln_select(c, vec(std::vector<int64_t>{INT64_MAX, 2, 3}),
                                         vec(std::vector<int64_t>{7, INT64_MIN, 9}))),
             (std::vector<int64_t>{INT64_MAX, INT64_MIN, 3}));
@@ -752,7 +778,8 @@ TEST(Elementwise, SelectAllDtypes) {
   // f16 and bf16: the 2-byte patterns are copied exactly, NaN payloads included
   for (kiln_dtype dt : {KILN_F16, KILN_BF16}) {
     uint16_t a[3] = {0x3C00, 0x7E01, 0x8001}, b[3] = {0x1234, 0xFFFF, 0x0000};
-    kiln_tensor *r = kiln_select(c, kiln_tensor_new(dt, KILN_SHAPE(3), a), kiln_tensor_new(dt, KILN_SHAPE(3), b));
+    kiln_tensor *r =
+        kiln_select(c, kiln_tensor_new(dt, KILN_SHAPE(3), a), kiln_tensor_new(dt, KILN_SHAPE(3), b));
     ASSERT_NE(r, nullptr) << kiln_last_error();
     EXPECT_EQ(kiln_tensor_dtype(r), dt);
     uint16_t got[3];
@@ -762,8 +789,8 @@ TEST(Elementwise, SelectAllDtypes) {
     EXPECT_EQ(got[2], 0x8001);
   }
   // NaN values pass through untouched
-  std::vector<float> n = values<float>(kiln_select(vec(Bools{1, 0}), vec(std::vector<float>{kNanF, 0}),
-                                                   vec(std::vector<float>{1, kNanF})));
+  std::vector<float> n = values<float>(
+      kiln_select(vec(Bools{1, 0}), vec(std::vector<float>{kNanF, 0}), vec(std::vector<float>{1, kNanF})));
   EXPECT_TRUE(std::isnan(n[0]));
   EXPECT_TRUE(std::isnan(n[1]));
 }
@@ -781,8 +808,9 @@ TEST(Elementwise, SelectBroadcast) {
   EXPECT_EQ(values<float>(kiln_select(kiln_scalar(KILN_BOOL, 1), x, y)), (std::vector<float>{1, 2}));
   EXPECT_EQ(values<float>(kiln_select(kiln_scalar(KILN_BOOL, 0), x, y)), (std::vector<float>{3, 4}));
   // the condition alone sets the shape: [3] cond, scalar values
-  EXPECT_EQ(values<double>(kiln_select(vec(Bools{0, 1, 0}), kiln_scalar(KILN_F64, 1), kiln_scalar(KILN_F64, 2))),
-            (std::vector<double>{2, 1, 2}));
+  EXPECT_EQ(
+      values<double>(kiln_select(vec(Bools{0, 1, 0}), kiln_scalar(KILN_F64, 1), kiln_scalar(KILN_F64, 2))),
+      (std::vector<double>{2, 1, 2}));
   // the condition broadcasts against rows of a matrix
   kiln_tensor *m = tensor<float>({2, 2}, {1, 2, 3, 4});
   EXPECT_EQ(values<float>(kiln_select(vec(Bools{0, 1}), m, kiln_neg(m))), (std::vector<float>{-1, 2, -3, 4}));

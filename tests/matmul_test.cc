@@ -41,11 +41,20 @@ kiln_tensor *make(kiln_dtype dt, V64 shape, const VD &v) {
   std::vector<unsigned char> buf(v.size() * kiln_dtype_size(dt) + 1);
   for (size_t i = 0; i < v.size(); i++) {
     switch (dt) {
-      case KILN_F32: ((float *)buf.data())[i] = (float)v[i]; break;
-      case KILN_F64: ((double *)buf.data())[i] = v[i]; break;
-      case KILN_I32: ((int32_t *)buf.data())[i] = (int32_t)v[i]; break;
-      case KILN_I64: ((int64_t *)buf.data())[i] = (int64_t)v[i]; break;
-      default: ADD_FAILURE() << "make: dtype " << kiln_dtype_name(dt);
+      case KILN_F32:
+        ((float *)buf.data())[i] = (float)v[i];
+        break;
+      case KILN_F64:
+        ((double *)buf.data())[i] = v[i];
+        break;
+      case KILN_I32:
+        ((int32_t *)buf.data())[i] = (int32_t)v[i];
+        break;
+      case KILN_I64:
+        ((int64_t *)buf.data())[i] = (int64_t)v[i];
+        break;
+      default:
+        ADD_FAILURE() << "make: dtype " << kiln_dtype_name(dt);
     }
   }
   return kiln_tensor_new(dt, (int)shape.size(), shape.data(), buf.data());
@@ -61,11 +70,20 @@ VD values(const kiln_tensor *t) {
   VD v(n);
   for (size_t i = 0; i < n; i++) {
     switch (dt) {
-      case KILN_F32: v[i] = ((float *)buf.data())[i]; break;
-      case KILN_F64: v[i] = ((double *)buf.data())[i]; break;
-      case KILN_I32: v[i] = ((int32_t *)buf.data())[i]; break;
-      case KILN_I64: v[i] = (double)((int64_t *)buf.data())[i]; break;
-      default: ADD_FAILURE() << "values: dtype " << kiln_dtype_name(dt);
+      case KILN_F32:
+        v[i] = ((float *)buf.data())[i];
+        break;
+      case KILN_F64:
+        v[i] = ((double *)buf.data())[i];
+        break;
+      case KILN_I32:
+        v[i] = ((int32_t *)buf.data())[i];
+        break;
+      case KILN_I64:
+        v[i] = (double)((int64_t *)buf.data())[i];
+        break;
+      default:
+        ADD_FAILURE() << "values: dtype " << kiln_dtype_name(dt);
     }
   }
   return v;
@@ -111,7 +129,8 @@ const kiln_dtype kNumeric[] = {KILN_F32, KILN_F64, KILN_I32, KILN_I64};
 
 // one m x k @ k x n product, exact, in every dtype
 void check_exact(int64_t m, int64_t n, int64_t k) {
-  SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(k) + " @ " + std::to_string(k) + "x" + std::to_string(n));
+  SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(k) + " @ " + std::to_string(k) + "x" +
+               std::to_string(n));
   VD a = small_ints(m * k, (uint32_t)(m * 31 + k)), b = small_ints(k * n, (uint32_t)(n * 17 + k));
   VD want = naive(a, b, m, n, k);
   for (kiln_dtype dt : kNumeric) {
@@ -143,7 +162,8 @@ TEST(Matmul, TwoByTwoAndOneByOne) {
   Scoped s;
   kiln_tensor *a = make(KILN_F32, {2, 2}, {1, 2, 3, 4});
   EXPECT_EQ(values(kiln_matmul(a, a)), (VD{7, 10, 15, 22}));
-  EXPECT_EQ(values(kiln_matmul(make(KILN_I64, {1, 1}, {-6}), make(KILN_I64, {1, 1}, {7}))), (VD{-42}));
+  EXPECT_EQ(values(kiln_matmul(make(KILN_I64, {1, 1}, {-6}), make(KILN_I64, {1, 1}, {7}))),
+            (VD{-42}));
 }
 
 TEST(Matmul, Identity) {
@@ -166,9 +186,9 @@ TEST(Matmul, BatchBroadcast) {
   // A[0] picks rows 0 and 1 of B[b]; A[1] sums its rows and doubles row 2.
   VD a = {1, 0, 0, 0, 1, 0,  //
           1, 1, 1, 0, 0, 2};
-  VD b = {1, 2, 3, 4, 0, 1,  // B[0]
-          2, 2, 3, 5, 1, 1,  // B[1]
-          3, 2, 3, 6, 2, 1};  // B[2]
+  VD b = {1, 2, 3, 4, 0, 1,                       // B[0]
+          2, 2, 3, 5, 1, 1,                       // B[1]
+          3, 2, 3, 6, 2, 1};                      // B[2]
   VD want = {1, 2, 3, 4, 2, 2, 3, 5, 3, 2, 3, 6,  //
              4, 7, 0, 2, 6, 8, 2, 2, 8, 9, 4, 2};
   for (kiln_dtype dt : kNumeric) {
@@ -189,7 +209,8 @@ TEST(Matmul, BatchOnOneSide) {
   EXPECT_EQ(shape_of(c), (V64{3, 2, 1}));
   EXPECT_EQ(values(c), (VD{5, 7, 10, 14, 7, 5}));
   // (2, 2) @ (2, 2, 1): A broadcast over B's batch
-  kiln_tensor *d = kiln_matmul(make(KILN_I32, {2, 2}, {1, 2, 3, 4}), make(KILN_I32, {2, 2, 1}, {1, 1, 0, 1}));
+  kiln_tensor *d =
+      kiln_matmul(make(KILN_I32, {2, 2}, {1, 2, 3, 4}), make(KILN_I32, {2, 2, 1}, {1, 1, 0, 1}));
   EXPECT_EQ(shape_of(d), (V64{2, 2, 1}));
   EXPECT_EQ(values(d), (VD{3, 7, 2, 4}));
 }
@@ -197,13 +218,21 @@ TEST(Matmul, BatchOnOneSide) {
 // ---- sizes that exercise each path, against the naive loop ----
 
 TEST(Matmul, EdgeTiles) {
-  check_exact(67, 45, 131);  // no dimension a multiple of any tile
-  check_exact(1, 1, 1000);   // a dot product
+  check_exact(67, 45, 131);   // no dimension a multiple of any tile
+  check_exact(1, 1, 1000);    // a dot product
   check_exact(1, 300, 1000);  // a row vector times a matrix
   check_exact(300, 1, 1000);  // a matrix times a column
-  check_exact(5, 7, 3);      // below the packing threshold
+  check_exact(5, 7, 3);       // below the packing threshold
   check_exact(7, 33, 40);
   check_exact(97, 65, 257);  // K crosses a cache block
+}
+
+TEST(Matmul, TileBoundarySweep) {
+  // around the register tiles (6 x 32 on AVX-512), the strips (8..64) and
+  // the K block (256), on both the unpacked and the packed paths
+  for (int64_t m : {1, 5, 6, 7, 13})
+    for (int64_t n : {2, 31, 32, 33, 65})
+      for (int64_t k : {1, 255, 257}) check_exact(m, n, k);
 }
 
 TEST(Matmul, LargeThreaded) {
@@ -268,7 +297,8 @@ TEST(Matmul, BigBatches) {
 TEST(Matmul, IntegersWrap) {
   Scoped s;
   // 65536 * 65537 + 5 = 2^32 + 65541
-  kiln_tensor *c = kiln_matmul(make(KILN_I32, {1, 2}, {65536, 1}), make(KILN_I32, {2, 1}, {65537, 5}));
+  kiln_tensor *c =
+      kiln_matmul(make(KILN_I32, {1, 2}, {65536, 1}), make(KILN_I32, {2, 1}, {65537, 5}));
   std::vector<int32_t> v32(1);
   ASSERT_EQ(kiln_tensor_read(c, v32.data(), sizeof(int32_t)), 0) << kiln_last_error();
   EXPECT_EQ(v32[0], 65541);
@@ -280,19 +310,22 @@ TEST(Matmul, IntegersWrap) {
   ASSERT_EQ(kiln_tensor_read(d, v64.data(), sizeof(int64_t)), 0) << kiln_last_error();
   EXPECT_EQ(v64[0], 3);
   // negative values
-  EXPECT_EQ(values(kiln_matmul(make(KILN_I32, {1, 2}, {-3, 2}), make(KILN_I32, {2, 2}, {4, -1, -5, 6}))),
-            (VD{-22, 15}));
+  EXPECT_EQ(
+      values(kiln_matmul(make(KILN_I32, {1, 2}, {-3, 2}), make(KILN_I32, {2, 2}, {4, -1, -5, 6}))),
+      (VD{-22, 15}));
 }
 
 TEST(Matmul, EmptyInnerGivesZeros) {
   for (kiln_dtype dt : kNumeric) {
     Scoped s;
-    kiln_tensor *c = kiln_matmul(kiln_zeros(dt, KILN_SHAPE(2, 0)), kiln_zeros(dt, KILN_SHAPE(0, 3)));
+    kiln_tensor *c =
+        kiln_matmul(kiln_zeros(dt, KILN_SHAPE(2, 0)), kiln_zeros(dt, KILN_SHAPE(0, 3)));
     ASSERT_NE(c, nullptr) << kiln_last_error();
     EXPECT_EQ(shape_of(c), (V64{2, 3}));
     EXPECT_EQ(values(c), (VD(6, 0.0))) << kiln_dtype_name(dt);
     // a batch of them, and a big one (no stale memory behind the zeros)
-    kiln_tensor *e = kiln_matmul(kiln_zeros(dt, KILN_SHAPE(4, 100, 0)), kiln_zeros(dt, KILN_SHAPE(0, 300)));
+    kiln_tensor *e =
+        kiln_matmul(kiln_zeros(dt, KILN_SHAPE(4, 100, 0)), kiln_zeros(dt, KILN_SHAPE(0, 300)));
     EXPECT_EQ(shape_of(e), (V64{4, 100, 300}));
     EXPECT_EQ(values(e), (VD(120000, 0.0))) << kiln_dtype_name(dt);
   }
@@ -300,13 +333,16 @@ TEST(Matmul, EmptyInnerGivesZeros) {
 
 TEST(Matmul, EmptyOuterDims) {
   Scoped s;
-  kiln_tensor *a = kiln_matmul(kiln_zeros(KILN_F32, KILN_SHAPE(0, 3)), kiln_zeros(KILN_F32, KILN_SHAPE(3, 2)));
+  kiln_tensor *a =
+      kiln_matmul(kiln_zeros(KILN_F32, KILN_SHAPE(0, 3)), kiln_zeros(KILN_F32, KILN_SHAPE(3, 2)));
   ASSERT_NE(a, nullptr) << kiln_last_error();
   EXPECT_EQ(shape_of(a), (V64{0, 2}));
-  kiln_tensor *b = kiln_matmul(kiln_zeros(KILN_F64, KILN_SHAPE(4, 3)), kiln_zeros(KILN_F64, KILN_SHAPE(3, 0)));
+  kiln_tensor *b =
+      kiln_matmul(kiln_zeros(KILN_F64, KILN_SHAPE(4, 3)), kiln_zeros(KILN_F64, KILN_SHAPE(3, 0)));
   ASSERT_NE(b, nullptr) << kiln_last_error();
   EXPECT_EQ(shape_of(b), (V64{4, 0}));
-  kiln_tensor *c = kiln_matmul(kiln_zeros(KILN_I32, KILN_SHAPE(0, 2, 3)), kiln_zeros(KILN_I32, KILN_SHAPE(3, 2)));
+  kiln_tensor *c = kiln_matmul(kiln_zeros(KILN_I32, KILN_SHAPE(0, 2, 3)),
+                               kiln_zeros(KILN_I32, KILN_SHAPE(3, 2)));
   ASSERT_NE(c, nullptr) << kiln_last_error();
   EXPECT_EQ(shape_of(c), (V64{0, 2, 2}));
 }
@@ -350,14 +386,19 @@ TEST(Matmul, BadInputs) {
   EXPECT_THAT(kiln_last_error(), StartsWith("matmul: operands need rank >= 2"));
   EXPECT_EQ(kiln_matmul(m23, m42), nullptr);
   EXPECT_STREQ(kiln_last_error(), "matmul: inner dimensions differ: (2, 3) and (4, 2)");
-  EXPECT_EQ(kiln_matmul(kiln_zeros(KILN_F32, KILN_SHAPE(2, 2, 3)), kiln_zeros(KILN_F32, KILN_SHAPE(3, 3, 2))),
+  EXPECT_EQ(kiln_matmul(kiln_zeros(KILN_F32, KILN_SHAPE(2, 2, 3)),
+                        kiln_zeros(KILN_F32, KILN_SHAPE(3, 3, 2))),
             nullptr);
   EXPECT_THAT(kiln_last_error(), StartsWith("matmul: batch dimensions of (2, 2, 3) and (3, 3, 2)"));
   EXPECT_EQ(kiln_matmul(m23, kiln_zeros(KILN_F64, KILN_SHAPE(3, 2))), nullptr);
   EXPECT_STREQ(kiln_last_error(), "matmul: dtype mismatch: f32 and f64");
-  EXPECT_EQ(kiln_matmul(kiln_zeros(KILN_BOOL, KILN_SHAPE(2, 2)), kiln_zeros(KILN_BOOL, KILN_SHAPE(2, 2))), nullptr);
+  EXPECT_EQ(
+      kiln_matmul(kiln_zeros(KILN_BOOL, KILN_SHAPE(2, 2)), kiln_zeros(KILN_BOOL, KILN_SHAPE(2, 2))),
+      nullptr);
   EXPECT_THAT(kiln_last_error(), StartsWith("matmul: dtype bool is not supported"));
-  EXPECT_EQ(kiln_matmul(kiln_zeros(KILN_F16, KILN_SHAPE(2, 2)), kiln_zeros(KILN_F16, KILN_SHAPE(2, 2))), nullptr);
+  EXPECT_EQ(
+      kiln_matmul(kiln_zeros(KILN_F16, KILN_SHAPE(2, 2)), kiln_zeros(KILN_F16, KILN_SHAPE(2, 2))),
+      nullptr);
   EXPECT_THAT(kiln_last_error(), StartsWith("matmul: dtype f16 is not supported"));
   EXPECT_THAT(kiln_last_error(), HasSubstr("cast"));
   kiln_clear_error();

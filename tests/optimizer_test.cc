@@ -228,6 +228,19 @@ TEST(Optimizer, HalfPrecisionVariables) {
   EXPECT_EQ(kiln_tensor_item(kiln_variable_read(w)), 0.5);  // 1 - 0.5 * sign(3)
 }
 
+TEST(Optimizer, SameVariableTwiceAppliesBoth) {
+  Scoped s;
+  Owned own;
+  for (kiln_dtype dt : {KILN_F32, KILN_BF16}) {
+    kiln_variable *w = own.var(kiln_cast(f32({1}), dt), "w");
+    kiln_optimizer *o = own.opt(kiln_sgd_new(1.0));
+    kiln_variable *vars[2] = {w, w};
+    kiln_tensor *grads[2] = {kiln_cast(f32({1}), dt), kiln_cast(f32({2}), dt)};
+    ASSERT_EQ(kiln_optimizer_apply(o, 2, vars, grads), 0) << kiln_last_error();
+    EXPECT_EQ(kiln_tensor_item(kiln_variable_read(w)), -2.0) << kiln_dtype_name(dt);  // 1 - 1 - 2
+  }
+}
+
 TEST(Optimizer, ManyVariables) {
   Scoped s;
   Owned own;

@@ -45,11 +45,20 @@ kiln_tensor *make(kiln_dtype dt, V64 shape, const VD &v) {
   std::vector<unsigned char> buf(v.size() * kiln_dtype_size(dt) + 1);
   for (size_t i = 0; i < v.size(); i++) {
     switch (dt) {
-      case KILN_F32: ((float *)buf.data())[i] = (float)v[i]; break;
-      case KILN_F64: ((double *)buf.data())[i] = v[i]; break;
-      case KILN_I32: ((int32_t *)buf.data())[i] = (int32_t)v[i]; break;
-      case KILN_I64: ((int64_t *)buf.data())[i] = (int64_t)v[i]; break;
-      default: ADD_FAILURE() << "make: dtype " << kiln_dtype_name(dt);
+      case KILN_F32:
+        ((float *)buf.data())[i] = (float)v[i];
+        break;
+      case KILN_F64:
+        ((double *)buf.data())[i] = v[i];
+        break;
+      case KILN_I32:
+        ((int32_t *)buf.data())[i] = (int32_t)v[i];
+        break;
+      case KILN_I64:
+        ((int64_t *)buf.data())[i] = (int64_t)v[i];
+        break;
+      default:
+        ADD_FAILURE() << "make: dtype " << kiln_dtype_name(dt);
     }
   }
   return kiln_tensor_new(dt, (int)shape.size(), shape.data(), buf.data());
@@ -66,11 +75,20 @@ VD values(const kiln_tensor *t) {
   VD v(n);
   for (size_t i = 0; i < n; i++) {
     switch (dt) {
-      case KILN_F32: v[i] = ((float *)buf.data())[i]; break;
-      case KILN_F64: v[i] = ((double *)buf.data())[i]; break;
-      case KILN_I32: v[i] = ((int32_t *)buf.data())[i]; break;
-      case KILN_I64: v[i] = (double)((int64_t *)buf.data())[i]; break;
-      default: ADD_FAILURE() << "values: dtype " << kiln_dtype_name(dt);
+      case KILN_F32:
+        v[i] = ((float *)buf.data())[i];
+        break;
+      case KILN_F64:
+        v[i] = ((double *)buf.data())[i];
+        break;
+      case KILN_I32:
+        v[i] = ((int32_t *)buf.data())[i];
+        break;
+      case KILN_I64:
+        v[i] = (double)((int64_t *)buf.data())[i];
+        break;
+      default:
+        ADD_FAILURE() << "values: dtype " << kiln_dtype_name(dt);
     }
   }
   return v;
@@ -94,11 +112,11 @@ VD arange24() {
 }
 
 // a hand-written (2, 3, 4) tensor for max, min and argmax
-const VD kM = {3, -1, 7, 0, -5, 2, 2, 9, 4, 4, -8, 1,   // i = 0
-               6, -2, 0, -3, 1, 8, -6, 5, -4, 3, 7, -7};  // i = 1
+const VD kM = {3, -1, 7, 0,  -5, 2, 2,  9, 4,  4, -8, 1,    // i = 0
+               6, -2, 0, -3, 1,  8, -6, 5, -4, 3, 7,  -7};  // i = 1
 // a (2, 3, 4) tensor of small factors for prod
-const VD kP = {1, 2, -1, 1, 3, 1, 1, 2, 1, -2, 1, 1,  // i = 0
-               2, 1, 1, -1, 1, 1, 2, 1, -1, 1, 3, 2};  // i = 1
+const VD kP = {1, 2, -1, 1,  3, 1, 1, 2, 1,  -2, 1, 1,   // i = 0
+               2, 1, 1,  -1, 1, 1, 2, 1, -1, 1,  3, 2};  // i = 1
 
 struct Case {
   std::vector<int> axes;
@@ -236,8 +254,10 @@ TEST(Reduce, GeneralAxisSetsRank4) {
     EXPECT_EQ(shape_of(y2), (V64{2, 4}));
     EXPECT_EQ(values(y2), (VD{330, 405, 480, 555, 1230, 1305, 1380, 1455}));
     // max over b and d is at b = 2, d = 4: 60a + 5c + 44; min at b = d = 0
-    EXPECT_EQ(values(kiln_reduce_max(x, KILN_AXES(1, 3), false)), (VD{44, 49, 54, 59, 104, 109, 114, 119}));
-    EXPECT_EQ(values(kiln_reduce_min(x, KILN_AXES(3, 1), false)), (VD{0, 5, 10, 15, 60, 65, 70, 75}));
+    EXPECT_EQ(values(kiln_reduce_max(x, KILN_AXES(1, 3), false)),
+              (VD{44, 49, 54, 59, 104, 109, 114, 119}));
+    EXPECT_EQ(values(kiln_reduce_min(x, KILN_AXES(3, 1), false)),
+              (VD{0, 5, 10, 15, 60, 65, 70, 75}));
     // over a, b, d: 2*3*5 terms: 60*3*5 + 20*3*2*5 + 30*5c + 10*3*2 = 1560 + 150c
     EXPECT_EQ(values(kiln_reduce_sum(x, KILN_AXES(0, 1, 3), false)), (VD{1560, 1710, 1860, 2010}));
   }
@@ -273,8 +293,10 @@ TEST(Reduce, EmptyGivesIdentity) {
   }
   // exact bit patterns for the integer extremes
   kiln_tensor *e64 = kiln_zeros(KILN_I64, KILN_SHAPE(0));
-  EXPECT_EQ(read<int64_t>(kiln_reduce_max(e64, 0, nullptr, false)), (std::vector<int64_t>{INT64_MIN}));
-  EXPECT_EQ(read<int64_t>(kiln_reduce_min(e64, 0, nullptr, false)), (std::vector<int64_t>{INT64_MAX}));
+  EXPECT_EQ(read<int64_t>(kiln_reduce_max(e64, 0, nullptr, false)),
+            (std::vector<int64_t>{INT64_MIN}));
+  EXPECT_EQ(read<int64_t>(kiln_reduce_min(e64, 0, nullptr, false)),
+            (std::vector<int64_t>{INT64_MAX}));
 }
 
 // ---- NaN ----
@@ -299,8 +321,10 @@ TEST(Reduce, NanPropagates) {
     EXPECT_EQ(values(kiln_reduce_max(x, KILN_AXES(0), false))[2], 6);
     EXPECT_EQ(values(kiln_reduce_min(x, KILN_AXES(0), false))[0], 1);
     // NaN first, NaN last, and in a long row (past the vector lanes)
-    EXPECT_TRUE(std::isnan(values(kiln_reduce_max(make(dt, {3}, {nan, 1, 2}), 0, nullptr, false))[0]));
-    EXPECT_TRUE(std::isnan(values(kiln_reduce_min(make(dt, {3}, {1, 2, nan}), 0, nullptr, false))[0]));
+    EXPECT_TRUE(
+        std::isnan(values(kiln_reduce_max(make(dt, {3}, {nan, 1, 2}), 0, nullptr, false))[0]));
+    EXPECT_TRUE(
+        std::isnan(values(kiln_reduce_min(make(dt, {3}, {1, 2, nan}), 0, nullptr, false))[0]));
     VD big(1000, 1.0);
     big[777] = nan;
     big[3] = 50;
@@ -317,12 +341,14 @@ TEST(Reduce, NanPropagates) {
 TEST(Reduce, IntegerWraps) {
   Scoped s;
   kiln_tensor *a = make(KILN_I32, {2}, {2147483647, 1});
-  EXPECT_EQ(read<int32_t>(kiln_reduce_sum(a, 0, nullptr, false)), (std::vector<int32_t>{INT32_MIN}));
+  EXPECT_EQ(read<int32_t>(kiln_reduce_sum(a, 0, nullptr, false)),
+            (std::vector<int32_t>{INT32_MIN}));
   kiln_tensor *b = make(KILN_I32, {2}, {65536, 65537});  // 2^32 + 2^16
   EXPECT_EQ(read<int32_t>(kiln_reduce_prod(b, 0, nullptr, false)), (std::vector<int32_t>{65536}));
   std::vector<int64_t> big = {INT64_MAX, 2};
   kiln_tensor *c = kiln_tensor_new(KILN_I64, KILN_SHAPE(2), big.data());
-  EXPECT_EQ(read<int64_t>(kiln_reduce_sum(c, 0, nullptr, false)), (std::vector<int64_t>{INT64_MIN + 1}));
+  EXPECT_EQ(read<int64_t>(kiln_reduce_sum(c, 0, nullptr, false)),
+            (std::vector<int64_t>{INT64_MIN + 1}));
   EXPECT_EQ(read<int64_t>(kiln_reduce_prod(c, 0, nullptr, false)), (std::vector<int64_t>{-2}));
 }
 
@@ -355,11 +381,14 @@ TEST(Reduce, ArgmaxTiesFirstWins) {
   for (kiln_dtype dt : kNumeric) {
     VD v(1000, 0);
     v[300] = v[700] = 7;
-    EXPECT_EQ(read<int64_t>(kiln_argmax(make(dt, {1000}, v), 0)), (V64{300})) << kiln_dtype_name(dt);
+    EXPECT_EQ(read<int64_t>(kiln_argmax(make(dt, {1000}, v), 0)), (V64{300}))
+        << kiln_dtype_name(dt);
     v[999] = v[420] = 9;
-    EXPECT_EQ(read<int64_t>(kiln_argmax(make(dt, {1000}, v), 0)), (V64{420})) << kiln_dtype_name(dt);
+    EXPECT_EQ(read<int64_t>(kiln_argmax(make(dt, {1000}, v), 0)), (V64{420}))
+        << kiln_dtype_name(dt);
     VD neg(700, -3);
-    EXPECT_EQ(read<int64_t>(kiln_argmax(make(dt, {700}, neg), -1)), (V64{0})) << kiln_dtype_name(dt);
+    EXPECT_EQ(read<int64_t>(kiln_argmax(make(dt, {700}, neg), -1)), (V64{0}))
+        << kiln_dtype_name(dt);
   }
   // -0 and 0 compare equal: the first one wins
   kiln_tensor *z = make(KILN_F64, {2}, {-0.0, 0.0});
@@ -393,7 +422,8 @@ TEST(Reduce, LargeArangeSums) {
   for (int64_t i = 0; i < n; i++) v[i] = (double)i;
   kiln_tensor *f32 = make(KILN_F32, {n}, v);
   // f32 sums must not lose the low bits along the way: only the final rounding
-  EXPECT_EQ(read<float>(kiln_reduce_sum(f32, 0, nullptr, false)), (std::vector<float>{44999850000.0f}));
+  EXPECT_EQ(read<float>(kiln_reduce_sum(f32, 0, nullptr, false)),
+            (std::vector<float>{44999850000.0f}));
   EXPECT_EQ(read<double>(kiln_reduce_sum(make(KILN_F64, {n}, v), 0, nullptr, false)),
             (std::vector<double>{44999850000.0}));
   EXPECT_EQ(read<int64_t>(kiln_reduce_sum(make(KILN_I64, {n}, v), 0, nullptr, false)),
@@ -458,7 +488,8 @@ TEST(Reduce, LargeMixedAxes) {
     EXPECT_EQ(z[0], 149850000);
     EXPECT_EQ(z[299], 149850000 + 299000);
     // argmax over the middle axis is always b = 2
-    EXPECT_EQ(values(kiln_reduce_sum(kiln_argmax(x, 1), 0, nullptr, false)), (VD{2.0 * 1000 * 100}));
+    EXPECT_EQ(values(kiln_reduce_sum(kiln_argmax(x, 1), 0, nullptr, false)),
+              (VD{2.0 * 1000 * 100}));
   }
 }
 
@@ -469,7 +500,95 @@ TEST(Reduce, LargeProd) {
   v[150000] = -3;
   v[199999] = -1;
   for (kiln_dtype dt : kNumeric)
-    EXPECT_EQ(values(kiln_reduce_prod(make(dt, {200000}, v), 0, nullptr, false)), (VD{6})) << kiln_dtype_name(dt);
+    EXPECT_EQ(values(kiln_reduce_prod(make(dt, {200000}, v), 0, nullptr, false)), (VD{6}))
+        << kiln_dtype_name(dt);
+}
+
+// ---- every axis subset against a naive loop written here ----
+
+// The reduction of x (shape) over the axes in mask, by visiting every element.
+VD naive_reduce(const VD &x, const V64 &shape, unsigned mask, int op) {
+  int rank = (int)shape.size();
+  int64_t out_n = 1;
+  for (int d = 0; d < rank; d++)
+    if (!(mask >> d & 1)) out_n *= shape[d];
+  const double init[] = {0, 1, -INFINITY, INFINITY};
+  VD out(out_n, init[op]);
+  for (int64_t i = 0; i < (int64_t)x.size(); i++) {
+    int64_t rest = i, o = 0, scale = 1;
+    for (int d = rank - 1; d >= 0; d--) {
+      int64_t idx = rest % shape[d];
+      rest /= shape[d];
+      if (!(mask >> d & 1)) {
+        o += idx * scale;
+        scale *= shape[d];
+      }
+    }
+    double &r = out[o];
+    if (op == 0) r += x[i];
+    if (op == 1) r *= x[i];
+    if (op == 2) r = std::fmax(r, x[i]);
+    if (op == 3) r = std::fmin(r, x[i]);
+  }
+  return out;
+}
+
+// argmax along axis by a plain scan
+V64 naive_argmax(const VD &x, const V64 &shape, int axis) {
+  int64_t outer = 1, inner = 1, n = shape[axis];
+  for (int d = 0; d < axis; d++) outer *= shape[d];
+  for (int d = axis + 1; d < (int)shape.size(); d++) inner *= shape[d];
+  V64 out;
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t j = 0; j < inner; j++) {
+      int64_t best = 0;
+      for (int64_t k = 1; k < n; k++)
+        if (x[(o * n + k) * inner + j] > x[(o * n + best) * inner + j]) best = k;
+      out.push_back(best);
+    }
+  return out;
+}
+
+TEST(Reduce, EveryAxisSubsetMatchesNaive) {
+  const ReduceFn fns[] = {kiln_reduce_sum, kiln_reduce_prod, kiln_reduce_max, kiln_reduce_min};
+  const char *names[] = {"sum", "prod", "max", "min"};
+  const V64 shapes[] = {{3, 1, 4, 5}, {2, 3, 1, 7}, {1, 1, 1, 1}, {5, 2, 3, 2}, {40, 3, 100, 7}};
+  for (const V64 &shape : shapes) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    // small integers for sum, max and min; +-1 for prod: every result is exact
+    VD v(n), signs(n);
+    uint32_t h = 12345;
+    for (int64_t i = 0; i < n; i++) {
+      h = h * 1664525u + 1013904223u;
+      v[i] = (double)((int)(h >> 24) % 9 - 4);
+      signs[i] = (h >> 13) & 1 ? 1 : -1;
+    }
+    for (kiln_dtype dt : kNumeric) {
+      Scoped s;
+      kiln_tensor *x = make(dt, shape, v), *xs = make(dt, shape, signs);
+      for (unsigned mask = 0; mask < 16; mask++) {
+        std::vector<int> axes;
+        for (int d = 0; d < 4; d++)
+          if (mask >> d & 1) axes.push_back(d - 4 * (d % 2));  // odd axes negative
+        static const int none = 0;
+        const int *ap = axes.empty() ? &none : axes.data();
+        for (int op = 0; op < 4; op++) {
+          SCOPED_TRACE(std::string(names[op]) + " " + kiln_dtype_name(dt) + " shape " +
+                       std::to_string(shape[0]) + "x" + std::to_string(shape[1]) + "x" +
+                       std::to_string(shape[2]) + "x" + std::to_string(shape[3]) + " mask " +
+                       std::to_string(mask));
+          const VD &in = op == 1 ? signs : v;
+          kiln_tensor *y = fns[op](op == 1 ? xs : x, (int)axes.size(), ap, mask % 3 == 0);
+          ASSERT_NE(y, nullptr) << kiln_last_error();
+          EXPECT_EQ(values(y), naive_reduce(in, shape, mask, op));
+        }
+      }
+      for (int axis = 0; axis < 4; axis++)
+        EXPECT_EQ(read<int64_t>(kiln_argmax(x, axis)), naive_argmax(v, shape, axis))
+            << kiln_dtype_name(dt) << " axis " << axis;
+    }
+  }
 }
 
 // ---- bad inputs ----

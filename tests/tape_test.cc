@@ -854,6 +854,8 @@ TEST(TapeSeed, LinearRegression) {
   kiln_tensor *y = kiln_add(kiln_add(kiln_mul(x, kiln_scalar(KILN_F32, 3)), kiln_scalar(KILN_F32, 2)), noise);
   kiln_variable *vars[2] = {kiln_variable_new(kiln_scalar(KILN_F32, 5), "W"),
                             kiln_variable_new(kiln_scalar(KILN_F32, 10), "B")};
+  kiln_optimizer *sgd = kiln_sgd_new(0.01);
+  ASSERT_NE(sgd, nullptr) << kiln_last_error();
   double first_loss = 0, loss = 0;
   for (int step = 0; step < 300; step++) {
     kiln_scope_push();
@@ -863,8 +865,7 @@ TEST(TapeSeed, LinearRegression) {
     kiln_tensor *g[2];
     ASSERT_EQ(kiln_tape_gradient_vars(tape, l, 2, vars, g), 0) << kiln_last_error();
     kiln_tape_free(tape);
-    for (int i = 0; i < 2; i++)
-      ASSERT_EQ(kiln_variable_assign_sub(vars[i], kiln_mul(g[i], kiln_scalar(KILN_F32, 0.01))), 0);
+    ASSERT_EQ(kiln_optimizer_apply(sgd, 2, vars, g), 0) << kiln_last_error();
     loss = kiln_tensor_item(l);
     if (step == 0) first_loss = loss;
     kiln_scope_pop();
@@ -874,6 +875,7 @@ TEST(TapeSeed, LinearRegression) {
   EXPECT_NEAR(b, 2, 0.1);
   EXPECT_LT(loss, first_loss / 10);
   EXPECT_NEAR(loss, 1, 0.2); // the noise's variance
+  kiln_optimizer_free(sgd);
   for (kiln_variable *v : vars) kiln_variable_free(v);
 }
 

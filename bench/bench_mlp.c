@@ -1,0 +1,209 @@
+/* bench_mlp.c — one eager training step of an MLP 784-256-256-10 (relu,
+ * sparse softmax cross-entropy, SGD lr 0.01) under a gradient tape, in ms per
+ * step at batch 64 and batch 1; bench/mlp_torch.py times PyTorch's eager step. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#include <kiln.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { N_VARS = 6, MAX_RUNS = 99, SANITY_STEPS = 300 };
+
+static const int64_t IN = 784, HID = 256, OUT = 10;
+
+typedef struct {
+  kiln_variable *v[N_VARS]; /* W1 b1 W2 b2 W3 b3 */
+  kiln_tensor *x, *y;
+  kiln_optimizer *sgd;
+} model;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *x, const void *y) {
+  double a = *(const double *)x, b = *(const double *)y;
+  return (a > b) - (a < b);
+}
+
+static kiln_tensor *dense(kiln_tensor *h, kiln_variable *w, kiln_variable *b) {
+  return kiln_add(kiln_matmul(h, kiln_variable_read(w)), kiln_variable_read(b));
+}
+
+/* One training step; *loss gets the loss before the update when not NULL. */
+static int step(model *m, double *loss) {
+  kiln_scope_push();
+  kiln_tape *tape = kiln_tape_begin(false);
+  kiln_tensor *h = kiln_relu(dense(m->x, m->v[0], m->v[1]));
+  h = kiln_relu(dense(h, m->v[2], m->v[3]));
+  kiln_tensor *logits = dense(h, m->v[4], m->v[5]);
+  kiln_tensor *l = kiln_reduce_mean(kiln_sparse_softmax_cross_entropy(m->y, logits), 0, NULL,
+                                    false);
+  kiln_tape_end(tape);
+  kiln_tensor *grads[N_VARS] = {0};
+  int rc = tape && l ? 0 : -1;
+  if (!rc) rc = kiln_tape_gradient_vars(tape, l, N_VARS, m->v, grads);
+  if (!rc) rc = kiln_optimizer_apply(m->sgd, N_VARS, m->v, grads);
+  if (!rc && loss) *loss = kiln_tensor_item(l);
+  kiln_tape_free(tape);
+  kiln_scope_pop();
+  return rc;
+}
+
+static kiln_tensor *scaled_normal(int rank, const int64_t *shape) {
+  kiln_scope_push();
+  kiln_tensor *t = kiln_mul(kiln_random_normal(KILN_F32, rank, shape),
+                            kiln_scalar(KILN_F32, 0.05));
+  t = kiln_scope_escape(t);
+  kiln_scope_pop();
+  return t;
+}
+
+/* The same seed for every batch size: batch 1 is the first row of batch 64. */
+static int model_init(model *m, int64_t batch, FILE *dump) {
+  static const char *names[N_VARS] = {"W1", "b1", "W2", "b2", "W3", "b3"};
+  const int64_t shapes[N_VARS][2] = {{IN, HID}, {HID, 0}, {HID, HID}, {HID, 0}, {HID, OUT}, {OUT, 0}};
+  memset(m, 0, sizeof *m);
+  kiln_random_seed(42);
+  int rc = 0;
+  for (int i = 0; i < N_VARS; i++) {
+    kiln_tensor *init = scaled_normal(shapes[i][1] ? 2 : 1, shapes[i]);
+    m->v[i] = kiln_variable_new(init, names[i]);
+    if (init && dump) {
+      size_t bytes = (size_t)kiln_tensor_size(init) * sizeof(float);
+      const void *p = kiln_tensor_data(init);
+      if (!p || fwrite(p, 1, bytes, dump) != bytes) rc = -1;
+    }
+    kiln_release(init);
+    if (!m->v[i]) rc = -1;
+  }
+  kiln_tensor *x = kiln_random_normal(KILN_F32, KILN_SHAPE(64, IN));
+  kiln_tensor *u = kiln_random_uniform(KILN_F64, KILN_SHAPE(64), 0, (double)OUT);
+  kiln_tensor *y = kiln_cast(u, KILN_I64);
+  if (!x || !y) rc = -1;
+  if (!rc && dump) {
+    if (fwrite(kiln_tensor_data(x), sizeof(float), 64 * IN, dump) != (size_t)(64 * IN)) rc = -1;
+    if (fwrite(kiln_tensor_data(y), sizeof(int64_t), 64, dump) != 64) rc = -1;
+  }
+  if (!rc) {
+    m->x = kiln_slice(x, (const int64_t[]){0, 0}, (const int64_t[]){batch, -1});
+    m->y = kiln_slice(y, (const int64_t[]){0}, (const int64_t[]){batch});
+    /* own contiguous copies, so a step does not start from a view */
+    if (m->x && m->y) {
+      kiln_tensor *xc = kiln_tensor_new(KILN_F32, 2, (const int64_t[]){batch, IN},
+                                         kiln_tensor_data(m->x));
+      kiln_tensor *yc = kiln_tensor_new(KILN_I64, 1, &batch, kiln_tensor_data(m->y));
+      kiln_release(m->x);
+      kiln_release(m->y);
+      m->x = xc;
+      m->y = yc;
+    }
+    if (!m->x || !m->y) rc = -1;
+  }
+  kiln_release(x);
+  kiln_release(u);
+  kiln_release(y);
+  m->sgd = kiln_sgd_new(0.01);
+  if (!m->sgd) rc = -1;
+  return rc;
+}
+
+static void model_free(model *m) {
+  for (int i = 0; i < N_VARS; i++) kiln_variable_free(m->v[i]);
+  kiln_release(m->x);
+  kiln_release(m->y);
+  kiln_optimizer_free(m->sgd);
+}
+
+static int bench(int64_t batch, int steps, int runs, int train) {
+  model m;
+  int rc = model_init(&m, batch, NULL);
+  double loss0 = 0, loss = 0, t[MAX_RUNS];
+  int done = 0;
+  /* loss before any update, then a warm-up (also fills the allocator's caches) */
+  if (!rc) rc = step(&m, &loss0);
+  done++;
+  for (int i = 0; !rc && i < steps; i++, done++) rc = step(&m, NULL);
+  for (int r = 0; !rc && r < runs; r++) {
+    double t0 = now_s();
+    for (int i = 0; !rc && i < steps; i++, done++) rc = step(&m, NULL);
+    t[r] = (now_s() - t0) / steps;
+  }
+  while (!rc && done < train - 1) {
+    rc = step(&m, NULL);
+    done++;
+  }
+  if (!rc) rc = step(&m, &loss); /* loss after train-1 updates: compare with torch */
+  done++;
+  if (rc) {
+    fprintf(stderr, "bench_mlp: batch %lld: %s\n", (long long)batch, kiln_last_error());
+    model_free(&m);
+    return -1;
+  }
+  qsort(t, (size_t)runs, sizeof t[0], cmp_double);
+  printf("mlp 784-256-256-10 batch %2lld  kiln   %8.4f ms/step  (median of %d runs x %d steps;"
+         " min %.4f max %.4f)  loss %.6f -> %.6f at step %d  [%d thread(s)]\n",
+         (long long)batch, t[runs / 2] * 1e3, runs, steps, t[0] * 1e3, t[runs - 1] * 1e3, loss0,
+         loss, done - 1, kiln_num_threads());
+  fflush(stdout);
+  model_free(&m);
+  return 0;
+}
+
+static void usage(void) {
+  fprintf(stderr,
+          "usage: bench_mlp [--steps N] [--runs R] [--batch B] [--train N] [--dump FILE]\n"
+          "  --steps N   timed steps per run (default: 50 at batch 64, 200 at batch 1)\n"
+          "  --runs R    timed runs, median reported (default 9, 1..%d)\n"
+          "  --batch B   only this batch size, 1..64 (default: 64 then 1)\n"
+          "  --train N   the loss is printed at step N (default %d, at least every step run)\n"
+          "  --dump FILE write the initial W1 b1 W2 b2 W3 b3 x[64,784] (f32) y[64] (i64)\n",
+          MAX_RUNS, SANITY_STEPS);
+}
+
+int main(int argc, char **argv) {
+  int steps = 0, runs = 9, train = SANITY_STEPS;
+  long batch = 0;
+  const char *dump_path = NULL;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!v) {
+      usage();
+      return 2;
+    }
+    if (!strcmp(a, "--steps")) steps = atoi(v);
+    else if (!strcmp(a, "--runs")) runs = atoi(v);
+    else if (!strcmp(a, "--batch")) batch = atol(v);
+    else if (!strcmp(a, "--train")) train = atoi(v);
+    else if (!strcmp(a, "--dump")) dump_path = v;
+    else {
+      usage();
+      return 2;
+    }
+    i++;
+  }
+  if (steps < 0 || runs < 1 || runs > MAX_RUNS || batch < 0 || batch > 64 || train < 1) {
+    usage();
+    return 2;
+  }
+  int rc = 0;
+  if (dump_path) { /* mlp_torch.py --init FILE starts from the same numbers */
+    FILE *dump = fopen(dump_path, "wb");
+    model m = {0};
+    if (!dump || model_init(&m, 64, dump)) rc = -1;
+    if (dump && fclose(dump)) rc = -1;
+    model_free(&m);
+    if (rc) {
+      fprintf(stderr, "bench_mlp: cannot write %s %s\n", dump_path, kiln_last_error());
+      return 1;
+    }
+  }
+  if (batch == 0 || batch == 64) rc |= bench(64, steps ? steps : 50, runs, train);
+  if (batch == 0 || batch == 1) rc |= bench(1, steps ? steps : 200, runs, train);
+  if (batch > 1 && batch != 64) rc |= bench(batch, steps ? steps : 50, runs, train);
+  return rc ? 1 : 0;
+}

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# bench_mlp.sh — builds Release in build/ and times one eager training step of
+# the MLP 784-256-256-10 in Kiln (build/bench_mlp) and in PyTorch eager
+# (bench/mlp_torch.py) at batch 64 and 1, alternating the two peers over
+# ROUNDS rounds (default 3) because this machine's timings are noisy; prints
+# the median of the rounds' medians and torch/kiln (> 1: Kiln is faster).
+# Extra arguments (--steps N, --runs R, --batch B, --train N) go to both.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+rounds=${ROUNDS:-3}
+./scripts/setup.sh
+gen=()
+[ -f build/CMakeCache.txt ] || gen=(-G Ninja)
+cmake -S . -B build "${gen[@]}" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build --target bench_mlp
+
+# PyTorch from Debian (python3-torch) lives in /usr/bin/python3, which may
+# not be the first python3 on PATH.
+py=""
+for p in python3 /usr/bin/python3; do
+  if command -v "$p" >/dev/null 2>&1 && "$p" -c 'import torch' >/dev/null 2>&1; then
+    py=$p
+    break
+  fi
+done
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+# Kiln's worker count, which torch is given too
+threads=$(build/bench_mlp --batch 1 --runs 1 --steps 1 --train 1 | sed -n 's/.*\[\([0-9]*\) thread.*/\1/p')
+[ -n "$threads" ] || { echo "bench_mlp.sh: build/bench_mlp failed" >&2; exit 1; }
+build/bench_mlp --dump "$tmp/init.bin" --batch 1 --runs 1 --steps 1 --train 1 >/dev/null
+
+run_kiln() { build/bench_mlp "$@" | tee -a "$tmp/all"; }
+run_torch() {
+  if [ -n "$py" ]; then
+    "$py" bench/mlp_torch.py --threads "$threads" --init "$tmp/init.bin" "$@" | tee -a "$tmp/all"
+  fi
+}
+
+for ((r = 1; r <= rounds; r++)); do
+  printf '\n== round %d of %d ==\n' "$r" "$rounds"
+  if ((r % 2)); then
+    run_kiln "$@"
+    run_torch "$@"
+  else
+    run_torch "$@"
+    run_kiln "$@"
+  fi
+done
+[ -n "$py" ] || echo "bench_mlp.sh: no python3 here imports torch (Debian: apt-get install python3-torch); no peer"
+
+printf '\n== summary: median over %d rounds, %d thread(s) each ==\n' "$rounds" "$threads"
+awk '
+  $1 == "mlp" && $7 == "ms/step" {
+    key = $4 SUBSEP $5
+    t[key, ++n[key]] = $6
+    batches[$4] = 1
+    for (i = 1; i < NF; i++) if ($i == "->") loss[key] = $(i + 1)
+  }
+  function median(key,   i, j, v, m) {
+    m = n[key]
+    for (i = 1; i <= m; i++) v[i] = t[key, i]
+    for (i = 2; i <= m; i++) for (j = i; j > 1 && v[j - 1] > v[j]; j--) { x = v[j]; v[j] = v[j - 1]; v[j - 1] = x }
+    return m % 2 ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2
+  }
+  END {
+    for (b = 64; b >= 1; b--) {
+      if (!(b in batches)) continue
+      k = b SUBSEP "kiln"; p = b SUBSEP "torch"
+      if (!n[k]) continue
+      line = sprintf("batch %2d: kiln %8.4f ms/step", b, median(k))
+      if (n[p]) {
+        line = line sprintf("   torch %8.4f ms/step   torch/kiln %.2f   final loss kiln %s torch %s",
+                            median(p), median(p) / median(k), loss[k], loss[p])
+      }
+      print line
+    }
+  }' "$tmp/all"
