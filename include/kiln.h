@@ -131,7 +131,8 @@ const void *kiln_tensor_data(const kiln_tensor *);
  *   unless the base is 1 or -1.
  * - Comparisons and logical ops return bool.
  * - cast from float to an integer truncates toward zero; NaN gives 0 and
- *   values out of range saturate. Casting to bool gives x != 0.
+ *   values out of range saturate. Integer to narrower integer wraps (keeps
+ *   the low bits, as C and NumPy do). Casting to bool gives x != 0.
  * - Reductions of an empty axis give the identity: sum 0, prod 1,
  *   max -inf (integer: the type's minimum), min +inf (integer: maximum).
  *   reduce_mean of an empty axis is NaN (0/0). argmax picks the first

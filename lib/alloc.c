@@ -27,7 +27,7 @@ typedef struct {
   bool registered;
 } thread_cache;
 
-static _Thread_local thread_cache tcache;
+static _Thread_local thread_cache tcache KILN_TLS_FAST;
 static pthread_key_t tcache_key;
 static pthread_once_t tcache_once = PTHREAD_ONCE_INIT;
 

@@ -7,7 +7,7 @@
 #include "ops.h"
 
 /* Active, unpaused tapes on this thread (0 = record nothing). */
-extern _Thread_local int tape_active_count;
+extern _Thread_local int tape_active_count KILN_TLS_FAST;
 
 /* Records op(in) -> out on every active tape that tracks one of the inputs. */
 void tape_record(op_id op, const op_attrs *attrs, int n, kiln_tensor *const *in, kiln_tensor *out);

@@ -287,3 +287,12 @@ int infer_source(op_id op, const op_attrs *a, int n, const op_type *in, op_type 
   if (!dtype_valid(a->dtype)) return kiln_set_error("%s: invalid dtype %d", API(op), (int)a->dtype);
   return attr_shape(op, a, out, a->dtype);
 }
+
+int infer_constant(op_id op, const op_attrs *a, int n, const op_type *in, op_type *out) {
+  (void)n, (void)in;
+  if (!a->value) return kiln_set_error("%s: no value", API(op));
+  out->dtype = (kiln_dtype)a->value->dtype;
+  out->rank = a->value->rank;
+  for (int i = 0; i < a->value->rank; i++) out->shape[i] = a->value->shape[i];
+  return 0;
+}

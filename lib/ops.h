@@ -25,6 +25,7 @@ typedef enum {
   OPK_INDEX,   /* gather, scatter_add */
   OPK_SOURCE,  /* no inputs */
   OPK_RANDOM,  /* no inputs, draws from the generator: never folded or CSE'd */
+  OPK_CONST,   /* IR only: a literal tensor (attrs.value); never run eagerly */
 } op_kind;
 
 /* dtype masks, by kiln_dtype bit */
@@ -48,6 +49,7 @@ typedef struct op_attrs {
   kiln_dtype dtype;              /* convert, iota, rng */
   double lo, hi;                 /* rng_uniform range */
   uint64_t seed, counter;        /* rng: generator key and first Philox block */
+  kiln_tensor *value;            /* constant (IR only): the IR holds a reference */
 } op_attrs;
 
 /* The static type of a value: what inference computes. */

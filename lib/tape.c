@@ -105,7 +105,7 @@ struct kiln_tape {
   int64_t n_reads, cap_reads;
 };
 
-_Thread_local int tape_active_count;
+_Thread_local int tape_active_count KILN_TLS_FAST;
 static _Thread_local kiln_tape *innermost;
 static _Thread_local int paused_count; /* tapes still active under a pause */
 
@@ -362,7 +362,8 @@ static int gradient_setup(const char *who, kiln_tape *tape, kiln_tensor *target)
   return 0;
 }
 
-/* grads of each source set (sum over each group of n_per[i] tensors) */
+/* out[i] = the sum of the gradients of flat[group_end[i-1] .. group_end[i]) (the
+ * reads of one variable), NULL where none is connected */
 static int gradient(const char *who, kiln_tape *tape, kiln_tensor *target, int n,
                     kiln_tensor *const *flat, const int *group_end, kiln_tensor **out) {
   int64_t end = tape->n_nodes; /* the walk may record onto this very tape */

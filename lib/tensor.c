@@ -118,7 +118,7 @@ typedef struct {
   int depth, mark_cap;
 } scope_stack;
 
-static _Thread_local scope_stack scopes;
+static _Thread_local scope_stack scopes KILN_TLS_FAST;
 static _Thread_local bool scopes_registered;
 static pthread_key_t scopes_key;
 static pthread_once_t scopes_once = PTHREAD_ONCE_INIT;

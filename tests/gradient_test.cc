@@ -63,7 +63,9 @@ std::vector<double> uniform_values(int64_t n, double lo, double hi) {
   return v;
 }
 // Uniform in [lo, hi).
-kiln_tensor *uniform(const Shape &s, double lo, double hi) { return f64(s, uniform_values(count(s), lo, hi)); }
+kiln_tensor *uniform(const Shape &s, double lo, double hi) {
+  return f64(s, uniform_values(count(s), lo, hi));
+}
 // |x| in [lo, hi) with a random sign: away from the kink at 0.
 kiln_tensor *signed_away(const Shape &s, double lo, double hi) {
   std::vector<double> v = uniform_values(count(s), lo, hi);
@@ -150,7 +152,8 @@ void check_gradients(const Fn &f, const Tensors &xs, double h = 1e-6, double ato
   kiln_tensor *target = kiln_mul(y, wt);
   kiln_tape_end(tape);
   Tensors grads(xs.size());
-  ASSERT_EQ(kiln_tape_gradient(tape, target, (int)xs.size(), xs.data(), grads.data()), 0) << kiln_last_error();
+  ASSERT_EQ(kiln_tape_gradient(tape, target, (int)xs.size(), xs.data(), grads.data()), 0)
+      << kiln_last_error();
   kiln_tape_free(tape);
   for (size_t i = 0; i < xs.size(); i++) {
     SCOPED_TRACE("input " + std::to_string(i));
@@ -177,7 +180,7 @@ void check_gradients(const Fn &f, const Tensors &xs, double h = 1e-6, double ato
 
 // Shapes for binary ops: same shape, and every way of broadcasting.
 const std::vector<std::pair<Shape, Shape>> kBinaryShapes = {
-    {{2, 3}, {2, 3}}, {{2, 3}, {3}}, {{3}, {2, 3}}, {{2, 1}, {1, 3}},
+    {{2, 3}, {2, 3}}, {{2, 3}, {3}}, {{3}, {2, 3}},       {{2, 1}, {1, 3}},
     {{}, {2, 3}},     {{2, 3}, {}},  {{4, 1, 3}, {2, 3}},
 };
 
@@ -211,7 +214,7 @@ TEST(Gradient, UnaryOps) {
     Scoped scope;
     auto op = u.op;
     check_gradients([op](const Tensors &x) { return op(x[0]); }, {u.input(s)});
-    check_gradients([op](const Tensors &x) { return op(x[0]); }, {u.input({})}); // a scalar
+    check_gradients([op](const Tensors &x) { return op(x[0]); }, {u.input({})});  // a scalar
   }
 }
 
@@ -229,17 +232,30 @@ TEST(Gradient, BinaryOpsWithBroadcasting) {
       {"add", kiln_add, any},
       {"sub", kiln_sub, any},
       {"mul", kiln_mul, any},
-      {"div", kiln_div, [](const Shape &a, const Shape &b) { return Tensors{uniform(a, -2, 2), signed_away(b, 0.5, 2)}; }},
-      {"pow", kiln_pow, [](const Shape &a, const Shape &b) { return Tensors{uniform(a, 0.3, 2), uniform(b, -2, 2)}; }},
-      {"maximum", kiln_maximum, [](const Shape &a, const Shape &b) { return distinct({a, b}); }},
-      {"minimum", kiln_minimum, [](const Shape &a, const Shape &b) { return distinct({a, b}); }},
+      {"div", kiln_div,
+       [](const Shape &a, const Shape &b) {
+         return Tensors{uniform(a, -2, 2), signed_away(b, 0.5, 2)};
+       }},
+      {"pow", kiln_pow,
+       [](const Shape &a, const Shape &b) {
+         return Tensors{uniform(a, 0.3, 2), uniform(b, -2, 2)};
+       }},
+      {"maximum", kiln_maximum,
+       [](const Shape &a, const Shape &b) {
+         return distinct({a, b});
+       }},
+      {"minimum", kiln_minimum,
+       [](const Shape &a, const Shape &b) {
+         return distinct({a, b});
+       }},
   };
   for (const Binary &b : ops) {
     for (const auto &shapes : kBinaryShapes) {
       SCOPED_TRACE(std::string(b.name) + " " + ::testing::PrintToString(shapes));
       Scoped scope;
       auto op = b.op;
-      check_gradients([op](const Tensors &x) { return op(x[0], x[1]); }, b.inputs(shapes.first, shapes.second));
+      check_gradients([op](const Tensors &x) { return op(x[0], x[1]); },
+                      b.inputs(shapes.first, shapes.second));
     }
   }
 }
@@ -283,14 +299,21 @@ TEST(Gradient, CastChain) {
 TEST(Gradient, DataMovement) {
   Scoped scope;
   check_gradients([](const Tensors &x) { return kiln_identity(x[0]); }, {uniform({2, 3}, -1, 1)});
-  check_gradients([](const Tensors &x) { return kiln_reshape(x[0], KILN_SHAPE(3, -1)); }, {uniform({2, 3, 2}, -1, 1)});
+  check_gradients([](const Tensors &x) { return kiln_reshape(x[0], KILN_SHAPE(3, -1)); },
+                  {uniform({2, 3, 2}, -1, 1)});
   check_gradients([](const Tensors &x) { return kiln_reshape(x[0], 0, nullptr); }, {uniform({1, 1}, -1, 1)});
-  check_gradients([](const Tensors &x) { return kiln_broadcast_to(x[0], KILN_SHAPE(4, 2, 3)); }, {uniform({2, 1}, -1, 1)});
-  check_gradients([](const Tensors &x) { return kiln_broadcast_to(x[0], KILN_SHAPE(2, 3)); }, {uniform({}, -1, 1)});
-  check_gradients([](const Tensors &x) { return kiln_broadcast_to(x[0], KILN_SHAPE(2, 3)); }, {uniform({3}, -1, 1)});
-  check_gradients([](const Tensors &x) { return kiln_transpose(x[0], 0, nullptr); }, {uniform({2, 3}, -1, 1)});
-  check_gradients([](const Tensors &x) { return kiln_transpose(x[0], KILN_AXES(1, 2, 0)); }, {uniform({2, 3, 4}, -1, 1)});
-  check_gradients([](const Tensors &x) { return kiln_transpose(x[0], KILN_AXES(2, 0, 1)); }, {uniform({2, 3, 4}, -1, 1)});
+  check_gradients([](const Tensors &x) { return kiln_broadcast_to(x[0], KILN_SHAPE(4, 2, 3)); },
+                  {uniform({2, 1}, -1, 1)});
+  check_gradients([](const Tensors &x) { return kiln_broadcast_to(x[0], KILN_SHAPE(2, 3)); },
+                  {uniform({}, -1, 1)});
+  check_gradients([](const Tensors &x) { return kiln_broadcast_to(x[0], KILN_SHAPE(2, 3)); },
+                  {uniform({3}, -1, 1)});
+  check_gradients([](const Tensors &x) { return kiln_transpose(x[0], 0, nullptr); },
+                  {uniform({2, 3}, -1, 1)});
+  check_gradients([](const Tensors &x) { return kiln_transpose(x[0], KILN_AXES(1, 2, 0)); },
+                  {uniform({2, 3, 4}, -1, 1)});
+  check_gradients([](const Tensors &x) { return kiln_transpose(x[0], KILN_AXES(2, 0, 1)); },
+                  {uniform({2, 3, 4}, -1, 1)});
   check_gradients(
       [](const Tensors &x) {
         const int64_t begin[] = {1, 0, 2}, size[] = {2, -1, 1};
@@ -332,7 +355,7 @@ TEST(Gradient, DataMovement) {
           return kiln_concat(3, rev, axis);
         },
         {uniform({6, 3}, -1, 1)});
-    check_gradients( // only one part used: the others get zeros
+    check_gradients(  // only one part used: the others get zeros
         [axis](const Tensors &x) {
           kiln_tensor *parts[3] = {nullptr, nullptr, nullptr};
           if (kiln_split(x[0], 3, axis, parts)) return (kiln_tensor *)nullptr;
@@ -346,7 +369,7 @@ TEST(Gradient, DataMovement) {
 
 struct AxisSet {
   std::vector<int> axes;
-  bool all; // axes NULL
+  bool all;  // axes NULL
 };
 
 TEST(Gradient, Reductions) {
@@ -360,8 +383,8 @@ TEST(Gradient, Reductions) {
                             {"reduce_max", kiln_reduce_max},
                             {"reduce_min", kiln_reduce_min},
                             {"reduce_prod", kiln_reduce_prod}};
-  std::vector<AxisSet> sets = {{{}, true}, {{0}, false}, {{1}, false}, {{2}, false},
-                               {{-1}, false}, {{0, 2}, false}, {{2, 0}, false}, {{1, 2}, false},
+  std::vector<AxisSet> sets = {{{}, true},         {{0}, false},    {{1}, false},    {{2}, false},
+                               {{-1}, false},      {{0, 2}, false}, {{2, 0}, false}, {{1, 2}, false},
                                {{0, 1, 2}, false}, {{}, false}};
   for (const Named &r : ops) {
     for (const AxisSet &s : sets) {
@@ -375,7 +398,8 @@ TEST(Gradient, Reductions) {
           return op(x[0], set.all ? 0 : (int)set.axes.size(), set.all ? nullptr : set.axes.data(), keep);
         };
         // prod: magnitudes near 1 keep the product (and its derivative) well scaled
-        kiln_tensor *x = r.op == kiln_reduce_prod ? signed_away({2, 3, 4}, 0.6, 1.4) : distinct({{2, 3, 4}})[0];
+        kiln_tensor *x =
+            r.op == kiln_reduce_prod ? signed_away({2, 3, 4}, 0.6, 1.4) : distinct({{2, 3, 4}})[0];
         check_gradients(f, {x});
       }
     }
@@ -428,7 +452,7 @@ TEST(Gradient, TiesSplitEvenly) {
   kiln_tensor *b = f64({4}, {2, 3, 2, 0});
   EXPECT_EQ(grad(x, [b](const Tensors &x) { return kiln_maximum(x[0], b); }),
             (std::vector<double>{0, 0.5, 1, 1, 1, 1, 1, 0.5}));
-  EXPECT_EQ(grad(b, [x](const Tensors &b) { return kiln_minimum(x, b[0]); }), // b broadcast over 2 rows
+  EXPECT_EQ(grad(b, [x](const Tensors &b) { return kiln_minimum(x, b[0]); }),  // b broadcast over 2 rows
             (std::vector<double>{1, 1.5, 2, 1.5}));
   kiln_tensor *k = f64({3}, {-1, 0, 2});
   EXPECT_EQ(grad(k, [](const Tensors &x) { return kiln_abs(x[0]); }), (std::vector<double>{-1, 0, 1}));
@@ -441,7 +465,7 @@ TEST(Gradient, Matmul) {
   Scoped scope;
   auto f = [](const Tensors &x) { return kiln_matmul(x[0], x[1]); };
   std::vector<std::pair<Shape, Shape>> cases = {
-      {{3, 4}, {4, 2}},       {{1, 1}, {1, 1}},       {{2, 3, 4}, {4, 5}},     {{3, 4}, {2, 4, 5}},
+      {{3, 4}, {4, 2}},       {{1, 1}, {1, 1}},          {{2, 3, 4}, {4, 5}},    {{3, 4}, {2, 4, 5}},
       {{2, 3, 4}, {2, 4, 2}}, {{2, 1, 3, 4}, {3, 4, 2}}, {{1, 3, 4}, {2, 4, 2}},
   };
   for (const auto &c : cases) {
@@ -465,7 +489,9 @@ TEST(Gradient, GatherScatterAddsRepeatedIndices) {
   check_gradients(fm, {uniform({2, 3}, -1, 1), i64({3}, {1, 1, 0})});
   // gathered twice and through an op: the two scatter-adds accumulate
   check_gradients(
-      [](const Tensors &x) { return kiln_mul(kiln_gather(x[0], x[1], 0), kiln_gather(kiln_exp(x[0]), x[1], 0)); },
+      [](const Tensors &x) {
+        return kiln_mul(kiln_gather(x[0], x[1], 0), kiln_gather(kiln_exp(x[0]), x[1], 0));
+      },
       {uniform({3, 2}, -1, 1), i64({4}, {2, 0, 2, 1})});
 }
 
@@ -476,7 +502,8 @@ TEST(Gradient, SoftmaxAndLogSoftmax) {
   for (int axis : {0, 1, -1}) {
     SCOPED_TRACE("axis " + std::to_string(axis));
     check_gradients([axis](const Tensors &x) { return kiln_softmax(x[0], axis); }, {uniform({3, 4}, -2, 2)});
-    check_gradients([axis](const Tensors &x) { return kiln_log_softmax(x[0], axis); }, {uniform({3, 4}, -2, 2)});
+    check_gradients([axis](const Tensors &x) { return kiln_log_softmax(x[0], axis); },
+                    {uniform({3, 4}, -2, 2)});
   }
   // large logits: the max shift keeps both finite
   check_gradients([](const Tensors &x) { return kiln_log_softmax(x[0], -1); }, {uniform({2, 3}, 300, 302)});
@@ -485,7 +512,7 @@ TEST(Gradient, SoftmaxAndLogSoftmax) {
 TEST(Gradient, CrossEntropiesWithRespectToLogits) {
   Scoped scope;
   std::vector<double> p = uniform_values(8, 0.1, 1);
-  for (int r = 0; r < 2; r++) { // rows of labels are distributions
+  for (int r = 0; r < 2; r++) {  // rows of labels are distributions
     double s = 0;
     for (int c = 0; c < 4; c++) s += p[(size_t)(r * 4 + c)];
     for (int c = 0; c < 4; c++) p[(size_t)(r * 4 + c)] /= s;
@@ -504,8 +531,8 @@ TEST(Gradient, CrossEntropiesWithRespectToLogits) {
 TEST(Gradient, ClipByNorm) {
   Scoped scope;
   auto f = [](double m) { return [m](const Tensors &x) { return kiln_clip_by_norm(x[0], m); }; };
-  check_gradients(f(1.0), {uniform({2, 3}, -2, 2)});   // norm above max_norm: scaled
-  check_gradients(f(100.0), {uniform({2, 3}, -2, 2)}); // below: the identity
+  check_gradients(f(1.0), {uniform({2, 3}, -2, 2)});    // norm above max_norm: scaled
+  check_gradients(f(100.0), {uniform({2, 3}, -2, 2)});  // below: the identity
   check_gradients(f(0.5), {uniform({}, 1, 2)});
 }
 
@@ -515,13 +542,13 @@ TEST(Gradient, OneHotCarriesNoGradient) {
   kiln_tensor *idx = i64({3}, {0, 3, 1});
   kiln_tape *tape = kiln_tape_begin(false);
   kiln_tape_watch(tape, x);
-  kiln_tape_watch(tape, idx); // ignored: an integer tensor
+  kiln_tape_watch(tape, idx);  // ignored: an integer tensor
   kiln_tensor *hot = kiln_one_hot(idx, 4, KILN_F64);
   kiln_tensor *y = kiln_mul(hot, x);
   kiln_tensor *sources[2] = {x, idx}, *grads[2];
   ASSERT_EQ(kiln_tape_gradient(tape, y, 2, sources, grads), 0) << kiln_last_error();
   ASSERT_NE(grads[0], nullptr);
-  EXPECT_EQ(values(grads[0]), values(hot)); // d(hot * x)/dx = hot
+  EXPECT_EQ(values(grads[0]), values(hot));  // d(hot * x)/dx = hot
   EXPECT_EQ(grads[1], nullptr);
   kiln_tape_free(tape);
   // and a one-hot target depends on nothing
@@ -549,7 +576,9 @@ TEST(Gradient, F32GradientsAreF32) {
   std::vector<Fn> fns = {
       [](const Tensors &x) { return kiln_mul(kiln_sin(x[0]), x[1]); },
       [](const Tensors &x) { return kiln_div(kiln_exp(x[0]), kiln_add(x[1], kiln_scalar_like(x[1], 3))); },
-      [](const Tensors &x) { return kiln_matmul(kiln_reshape(x[0], KILN_SHAPE(2, 3)), kiln_reshape(x[1], KILN_SHAPE(3, 1))); },
+      [](const Tensors &x) {
+        return kiln_matmul(kiln_reshape(x[0], KILN_SHAPE(2, 3)), kiln_reshape(x[1], KILN_SHAPE(3, 1)));
+      },
       [](const Tensors &x) { return kiln_softmax(kiln_mul(x[0], x[1]), -1); },
       [](const Tensors &x) { return kiln_reduce_max(kiln_sub(x[0], x[1]), KILN_AXES(0), false); },
   };
@@ -578,4 +607,4 @@ TEST(Gradient, F32GradientsAreF32) {
   }
 }
 
-} // namespace
+}  // namespace

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 using ::testing::HasSubstr;
@@ -68,7 +69,7 @@ TEST(Tape, GradientOfAProduct) {
   kiln_tape *tape = kiln_tape_begin(false);
   ASSERT_NE(tape, nullptr);
   kiln_tape_watch(tape, x);
-  kiln_tensor *z = kiln_mul(x, y); // non-scalar target: summed
+  kiln_tensor *z = kiln_mul(x, y);  // non-scalar target: summed
   kiln_tensor *src[2] = {x, y}, *g[2];
   ASSERT_EQ(kiln_tape_gradient(tape, z, 2, src, g), 0) << kiln_last_error();
   EXPECT_EQ(values(g[0]), (std::vector<double>{4, 5, 6}));
@@ -94,11 +95,11 @@ TEST(Tape, RecordsOnlyWhileActive) {
   kiln_tape_watch(tape, x);
   kiln_tensor *inside = kiln_mul(x, x);
   kiln_tape_end(tape);
-  kiln_tensor *after = kiln_mul(x, x); // recorded after the end: not on the tape
+  kiln_tensor *after = kiln_mul(x, x);  // recorded after the end: not on the tape
   EXPECT_EQ(grad1(tape, after, x), nullptr);
   // what it recorded still has its gradient after the end
   EXPECT_EQ(values(grad1(tape, inside, x)), (std::vector<double>{6}));
-  EXPECT_EQ(grad1(tape, kiln_add(inside, after), x), nullptr); // the add is not on the tape either
+  EXPECT_EQ(grad1(tape, kiln_add(inside, after), x), nullptr);  // the add is not on the tape either
   kiln_tape_free(tape);
 }
 
@@ -160,7 +161,8 @@ TEST(Tape, IntegerAndBoolResultsCarryNoGradient) {
   kiln_tensor *through_int = kiln_cast(kiln_cast(x, KILN_I32), KILN_F64);
   kiln_tensor *through_bool = kiln_cast(kiln_greater(x, scalar(0)), KILN_F64);
   kiln_tensor *through_argmax = kiln_cast(kiln_argmax(x, 0), KILN_F64);
-  for (kiln_tensor *t : {through_int, through_bool, through_argmax, kiln_sign(x), kiln_floor(x), kiln_ceil(x)}) {
+  for (kiln_tensor *t :
+       {through_int, through_bool, through_argmax, kiln_sign(x), kiln_floor(x), kiln_ceil(x)}) {
     ASSERT_NE(t, nullptr) << kiln_last_error();
     EXPECT_EQ(grad1(tape, t, x), nullptr);
   }
@@ -189,8 +191,48 @@ TEST(Tape, StopGradientBlocks) {
   kiln_tensor *x = scalar(3);
   kiln_tape *tape = kiln_tape_begin(false);
   kiln_tape_watch(tape, x);
-  kiln_tensor *y = kiln_mul(x, kiln_stop_gradient(x)); // d/dx = stop(x) = 3, not 6
+  kiln_tensor *y = kiln_mul(x, kiln_stop_gradient(x));  // d/dx = stop(x) = 3, not 6
   EXPECT_EQ(kiln_tensor_item(grad1(tape, y, x)), 3);
+  kiln_tape_free(tape);
+}
+
+TEST(Tape, ZeroSizeTensors) {
+  Scoped scope;
+  kiln_tensor *x = kiln_zeros(KILN_F64, KILN_SHAPE(0, 3));
+  kiln_tape *tape = kiln_tape_begin(false);
+  kiln_tape_watch(tape, x);
+  kiln_tensor *y = kiln_reduce_sum(kiln_exp(x), KILN_AXES(0), false);  // (3,) of zeros
+  kiln_tensor *g = grad1(tape, y, x);
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(shape_of(g), (std::vector<int64_t>{0, 3}));
+  kiln_tape_free(tape);
+}
+
+// Tapes belong to the thread that began them: another thread's ops are
+// not recorded, and it can run its own tapes meanwhile.
+TEST(Tape, TapesArePerThread) {
+  Scoped scope;
+  kiln_tensor *x = scalar(3);
+  kiln_tape *tape = kiln_tape_begin(false);
+  kiln_tape_watch(tape, x);
+  kiln_tensor *other = nullptr;
+  double other_grad = 0;
+  std::thread t([&] {
+    other = kiln_mul(x, x);  // no scope open on this thread: caller-owned
+    kiln_scope_push();
+    kiln_tensor *z = kiln_scalar(KILN_F64, 5);
+    kiln_tape *mine = kiln_tape_begin(false);
+    kiln_tape_watch(mine, z);
+    kiln_tensor *g = nullptr;
+    kiln_tape_gradient(mine, kiln_mul(z, z), 1, &z, &g);
+    other_grad = kiln_tensor_item(g);
+    kiln_tape_free(mine);
+    kiln_scope_pop();
+  });
+  t.join();
+  EXPECT_EQ(other_grad, 10);
+  EXPECT_EQ(grad1(tape, other, x), nullptr);
+  kiln_release(other);
   kiln_tape_free(tape);
 }
 
@@ -259,13 +301,13 @@ TEST(Tape, EndingATapeThatIsNotInnermostFails) {
   kiln_tape_watch(outer, x);
   kiln_tape_end(outer);
   EXPECT_THAT(kiln_last_error(), StartsWith("tape_end:"));
-  kiln_tensor *y = kiln_mul(x, x); // the outer tape still records
+  kiln_tensor *y = kiln_mul(x, x);  // the outer tape still records
   kiln_tape_end(inner);
   kiln_tape_end(outer);
   EXPECT_EQ(kiln_tensor_item(grad1(outer, y, x)), 6);
   kiln_tape_free(inner);
   kiln_tape_free(outer);
-  kiln_tape_end(nullptr); // fine
+  kiln_tape_end(nullptr);  // fine
   kiln_tape_free(nullptr);
 }
 
@@ -287,7 +329,7 @@ TEST(Tape, FreeingAnActiveTapeUnlinksIt) {
   EXPECT_EQ(kiln_tensor_item(grad1(c, y, x)), 8);
   kiln_tape_free(c);
   kiln_tape_free(a);
-  kiln_tensor *z = kiln_mul(x, x); // nothing active: not recorded anywhere
+  kiln_tensor *z = kiln_mul(x, x);  // nothing active: not recorded anywhere
   EXPECT_NE(z, nullptr);
 }
 
@@ -302,7 +344,7 @@ TEST(Tape, SecondDerivativeWithNestedTapes) {
   kiln_tape_watch(t2, x);
   kiln_tensor *y = kiln_mul(x, x);
   kiln_tape_end(t2);
-  kiln_tensor *dy = grad1(t2, y, x); // recorded by t1, still active
+  kiln_tensor *dy = grad1(t2, y, x);  // recorded by t1, still active
   kiln_tape_end(t1);
   EXPECT_EQ(kiln_tensor_item(dy), 6);
   EXPECT_EQ(kiln_tensor_item(grad1(t1, dy, x)), 2);
@@ -315,7 +357,7 @@ TEST(Tape, ThirdDerivative) {
   kiln_tensor *x = scalar(2);
   kiln_tape *t1 = kiln_tape_begin(false), *t2 = kiln_tape_begin(false), *t3 = kiln_tape_begin(false);
   for (kiln_tape *t : {t1, t2, t3}) kiln_tape_watch(t, x);
-  kiln_tensor *y = kiln_mul(kiln_exp(x), kiln_sin(x)); // y''' = 2 e^x (cos x - sin x)
+  kiln_tensor *y = kiln_mul(kiln_exp(x), kiln_sin(x));  // y''' = 2 e^x (cos x - sin x)
   kiln_tape_end(t3);
   kiln_tensor *d1 = grad1(t3, y, x);
   kiln_tape_end(t2);
@@ -394,7 +436,7 @@ TEST(Tape, NullArgumentsFailCleanly) {
   // a failed op upstream: the target is NULL and its error is kept
   kiln_clear_error();
   kiln_tensor *bad = kiln_add(x, f64({2}, {1, 2}));
-  bad = kiln_add(bad, f64({3}, {1, 2, 3})); // NULL in: the first error stays
+  bad = kiln_add(bad, f64({3}, {1, 2, 3}));  // NULL in: the first error stays
   EXPECT_EQ(kiln_tape_gradient(tape, bad, 1, &x, &g), -1);
   EXPECT_THAT(kiln_last_error(), StartsWith("add:"));
   // no sources is fine
@@ -430,7 +472,7 @@ TEST(Variable, NamesAndValues) {
   kiln_tensor *r = kiln_variable_read(a);
   EXPECT_EQ(kiln_tensor_dtype(r), KILN_F32);
   EXPECT_EQ(values(r), (std::vector<double>{1, 2}));
-  kiln_variable_free(a); // tensors read stay valid
+  kiln_variable_free(a);  // tensors read stay valid
   EXPECT_EQ(values(r), (std::vector<double>{1, 2}));
   kiln_variable_free(b);
   kiln_variable_free(c);
@@ -474,7 +516,7 @@ TEST(Variable, BadArguments) {
   EXPECT_THAT(kiln_last_error(), StartsWith("variable_assign_add: "));
   EXPECT_EQ(kiln_variable_assign_sub(v, f32({2}, {1, 2})), -1);
   EXPECT_THAT(kiln_last_error(), StartsWith("variable_assign_sub: "));
-  EXPECT_EQ(kiln_variable_assign_add(v, f64({2, 2}, {1, 2, 3, 4})), -1); // would grow the variable
+  EXPECT_EQ(kiln_variable_assign_add(v, f64({2, 2}, {1, 2, 3, 4})), -1);  // would grow the variable
   EXPECT_THAT(kiln_last_error(), StartsWith("variable_assign_add: "));
   kiln_clear_error();
   EXPECT_EQ(kiln_variable_assign_sub(nullptr, scalar(1)), -1);
@@ -495,7 +537,7 @@ TEST(Variable, Assignments) {
   EXPECT_EQ(values(old), (std::vector<double>{1, 2})) << "a read tensor is immutable";
   ASSERT_EQ(kiln_variable_assign_add(v, f64({2}, {0.5, 1})), 0);
   EXPECT_EQ(values(kiln_variable_read(v)), (std::vector<double>{5.5, 7}));
-  ASSERT_EQ(kiln_variable_assign_sub(v, scalar(2)), 0); // delta broadcasts
+  ASSERT_EQ(kiln_variable_assign_sub(v, scalar(2)), 0);  // delta broadcasts
   EXPECT_EQ(values(kiln_variable_read(v)), (std::vector<double>{3.5, 5}));
   kiln_variable_free(v);
 }
@@ -523,9 +565,9 @@ TEST(Variable, GradientSumsEveryRead) {
   kiln_tape *tape = kiln_tape_begin(false);
   kiln_tensor *a = kiln_variable_read(v);
   kiln_tensor *b = kiln_variable_read(v);
-  kiln_tensor *y = kiln_mul(a, b); // 2v = 6
+  kiln_tensor *y = kiln_mul(a, b);  // 2v = 6
   kiln_variable_assign(v, scalar(10));
-  kiln_tensor *z = kiln_mul(kiln_variable_read(v), scalar(4)); // + 4
+  kiln_tensor *z = kiln_mul(kiln_variable_read(v), scalar(4));  // + 4
   kiln_tensor *t = kiln_add(kiln_add(y, z), kiln_mul(before, scalar(100)));
   kiln_variable *vars[3] = {v, unread, v};
   kiln_tensor *g[3];
@@ -667,7 +709,7 @@ TEST(CustomGradient, GradientClipping) {
   kiln_tape_watch(tape, x);
   kiln_tensor *y = kiln_custom_gradient(identity_fwd, clip_grad, &max_norm, 1, &x);
   EXPECT_EQ(values(y), (std::vector<double>{1, 1}));
-  kiln_tensor *target = kiln_mul(y, f64({2}, {3, 4})); // dy = (3, 4), norm 5
+  kiln_tensor *target = kiln_mul(y, f64({2}, {3, 4}));  // dy = (3, 4), norm 5
   kiln_tensor *g = grad1(tape, target, x);
   ASSERT_NE(g, nullptr);
   std::vector<double> got = values(g);
@@ -696,10 +738,12 @@ TEST(CustomGradient, ForwardReturningItsInput) {
 }
 
 // Two inputs, one without a gradient; forward ops are not recorded.
-kiln_tensor *muladd_fwd(void *, int, kiln_tensor *const *xs) { return kiln_add(kiln_mul(xs[0], xs[1]), xs[1]); }
+kiln_tensor *muladd_fwd(void *, int, kiln_tensor *const *xs) {
+  return kiln_add(kiln_mul(xs[0], xs[1]), xs[1]);
+}
 int muladd_grad(void *, int, kiln_tensor *const *xs, kiln_tensor *, kiln_tensor *dy, kiln_tensor **dxs) {
   dxs[0] = kiln_mul(dy, xs[1]);
-  dxs[1] = nullptr; // claimed to have none
+  dxs[1] = nullptr;  // claimed to have none
   return dxs[0] ? 0 : -1;
 }
 
@@ -739,7 +783,7 @@ TEST(CustomGradient, ComposesWithNesting) {
   kiln_tensor *dy = grad1(t2, y, x);
   kiln_tape_end(t1);
   EXPECT_EQ(kiln_tensor_item(dy), 12);
-  EXPECT_EQ(kiln_tensor_item(grad1(t1, dy, x)), 12); // 6x
+  EXPECT_EQ(kiln_tensor_item(grad1(t1, dy, x)), 12);  // 6x
   kiln_tape_free(t2);
   kiln_tape_free(t1);
 }
@@ -874,9 +918,9 @@ TEST(TapeSeed, LinearRegression) {
   EXPECT_NEAR(w, 3, 0.1);
   EXPECT_NEAR(b, 2, 0.1);
   EXPECT_LT(loss, first_loss / 10);
-  EXPECT_NEAR(loss, 1, 0.2); // the noise's variance
+  EXPECT_NEAR(loss, 1, 0.2);  // the noise's variance
   kiln_optimizer_free(sgd);
   for (kiln_variable *v : vars) kiln_variable_free(v);
 }
 
-} // namespace
+}  // namespace
