@@ -149,9 +149,58 @@ static int tour_scopes(void) {
   return rc;
 }
 
-/* ---- 9. Gradients (tapes) and staged functions (kiln_jit) go here, once
- * the autodiff and staging issues land. Each is one more tour_* function
- * called from main() below, in its own scope like the others. ---- */
+/* 9. Gradients: a tape records the ops that depend on what it watches, and
+ * kiln_tape_gradient walks them backwards. Tapes nest, so an outer tape can
+ * differentiate the inner tape's gradient: d2(x^3)/dx2 = 6x = 18 at x = 3.
+ * Variables are watched automatically; an optimizer applies the gradients. */
+static int tour_gradients(void) {
+  heading("gradients");
+  kiln_tensor *x = kiln_scalar(KILN_F64, 3.0);
+  kiln_tape *outer = kiln_tape_begin(false), *inner = kiln_tape_begin(false);
+  kiln_tape_watch(outer, x);
+  kiln_tape_watch(inner, x);
+  kiln_tensor *y = kiln_mul(kiln_mul(x, x), x); /* x^3 */
+  kiln_tape_end(inner);
+  kiln_tensor *dy = NULL, *d2y = NULL;
+  int rc = kiln_tape_gradient(inner, y, 1, &x, &dy); /* recorded by outer */
+  kiln_tape_end(outer);
+  rc |= kiln_tape_gradient(outer, dy, 1, &x, &d2y);
+  kiln_tape_free(inner);
+  kiln_tape_free(outer);
+  rc |= show("x^3 at x = 3", y);
+  rc |= show("d/dx = 3x^2", dy);
+  rc |= show("d2/dx2 = 6x", d2y);
+
+  /* one step of gradient descent on a linear model y = w.x + b */
+  kiln_tensor *xs = kiln_tensor_new(KILN_F32, KILN_SHAPE(4, 2), (float[]){1, 0, 0, 1, 1, 1, 2, 1});
+  kiln_tensor *ys = kiln_tensor_new(KILN_F32, KILN_SHAPE(4, 1), (float[]){3, 2, 5, 8});
+  kiln_variable *w = kiln_variable_new(kiln_zeros(KILN_F32, KILN_SHAPE(2, 1)), "w");
+  kiln_variable *b = kiln_variable_new(kiln_zeros(KILN_F32, KILN_SHAPE(1)), "b");
+  kiln_optimizer *sgd = kiln_sgd_new(0.05);
+  kiln_variable *vars[2] = {w, b};
+  for (int step = 0; step < 3 && rc == 0; step++) {
+    kiln_scope_push();
+    kiln_tape *tape = kiln_tape_begin(false);
+    kiln_tensor *pred = kiln_add(kiln_matmul(xs, kiln_variable_read(w)), kiln_variable_read(b));
+    kiln_tensor *loss = kiln_reduce_mean(kiln_square(kiln_sub(pred, ys)), 0, NULL, false);
+    kiln_tape_end(tape);
+    kiln_tensor *grads[2];
+    rc |= kiln_tape_gradient_vars(tape, loss, 2, vars, grads);
+    rc |= kiln_optimizer_apply(sgd, 2, vars, grads);
+    printf("  step %d: loss %.4f\n", step, loss ? kiln_tensor_item(loss) : -1.0);
+    kiln_tape_free(tape);
+    kiln_scope_pop();
+  }
+  rc |= show("w after 3 steps", kiln_variable_read(w));
+  if (rc) printf("  (failed: %s)\n", kiln_last_error());
+  kiln_optimizer_free(sgd);
+  kiln_variable_free(w);
+  kiln_variable_free(b);
+  return rc ? -1 : 0;
+}
+
+/* ---- 10. Staged functions (kiln_jit) go here once the staging issue lands:
+ * one more tour_* function called from main() below. ---- */
 
 /* The cost of one tiny eager op: what staging is for. */
 static double now_ns(void) {
@@ -188,7 +237,7 @@ int main(void) {
   static int (*const sections[])(void) = {
       tour_tensors, tour_broadcasting, tour_reductions, tour_matmul,
       tour_softmax, tour_random,       tour_errors,     tour_scopes,
-      tour_benchmark,
+      tour_gradients, tour_benchmark,
   };
   int failures = 0;
   for (size_t i = 0; i < sizeof sections / sizeof sections[0]; i++) {
