@@ -7,7 +7,7 @@ set -euo pipefail
 # libopenblas-dev is only the benchmarks' peer (bench/bench_matmul.c);
 # the library itself never links it.
 packages=(cmake ninja-build llvm-19-dev llvm-19-tools libffi-dev libgtest-dev libgmock-dev
-          pkg-config g++ libopenblas-dev)
+          pkg-config g++ python3 libopenblas-dev)
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "setup.sh: no dpkg here (not Debian?); install these by hand: ${packages[*]}" >&2
