@@ -11,6 +11,9 @@ cmake -S . -B build "${gen[@]}" -DCMAKE_BUILD_TYPE=Release >/dev/null
 benches=()
 for src in bench/*.c; do benches+=("$(basename "$src" .c)"); done
 cmake --build build --target "${benches[@]}"
+# OpenBLAS's idle threads spin for a while after each call and would take
+# the second core from Kiln's pool in the alternating matmul comparison.
+export OPENBLAS_THREAD_TIMEOUT=4
 for b in "${benches[@]}"; do
   printf '\n== %s ==\n' "$b"
   "./build/$b"

@@ -1,0 +1,138 @@
+/* kiln-opt — reads .kir text, verifies it, runs named passes and prints the
+ * result, as mlir-opt and opt do; the driver of the FileCheck tests.
+ *   kiln-opt [--passes=a,b] [--emit=kir|dot|llvm|asm|ptx] file.kir|-
+ * Exit codes: 0 ok, 1 parse/verify/pass error (on stderr), 2 usage. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir.h"
+
+/* The pass registry: each pass rewrites a function in place and returns
+ * 0, or -1 with the error set. Passes (passes/<name>.c) register here. */
+typedef int (*pass_fn)(ir_func *);
+static const struct {
+  const char *name;
+  pass_fn run;
+} passes[] = {
+    {NULL, NULL}, /* sentinel; no pass exists yet */
+};
+
+static pass_fn find_pass(const char *name, size_t n) {
+  for (int i = 0; passes[i].name; i++)
+    if (strlen(passes[i].name) == n && !strncmp(passes[i].name, name, n)) return passes[i].run;
+  return NULL;
+}
+
+static int usage(const char *why) {
+  if (why) fprintf(stderr, "kiln-opt: %s\n", why);
+  fprintf(stderr, "usage: kiln-opt [--passes=a,b,...] [--emit=kir|dot|llvm|asm|ptx] FILE.kir (- for stdin)\n");
+  return 2;
+}
+
+static char *read_all(FILE *in, size_t *n) {
+  size_t len = 0, cap = 1 << 16;
+  char *s = malloc(cap);
+  while (s) {
+    len += fread(s + len, 1, cap - 1 - len, in);
+    if (len < cap - 1) break;
+    char *t = realloc(s, cap * 2);
+    if (!t) {
+      free(s);
+      return NULL;
+    }
+    s = t;
+    cap *= 2;
+  }
+  if (s) s[len] = '\0';
+  *n = len;
+  return s;
+}
+
+int main(int argc, char **argv) {
+  const char *file = NULL, *pass_list = "", *emit = "kir";
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strncmp(a, "--passes=", 9)) {
+      pass_list = a + 9;
+    } else if (!strncmp(a, "--emit=", 7)) {
+      emit = a + 7;
+    } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      usage(NULL);
+      return 0;
+    } else if (a[0] == '-' && a[1]) {
+      fprintf(stderr, "kiln-opt: unknown option '%s'\n", a);
+      return usage(NULL);
+    } else if (file) {
+      return usage("more than one input file");
+    } else {
+      file = a;
+    }
+  }
+  if (!file) return usage("no input file");
+  /* check the pass names before reading anything */
+  for (const char *p = pass_list; *p;) {
+    const char *e = strchr(p, ',');
+    size_t n = e ? (size_t)(e - p) : strlen(p);
+    if (!find_pass(p, n)) {
+      fprintf(stderr, "kiln-opt: unknown pass '%.*s'\n", (int)n, p);
+      return 2;
+    }
+    p = e ? e + 1 : p + n;
+  }
+  bool dot = !strcmp(emit, "dot");
+  if (strcmp(emit, "kir") && !dot) {
+    if (!strcmp(emit, "llvm") || !strcmp(emit, "asm") || !strcmp(emit, "ptx")) {
+      fprintf(stderr, "kiln-opt: --emit=%s is not available yet\n", emit);
+      return 2;
+    }
+    fprintf(stderr, "kiln-opt: unknown --emit kind '%s'\n", emit);
+    return usage(NULL);
+  }
+
+  FILE *in = strcmp(file, "-") ? fopen(file, "rb") : stdin;
+  if (!in) {
+    fprintf(stderr, "kiln-opt: cannot open %s\n", file);
+    return 1;
+  }
+  size_t len = 0;
+  char *text = read_all(in, &len);
+  if (in != stdin) fclose(in);
+  if (!text) {
+    fprintf(stderr, "kiln-opt: cannot read %s\n", file);
+    return 1;
+  }
+  if (strlen(text) != len) {
+    fprintf(stderr, "kiln-opt: %s: contains a NUL byte\n", file);
+    free(text);
+    return 1;
+  }
+  ir_module *m = ir_parse(text, strcmp(file, "-") ? file : "<stdin>");
+  free(text);
+  if (!m) {
+    fprintf(stderr, "%s\n", kiln_last_error());
+    return 1;
+  }
+  for (const char *p = pass_list; *p;) {
+    const char *e = strchr(p, ',');
+    size_t n = e ? (size_t)(e - p) : strlen(p);
+    pass_fn run = find_pass(p, n);
+    for (int i = 0; i < m->n_funcs; i++) {
+      if (run(m->funcs[i]) || ir_verify(m->funcs[i])) {
+        fprintf(stderr, "kiln-opt: after pass '%.*s': %s\n", (int)n, p, kiln_last_error());
+        ir_module_free(m);
+        return 1;
+      }
+    }
+    p = e ? e + 1 : p + n;
+  }
+  char *out = dot ? ir_print_dot(m) : ir_print_module(m);
+  ir_module_free(m);
+  if (!out) {
+    fprintf(stderr, "kiln-opt: %s\n", kiln_last_error());
+    return 1;
+  }
+  fputs(out, stdout);
+  free(out);
+  return 0;
+}
