@@ -13,18 +13,6 @@ const char *kiln_dtype_name(kiln_dtype dt) { return dtype_valid(dt) ? dtype_name
 
 size_t kiln_dtype_size(kiln_dtype dt) { return dtype_valid(dt) ? kiln_dtype_sizes[dt] : 0; }
 
-static uint32_t f32_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return u;
-}
-
-static float bits_f32(uint32_t u) {
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
 float kiln_f16_to_f32(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
   if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | (man << 13)); /* inf, nan */

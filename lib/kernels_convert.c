@@ -7,18 +7,6 @@
 
 enum { GRAIN = 32768 };
 
-static inline uint32_t f32_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return u;
-}
-
-static inline float bits_f32(uint32_t u) {
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
 /* ---- float -> integer: truncate toward zero, NaN -> 0, saturate ----
  * Clamping first keeps every C conversion in range (no UB) and the whole
  * function branch-free, so the loops vectorize. The upper clamps are the

@@ -26,18 +26,6 @@ enum { GRAIN = 32768, GRAIN_HEAVY = 8192, BLOCK = 16384 };
 #define FMAF(a, b, c) ((a) * (b) + (c))
 #endif
 
-static inline uint32_t f32_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return u;
-}
-
-static inline float bits_f32(uint32_t u) {
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
 /* e^x = 2^n e^r with n = round(x / ln2) and |r| <= ln2/2: returns e^r (a
  * degree-6 Chebyshev fit) and writes n, an integer-valued float. */
 static inline float exp_reduced_f32(float x, float *n) {

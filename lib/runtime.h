@@ -38,6 +38,17 @@ extern const uint8_t kiln_dtype_sizes[KILN_DTYPE_COUNT];
 static inline bool dtype_valid(int dt) { return dt >= 0 && dt < KILN_DTYPE_COUNT; }
 static inline bool dtype_is_float(kiln_dtype dt) { return dt == KILN_F32 || dt == KILN_F64; }
 static inline bool dtype_is_int(kiln_dtype dt) { return dt == KILN_I32 || dt == KILN_I64; }
+/* the bits of a float and back, without aliasing trouble */
+static inline uint32_t f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+static inline float bits_f32(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
 /* element i of t's data as double (any dtype, f16/bf16 included) */
 double dtype_load(kiln_dtype dt, const void *data, int64_t i);
 /* stores v into element i, converting as kiln_cast does */
