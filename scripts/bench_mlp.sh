@@ -3,8 +3,12 @@
 # the MLP 784-256-256-10 in Kiln (build/bench_mlp) and in PyTorch eager
 # (bench/mlp_torch.py) at batch 64 and 1, alternating the two peers over
 # ROUNDS rounds (default 3) because this machine's timings are noisy; prints
-# the median of the rounds' medians and torch/kiln (> 1: Kiln is faster).
-# Extra arguments (--steps N, --runs R, --batch B, --train N) go to both.
+# the median of the rounds' medians and torch/kiln (> 1: Kiln is faster),
+# and the best single run of each as a less noise-prone second figure. Both
+# start from the same weights and data (bench_mlp --dump), so their final
+# losses should agree to about 6 digits: a check of Kiln's gradients.
+# Extra arguments (--steps N, --runs R, --batch B, --train N) go to both;
+# KILN_NUM_THREADS=N sets Kiln's thread count, which torch is then given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -57,7 +61,10 @@ awk '
     key = $4 SUBSEP $5
     t[key, ++n[key]] = $6
     batches[$4] = 1
-    for (i = 1; i < NF; i++) if ($i == "->") loss[key] = $(i + 1)
+    for (i = 1; i < NF; i++) {
+      if ($i == "->") loss[key] = $(i + 1)
+      if ($i == "min" && (!(key in best) || $(i + 1) < best[key])) best[key] = $(i + 1)
+    }
   }
   function median(key,   i, j, v, m) {
     m = n[key]
@@ -70,10 +77,11 @@ awk '
       if (!(b in batches)) continue
       k = b SUBSEP "kiln"; p = b SUBSEP "torch"
       if (!n[k]) continue
-      line = sprintf("batch %2d: kiln %8.4f ms/step", b, median(k))
+      line = sprintf("batch %2d: kiln %8.4f ms/step (best %.4f)", b, median(k), best[k])
       if (n[p]) {
-        line = line sprintf("   torch %8.4f ms/step   torch/kiln %.2f   final loss kiln %s torch %s",
-                            median(p), median(p) / median(k), loss[k], loss[p])
+        line = line sprintf("   torch %8.4f ms/step (best %.4f)   torch/kiln %.2f (best %.2f)",
+                            median(p), best[p], median(p) / median(k), best[p] / best[k])
+        line = line sprintf("   final loss kiln %s torch %s", loss[k], loss[p])
       }
       print line
     }

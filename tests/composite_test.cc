@@ -11,56 +11,14 @@
 #include <cstring>
 #include <vector>
 
+#include "test_util.h"
+
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 namespace {
 
-// Opens a scope for the test and checks nothing leaked when it closes.
-struct Scoped {
-  int64_t live = kiln_debug_live_tensors();
-  Scoped() {
-    kiln_clear_error();
-    kiln_scope_push();
-  }
-  ~Scoped() {
-    kiln_scope_pop();
-    EXPECT_EQ(kiln_debug_live_tensors(), live) << "tensors leaked";
-  }
-};
-
-template <typename T>
-kiln_tensor *make(kiln_dtype dt, std::vector<int64_t> shape, std::vector<T> data) {
-  return kiln_tensor_new(dt, (int)shape.size(), shape.data(), data.data());
-}
-kiln_tensor *f32(std::vector<int64_t> shape, std::vector<float> d) { return make(KILN_F32, shape, d); }
-kiln_tensor *f64(std::vector<int64_t> shape, std::vector<double> d) { return make(KILN_F64, shape, d); }
-kiln_tensor *i32(std::vector<int64_t> shape, std::vector<int32_t> d) { return make(KILN_I32, shape, d); }
-kiln_tensor *i64(std::vector<int64_t> shape, std::vector<int64_t> d) { return make(KILN_I64, shape, d); }
-
-// Every element as a double, whatever the (non-half) dtype.
-std::vector<double> values(const kiln_tensor *t) {
-  std::vector<double> out;
-  if (!t) return out;
-  int64_t n = kiln_tensor_size(t);
-  const void *p = kiln_tensor_data(t);
-  for (int64_t i = 0; i < n; i++) {
-    switch (kiln_tensor_dtype(t)) {
-      case KILN_F32: out.push_back(((const float *)p)[i]); break;
-      case KILN_F64: out.push_back(((const double *)p)[i]); break;
-      case KILN_I32: out.push_back(((const int32_t *)p)[i]); break;
-      case KILN_I64: out.push_back((double)((const int64_t *)p)[i]); break;
-      case KILN_BOOL: out.push_back(((const uint8_t *)p)[i]); break;
-      default: ADD_FAILURE() << "unexpected dtype"; return out;
-    }
-  }
-  return out;
-}
-
-std::vector<int64_t> shape_of(const kiln_tensor *t) {
-  if (!t) return {-1};
-  return std::vector<int64_t>(kiln_tensor_shape(t), kiln_tensor_shape(t) + kiln_tensor_rank(t));
-}
+using namespace kiln_test;
 
 // Checks dtype, shape and values (within tol) of t.
 void expect_tensor(const kiln_tensor *t, kiln_dtype dt, std::vector<int64_t> shape,

@@ -11,6 +11,8 @@
 #include <numeric>
 #include <vector>
 
+#include "test_util.h"
+
 // Public entry point of scatter_add, defined in lib/kernels_index.c; it
 // moves into kiln.h (this redeclaration then stays harmless).
 extern "C" kiln_tensor *kiln_scatter_add(kiln_tensor *updates, kiln_tensor *indices, int axis, int rank,
@@ -21,67 +23,28 @@ using ::testing::StartsWith;
 
 namespace {
 
-struct Scoped {
-  int64_t live = kiln_debug_live_tensors();
-  Scoped() {
-    kiln_clear_error();
-    kiln_scope_push();
-  }
-  ~Scoped() {
-    kiln_scope_pop();
-    EXPECT_EQ(kiln_debug_live_tensors(), live) << "tensors leaked";
-  }
-};
-
-template <typename T>
-std::vector<T> read(const kiln_tensor *t) {
-  std::vector<T> v(t ? kiln_tensor_size(t) : 0);
-  EXPECT_NE(t, nullptr) << kiln_last_error();
-  if (t) {
-    EXPECT_EQ(kiln_tensor_read(t, v.data(), v.size() * sizeof(T)), 0) << kiln_last_error();
-  }
-  return v;
-}
-
-std::vector<int64_t> shape_of(const kiln_tensor *t) {
-  if (!t) return {};
-  return std::vector<int64_t>(kiln_tensor_shape(t), kiln_tensor_shape(t) + kiln_tensor_rank(t));
-}
-
-template <typename T>
-kiln_tensor *make(kiln_dtype dt, std::vector<int64_t> shape, const std::vector<T> &data) {
-  return kiln_tensor_new(dt, (int)shape.size(), shape.data(), data.data());
-}
-
-kiln_tensor *idx32(std::vector<int64_t> shape, const std::vector<int32_t> &v) {
-  return make(KILN_I32, shape, v);
-}
-kiln_tensor *idx64(std::vector<int64_t> shape, const std::vector<int64_t> &v) {
-  return make(KILN_I64, shape, v);
-}
-
-using V64 = std::vector<int64_t>;
+using namespace kiln_test;
 
 // ---- gather ----
 
 TEST(Index, GatherAxis0) {
   Scoped s;
   kiln_tensor *p = make<float>(KILN_F32, {3, 2}, {1, 2, 3, 4, 5, 6});
-  kiln_tensor *g = kiln_gather(p, idx32({3}, {2, 0, 2}), 0);
+  kiln_tensor *g = kiln_gather(p, i32({3}, {2, 0, 2}), 0);
   EXPECT_EQ(shape_of(g), (V64{3, 2}));
   EXPECT_EQ(read<float>(g), (std::vector<float>{5, 6, 1, 2, 5, 6}));
-  kiln_tensor *g64 = kiln_gather(p, idx64({2}, {1, 1}), 0);
+  kiln_tensor *g64 = kiln_gather(p, i64({2}, {1, 1}), 0);
   EXPECT_EQ(read<float>(g64), (std::vector<float>{3, 4, 3, 4}));
 }
 
 TEST(Index, GatherAxis1AndLast) {
   Scoped s;
   kiln_tensor *p = make<double>(KILN_F64, {2, 3}, {1, 2, 3, 4, 5, 6});
-  kiln_tensor *g = kiln_gather(p, idx64({4}, {2, 0, 1, 2}), 1);
+  kiln_tensor *g = kiln_gather(p, i64({4}, {2, 0, 1, 2}), 1);
   EXPECT_EQ(shape_of(g), (V64{2, 4}));
   EXPECT_EQ(read<double>(g), (std::vector<double>{3, 1, 2, 3, 6, 4, 5, 6}));
-  EXPECT_EQ(read<double>(kiln_gather(p, idx32({2}, {1, 0}), -1)), (std::vector<double>{2, 1, 5, 4}));
-  EXPECT_EQ(read<double>(kiln_gather(p, idx32({1}, {1}), -2)), (std::vector<double>{4, 5, 6}));
+  EXPECT_EQ(read<double>(kiln_gather(p, i32({2}, {1, 0}), -1)), (std::vector<double>{2, 1, 5, 4}));
+  EXPECT_EQ(read<double>(kiln_gather(p, i32({1}, {1}), -2)), (std::vector<double>{4, 5, 6}));
 }
 
 TEST(Index, GatherMiddleAxis) {
@@ -90,7 +53,7 @@ TEST(Index, GatherMiddleAxis) {
   std::vector<int32_t> v(12);
   std::iota(v.begin(), v.end(), 0);
   kiln_tensor *p = make(KILN_I32, {2, 3, 2}, v);
-  kiln_tensor *g = kiln_gather(p, idx32({2}, {2, 0}), 1);
+  kiln_tensor *g = kiln_gather(p, i32({2}, {2, 0}), 1);
   EXPECT_EQ(shape_of(g), (V64{2, 2, 2}));
   EXPECT_EQ(read<int32_t>(g), (std::vector<int32_t>{4, 5, 0, 1, 10, 11, 6, 7}));
 }
@@ -98,16 +61,16 @@ TEST(Index, GatherMiddleAxis) {
 TEST(Index, GatherMultiDimIndices) {
   Scoped s;
   kiln_tensor *p = make<int64_t>(KILN_I64, {4}, {10, 20, 30, 40});
-  kiln_tensor *g = kiln_gather(p, idx32({2, 3}, {3, 0, 1, 1, 2, 3}), 0);
+  kiln_tensor *g = kiln_gather(p, i32({2, 3}, {3, 0, 1, 1, 2, 3}), 0);
   EXPECT_EQ(shape_of(g), (V64{2, 3}));
   EXPECT_EQ(read<int64_t>(g), (std::vector<int64_t>{40, 10, 20, 20, 30, 40}));
   // (2, 2) params, (2, 2) indices on axis 1 -> (2, 2, 2)
   kiln_tensor *q = make<float>(KILN_F32, {2, 2}, {1, 2, 3, 4});
-  kiln_tensor *h = kiln_gather(q, idx64({2, 2}, {1, 0, 1, 1}), 1);
+  kiln_tensor *h = kiln_gather(q, i64({2, 2}, {1, 0, 1, 1}), 1);
   EXPECT_EQ(shape_of(h), (V64{2, 2, 2}));
   EXPECT_EQ(read<float>(h), (std::vector<float>{2, 1, 2, 2, 4, 3, 4, 4}));
   // scalar index: the axis disappears
-  kiln_tensor *sc = kiln_gather(q, idx32({}, {1}), 0);
+  kiln_tensor *sc = kiln_gather(q, i32({}, {1}), 0);
   EXPECT_EQ(shape_of(sc), (V64{2}));
   EXPECT_EQ(read<float>(sc), (std::vector<float>{3, 4}));
 }
@@ -115,25 +78,25 @@ TEST(Index, GatherMultiDimIndices) {
 TEST(Index, GatherStorageDtypes) {
   Scoped s;
   kiln_tensor *b = make<uint8_t>(KILN_BOOL, {3}, {1, 0, 1});
-  EXPECT_EQ(read<uint8_t>(kiln_gather(b, idx32({4}, {1, 2, 0, 1}), 0)), (std::vector<uint8_t>{0, 1, 1, 0}));
+  EXPECT_EQ(read<uint8_t>(kiln_gather(b, i32({4}, {1, 2, 0, 1}), 0)), (std::vector<uint8_t>{0, 1, 1, 0}));
   kiln_tensor *h = make<uint16_t>(KILN_F16, {2, 2}, {0x3c00, 0x7e01, 0xfc00, 0x0001});
-  EXPECT_EQ(read<uint16_t>(kiln_gather(h, idx64({1}, {1}), 1)), (std::vector<uint16_t>{0x7e01, 0x0001}));
+  EXPECT_EQ(read<uint16_t>(kiln_gather(h, i64({1}, {1}), 1)), (std::vector<uint16_t>{0x7e01, 0x0001}));
   kiln_tensor *bf = make<uint16_t>(KILN_BF16, {2, 3}, {1, 2, 3, 4, 5, 6});
-  EXPECT_EQ(read<uint16_t>(kiln_gather(bf, idx32({1}, {1}), 0)), (std::vector<uint16_t>{4, 5, 6}));
+  EXPECT_EQ(read<uint16_t>(kiln_gather(bf, i32({1}, {1}), 0)), (std::vector<uint16_t>{4, 5, 6}));
 }
 
 TEST(Index, GatherEmpty) {
   Scoped s;
   kiln_tensor *p = make<float>(KILN_F32, {3, 2}, {1, 2, 3, 4, 5, 6});
-  kiln_tensor *g = kiln_gather(p, idx32({0}, {}), 0);
+  kiln_tensor *g = kiln_gather(p, i32({0}, {}), 0);
   ASSERT_NE(g, nullptr) << kiln_last_error();
   EXPECT_EQ(shape_of(g), (V64{0, 2}));
   kiln_tensor *e = kiln_zeros(KILN_F32, KILN_SHAPE(0, 3));
-  kiln_tensor *g2 = kiln_gather(e, idx64({2}, {2, 0}), 1);
+  kiln_tensor *g2 = kiln_gather(e, i64({2}, {2, 0}), 1);
   ASSERT_NE(g2, nullptr) << kiln_last_error();
   EXPECT_EQ(shape_of(g2), (V64{0, 2}));
   // an index into an empty axis is still an error, even with no output
-  EXPECT_EQ(kiln_gather(e, idx64({1}, {0}), 0), nullptr);
+  EXPECT_EQ(kiln_gather(e, i64({1}, {0}), 0), nullptr);
   EXPECT_STREQ(kiln_last_error(), "gather: indices[0] = 0 is not in [0, 0)");
 }
 
@@ -145,7 +108,7 @@ TEST(Index, GatherLarge) {
   for (int i = 0; i < 1000 * 64; i++) table[i] = (float)i;
   std::vector<int64_t> ids(20000);
   for (int i = 0; i < 20000; i++) ids[i] = (i * 7919) % 1000;
-  auto g = read<float>(kiln_gather(make(KILN_F32, {1000, 64}, table), idx64({20000}, ids), 0));
+  auto g = read<float>(kiln_gather(make(KILN_F32, {1000, 64}, table), i64({20000}, ids), 0));
   ASSERT_EQ(g.size(), 20000u * 64u);
   bool ok = true;
   for (int i = 0; i < 20000 && ok; i++)
@@ -154,7 +117,7 @@ TEST(Index, GatherLarge) {
 
   std::vector<int32_t> cols(1000);
   for (int i = 0; i < 1000; i++) cols[i] = 63 - i % 64;
-  auto h = read<float>(kiln_gather(make(KILN_F32, {1000, 64}, table), idx32({1000}, cols), 1));
+  auto h = read<float>(kiln_gather(make(KILN_F32, {1000, 64}, table), i32({1000}, cols), 1));
   ASSERT_EQ(h.size(), 1000u * 1000u);
   ok = true;
   for (int r = 0; r < 1000 && ok; r++)
@@ -165,20 +128,20 @@ TEST(Index, GatherLarge) {
 TEST(Index, GatherOutOfRange) {
   Scoped s;
   kiln_tensor *p = make<float>(KILN_F32, {3}, {1, 2, 3});
-  EXPECT_EQ(kiln_gather(p, idx32({1}, {7}), 0), nullptr);
+  EXPECT_EQ(kiln_gather(p, i32({1}, {7}), 0), nullptr);
   EXPECT_STREQ(kiln_last_error(), "gather: indices[0] = 7 is not in [0, 3)");
-  EXPECT_EQ(kiln_gather(p, idx64({3}, {0, 1, 3}), 0), nullptr);
+  EXPECT_EQ(kiln_gather(p, i64({3}, {0, 1, 3}), 0), nullptr);
   EXPECT_STREQ(kiln_last_error(), "gather: indices[2] = 3 is not in [0, 3)");
   // negative indices are errors, not counted from the end
-  EXPECT_EQ(kiln_gather(p, idx32({2}, {0, -1}), 0), nullptr);
+  EXPECT_EQ(kiln_gather(p, i32({2}, {0, -1}), 0), nullptr);
   EXPECT_STREQ(kiln_last_error(), "gather: indices[1] = -1 is not in [0, 3)");
   // the position is flat over multi-dimensional indices; the first bad one is named
-  EXPECT_EQ(kiln_gather(p, idx64({2, 2}, {0, 1, 5, -9}), 0), nullptr);
+  EXPECT_EQ(kiln_gather(p, i64({2, 2}, {0, 1, 5, -9}), 0), nullptr);
   EXPECT_STREQ(kiln_last_error(), "gather: indices[2] = 5 is not in [0, 3)");
-  EXPECT_EQ(kiln_gather(p, idx64({1}, {INT64_MIN}), 0), nullptr);
+  EXPECT_EQ(kiln_gather(p, i64({1}, {INT64_MIN}), 0), nullptr);
   EXPECT_STREQ(kiln_last_error(), "gather: indices[0] = -9223372036854775808 is not in [0, 3)");
   kiln_tensor *q = make<float>(KILN_F32, {2, 2}, {1, 2, 3, 4});
-  EXPECT_EQ(kiln_gather(q, idx32({1}, {2}), 1), nullptr);
+  EXPECT_EQ(kiln_gather(q, i32({1}, {2}), 1), nullptr);
   EXPECT_STREQ(kiln_last_error(), "gather: indices[0] = 2 is not in [0, 2)");
 }
 
@@ -187,14 +150,14 @@ TEST(Index, GatherBadInputs) {
   kiln_tensor *p = make<float>(KILN_F32, {3}, {1, 2, 3});
   EXPECT_EQ(kiln_gather(p, make<float>(KILN_F32, {1}, {0}), 0), nullptr);
   EXPECT_STREQ(kiln_last_error(), "gather: indices must be i32 or i64, not f32");
-  EXPECT_EQ(kiln_gather(p, idx32({1}, {0}), 1), nullptr);
+  EXPECT_EQ(kiln_gather(p, i32({1}, {0}), 1), nullptr);
   EXPECT_STREQ(kiln_last_error(), "gather: axis 1 is out of range for rank 1");
-  EXPECT_EQ(kiln_gather(p, idx32({1}, {0}), -2), nullptr);
+  EXPECT_EQ(kiln_gather(p, i32({1}, {0}), -2), nullptr);
   EXPECT_THAT(kiln_last_error(), StartsWith("gather: axis -2"));
-  EXPECT_EQ(kiln_gather(kiln_scalar(KILN_F32, 1), idx32({1}, {0}), 0), nullptr);
+  EXPECT_EQ(kiln_gather(kiln_scalar(KILN_F32, 1), i32({1}, {0}), 0), nullptr);
   EXPECT_THAT(kiln_last_error(), StartsWith("gather: "));
   kiln_clear_error();
-  EXPECT_EQ(kiln_gather(nullptr, idx32({1}, {0}), 0), nullptr);
+  EXPECT_EQ(kiln_gather(nullptr, i32({1}, {0}), 0), nullptr);
   EXPECT_THAT(kiln_last_error(), StartsWith("gather: "));
   kiln_clear_error();
   EXPECT_EQ(kiln_gather(p, nullptr, 0), nullptr);
@@ -206,12 +169,12 @@ TEST(Index, GatherBadInputs) {
 TEST(Index, ScatterAddDuplicatesAccumulate) {
   Scoped s;
   kiln_tensor *u = make<float>(KILN_F32, {4}, {1, 2, 4, 8});
-  kiln_tensor *r = kiln_scatter_add(u, idx32({4}, {0, 2, 0, 1}), 0, KILN_SHAPE(3));
+  kiln_tensor *r = kiln_scatter_add(u, i32({4}, {0, 2, 0, 1}), 0, KILN_SHAPE(3));
   EXPECT_EQ(shape_of(r), (V64{3}));
   EXPECT_EQ(read<float>(r), (std::vector<float>{5, 8, 2}));
   // untouched rows stay zero
   kiln_tensor *d = make<double>(KILN_F64, {3}, {0.5, 0.25, 1});
-  EXPECT_EQ(read<double>(kiln_scatter_add(d, idx64({3}, {4, 4, 1}), 0, KILN_SHAPE(6))),
+  EXPECT_EQ(read<double>(kiln_scatter_add(d, i64({3}, {4, 4, 1}), 0, KILN_SHAPE(6))),
             (std::vector<double>{0, 1, 0, 0, 0.75, 0}));
 }
 
@@ -219,18 +182,18 @@ TEST(Index, ScatterAddRowsAndAxes) {
   Scoped s;
   // axis 0: rows of (3, 2)
   kiln_tensor *u = make<int32_t>(KILN_I32, {3, 2}, {1, 2, 10, 20, 100, 200});
-  EXPECT_EQ(read<int32_t>(kiln_scatter_add(u, idx32({3}, {1, 1, 0}), 0, KILN_SHAPE(2, 2))),
+  EXPECT_EQ(read<int32_t>(kiln_scatter_add(u, i32({3}, {1, 1, 0}), 0, KILN_SHAPE(2, 2))),
             (std::vector<int32_t>{100, 200, 11, 22}));
   // axis 1 (and -1): columns of (2, 3) from updates (2, 4)
   kiln_tensor *v = make<int64_t>(KILN_I64, {2, 4}, {1, 2, 3, 4, 5, 6, 7, 8});
-  kiln_tensor *r = kiln_scatter_add(v, idx64({4}, {2, 0, 2, 2}), 1, KILN_SHAPE(2, 3));
+  kiln_tensor *r = kiln_scatter_add(v, i64({4}, {2, 0, 2, 2}), 1, KILN_SHAPE(2, 3));
   EXPECT_EQ(shape_of(r), (V64{2, 3}));
   EXPECT_EQ(read<int64_t>(r), (std::vector<int64_t>{2, 0, 8, 6, 0, 20}));
-  EXPECT_EQ(read<int64_t>(kiln_scatter_add(v, idx64({4}, {2, 0, 2, 2}), -1, KILN_SHAPE(2, 3))),
+  EXPECT_EQ(read<int64_t>(kiln_scatter_add(v, i64({4}, {2, 0, 2, 2}), -1, KILN_SHAPE(2, 3))),
             (std::vector<int64_t>{2, 0, 8, 6, 0, 20}));
   // multi-dimensional indices (2, 2) into axis 0 of (3,)
   kiln_tensor *w = make<float>(KILN_F32, {2, 2}, {1, 2, 3, 4});
-  EXPECT_EQ(read<float>(kiln_scatter_add(w, idx32({2, 2}, {2, 2, 0, 2}), 0, KILN_SHAPE(3))),
+  EXPECT_EQ(read<float>(kiln_scatter_add(w, i32({2, 2}, {2, 2, 0, 2}), 0, KILN_SHAPE(3))),
             (std::vector<float>{3, 0, 7}));
 }
 
@@ -238,27 +201,27 @@ TEST(Index, ScatterAddInvertsGather) {
   Scoped s;
   // sum over gathered rows == scatter_add of ones counts how often each row was taken
   kiln_tensor *ones = kiln_ones(KILN_F32, KILN_SHAPE(5, 2));
-  kiln_tensor *r = kiln_scatter_add(ones, idx64({5}, {3, 0, 3, 3, 1}), 0, KILN_SHAPE(4, 2));
+  kiln_tensor *r = kiln_scatter_add(ones, i64({5}, {3, 0, 3, 3, 1}), 0, KILN_SHAPE(4, 2));
   EXPECT_EQ(read<float>(r), (std::vector<float>{1, 1, 1, 1, 0, 0, 3, 3}));
 }
 
 TEST(Index, ScatterAddIntegerWraps) {
   Scoped s;
   kiln_tensor *u = make<int32_t>(KILN_I32, {2}, {INT32_MAX, 1});
-  EXPECT_EQ(read<int32_t>(kiln_scatter_add(u, idx32({2}, {0, 0}), 0, KILN_SHAPE(1))),
+  EXPECT_EQ(read<int32_t>(kiln_scatter_add(u, i32({2}, {0, 0}), 0, KILN_SHAPE(1))),
             (std::vector<int32_t>{INT32_MIN}));
   kiln_tensor *v = make<int64_t>(KILN_I64, {2}, {INT64_MIN, -1});
-  EXPECT_EQ(read<int64_t>(kiln_scatter_add(v, idx32({2}, {0, 0}), 0, KILN_SHAPE(1))),
+  EXPECT_EQ(read<int64_t>(kiln_scatter_add(v, i32({2}, {0, 0}), 0, KILN_SHAPE(1))),
             (std::vector<int64_t>{INT64_MAX}));
 }
 
 TEST(Index, ScatterAddEmpty) {
   Scoped s;
   kiln_tensor *u = kiln_zeros(KILN_F32, KILN_SHAPE(0, 2));
-  kiln_tensor *r = kiln_scatter_add(u, idx32({0}, {}), 0, KILN_SHAPE(3, 2));
+  kiln_tensor *r = kiln_scatter_add(u, i32({0}, {}), 0, KILN_SHAPE(3, 2));
   EXPECT_EQ(read<float>(r), (std::vector<float>(6, 0.0f)));
   kiln_tensor *e =
-      kiln_scatter_add(kiln_zeros(KILN_F64, KILN_SHAPE(2, 0)), idx64({2}, {0, 1}), 0, KILN_SHAPE(2, 0));
+      kiln_scatter_add(kiln_zeros(KILN_F64, KILN_SHAPE(2, 0)), i64({2}, {0, 1}), 0, KILN_SHAPE(2, 0));
   ASSERT_NE(e, nullptr) << kiln_last_error();
   EXPECT_EQ(shape_of(e), (V64{2, 0}));
 }
@@ -274,7 +237,7 @@ TEST(Index, ScatterAddLarge) {
     for (int i = 0; i < w; i++) upd[(size_t)j * w + i] = j + i * 1e-3;
   }
   auto got =
-      read<double>(kiln_scatter_add(make(KILN_F64, {n, w}, upd), idx32({n}, ids), 0, KILN_SHAPE(rows, w)));
+      read<double>(kiln_scatter_add(make(KILN_F64, {n, w}, upd), i32({n}, ids), 0, KILN_SHAPE(rows, w)));
   ASSERT_EQ(got.size(), (size_t)rows * w);
   // row r gets every j with 7j = r (mod 10): j = 3r (mod 10); 300 of them
   bool ok = true;
@@ -288,7 +251,7 @@ TEST(Index, ScatterAddLarge) {
   EXPECT_TRUE(ok);
   // axis 1 of (64, 50000): a tall scatter over columns
   std::vector<float> u2(64 * 3, 1.0f);
-  auto g2 = read<float>(kiln_scatter_add(make(KILN_F32, {64, 3}, u2), idx64({3}, {49999, 0, 49999}), 1,
+  auto g2 = read<float>(kiln_scatter_add(make(KILN_F32, {64, 3}, u2), i64({3}, {49999, 0, 49999}), 1,
                                          KILN_SHAPE(64, 50000)));
   ASSERT_EQ(g2.size(), 64u * 50000u);
   double sum = 0;
@@ -301,31 +264,31 @@ TEST(Index, ScatterAddLarge) {
 TEST(Index, ScatterAddErrors) {
   Scoped s;
   kiln_tensor *u = make<float>(KILN_F32, {3}, {1, 2, 3});
-  EXPECT_EQ(kiln_scatter_add(u, idx32({3}, {0, 1, -1}), 0, KILN_SHAPE(4)), nullptr);
+  EXPECT_EQ(kiln_scatter_add(u, i32({3}, {0, 1, -1}), 0, KILN_SHAPE(4)), nullptr);
   EXPECT_STREQ(kiln_last_error(), "scatter_add: indices[2] = -1 is not in [0, 4)");
-  EXPECT_EQ(kiln_scatter_add(u, idx64({3}, {0, 4, 1}), 0, KILN_SHAPE(4)), nullptr);
+  EXPECT_EQ(kiln_scatter_add(u, i64({3}, {0, 4, 1}), 0, KILN_SHAPE(4)), nullptr);
   EXPECT_STREQ(kiln_last_error(), "scatter_add: indices[1] = 4 is not in [0, 4)");
-  EXPECT_EQ(kiln_scatter_add(u, idx32({2}, {0, 1}), 0, KILN_SHAPE(4)), nullptr);
+  EXPECT_EQ(kiln_scatter_add(u, i32({2}, {0, 1}), 0, KILN_SHAPE(4)), nullptr);
   EXPECT_STREQ(kiln_last_error(), "scatter_add: updates have shape (3,), expected (2,)");
   EXPECT_EQ(kiln_scatter_add(u, make<float>(KILN_F32, {3}, {0, 1, 2}), 0, KILN_SHAPE(4)), nullptr);
   EXPECT_STREQ(kiln_last_error(), "scatter_add: indices must be i32 or i64, not f32");
-  EXPECT_EQ(kiln_scatter_add(make<uint8_t>(KILN_BOOL, {1}, {1}), idx32({1}, {0}), 0, KILN_SHAPE(2)), nullptr);
+  EXPECT_EQ(kiln_scatter_add(make<uint8_t>(KILN_BOOL, {1}, {1}), i32({1}, {0}), 0, KILN_SHAPE(2)), nullptr);
   EXPECT_THAT(kiln_last_error(), StartsWith("scatter_add: dtype bool is not supported"));
-  EXPECT_EQ(kiln_scatter_add(make<uint16_t>(KILN_F16, {1}, {0}), idx32({1}, {0}), 0, KILN_SHAPE(2)), nullptr);
+  EXPECT_EQ(kiln_scatter_add(make<uint16_t>(KILN_F16, {1}, {0}), i32({1}, {0}), 0, KILN_SHAPE(2)), nullptr);
   EXPECT_THAT(kiln_last_error(), StartsWith("scatter_add: dtype f16 is not supported"));
-  EXPECT_EQ(kiln_scatter_add(u, idx32({3}, {0, 1, 2}), 1, KILN_SHAPE(4)), nullptr);
+  EXPECT_EQ(kiln_scatter_add(u, i32({3}, {0, 1, 2}), 1, KILN_SHAPE(4)), nullptr);
   EXPECT_STREQ(kiln_last_error(), "scatter_add: axis 1 is out of range for rank 1");
-  EXPECT_EQ(kiln_scatter_add(u, idx32({3}, {0, 1, 2}), 0, 0, nullptr), nullptr);
+  EXPECT_EQ(kiln_scatter_add(u, i32({3}, {0, 1, 2}), 0, 0, nullptr), nullptr);
   EXPECT_THAT(kiln_last_error(), StartsWith("scatter_add: axis 0 is out of range for rank 0"));
-  EXPECT_EQ(kiln_scatter_add(u, idx32({3}, {0, 1, 2}), 0, 1, nullptr), nullptr);
+  EXPECT_EQ(kiln_scatter_add(u, i32({3}, {0, 1, 2}), 0, 1, nullptr), nullptr);
   EXPECT_STREQ(kiln_last_error(), "scatter_add: shape is NULL for rank 1");
-  EXPECT_EQ(kiln_scatter_add(u, idx32({3}, {0, 1, 2}), 0, 9, nullptr), nullptr);
+  EXPECT_EQ(kiln_scatter_add(u, i32({3}, {0, 1, 2}), 0, 9, nullptr), nullptr);
   EXPECT_THAT(kiln_last_error(), StartsWith("scatter_add: rank 9"));
-  EXPECT_EQ(kiln_scatter_add(u, idx32({3}, {0, 1, 2}), 0, KILN_SHAPE(-4)), nullptr);
+  EXPECT_EQ(kiln_scatter_add(u, i32({3}, {0, 1, 2}), 0, KILN_SHAPE(-4)), nullptr);
   EXPECT_THAT(kiln_last_error(), StartsWith("scatter_add: "));
   EXPECT_THAT(kiln_last_error(), HasSubstr("negative"));
   kiln_clear_error();
-  EXPECT_EQ(kiln_scatter_add(nullptr, idx32({1}, {0}), 0, 7, nullptr), nullptr);  // NULL wins over bad attrs
+  EXPECT_EQ(kiln_scatter_add(nullptr, i32({1}, {0}), 0, 7, nullptr), nullptr);  // NULL wins over bad attrs
   EXPECT_THAT(kiln_last_error(), StartsWith("scatter_add: input 0 is NULL"));
   kiln_clear_error();
   EXPECT_EQ(kiln_scatter_add(u, nullptr, 0, KILN_SHAPE(4)), nullptr);

@@ -12,82 +12,14 @@
 #include <thread>
 #include <vector>
 
+#include "test_util.h"
+
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 namespace {
 
-struct Scoped {
-  int64_t live = kiln_debug_live_tensors();
-  Scoped() {
-    kiln_clear_error();
-    kiln_scope_push();
-  }
-  ~Scoped() {
-    kiln_scope_pop();
-    EXPECT_EQ(kiln_debug_live_tensors(), live) << "tensors leaked";
-  }
-};
-
-using V64 = std::vector<int64_t>;
-using VD = std::vector<double>;
-
-std::vector<int64_t> shape_of(const kiln_tensor *t) {
-  if (!t) return {};
-  return std::vector<int64_t>(kiln_tensor_shape(t), kiln_tensor_shape(t) + kiln_tensor_rank(t));
-}
-
-kiln_tensor *make(kiln_dtype dt, V64 shape, const VD &v) {
-  std::vector<unsigned char> buf(v.size() * kiln_dtype_size(dt) + 1);
-  for (size_t i = 0; i < v.size(); i++) {
-    switch (dt) {
-      case KILN_F32:
-        ((float *)buf.data())[i] = (float)v[i];
-        break;
-      case KILN_F64:
-        ((double *)buf.data())[i] = v[i];
-        break;
-      case KILN_I32:
-        ((int32_t *)buf.data())[i] = (int32_t)v[i];
-        break;
-      case KILN_I64:
-        ((int64_t *)buf.data())[i] = (int64_t)v[i];
-        break;
-      default:
-        ADD_FAILURE() << "make: dtype " << kiln_dtype_name(dt);
-    }
-  }
-  return kiln_tensor_new(dt, (int)shape.size(), shape.data(), buf.data());
-}
-
-VD values(const kiln_tensor *t) {
-  EXPECT_NE(t, nullptr) << kiln_last_error();
-  if (!t) return {};
-  size_t n = (size_t)kiln_tensor_size(t);
-  kiln_dtype dt = kiln_tensor_dtype(t);
-  std::vector<unsigned char> buf(n * kiln_dtype_size(dt) + 1);
-  EXPECT_EQ(kiln_tensor_read(t, buf.data(), n * kiln_dtype_size(dt)), 0) << kiln_last_error();
-  VD v(n);
-  for (size_t i = 0; i < n; i++) {
-    switch (dt) {
-      case KILN_F32:
-        v[i] = ((float *)buf.data())[i];
-        break;
-      case KILN_F64:
-        v[i] = ((double *)buf.data())[i];
-        break;
-      case KILN_I32:
-        v[i] = ((int32_t *)buf.data())[i];
-        break;
-      case KILN_I64:
-        v[i] = (double)((int64_t *)buf.data())[i];
-        break;
-      default:
-        ADD_FAILURE() << "values: dtype " << kiln_dtype_name(dt);
-    }
-  }
-  return v;
-}
+using namespace kiln_test;
 
 // Small integers (-4..4) from a fixed hash: every product and every sum of
 // up to 2^18 of them is exact in f32, so kernels must match the reference
@@ -135,7 +67,7 @@ void check_exact(int64_t m, int64_t n, int64_t k) {
   VD want = naive(a, b, m, n, k);
   for (kiln_dtype dt : kNumeric) {
     Scoped s;
-    kiln_tensor *c = kiln_matmul(make(dt, {m, k}, a), make(dt, {k, n}, b));
+    kiln_tensor *c = kiln_matmul(from_values(dt, {m, k}, a), from_values(dt, {k, n}, b));
     ASSERT_NE(c, nullptr) << kiln_last_error();
     EXPECT_EQ(kiln_tensor_dtype(c), dt);
     EXPECT_EQ(shape_of(c), (V64{m, n}));
@@ -148,8 +80,8 @@ void check_exact(int64_t m, int64_t n, int64_t k) {
 TEST(Matmul, TwoByThreeTimesThreeByTwo) {
   for (kiln_dtype dt : kNumeric) {
     Scoped s;
-    kiln_tensor *a = make(dt, {2, 3}, {1, 2, 3, 4, 5, 6});
-    kiln_tensor *b = make(dt, {3, 2}, {7, 8, 9, 10, 11, 12});
+    kiln_tensor *a = from_values(dt, {2, 3}, {1, 2, 3, 4, 5, 6});
+    kiln_tensor *b = from_values(dt, {3, 2}, {7, 8, 9, 10, 11, 12});
     kiln_tensor *c = kiln_matmul(a, b);
     EXPECT_EQ(shape_of(c), (V64{2, 2})) << kiln_dtype_name(dt);
     EXPECT_EQ(values(c), (VD{58, 64, 139, 154})) << kiln_dtype_name(dt);
@@ -160,9 +92,9 @@ TEST(Matmul, TwoByThreeTimesThreeByTwo) {
 
 TEST(Matmul, TwoByTwoAndOneByOne) {
   Scoped s;
-  kiln_tensor *a = make(KILN_F32, {2, 2}, {1, 2, 3, 4});
+  kiln_tensor *a = from_values(KILN_F32, {2, 2}, {1, 2, 3, 4});
   EXPECT_EQ(values(kiln_matmul(a, a)), (VD{7, 10, 15, 22}));
-  EXPECT_EQ(values(kiln_matmul(make(KILN_I64, {1, 1}, {-6}), make(KILN_I64, {1, 1}, {7}))),
+  EXPECT_EQ(values(kiln_matmul(from_values(KILN_I64, {1, 1}, {-6}), from_values(KILN_I64, {1, 1}, {7}))),
             (VD{-42}));
 }
 
@@ -173,11 +105,11 @@ TEST(Matmul, Identity) {
   for (int64_t i = 0; i < n; i++) eye[i * n + i] = 1;
   VD x = reals(20 * n, 3);
   for (kiln_dtype dt : {KILN_F32, KILN_F64}) {
-    kiln_tensor *a = make(dt, {20, n}, x);
+    kiln_tensor *a = from_values(dt, {20, n}, x);
     VD ax = values(a);
-    EXPECT_EQ(values(kiln_matmul(a, make(dt, {n, n}, eye))), ax) << kiln_dtype_name(dt);
-    kiln_tensor *at = make(dt, {n, 20}, reals(20 * n, 4));
-    EXPECT_EQ(values(kiln_matmul(make(dt, {n, n}, eye), at)), values(at)) << kiln_dtype_name(dt);
+    EXPECT_EQ(values(kiln_matmul(a, from_values(dt, {n, n}, eye))), ax) << kiln_dtype_name(dt);
+    kiln_tensor *at = from_values(dt, {n, 20}, reals(20 * n, 4));
+    EXPECT_EQ(values(kiln_matmul(from_values(dt, {n, n}, eye), at)), values(at)) << kiln_dtype_name(dt);
   }
 }
 
@@ -193,7 +125,7 @@ TEST(Matmul, BatchBroadcast) {
              4, 7, 0, 2, 6, 8, 2, 2, 8, 9, 4, 2};
   for (kiln_dtype dt : kNumeric) {
     Scoped s;
-    kiln_tensor *c = kiln_matmul(make(dt, {2, 1, 2, 3}, a), make(dt, {3, 3, 2}, b));
+    kiln_tensor *c = kiln_matmul(from_values(dt, {2, 1, 2, 3}, a), from_values(dt, {3, 3, 2}, b));
     ASSERT_NE(c, nullptr) << kiln_last_error();
     EXPECT_EQ(shape_of(c), (V64{2, 3, 2, 2})) << kiln_dtype_name(dt);
     EXPECT_EQ(values(c), want) << kiln_dtype_name(dt);
@@ -203,14 +135,14 @@ TEST(Matmul, BatchBroadcast) {
 TEST(Matmul, BatchOnOneSide) {
   Scoped s;
   // (3, 2, 2) @ (2, 1): each batch of A times the same B
-  kiln_tensor *a = make(KILN_F64, {3, 2, 2}, {1, 0, 0, 1, 2, 0, 0, 2, 0, 1, 1, 0});
-  kiln_tensor *b = make(KILN_F64, {2, 1}, {5, 7});
+  kiln_tensor *a = from_values(KILN_F64, {3, 2, 2}, {1, 0, 0, 1, 2, 0, 0, 2, 0, 1, 1, 0});
+  kiln_tensor *b = from_values(KILN_F64, {2, 1}, {5, 7});
   kiln_tensor *c = kiln_matmul(a, b);
   EXPECT_EQ(shape_of(c), (V64{3, 2, 1}));
   EXPECT_EQ(values(c), (VD{5, 7, 10, 14, 7, 5}));
   // (2, 2) @ (2, 2, 1): A broadcast over B's batch
   kiln_tensor *d =
-      kiln_matmul(make(KILN_I32, {2, 2}, {1, 2, 3, 4}), make(KILN_I32, {2, 2, 1}, {1, 1, 0, 1}));
+      kiln_matmul(from_values(KILN_I32, {2, 2}, {1, 2, 3, 4}), from_values(KILN_I32, {2, 2, 1}, {1, 1, 0, 1}));
   EXPECT_EQ(shape_of(d), (V64{2, 2, 1}));
   EXPECT_EQ(values(d), (VD{3, 7, 2, 4}));
 }
@@ -245,7 +177,7 @@ TEST(Matmul, RealsWithinRounding) {
   VD a = reals(m * k, 1), b = reals(k * n, 2), want = naive(a, b, m, n, k);
   for (kiln_dtype dt : {KILN_F32, KILN_F64}) {
     Scoped s;
-    VD got = values(kiln_matmul(make(dt, {m, k}, a), make(dt, {k, n}, b)));
+    VD got = values(kiln_matmul(from_values(dt, {m, k}, a), from_values(dt, {k, n}, b)));
     ASSERT_EQ(got.size(), want.size());
     // f32 inputs are rounded, so compare against the rounded inputs' product
     VD ar = a, br = b;
@@ -271,7 +203,7 @@ TEST(Matmul, ManySmallBatches) {
     want.insert(want.end(), ct.begin(), ct.end());
   }
   for (kiln_dtype dt : kNumeric) {
-    kiln_tensor *c = kiln_matmul(make(dt, {batch, m, k}, a), make(dt, {k, n}, b));
+    kiln_tensor *c = kiln_matmul(from_values(dt, {batch, m, k}, a), from_values(dt, {k, n}, b));
     EXPECT_EQ(shape_of(c), (V64{batch, m, n}));
     EXPECT_EQ(values(c), want) << kiln_dtype_name(dt);
   }
@@ -287,7 +219,7 @@ TEST(Matmul, BigBatches) {
                   VD(b.begin() + t * k * n, b.begin() + (t + 1) * k * n), m, n, k);
     want.insert(want.end(), ct.begin(), ct.end());
   }
-  kiln_tensor *c = kiln_matmul(make(KILN_F32, {2, m, k}, a), make(KILN_F32, {2, k, n}, b));
+  kiln_tensor *c = kiln_matmul(from_values(KILN_F32, {2, m, k}, a), from_values(KILN_F32, {2, k, n}, b));
   EXPECT_EQ(shape_of(c), (V64{2, m, n}));
   EXPECT_EQ(values(c), want);
 }
@@ -298,7 +230,7 @@ TEST(Matmul, IntegersWrap) {
   Scoped s;
   // 65536 * 65537 + 5 = 2^32 + 65541
   kiln_tensor *c =
-      kiln_matmul(make(KILN_I32, {1, 2}, {65536, 1}), make(KILN_I32, {2, 1}, {65537, 5}));
+      kiln_matmul(from_values(KILN_I32, {1, 2}, {65536, 1}), from_values(KILN_I32, {2, 1}, {65537, 5}));
   std::vector<int32_t> v32(1);
   ASSERT_EQ(kiln_tensor_read(c, v32.data(), sizeof(int32_t)), 0) << kiln_last_error();
   EXPECT_EQ(v32[0], 65541);
@@ -311,7 +243,7 @@ TEST(Matmul, IntegersWrap) {
   EXPECT_EQ(v64[0], 3);
   // negative values
   EXPECT_EQ(
-      values(kiln_matmul(make(KILN_I32, {1, 2}, {-3, 2}), make(KILN_I32, {2, 2}, {4, -1, -5, 6}))),
+      values(kiln_matmul(from_values(KILN_I32, {1, 2}, {-3, 2}), from_values(KILN_I32, {2, 2}, {4, -1, -5, 6}))),
       (VD{-22, 15}));
 }
 
@@ -355,7 +287,7 @@ TEST(Matmul, TwoThreadsAtOnce) {
   int64_t live = kiln_debug_live_tensors();
   auto worker = [&](bool *ok) {
     kiln_scope_push();
-    kiln_tensor *x = make(KILN_F32, {n, n}, a), *y = make(KILN_F32, {n, n}, b);
+    kiln_tensor *x = from_values(KILN_F32, {n, n}, a), *y = from_values(KILN_F32, {n, n}, b);
     *ok = true;
     for (int r = 0; r < 10 && *ok; r++) {
       kiln_tensor *c = kiln_matmul(x, y);

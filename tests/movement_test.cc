@@ -11,43 +11,14 @@
 #include <numeric>
 #include <vector>
 
+#include "test_util.h"
+
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 namespace {
 
-// Opens a scope for the test and checks nothing leaked when it closes.
-struct Scoped {
-  int64_t live = kiln_debug_live_tensors();
-  Scoped() {
-    kiln_clear_error();
-    kiln_scope_push();
-  }
-  ~Scoped() {
-    kiln_scope_pop();
-    EXPECT_EQ(kiln_debug_live_tensors(), live) << "tensors leaked";
-  }
-};
-
-template <typename T>
-std::vector<T> read(const kiln_tensor *t) {
-  std::vector<T> v(t ? kiln_tensor_size(t) : 0);
-  EXPECT_NE(t, nullptr) << kiln_last_error();
-  if (t) {
-    EXPECT_EQ(kiln_tensor_read(t, v.data(), v.size() * sizeof(T)), 0) << kiln_last_error();
-  }
-  return v;
-}
-
-std::vector<int64_t> shape_of(const kiln_tensor *t) {
-  if (!t) return {};
-  return std::vector<int64_t>(kiln_tensor_shape(t), kiln_tensor_shape(t) + kiln_tensor_rank(t));
-}
-
-template <typename T>
-kiln_tensor *make(kiln_dtype dt, std::vector<int64_t> shape, const std::vector<T> &data) {
-  return kiln_tensor_new(dt, (int)shape.size(), shape.data(), data.data());
-}
+using namespace kiln_test;
 
 // 0, 1, 2, ... as i32 of the given shape: every element names its position.
 kiln_tensor *iota_i32(std::vector<int64_t> shape) {
@@ -57,8 +28,6 @@ kiln_tensor *iota_i32(std::vector<int64_t> shape) {
   std::iota(v.begin(), v.end(), 0);
   return make(KILN_I32, shape, v);
 }
-
-using V64 = std::vector<int64_t>;
 
 // ---- broadcast_to ----
 

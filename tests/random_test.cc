@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include "test_util.h"
+
 // The general Philox block (full 128-bit counter), a test hook exported by
 // lib/random.c.
 extern "C" void kiln_debug_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
@@ -21,27 +23,7 @@ using ::testing::StartsWith;
 
 namespace {
 
-struct Scoped {
-  int64_t live = kiln_debug_live_tensors();
-  Scoped() {
-    kiln_clear_error();
-    kiln_scope_push();
-  }
-  ~Scoped() {
-    kiln_scope_pop();
-    EXPECT_EQ(kiln_debug_live_tensors(), live) << "tensors leaked";
-  }
-};
-
-template <typename T>
-std::vector<T> read(const kiln_tensor *t) {
-  std::vector<T> v(t ? kiln_tensor_size(t) : 0);
-  EXPECT_NE(t, nullptr) << kiln_last_error();
-  if (t) {
-    EXPECT_EQ(kiln_tensor_read(t, v.data(), v.size() * sizeof(T)), 0) << kiln_last_error();
-  }
-  return v;
-}
+using namespace kiln_test;
 
 // Block `counter` of the stream keyed by seed, as runtime.h lays it out.
 void block(uint64_t seed, uint64_t counter, uint32_t w[4]) {

@@ -9,29 +9,14 @@
 #include <thread>
 #include <vector>
 
+#include "test_util.h"
+
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 namespace {
 
-// Opens a scope for the test and checks nothing leaked when it closes.
-struct Scoped {
-  int64_t live = kiln_debug_live_tensors();
-  Scoped() {
-    kiln_clear_error();
-    kiln_scope_push();
-  }
-  ~Scoped() {
-    kiln_scope_pop();
-    EXPECT_EQ(kiln_debug_live_tensors(), live) << "tensors leaked";
-  }
-};
-
-std::vector<float> read_f32(const kiln_tensor *t) {
-  std::vector<float> v(kiln_tensor_size(t));
-  EXPECT_EQ(kiln_tensor_read(t, v.data(), v.size() * sizeof(float)), 0) << kiln_last_error();
-  return v;
-}
+using namespace kiln_test;
 
 TEST(Runtime, VersionAndDtypes) {
   EXPECT_STREQ(kiln_version(), "0.1.0");
@@ -60,7 +45,7 @@ TEST(Runtime, TensorNewCopiesAndReads) {
   EXPECT_EQ(kiln_tensor_shape(t)[1], 3);
   EXPECT_EQ(kiln_tensor_size(t), 6);
   EXPECT_STREQ(kiln_tensor_device(t), "cpu:0");
-  EXPECT_EQ(read_f32(t), (std::vector<float>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(read<float>(t), (std::vector<float>{1, 2, 3, 4, 5, 6}));
   EXPECT_EQ((uintptr_t)kiln_tensor_data(t) % 64, 0u) << "storage must be 64-byte aligned";
 }
 
@@ -98,7 +83,7 @@ TEST(Runtime, Constructors) {
   for (uint8_t v : bd) EXPECT_EQ(v, 1);
 
   kiln_tensor *e = kiln_eye(KILN_F32, 3);
-  EXPECT_EQ(read_f32(e), (std::vector<float>{1, 0, 0, 0, 1, 0, 0, 0, 1}));
+  EXPECT_EQ(read<float>(e), (std::vector<float>{1, 0, 0, 0, 1, 0, 0, 0, 1}));
 
   kiln_tensor *sc = kiln_scalar(KILN_F32, 2.5);
   EXPECT_EQ(kiln_tensor_rank(sc), 0);
@@ -245,7 +230,7 @@ TEST(Runtime, EscapeHandsToParentOrCaller) {
     kiln_scope_pop();
   }
   EXPECT_EQ(kiln_debug_live_tensors(), before + 1);
-  EXPECT_EQ(read_f32(kept), (std::vector<float>{2, 2, 2}));
+  EXPECT_EQ(read<float>(kept), (std::vector<float>{2, 2, 2}));
   // escaping from the outermost scope gives the tensor to the caller
   kiln_tensor *mine = kiln_scope_escape(kept);
   EXPECT_EQ(mine, kept);
@@ -308,7 +293,7 @@ TEST(Runtime, NestedScopesOnlyReleaseTheirOwn) {
     kiln_scope_pop();
   }
   EXPECT_EQ(kiln_debug_live_tensors(), before + 1);
-  EXPECT_EQ(read_f32(outer), (std::vector<float>{1, 1}));
+  EXPECT_EQ(read<float>(outer), (std::vector<float>{1, 1}));
   kiln_scope_pop();
   EXPECT_EQ(kiln_debug_live_tensors(), before);
 }
@@ -332,7 +317,7 @@ TEST(Runtime, Devices) {
   kiln_tensor *c = kiln_to_device(t, "cpu:0");
   ASSERT_NE(c, nullptr);
   EXPECT_STREQ(kiln_tensor_device(c), "cpu:0");
-  EXPECT_EQ(read_f32(c), (std::vector<float>{1, 1, 1}));
+  EXPECT_EQ(read<float>(c), (std::vector<float>{1, 1, 1}));
   if (kiln_device_count() == 1) {
     EXPECT_EQ(kiln_to_device(t, "gpu:0"), nullptr);
     EXPECT_THAT(kiln_last_error(), StartsWith("to_device: unknown device 'gpu:0'"));
