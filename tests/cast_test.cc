@@ -13,21 +13,13 @@
 #include <limits>
 #include <vector>
 
+#include "test_util.h"
+
 using ::testing::StartsWith;
 
 namespace {
 
-struct Scoped {
-  int64_t live = kiln_debug_live_tensors();
-  Scoped() {
-    kiln_clear_error();
-    kiln_scope_push();
-  }
-  ~Scoped() {
-    kiln_scope_pop();
-    EXPECT_EQ(kiln_debug_live_tensors(), live) << "tensors leaked";
-  }
-};
+using namespace kiln_test;
 
 using Bits = std::vector<uint16_t>;  // raw f16 / bf16
 
@@ -53,11 +45,6 @@ std::vector<T> cast(kiln_tensor *t, kiln_dtype dt) {
   EXPECT_EQ(kiln_tensor_read(r, v.data(), v.size() * sizeof(T)), 0) << kiln_last_error();
   return v;
 }
-
-const float kNanF = std::numeric_limits<float>::quiet_NaN();
-const double kNan = std::numeric_limits<double>::quiet_NaN();
-const float kInfF = std::numeric_limits<float>::infinity();
-const double kInf = std::numeric_limits<double>::infinity();
 
 float f32_from_bits(uint32_t u) {
   float f;

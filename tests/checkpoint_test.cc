@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"
+
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
@@ -28,33 +30,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Opens a scope for the test and checks nothing leaked when it closes.
-// Declare it first, so that variables are freed before it.
-struct Scoped {
-  int64_t live = kiln_debug_live_tensors();
-  Scoped() {
-    kiln_clear_error();
-    kiln_scope_push();
-  }
-  ~Scoped() {
-    kiln_scope_pop();
-    EXPECT_EQ(kiln_debug_live_tensors(), live) << "tensors leaked";
-  }
-};
-
-// Variables freed at the end of the test.
-struct Vars {
-  std::vector<kiln_variable *> all;
-  kiln_variable *add(kiln_tensor *init, const char *name) {
-    kiln_variable *v = kiln_variable_new(init, name);
-    EXPECT_NE(v, nullptr) << kiln_last_error();
-    all.push_back(v);
-    return v;
-  }
-  ~Vars() {
-    for (kiln_variable *v : all) kiln_variable_free(v);
-  }
-};
+using namespace kiln_test;
 
 // A fresh directory, removed with everything in it at the end.
 struct TempDir {
@@ -129,18 +105,13 @@ std::vector<float> f32s(kiln_variable *v) {
   return out;
 }
 
-kiln_tensor *f32(std::vector<float> v) {
-  int64_t n = (int64_t)v.size();
-  return kiln_tensor_new(KILN_F32, 1, &n, v.data());
-}
-
 const std::string kW = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
 
 // ---------------------------------------------------------------------------
 
 TEST(Checkpoint, RoundTripEveryDtype) {
   Scoped s;
-  Vars vars;
+  Owned own;
   TempDir dir;
   float f[6] = {1.5f, -2, 3.25f, 0, -0.0f, 1e30f};
   double d = 3.141592653589793;
@@ -150,14 +121,14 @@ TEST(Checkpoint, RoundTripEveryDtype) {
   uint16_t h[3] = {0x3c00, 0xc000, 0x7c00};  // 1, -2, inf
   uint16_t bf[2] = {0x3fc0, 0xc049};         // 1.5, -3.140625
   std::vector<kiln_variable *> saved = {
-      vars.add(kiln_tensor_new(KILN_F32, KILN_SHAPE(2, 3), f), "f32"),
-      vars.add(kiln_tensor_new(KILN_F64, 0, nullptr, &d), "f64"),
-      vars.add(kiln_tensor_new(KILN_I32, KILN_SHAPE(4), i32), "i32"),
-      vars.add(kiln_tensor_new(KILN_I64, KILN_SHAPE(2, 2), i64), "i64"),
-      vars.add(kiln_tensor_new(KILN_BOOL, KILN_SHAPE(3), b), "bool"),
-      vars.add(kiln_tensor_new(KILN_F16, KILN_SHAPE(3), h), "f16"),
-      vars.add(kiln_tensor_new(KILN_BF16, KILN_SHAPE(1, 2), bf), "bf16"),
-      vars.add(kiln_zeros(KILN_F32, KILN_SHAPE(0, 3)), "empty"),
+      own.var(kiln_tensor_new(KILN_F32, KILN_SHAPE(2, 3), f), "f32"),
+      own.var(kiln_tensor_new(KILN_F64, 0, nullptr, &d), "f64"),
+      own.var(kiln_tensor_new(KILN_I32, KILN_SHAPE(4), i32), "i32"),
+      own.var(kiln_tensor_new(KILN_I64, KILN_SHAPE(2, 2), i64), "i64"),
+      own.var(kiln_tensor_new(KILN_BOOL, KILN_SHAPE(3), b), "bool"),
+      own.var(kiln_tensor_new(KILN_F16, KILN_SHAPE(3), h), "f16"),
+      own.var(kiln_tensor_new(KILN_BF16, KILN_SHAPE(1, 2), bf), "bf16"),
+      own.var(kiln_zeros(KILN_F32, KILN_SHAPE(0, 3)), "empty"),
   };
   std::string path = dir.file("all.safetensors");
   ASSERT_EQ(kiln_checkpoint_save(path.c_str(), (int)saved.size(), saved.data()), 0) << kiln_last_error();
@@ -166,7 +137,7 @@ TEST(Checkpoint, RoundTripEveryDtype) {
   std::vector<kiln_variable *> fresh;
   for (kiln_variable *v : saved) {
     kiln_tensor *t = kiln_variable_read(v);
-    fresh.push_back(vars.add(kiln_zeros(kiln_tensor_dtype(t), kiln_tensor_rank(t), kiln_tensor_shape(t)),
+    fresh.push_back(own.var(kiln_zeros(kiln_tensor_dtype(t), kiln_tensor_rank(t), kiln_tensor_shape(t)),
                              kiln_variable_name(v)));
   }
   // restore in another order than saved
@@ -177,9 +148,9 @@ TEST(Checkpoint, RoundTripEveryDtype) {
 
 TEST(Checkpoint, SavedBytesAreExactlyTheFormat) {
   Scoped s;
-  Vars vars;
+  Owned own;
   TempDir dir;
-  kiln_variable *w = vars.add(f32({1, 2}), "w");
+  kiln_variable *w = own.var(f32({1, 2}), "w");
   std::string path = dir.file("w.safetensors");
   ASSERT_EQ(kiln_checkpoint_save(path.c_str(), 1, &w), 0) << kiln_last_error();
   // 54 bytes of JSON, two spaces of padding
@@ -190,15 +161,15 @@ TEST(Checkpoint, SavedBytesAreExactlyTheFormat) {
 
 TEST(Checkpoint, LayoutAsTheReferenceOrdersIt) {
   Scoped s;
-  Vars vars;
+  Owned own;
   TempDir dir;
   // The reference sorts by dtype, in the descending order of its enum
   // (U64 I64 F64 F32 U32 I32 BF16 F16 ... BOOL), then by name.
   std::vector<kiln_variable *> v = {
-      vars.add(kiln_zeros(KILN_F16, KILN_SHAPE(1)), "a"),  vars.add(kiln_zeros(KILN_F64, KILN_SHAPE(1)), "b"),
-      vars.add(kiln_zeros(KILN_F32, KILN_SHAPE(1)), "d"),  vars.add(kiln_zeros(KILN_BOOL, KILN_SHAPE(2)), "e"),
-      vars.add(kiln_zeros(KILN_F32, 0, nullptr), "c"),     vars.add(kiln_zeros(KILN_I64, KILN_SHAPE(1)), "f"),
-      vars.add(kiln_zeros(KILN_I32, KILN_SHAPE(1)), "g"),  vars.add(kiln_zeros(KILN_BF16, KILN_SHAPE(1)), "h"),
+      own.var(kiln_zeros(KILN_F16, KILN_SHAPE(1)), "a"),  own.var(kiln_zeros(KILN_F64, KILN_SHAPE(1)), "b"),
+      own.var(kiln_zeros(KILN_F32, KILN_SHAPE(1)), "d"),  own.var(kiln_zeros(KILN_BOOL, KILN_SHAPE(2)), "e"),
+      own.var(kiln_zeros(KILN_F32, 0, nullptr), "c"),     own.var(kiln_zeros(KILN_I64, KILN_SHAPE(1)), "f"),
+      own.var(kiln_zeros(KILN_I32, KILN_SHAPE(1)), "g"),  own.var(kiln_zeros(KILN_BF16, KILN_SHAPE(1)), "h"),
   };
   std::string path = dir.file("l.safetensors");
   ASSERT_EQ(kiln_checkpoint_save(path.c_str(), (int)v.size(), v.data()), 0) << kiln_last_error();
@@ -216,10 +187,10 @@ TEST(Checkpoint, LayoutAsTheReferenceOrdersIt) {
 // Byte vectors from the reference implementation's own serialization tests.
 TEST(Checkpoint, SavesTheReferenceBytes) {
   Scoped s;
-  Vars vars;
+  Owned own;
   TempDir dir;
   float data[6] = {0, 1, 2, 3, 4, 5};
-  kiln_variable *attn0 = vars.add(kiln_tensor_new(KILN_F32, KILN_SHAPE(1, 1, 2, 3), data), "attn0");
+  kiln_variable *attn0 = own.var(kiln_tensor_new(KILN_F32, KILN_SHAPE(1, 1, 2, 3), data), "attn0");
   std::string path = dir.file("r.safetensors");
   ASSERT_EQ(kiln_checkpoint_save(path.c_str(), 1, &attn0), 0) << kiln_last_error();
   const unsigned char want[] = {
@@ -244,23 +215,23 @@ TEST(Checkpoint, SavesTheReferenceBytes) {
 
 TEST(Checkpoint, RestoresHeaderAsHuggingFaceWritesIt) {
   Scoped s;
-  Vars vars;
+  Owned own;
   TempDir dir;
   // safetensors.torch.save_file({"w": torch.tensor([1.5, -2.0])}) writes this
   std::string path = dir.file("hf.safetensors");
   write_file(path, st_file(R"({"__metadata__":{"format":"pt"},"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
                            le_bytes<float>({1.5f, -2})));
-  kiln_variable *w = vars.add(kiln_zeros(KILN_F32, KILN_SHAPE(2)), "w");
+  kiln_variable *w = own.var(kiln_zeros(KILN_F32, KILN_SHAPE(2)), "w");
   ASSERT_EQ(kiln_checkpoint_restore(path.c_str(), 1, &w), 0) << kiln_last_error();
   EXPECT_EQ(f32s(w), (std::vector<float>{1.5f, -2}));
 }
 
 TEST(Checkpoint, RestoresAnyJsonSpelling) {
   Scoped s;
-  Vars vars;
+  Owned own;
   TempDir dir;
-  kiln_variable *w = vars.add(kiln_zeros(KILN_F32, KILN_SHAPE(2)), "w");
-  kiln_variable *e = vars.add(kiln_zeros(KILN_I64, 0, nullptr), "\xc3\xa9t\xc3\xa9 \xf0\x9f\x98\x80");
+  kiln_variable *w = own.var(kiln_zeros(KILN_F32, KILN_SHAPE(2)), "w");
+  kiln_variable *e = own.var(kiln_zeros(KILN_I64, 0, nullptr), "\xc3\xa9t\xc3\xa9 \xf0\x9f\x98\x80");
   const char *headers[] = {
       // Python's json.dumps: spaces after ':' and ','; other key orders
       R"({"w": {"shape": [2], "data_offsets": [0, 8], "dtype": "F32"}, "\u00e9t\u00e9 \ud83d\ude00": {"dtype": "I64", "shape": [], "data_offsets": [8, 16]}})",
@@ -289,22 +260,22 @@ TEST(Checkpoint, RestoresAnyJsonSpelling) {
 
 TEST(Checkpoint, NamesAreEscaped) {
   Scoped s;
-  Vars vars;
+  Owned own;
   TempDir dir;
   const char *name = "a\"b\\c\nd\te\x01 \xc3\xa9/\xf0\x9f\x98\x80";
-  kiln_variable *v = vars.add(f32({7}), name);
+  kiln_variable *v = own.var(f32({7}), name);
   std::string path = dir.file("n.safetensors");
   ASSERT_EQ(kiln_checkpoint_save(path.c_str(), 1, &v), 0) << kiln_last_error();
   std::string file = read_file(path);
   EXPECT_THAT(file, HasSubstr(R"({"a\"b\\c\nd\te\u0001 )" "\xc3\xa9/\xf0\x9f\x98\x80" R"(":{"dtype")"));
-  kiln_variable *back = vars.add(f32({0}), name);
+  kiln_variable *back = own.var(f32({0}), name);
   ASSERT_EQ(kiln_checkpoint_restore(path.c_str(), 1, &back), 0) << kiln_last_error();
   EXPECT_EQ(f32s(back), (std::vector<float>{7}));
 }
 
 TEST(Checkpoint, ExtraTensorsAndUnsupportedDtypesInTheFile) {
   Scoped s;
-  Vars vars;
+  Owned own;
   TempDir dir;
   std::string path = dir.file("x.safetensors");
   write_file(path, st_file(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
@@ -312,10 +283,10 @@ TEST(Checkpoint, ExtraTensorsAndUnsupportedDtypesInTheFile) {
                            R"("q":{"dtype":"F4","shape":[2,3],"data_offsets":[11,14]},)"
                            R"("y":{"dtype":"I16","shape":[1],"data_offsets":[14,16]}})",
                            le_bytes<float>({1, 2}) + std::string(8, '\x01')));
-  kiln_variable *w = vars.add(kiln_zeros(KILN_F32, KILN_SHAPE(2)), "w");
+  kiln_variable *w = own.var(kiln_zeros(KILN_F32, KILN_SHAPE(2)), "w");
   ASSERT_EQ(kiln_checkpoint_restore(path.c_str(), 1, &w), 0) << kiln_last_error();
   EXPECT_EQ(f32s(w), (std::vector<float>{1, 2}));
-  kiln_variable *x = vars.add(kiln_zeros(KILN_I32, KILN_SHAPE(3)), "x");
+  kiln_variable *x = own.var(kiln_zeros(KILN_I32, KILN_SHAPE(3)), "x");
   EXPECT_EQ(kiln_checkpoint_restore(path.c_str(), 1, &x), -1);
   EXPECT_EQ(kiln_last_error(), "checkpoint_restore: " + path + ": 'x' is U8[3] in the file, the variable is i32(3,)");
   EXPECT_EQ(kiln_checkpoint_restore(path.c_str(), 0, nullptr), 0) << "nothing asked for, the file is valid";
@@ -323,37 +294,37 @@ TEST(Checkpoint, ExtraTensorsAndUnsupportedDtypesInTheFile) {
 
 TEST(Checkpoint, BoolBytesAreNormalised) {
   Scoped s;
-  Vars vars;
+  Owned own;
   TempDir dir;
   std::string path = dir.file("b.safetensors");
   write_file(path, st_file(R"({"m":{"dtype":"BOOL","shape":[3],"data_offsets":[0,3]}})", std::string("\x00\x02\xff", 3)));
-  kiln_variable *m = vars.add(kiln_zeros(KILN_BOOL, KILN_SHAPE(3)), "m");
+  kiln_variable *m = own.var(kiln_zeros(KILN_BOOL, KILN_SHAPE(3)), "m");
   ASSERT_EQ(kiln_checkpoint_restore(path.c_str(), 1, &m), 0) << kiln_last_error();
   EXPECT_EQ(raw(m), std::string("\x00\x01\x01", 3));
 }
 
 TEST(Checkpoint, MismatchedVariablesChangeNothing) {
   Scoped s;
-  Vars vars;
+  Owned own;
   TempDir dir;
   std::string path = dir.file("m.safetensors");
-  kiln_variable *a = vars.add(f32({1, 2, 3}), "a");
-  kiln_variable *w = vars.add(kiln_zeros(KILN_F32, KILN_SHAPE(3)), "w");
+  kiln_variable *a = own.var(f32({1, 2, 3}), "a");
+  kiln_variable *w = own.var(kiln_zeros(KILN_F32, KILN_SHAPE(3)), "w");
   {
     kiln_variable *both[2] = {a, w};
     ASSERT_EQ(kiln_checkpoint_save(path.c_str(), 2, both), 0) << kiln_last_error();
   }
-  kiln_variable *a2 = vars.add(f32({9, 9, 9}), "a");
+  kiln_variable *a2 = own.var(f32({9, 9, 9}), "a");
   struct Case {
     kiln_variable *other;
     std::string error;
   } cases[] = {
-      {vars.add(f32({0, 0, 0}), "q"), "checkpoint_restore: no tensor named 'q' in " + path},
-      {vars.add(kiln_zeros(KILN_F64, KILN_SHAPE(3)), "w"),
+      {own.var(f32({0, 0, 0}), "q"), "checkpoint_restore: no tensor named 'q' in " + path},
+      {own.var(kiln_zeros(KILN_F64, KILN_SHAPE(3)), "w"),
        "checkpoint_restore: " + path + ": 'w' is F32[3] in the file, the variable is f64(3,)"},
-      {vars.add(kiln_zeros(KILN_F32, KILN_SHAPE(2, 3)), "w"),
+      {own.var(kiln_zeros(KILN_F32, KILN_SHAPE(2, 3)), "w"),
        "checkpoint_restore: " + path + ": 'w' is F32[3] in the file, the variable is f32(2, 3)"},
-      {vars.add(kiln_zeros(KILN_F32, 0, nullptr), "w"),
+      {own.var(kiln_zeros(KILN_F32, 0, nullptr), "w"),
        "checkpoint_restore: " + path + ": 'w' is F32[3] in the file, the variable is f32()"},
   };
   for (auto &c : cases) {
@@ -368,18 +339,18 @@ TEST(Checkpoint, MismatchedVariablesChangeNothing) {
 
 TEST(Checkpoint, EveryTruncationFails) {
   Scoped s;
-  Vars vars;
+  Owned own;
   TempDir dir;
   uint16_t h[2] = {0x3c00, 0x4000};
-  std::vector<kiln_variable *> v = {vars.add(f32({1, 2, 3}), "w"),
-                                    vars.add(kiln_tensor_new(KILN_F16, KILN_SHAPE(2), h), "h"),
-                                    vars.add(kiln_scalar(KILN_I64, 5), "step")};
+  std::vector<kiln_variable *> v = {own.var(f32({1, 2, 3}), "w"),
+                                    own.var(kiln_tensor_new(KILN_F16, KILN_SHAPE(2), h), "h"),
+                                    own.var(kiln_scalar(KILN_I64, 5), "step")};
   std::string path = dir.file("full.safetensors");
   ASSERT_EQ(kiln_checkpoint_save(path.c_str(), 3, v.data()), 0) << kiln_last_error();
   std::string full = read_file(path);
-  std::vector<kiln_variable *> into = {vars.add(f32({0, 0, 0}), "w"),
-                                       vars.add(kiln_zeros(KILN_F16, KILN_SHAPE(2)), "h"),
-                                       vars.add(kiln_scalar(KILN_I64, 0), "step")};
+  std::vector<kiln_variable *> into = {own.var(f32({0, 0, 0}), "w"),
+                                       own.var(kiln_zeros(KILN_F16, KILN_SHAPE(2)), "h"),
+                                       own.var(kiln_scalar(KILN_I64, 0), "step")};
   std::string cut = dir.file("cut.safetensors");
   for (size_t len = 0; len < full.size(); len++) {
     write_file(cut, full.substr(0, len));
@@ -413,7 +384,7 @@ struct Corrupt {
 
 TEST(Checkpoint, CorruptHeadersFailCleanly) {
   Scoped s;
-  Vars vars;
+  Owned own;
   TempDir dir;
   std::string deep = "{\"__metadata__\":" + std::string(100, '[') + std::string(100, ']') + "}";
   std::string rank9 = R"({"w":{"dtype":"F32","shape":[1,1,1,1,1,1,1,1,1],"data_offsets":[0,4]}})";
@@ -495,7 +466,7 @@ TEST(Checkpoint, CorruptHeadersFailCleanly) {
       {R"({"__metadata__":{1:2},"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8, "expected a string, found '1'"},
       {R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":}})", 8, "expected a value, found '}'"},
   };
-  kiln_variable *w = vars.add(f32({5, 6}), "w");
+  kiln_variable *w = own.var(f32({5, 6}), "w");
   std::string path = dir.file("c.safetensors");
   for (const Corrupt &c : cases) {
     write_file(path, st_file(c.header, std::string(c.data, '\x01')));
@@ -516,9 +487,9 @@ TEST(Checkpoint, CorruptHeadersFailCleanly) {
 
 TEST(Checkpoint, HeaderLengthField) {
   Scoped s;
-  Vars vars;
+  Owned own;
   TempDir dir;
-  kiln_variable *w = vars.add(f32({5, 6}), "w");
+  kiln_variable *w = own.var(f32({5, 6}), "w");
   std::string path = dir.file("h.safetensors");
   std::string body = padded(kW) + std::string(8, '\0');
   struct {
@@ -544,9 +515,9 @@ TEST(Checkpoint, HeaderLengthField) {
 
 TEST(Checkpoint, UnreadablePaths) {
   Scoped s;
-  Vars vars;
+  Owned own;
   TempDir dir;
-  kiln_variable *w = vars.add(f32({5, 6}), "w");
+  kiln_variable *w = own.var(f32({5, 6}), "w");
   std::string missing = dir.file("missing.safetensors");
   EXPECT_EQ(kiln_checkpoint_restore(missing.c_str(), 1, &w), -1);
   EXPECT_EQ(kiln_last_error(), "checkpoint_restore: " + missing + ": cannot open: No such file or directory");
@@ -579,11 +550,11 @@ TEST(Checkpoint, UnreadablePaths) {
 
 TEST(Checkpoint, SaveErrors) {
   Scoped s;
-  Vars vars;
+  Owned own;
   TempDir dir;
-  kiln_variable *w = vars.add(f32({1, 2}), "w");
-  kiln_variable *w2 = vars.add(f32({3}), "w");
-  kiln_variable *u = vars.add(f32({4}), "u");
+  kiln_variable *w = own.var(f32({1, 2}), "w");
+  kiln_variable *w2 = own.var(f32({3}), "w");
+  kiln_variable *u = own.var(f32({4}), "u");
 
   std::string nodir = dir.file("no/such/dir/w.safetensors");
   EXPECT_EQ(kiln_checkpoint_save(nodir.c_str(), 1, &w), -1);
@@ -616,10 +587,10 @@ TEST(Checkpoint, SaveErrors) {
   kiln_variable *same[2] = {u, u};
   EXPECT_EQ(kiln_checkpoint_save(path.c_str(), 2, same), -1);
   EXPECT_STREQ(kiln_last_error(), "checkpoint_save: vars[0] and vars[1] are both named 'u'");
-  kiln_variable *meta = vars.add(f32({1}), "__metadata__");
+  kiln_variable *meta = own.var(f32({1}), "__metadata__");
   EXPECT_EQ(kiln_checkpoint_save(path.c_str(), 1, &meta), -1);
   EXPECT_STREQ(kiln_last_error(), "checkpoint_save: vars[0] is named '__metadata__', which the format reserves");
-  kiln_variable *bad_utf8 = vars.add(f32({1}), "w\xff");
+  kiln_variable *bad_utf8 = own.var(f32({1}), "w\xff");
   EXPECT_EQ(kiln_checkpoint_save(path.c_str(), 1, &bad_utf8), -1);
   EXPECT_STREQ(kiln_last_error(), "checkpoint_save: the name of vars[0] is not UTF-8");
   EXPECT_EQ(kiln_checkpoint_save(nullptr, 1, &w), -1);
@@ -647,10 +618,10 @@ TEST(Checkpoint, SaveErrors) {
 
 TEST(Checkpoint, TrainSaveRestore) {
   Scoped s;
-  Vars vars;
+  Owned own;
   TempDir dir;
-  kiln_variable *w = vars.add(f32({0, 0}), "layer/w");
-  kiln_variable *b = vars.add(kiln_scalar(KILN_F64, 0), "layer/b");
+  kiln_variable *w = own.var(f32({0, 0}), "layer/w");
+  kiln_variable *b = own.var(kiln_scalar(KILN_F64, 0), "layer/b");
   kiln_optimizer *o = kiln_adam_new(0.1, 0.9, 0.999, 1e-8);
   ASSERT_NE(o, nullptr);
   for (int i = 0; i < 5; i++) {
@@ -664,8 +635,8 @@ TEST(Checkpoint, TrainSaveRestore) {
   std::string path = dir.file("model.safetensors");
   kiln_variable *both[2] = {w, b};
   ASSERT_EQ(kiln_checkpoint_save(path.c_str(), 2, both), 0) << kiln_last_error();
-  kiln_variable *w2 = vars.add(f32({9, 9}), "layer/w");
-  kiln_variable *b2 = vars.add(kiln_scalar(KILN_F64, 9), "layer/b");
+  kiln_variable *w2 = own.var(f32({9, 9}), "layer/w");
+  kiln_variable *b2 = own.var(kiln_scalar(KILN_F64, 9), "layer/b");
   kiln_variable *both2[2] = {b2, w2};
   ASSERT_EQ(kiln_checkpoint_restore(path.c_str(), 2, both2), 0) << kiln_last_error();
   EXPECT_EQ(raw(w2), raw(w));
@@ -678,7 +649,7 @@ TEST(Checkpoint, InteropWithIndependentPythonCode) {
   ASSERT_EQ(std::system("python3 -c 'import json, struct' >/dev/null 2>&1"), 0)
       << "python3 is needed (scripts/setup.sh installs it)";
   Scoped s;
-  Vars vars;
+  Owned own;
   TempDir dir;
   const char *script = R"PY(
 import json, struct, sys
@@ -736,10 +707,10 @@ write(sys.argv[1]) if sys.argv[2] == 'write' else read(sys.argv[1])
   ASSERT_EQ(std::system(("python3 " + py + " " + from_py + " write").c_str()), 0);
 
   std::vector<kiln_variable *> v = {
-      vars.add(kiln_zeros(KILN_F32, KILN_SHAPE(2, 2)), "weight"), vars.add(kiln_zeros(KILN_F64, KILN_SHAPE(3)), "bias"),
-      vars.add(kiln_zeros(KILN_I64, 0, nullptr), "count"),       vars.add(kiln_zeros(KILN_I32, KILN_SHAPE(2)), "idx"),
-      vars.add(kiln_zeros(KILN_BOOL, KILN_SHAPE(3)), "mask"),     vars.add(kiln_zeros(KILN_F16, KILN_SHAPE(2)), "half"),
-      vars.add(kiln_zeros(KILN_BF16, KILN_SHAPE(2)), "brain"),    vars.add(kiln_zeros(KILN_F32, KILN_SHAPE(1)), "caf\xc3\xa9"),
+      own.var(kiln_zeros(KILN_F32, KILN_SHAPE(2, 2)), "weight"), own.var(kiln_zeros(KILN_F64, KILN_SHAPE(3)), "bias"),
+      own.var(kiln_zeros(KILN_I64, 0, nullptr), "count"),       own.var(kiln_zeros(KILN_I32, KILN_SHAPE(2)), "idx"),
+      own.var(kiln_zeros(KILN_BOOL, KILN_SHAPE(3)), "mask"),     own.var(kiln_zeros(KILN_F16, KILN_SHAPE(2)), "half"),
+      own.var(kiln_zeros(KILN_BF16, KILN_SHAPE(2)), "brain"),    own.var(kiln_zeros(KILN_F32, KILN_SHAPE(1)), "caf\xc3\xa9"),
   };
   ASSERT_EQ(kiln_checkpoint_restore(from_py.c_str(), (int)v.size(), v.data()), 0) << kiln_last_error();
   EXPECT_EQ(f32s(v[0]), (std::vector<float>{1.5f, -2, 0.25f, 1e-3f}));
@@ -767,15 +738,15 @@ write(sys.argv[1]) if sys.argv[2] == 'write' else read(sys.argv[1])
 // read out of bounds or leak (the sanitizer build runs this too).
 TEST(Checkpoint, MiniFuzz) {
   Scoped s;
-  Vars vars;
+  Owned own;
   TempDir dir;
   uint16_t h[3] = {0x3c00, 0x4000, 0xbc00};
   uint8_t m[2] = {1, 0};
   double w[6] = {1, 2, 3, 4, 5, 6};
   std::vector<kiln_variable *> v = {
-      vars.add(kiln_tensor_new(KILN_F64, KILN_SHAPE(2, 3), w), "w"), vars.add(kiln_scalar(KILN_I64, 7), "step"),
-      vars.add(kiln_tensor_new(KILN_F16, KILN_SHAPE(3), h), "h"),    vars.add(kiln_tensor_new(KILN_BOOL, KILN_SHAPE(2), m), "m"),
-      vars.add(kiln_zeros(KILN_F32, KILN_SHAPE(0)), "e"),
+      own.var(kiln_tensor_new(KILN_F64, KILN_SHAPE(2, 3), w), "w"), own.var(kiln_scalar(KILN_I64, 7), "step"),
+      own.var(kiln_tensor_new(KILN_F16, KILN_SHAPE(3), h), "h"),    own.var(kiln_tensor_new(KILN_BOOL, KILN_SHAPE(2), m), "m"),
+      own.var(kiln_zeros(KILN_F32, KILN_SHAPE(0)), "e"),
   };
   std::string good = dir.file("good.safetensors"), bad = dir.file("bad.safetensors");
   ASSERT_EQ(kiln_checkpoint_save(good.c_str(), (int)v.size(), v.data()), 0) << kiln_last_error();

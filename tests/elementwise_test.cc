@@ -12,23 +12,14 @@
 #include <limits>
 #include <vector>
 
+#include "test_util.h"
+
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 namespace {
 
-// Opens a scope for the test and checks nothing leaked when it closes.
-struct Scoped {
-  int64_t live = kiln_debug_live_tensors();
-  Scoped() {
-    kiln_clear_error();
-    kiln_scope_push();
-  }
-  ~Scoped() {
-    kiln_scope_pop();
-    EXPECT_EQ(kiln_debug_live_tensors(), live) << "tensors leaked";
-  }
-};
+using namespace kiln_test;
 
 template <typename T>
 struct Dtype;
@@ -70,19 +61,13 @@ kiln_tensor *vec(const std::vector<T> &data) {
   return tensor<T>({(int64_t)data.size()}, data);
 }
 
+// read<T>, after checking that t's dtype is T's.
 template <typename T>
 std::vector<T> values(const kiln_tensor *t) {
-  EXPECT_NE(t, nullptr) << kiln_last_error();
-  if (!t) return {};
-  EXPECT_EQ(kiln_tensor_dtype(t), Dtype<T>::value);
-  std::vector<T> v(kiln_tensor_size(t));
-  EXPECT_EQ(kiln_tensor_read(t, v.data(), v.size() * sizeof(T)), 0) << kiln_last_error();
-  return v;
-}
-
-Shape shape_of(const kiln_tensor *t) {
-  if (!t) return {};
-  return Shape(kiln_tensor_shape(t), kiln_tensor_shape(t) + kiln_tensor_rank(t));
+  if (t) {
+    EXPECT_EQ(kiln_tensor_dtype(t), Dtype<T>::value);
+  }
+  return read<T>(t);
 }
 
 template <typename T>
@@ -94,11 +79,6 @@ template <typename R, typename T>
 std::vector<R> bin(Fn2 f, const std::vector<T> &x, const std::vector<T> &y) {
   return values<R>(f(vec(x), vec(y)));
 }
-
-const float kNanF = std::numeric_limits<float>::quiet_NaN();
-const double kNan = std::numeric_limits<double>::quiet_NaN();
-const float kInfF = std::numeric_limits<float>::infinity();
-const double kInf = std::numeric_limits<double>::infinity();
 
 // Distance in units in the last place between two finite floats (or equal infinities).
 int64_t ulps(float a, float b) {

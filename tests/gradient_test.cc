@@ -13,24 +13,15 @@
 #include <random>
 #include <vector>
 
+#include "test_util.h"
+
 namespace {
 
 using Tensors = std::vector<kiln_tensor *>;
 using Fn = std::function<kiln_tensor *(const Tensors &)>;
 using Shape = std::vector<int64_t>;
 
-// Opens a scope for the test and checks nothing leaked when it closes.
-struct Scoped {
-  int64_t live = kiln_debug_live_tensors();
-  Scoped() {
-    kiln_clear_error();
-    kiln_scope_push();
-  }
-  ~Scoped() {
-    kiln_scope_pop();
-    EXPECT_EQ(kiln_debug_live_tensors(), live) << "tensors leaked";
-  }
-};
+using namespace kiln_test;
 
 std::mt19937_64 &gen() {
   static std::mt19937_64 g(20240601);
@@ -43,18 +34,7 @@ int64_t count(const Shape &s) {
   return n;
 }
 
-kiln_tensor *f64(const Shape &s, const std::vector<double> &d) {
-  return kiln_tensor_new(KILN_F64, (int)s.size(), s.data(), d.data());
-}
-kiln_tensor *i64(const Shape &s, const std::vector<int64_t> &d) {
-  return kiln_tensor_new(KILN_I64, (int)s.size(), s.data(), d.data());
-}
-kiln_tensor *i32(const Shape &s, const std::vector<int32_t> &d) {
-  return kiln_tensor_new(KILN_I32, (int)s.size(), s.data(), d.data());
-}
-kiln_tensor *boolean(const Shape &s, const std::vector<uint8_t> &d) {
-  return kiln_tensor_new(KILN_BOOL, (int)s.size(), s.data(), d.data());
-}
+kiln_tensor *boolean(const Shape &s, const std::vector<uint8_t> &d) { return make(KILN_BOOL, s, d); }
 
 std::vector<double> uniform_values(int64_t n, double lo, double hi) {
   std::uniform_real_distribution<double> u(lo, hi);
@@ -95,18 +75,6 @@ Tensors distinct(const std::vector<Shape> &shapes) {
 
 bool is_float(const kiln_tensor *t) {
   return kiln_tensor_dtype(t) == KILN_F32 || kiln_tensor_dtype(t) == KILN_F64;
-}
-
-std::vector<double> values(const kiln_tensor *t) {
-  std::vector<double> out;
-  const void *p = kiln_tensor_data(t);
-  for (int64_t i = 0; i < kiln_tensor_size(t); i++)
-    out.push_back(kiln_tensor_dtype(t) == KILN_F32 ? (double)((const float *)p)[i] : ((const double *)p)[i]);
-  return out;
-}
-
-Shape shape_of(const kiln_tensor *t) {
-  return Shape(kiln_tensor_shape(t), kiln_tensor_shape(t) + kiln_tensor_rank(t));
 }
 
 // A copy of x (f32 or f64) with element j moved by delta.

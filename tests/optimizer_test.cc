@@ -14,64 +14,14 @@
 
 #include <unistd.h>
 
+#include "test_util.h"
+
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 namespace {
 
-// Opens a scope for the test and checks nothing leaked when it closes.
-// Declare it first, so that variables and optimizers are freed before it.
-struct Scoped {
-  int64_t live = kiln_debug_live_tensors();
-  Scoped() {
-    kiln_clear_error();
-    kiln_scope_push();
-  }
-  ~Scoped() {
-    kiln_scope_pop();
-    EXPECT_EQ(kiln_debug_live_tensors(), live) << "tensors leaked";
-  }
-};
-
-// Variables and optimizers freed at the end of the test.
-struct Owned {
-  std::vector<kiln_variable *> vars;
-  std::vector<kiln_optimizer *> opts;
-  kiln_variable *var(kiln_tensor *init, const char *name) {
-    kiln_variable *v = kiln_variable_new(init, name);
-    EXPECT_NE(v, nullptr) << kiln_last_error();
-    vars.push_back(v);
-    return v;
-  }
-  kiln_optimizer *opt(kiln_optimizer *o) {
-    EXPECT_NE(o, nullptr) << kiln_last_error();
-    opts.push_back(o);
-    return o;
-  }
-  ~Owned() {
-    for (kiln_optimizer *o : opts) kiln_optimizer_free(o);
-    for (kiln_variable *v : vars) kiln_variable_free(v);
-  }
-};
-
-kiln_tensor *f32(std::vector<float> v) {
-  int64_t n = (int64_t)v.size();
-  return kiln_tensor_new(KILN_F32, 1, &n, v.data());
-}
-kiln_tensor *f64(std::vector<double> v) {
-  int64_t n = (int64_t)v.size();
-  return kiln_tensor_new(KILN_F64, 1, &n, v.data());
-}
-
-template <typename T>
-std::vector<T> values(kiln_variable *v) {
-  kiln_scope_push();
-  kiln_tensor *t = kiln_variable_read(v);
-  std::vector<T> out(kiln_tensor_size(t));
-  EXPECT_EQ(kiln_tensor_read(t, out.data(), out.size() * sizeof(T)), 0) << kiln_last_error();
-  kiln_scope_pop();
-  return out;
-}
+using namespace kiln_test;
 
 int apply1(kiln_optimizer *o, kiln_variable *v, kiln_tensor *g) { return kiln_optimizer_apply(o, 1, &v, &g); }
 
@@ -82,7 +32,7 @@ TEST(Optimizer, SgdOneStepF32) {
   kiln_optimizer *o = own.opt(kiln_sgd_new(0.5));
   ASSERT_EQ(apply1(o, w, f32({0.5f, -1, 4})), 0) << kiln_last_error();
   // 1 - 0.25, 2 + 0.5, 3 - 2
-  EXPECT_EQ(values<float>(w), (std::vector<float>{0.75f, 2.5f, 1.0f}));
+  EXPECT_EQ(read<float>(w), (std::vector<float>{0.75f, 2.5f, 1.0f}));
 }
 
 TEST(Optimizer, SgdOneStepF64Matrix) {
@@ -92,7 +42,7 @@ TEST(Optimizer, SgdOneStepF64Matrix) {
   kiln_variable *w = own.var(kiln_tensor_new(KILN_F64, KILN_SHAPE(2, 2), init), "w");
   kiln_optimizer *o = own.opt(kiln_sgd_new(0.1));
   ASSERT_EQ(apply1(o, w, kiln_tensor_new(KILN_F64, KILN_SHAPE(2, 2), grad)), 0) << kiln_last_error();
-  std::vector<double> got = values<double>(w);
+  std::vector<double> got = read<double>(w);
   EXPECT_DOUBLE_EQ(got[0], 0.0);
   EXPECT_DOUBLE_EQ(got[1], 2.0);
   EXPECT_DOUBLE_EQ(got[2], 4.0);
@@ -105,7 +55,7 @@ TEST(Optimizer, SgdScalarVariable) {
   kiln_variable *w = own.var(kiln_scalar(KILN_F32, 3), "w");
   kiln_optimizer *o = own.opt(kiln_sgd_new(0.25));
   ASSERT_EQ(apply1(o, w, kiln_scalar(KILN_F32, 2)), 0) << kiln_last_error();
-  EXPECT_EQ(values<float>(w), (std::vector<float>{2.5f}));
+  EXPECT_EQ(read<float>(w), (std::vector<float>{2.5f}));
 }
 
 TEST(Optimizer, MomentumTwoSteps) {
@@ -117,11 +67,11 @@ TEST(Optimizer, MomentumTwoSteps) {
   kiln_variable *w = own.var(f64({1, -1}), "w");
   kiln_optimizer *o = own.opt(kiln_sgd_momentum_new(0.1, 0.9, false));
   ASSERT_EQ(apply1(o, w, f64({1, -1})), 0) << kiln_last_error();
-  std::vector<double> got = values<double>(w);
+  std::vector<double> got = read<double>(w);
   EXPECT_NEAR(got[0], 0.9, 1e-15);
   EXPECT_NEAR(got[1], -0.9, 1e-15);
   ASSERT_EQ(apply1(o, w, f64({2, -2})), 0) << kiln_last_error();
-  got = values<double>(w);
+  got = read<double>(w);
   EXPECT_NEAR(got[0], 0.61, 1e-15);
   EXPECT_NEAR(got[1], -0.61, 1e-15);
 }
@@ -134,9 +84,9 @@ TEST(Optimizer, NesterovTwoSteps) {
   kiln_variable *w = own.var(f32({1}), "w");
   kiln_optimizer *o = own.opt(kiln_sgd_momentum_new(0.1, 0.9, true));
   ASSERT_EQ(apply1(o, w, f32({1})), 0) << kiln_last_error();
-  EXPECT_NEAR(values<float>(w)[0], 0.81f, 1e-6);
+  EXPECT_NEAR(read<float>(w)[0], 0.81f, 1e-6);
   ASSERT_EQ(apply1(o, w, f32({2})), 0) << kiln_last_error();
-  EXPECT_NEAR(values<float>(w)[0], 0.349f, 1e-6);
+  EXPECT_NEAR(read<float>(w)[0], 0.349f, 1e-6);
 }
 
 TEST(Optimizer, MomentumZeroIsSgd) {
@@ -146,7 +96,7 @@ TEST(Optimizer, MomentumZeroIsSgd) {
   kiln_optimizer *o = own.opt(kiln_sgd_momentum_new(0.5, 0.0, false));
   ASSERT_EQ(apply1(o, w, f32({1})), 0);
   ASSERT_EQ(apply1(o, w, f32({1})), 0);
-  EXPECT_EQ(values<float>(w)[0], 0.0f);
+  EXPECT_EQ(read<float>(w)[0], 0.0f);
 }
 
 TEST(Optimizer, AdamTwoStepsF64) {
@@ -157,7 +107,7 @@ TEST(Optimizer, AdamTwoStepsF64) {
   kiln_variable *w = own.var(f64({1, 1, 1}), "w");
   kiln_optimizer *o = own.opt(kiln_adam_new(0.01, 0.9, 0.999, 1e-8));
   ASSERT_EQ(apply1(o, w, f64({2, -0.5, 0})), 0) << kiln_last_error();
-  std::vector<double> got = values<double>(w);
+  std::vector<double> got = read<double>(w);
   EXPECT_NEAR(got[0], 0.99000000005, 1e-15);  // 1 - 0.01 * 2 / (2 + 1e-8)
   EXPECT_NEAR(got[1], 1.0099999998, 1e-15);   // 1 + 0.01 * 0.5 / (0.5 + 1e-8)
   EXPECT_EQ(got[2], 1.0);                     // 0 / (0 + eps)
@@ -166,7 +116,7 @@ TEST(Optimizer, AdamTwoStepsF64) {
   //   v = 0.999 * 0.004 + 0.001 * 1 = 0.004996,  vhat = v / (1 - 0.998001) = 2.49925...
   //   w = 0.99000000005 - 0.01 * 1.47368 / (sqrt(2.49925) + 1e-8) = 0.98067820372...
   ASSERT_EQ(apply1(o, w, f64({1, 0.25, -3})), 0) << kiln_last_error();
-  got = values<double>(w);
+  got = read<double>(w);
   EXPECT_NEAR(got[0], 0.98067820372085098, 1e-14);
   EXPECT_NEAR(got[1], 1.0126633701292154, 1e-14);
   EXPECT_NEAR(got[2], 1.0074413682005997, 1e-14);
@@ -178,7 +128,7 @@ TEST(Optimizer, AdamFirstStepIsLearningRateTimesSignF32) {
   kiln_variable *w = own.var(f32({0, 0, 0, 0}), "w");
   kiln_optimizer *o = own.opt(kiln_adam_new(0.001, 0.9, 0.999, 1e-8));
   ASSERT_EQ(apply1(o, w, f32({100, -3, 1e-3f, -7})), 0) << kiln_last_error();
-  std::vector<float> got = values<float>(w);
+  std::vector<float> got = read<float>(w);
   EXPECT_NEAR(got[0], -0.001f, 1e-8);
   EXPECT_NEAR(got[1], 0.001f, 1e-8);
   EXPECT_NEAR(got[2], -0.001f * (1e-3f / (1e-3f + 1e-8f)), 1e-8);  // eps matters at |g| = 1e-3
@@ -196,13 +146,13 @@ TEST(Optimizer, AdamStepCountsApplies) {
   kiln_variable *vars[2] = {a, b};
   kiln_tensor *g1[2] = {f64({1}), nullptr};
   ASSERT_EQ(kiln_optimizer_apply(o, 2, vars, g1), 0) << kiln_last_error();
-  EXPECT_EQ(values<double>(b)[0], 0.0);  // NULL gradient: skipped
-  EXPECT_NEAR(values<double>(a)[0], -1.0, 1e-15);
+  EXPECT_EQ(read<double>(b)[0], 0.0);  // NULL gradient: skipped
+  EXPECT_NEAR(read<double>(a)[0], -1.0, 1e-15);
   kiln_tensor *g2[2] = {nullptr, f64({1})};
   ASSERT_EQ(kiln_optimizer_apply(o, 2, vars, g2), 0) << kiln_last_error();
   // mhat = 0.1 / 0.19, vhat = 0.001 / 0.001999: w = -(0.1/0.19) / sqrt(0.001/0.001999)
-  EXPECT_NEAR(values<double>(b)[0], -(0.1 / 0.19) / std::sqrt(0.001 / 0.001999), 1e-12);
-  EXPECT_NEAR(values<double>(a)[0], -1.0, 1e-15);
+  EXPECT_NEAR(read<double>(b)[0], -(0.1 / 0.19) / std::sqrt(0.001 / 0.001999), 1e-12);
+  EXPECT_NEAR(read<double>(a)[0], -1.0, 1e-15);
 }
 
 TEST(Optimizer, HalfPrecisionVariables) {
@@ -258,7 +208,7 @@ TEST(Optimizer, ManyVariables) {
     ASSERT_EQ(kiln_optimizer_apply(o, 300, vars.data(), grads.data()), 0) << kiln_last_error();
   // the same gradient twice: mhat = g and vhat = g^2 at both steps
   for (int i = 0; i < 300; i++)
-    EXPECT_NEAR(values<float>(vars[i])[0], i + (i % 2 ? -1.0f : 1.0f), 1e-5) << i;
+    EXPECT_NEAR(read<float>(vars[i])[0], i + (i % 2 ? -1.0f : 1.0f), 1e-5) << i;
 }
 
 // Minimises sum((w - c)^2) with gradients from a tape.
@@ -280,7 +230,7 @@ void train_quadratic(Make make, int steps, double tol) {
     kiln_tape_free(tape);
     kiln_scope_pop();
   }
-  std::vector<float> got = values<float>(w);
+  std::vector<float> got = read<float>(w);
   EXPECT_NEAR(got[0], 3, tol);
   EXPECT_NEAR(got[1], -2, tol);
   EXPECT_NEAR(got[2], 0.5, tol);
@@ -373,7 +323,7 @@ TEST(Optimizer, ApplyArgumentErrors) {
   EXPECT_EQ(kiln_optimizer_apply(o, 2, vars, grads), -1);
   EXPECT_STREQ(kiln_last_error(), "optimizer_apply: vars[1] is NULL");
   EXPECT_EQ(kiln_optimizer_apply(o, 0, nullptr, nullptr), 0) << "nothing to do";
-  EXPECT_EQ(values<float>(w), (std::vector<float>{1, 2})) << "failed applies changed w";
+  EXPECT_EQ(read<float>(w), (std::vector<float>{1, 2})) << "failed applies changed w";
 }
 
 TEST(Optimizer, GradientMustMatchVariable) {
@@ -394,10 +344,10 @@ TEST(Optimizer, GradientMustMatchVariable) {
   EXPECT_STREQ(kiln_last_error(), "optimizer_apply: grads[0] is f32() but variable 'a' is f32(3,)");
   // a failed apply changes nothing: a is untouched, and Adam's step count
   // did not advance (the next step is a first step: w -= lr * sign(g))
-  EXPECT_EQ(values<float>(a), (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(read<float>(a), (std::vector<float>{1, 2, 3}));
   kiln_tensor *good[2] = {f32({1, -1, 1}), nullptr};
   ASSERT_EQ(kiln_optimizer_apply(o, 2, vars, good), 0) << kiln_last_error();
-  std::vector<float> got = values<float>(a);
+  std::vector<float> got = read<float>(a);
   EXPECT_NEAR(got[0], 0.9f, 1e-6);
   EXPECT_NEAR(got[1], 2.1f, 1e-6);
   EXPECT_NEAR(got[2], 2.9f, 1e-6);
@@ -423,7 +373,7 @@ TEST(Optimizer, SeparateOptimizersKeepSeparateState) {
   ASSERT_EQ(apply1(a, w, f64({1})), 0);  // m_a = 1, w = -1
   ASSERT_EQ(apply1(b, w, f64({1})), 0);  // m_b = 1, w = -2
   ASSERT_EQ(apply1(a, w, f64({1})), 0);  // m_a = 1.5, w = -3.5
-  EXPECT_EQ(values<double>(w)[0], -3.5);
+  EXPECT_EQ(read<double>(w)[0], -3.5);
 }
 
 // Cross-check against PyTorch's optimizers, compiled in when CMake found
@@ -475,7 +425,7 @@ TEST(Optimizer, AgreesWithTorch) {
   for (int k = 0; k < 3; k++) {
     kiln_variable *w = own.var(f64({1.0, -2.0, 0.5}), "w");
     for (auto &g : gs) ASSERT_EQ(apply1(opts[k], w, f64(g)), 0) << kiln_last_error();
-    std::vector<double> got = values<double>(w);
+    std::vector<double> got = read<double>(w);
     for (int i = 0; i < 3; i++) EXPECT_NEAR(got[i], want[k][i], 1e-13) << "optimizer " << k << " element " << i;
   }
 }

@@ -13,22 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"
+
 using ::testing::StartsWith;
 
 namespace {
 
-// Opens a scope for the test and checks nothing leaked when it closes.
-struct Scoped {
-  int64_t live = kiln_debug_live_tensors();
-  Scoped() {
-    kiln_clear_error();
-    kiln_scope_push();
-  }
-  ~Scoped() {
-    kiln_scope_pop();
-    EXPECT_EQ(kiln_debug_live_tensors(), live) << "tensors leaked";
-  }
-};
+using namespace kiln_test;
 
 // kiln_tensor_str as a std::string ("<NULL: error>" on failure).
 std::string str(const kiln_tensor *t) {
@@ -37,11 +28,6 @@ std::string str(const kiln_tensor *t) {
   std::string r(s);
   free(s);
   return r;
-}
-
-template <typename T>
-kiln_tensor *make(kiln_dtype dt, std::vector<int64_t> shape, std::vector<T> data) {
-  return kiln_tensor_new(dt, (int)shape.size(), shape.data(), data.data());
 }
 
 TEST(Print, F32Matrix) {

@@ -13,45 +13,16 @@
 #include <thread>
 #include <vector>
 
+#include "test_util.h"
+
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 namespace {
 
-// Opens a scope for the test and checks nothing leaked once it closed (and
-// every tape of the test was freed).
-struct Scoped {
-  int64_t live = kiln_debug_live_tensors();
-  Scoped() {
-    kiln_clear_error();
-    kiln_scope_push();
-  }
-  ~Scoped() {
-    kiln_scope_pop();
-    EXPECT_EQ(kiln_debug_live_tensors(), live) << "tensors leaked";
-  }
-};
+using namespace kiln_test;
 
-kiln_tensor *f64(std::vector<int64_t> s, std::vector<double> d) {
-  return kiln_tensor_new(KILN_F64, (int)s.size(), s.data(), d.data());
-}
-kiln_tensor *f32(std::vector<int64_t> s, std::vector<float> d) {
-  return kiln_tensor_new(KILN_F32, (int)s.size(), s.data(), d.data());
-}
 kiln_tensor *scalar(double v) { return kiln_scalar(KILN_F64, v); }
-
-std::vector<double> values(const kiln_tensor *t) {
-  std::vector<double> out;
-  if (!t) return out;
-  const void *p = kiln_tensor_data(t);
-  for (int64_t i = 0; i < kiln_tensor_size(t); i++)
-    out.push_back(kiln_tensor_dtype(t) == KILN_F32 ? (double)((const float *)p)[i] : ((const double *)p)[i]);
-  return out;
-}
-
-std::vector<int64_t> shape_of(const kiln_tensor *t) {
-  return std::vector<int64_t>(kiln_tensor_shape(t), kiln_tensor_shape(t) + kiln_tensor_rank(t));
-}
 
 // d target / d source on a fresh non-persistent tape already recorded: a helper
 // for the one-source cases.

@@ -1,0 +1,171 @@
+// test_util.h — helpers shared by the GoogleTest suites in tests/*.cc:
+// a leak-checking scope, owners for variables and optimizers, tensor
+// constructors, and readers of a tensor's shape and elements.
+//
+// Header-only; everything is inline in namespace kiln_test, so a suite that
+// does not use a helper compiles without an unused-function warning. A suite
+// says `using namespace kiln_test;` (a helper of its own with the same name
+// hides the shared one).
+#pragma once
+
+#include <gtest/gtest.h>
+#include <kiln.h>
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace kiln_test {
+
+using V64 = std::vector<int64_t>;
+using VD = std::vector<double>;
+
+inline const float kNanF = std::numeric_limits<float>::quiet_NaN();
+inline const double kNan = std::numeric_limits<double>::quiet_NaN();
+inline const float kInfF = std::numeric_limits<float>::infinity();
+inline const double kInf = std::numeric_limits<double>::infinity();
+
+// Opens a scope for the test and checks nothing leaked when it closes.
+// Declare it first, so that variables, optimizers and tapes are freed before it.
+struct Scoped {
+  int64_t live = kiln_debug_live_tensors();
+  Scoped() {
+    kiln_clear_error();
+    kiln_scope_push();
+  }
+  ~Scoped() {
+    kiln_scope_pop();
+    EXPECT_EQ(kiln_debug_live_tensors(), live) << "tensors leaked";
+  }
+};
+
+// Variables and optimizers freed at the end of the test.
+struct Owned {
+  std::vector<kiln_variable *> vars;
+  std::vector<kiln_optimizer *> opts;
+  kiln_variable *var(kiln_tensor *init, const char *name) {
+    kiln_variable *v = kiln_variable_new(init, name);
+    EXPECT_NE(v, nullptr) << kiln_last_error();
+    vars.push_back(v);
+    return v;
+  }
+  kiln_optimizer *opt(kiln_optimizer *o) {
+    EXPECT_NE(o, nullptr) << kiln_last_error();
+    opts.push_back(o);
+    return o;
+  }
+  ~Owned() {
+    for (kiln_optimizer *o : opts) kiln_optimizer_free(o);
+    for (kiln_variable *v : vars) kiln_variable_free(v);
+  }
+};
+
+// ---- making tensors ----
+
+// A tensor of dtype dt from raw host values of type T (sizeof(T) is the
+// dtype's size). NULL, as kiln_tensor_new gives it, on failure.
+template <typename T>
+kiln_tensor *make(kiln_dtype dt, const V64 &shape, const std::vector<T> &data) {
+  return kiln_tensor_new(dt, (int)shape.size(), shape.data(), data.data());
+}
+
+// A tensor of dtype dt (F32, F64, I32 or I64) holding the values v, each
+// converted to dt (exact for the values the tests use).
+inline kiln_tensor *from_values(kiln_dtype dt, const V64 &shape, const VD &v) {
+  std::vector<unsigned char> buf(v.size() * kiln_dtype_size(dt) + 1);
+  for (size_t i = 0; i < v.size(); i++) {
+    switch (dt) {
+      case KILN_F32:
+        ((float *)buf.data())[i] = (float)v[i];
+        break;
+      case KILN_F64:
+        ((double *)buf.data())[i] = v[i];
+        break;
+      case KILN_I32:
+        ((int32_t *)buf.data())[i] = (int32_t)v[i];
+        break;
+      case KILN_I64:
+        ((int64_t *)buf.data())[i] = (int64_t)v[i];
+        break;
+      default:
+        ADD_FAILURE() << "from_values: dtype " << kiln_dtype_name(dt);
+    }
+  }
+  return kiln_tensor_new(dt, (int)shape.size(), shape.data(), buf.data());
+}
+
+// Typed shorthands: f64({2, 2}, {1, 2, 3, 4}); f32({1, 2}) is 1-D.
+inline kiln_tensor *f32(const V64 &shape, const std::vector<float> &d) { return make(KILN_F32, shape, d); }
+inline kiln_tensor *f64(const V64 &shape, const std::vector<double> &d) { return make(KILN_F64, shape, d); }
+inline kiln_tensor *i32(const V64 &shape, const std::vector<int32_t> &d) { return make(KILN_I32, shape, d); }
+inline kiln_tensor *i64(const V64 &shape, const std::vector<int64_t> &d) { return make(KILN_I64, shape, d); }
+inline kiln_tensor *f32(const std::vector<float> &d) { return f32({(int64_t)d.size()}, d); }
+inline kiln_tensor *f64(const std::vector<double> &d) { return f64({(int64_t)d.size()}, d); }
+
+// ---- reading tensors ----
+
+// The shape of t ({} for NULL).
+inline V64 shape_of(const kiln_tensor *t) {
+  if (!t) return {};
+  return V64(kiln_tensor_shape(t), kiln_tensor_shape(t) + kiln_tensor_rank(t));
+}
+
+// The raw elements of t as T (sizeof(T) is the dtype's size); a failure and
+// {} for NULL.
+template <typename T>
+std::vector<T> read(const kiln_tensor *t) {
+  std::vector<T> v(t ? kiln_tensor_size(t) : 0);
+  EXPECT_NE(t, nullptr) << kiln_last_error();
+  if (t) {
+    EXPECT_EQ(kiln_tensor_read(t, v.data(), v.size() * sizeof(T)), 0) << kiln_last_error();
+  }
+  return v;
+}
+
+// The raw elements of a variable's value as T.
+template <typename T>
+std::vector<T> read(kiln_variable *var) {
+  kiln_scope_push();
+  kiln_tensor *t = kiln_variable_read(var);
+  std::vector<T> out(kiln_tensor_size(t));
+  EXPECT_EQ(kiln_tensor_read(t, out.data(), out.size() * sizeof(T)), 0) << kiln_last_error();
+  kiln_scope_pop();
+  return out;
+}
+
+// Every element of t as a double, whatever its (F32, F64, I32, I64 or BOOL)
+// dtype; a failure and {} for NULL.
+inline VD values(const kiln_tensor *t) {
+  EXPECT_NE(t, nullptr) << kiln_last_error();
+  if (!t) return {};
+  size_t n = (size_t)kiln_tensor_size(t);
+  kiln_dtype dt = kiln_tensor_dtype(t);
+  std::vector<unsigned char> buf(n * kiln_dtype_size(dt) + 1);
+  EXPECT_EQ(kiln_tensor_read(t, buf.data(), n * kiln_dtype_size(dt)), 0) << kiln_last_error();
+  VD v(n);
+  for (size_t i = 0; i < n; i++) {
+    switch (dt) {
+      case KILN_F32:
+        v[i] = ((float *)buf.data())[i];
+        break;
+      case KILN_F64:
+        v[i] = ((double *)buf.data())[i];
+        break;
+      case KILN_I32:
+        v[i] = ((int32_t *)buf.data())[i];
+        break;
+      case KILN_I64:
+        v[i] = (double)((int64_t *)buf.data())[i];
+        break;
+      case KILN_BOOL:
+        v[i] = ((uint8_t *)buf.data())[i];
+        break;
+      default:
+        ADD_FAILURE() << "values: dtype " << kiln_dtype_name(dt);
+        return v;
+    }
+  }
+  return v;
+}
+
+}  // namespace kiln_test
