@@ -193,12 +193,16 @@ int main(int argc, char **argv) {
   int rc = 0;
   if (dump_path) { /* mlp_torch.py --init FILE starts from the same numbers */
     FILE *dump = fopen(dump_path, "wb");
+    if (!dump) {
+      perror(dump_path);
+      return 1;
+    }
     model m = {0};
-    if (!dump || model_init(&m, 64, dump)) rc = -1;
-    if (dump && fclose(dump)) rc = -1;
+    if (model_init(&m, 64, dump)) rc = -1;
+    if (fclose(dump)) rc = -1;
     model_free(&m);
     if (rc) {
-      fprintf(stderr, "bench_mlp: cannot write %s %s\n", dump_path, kiln_last_error());
+      fprintf(stderr, "bench_mlp: could not write %s %s\n", dump_path, kiln_last_error());
       return 1;
     }
   }

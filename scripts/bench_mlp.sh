@@ -44,7 +44,9 @@ run_torch() {
 }
 
 for ((r = 1; r <= rounds; r++)); do
-  printf '\n== round %d of %d ==\n' "$r" "$rounds"
+  # torch's OpenMP threads slow down many times over when another process
+  # wants the cores: read a round under a high load average with suspicion
+  printf '\n== round %d of %d (load average %s) ==\n' "$r" "$rounds" "$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
   if ((r % 2)); then
     run_kiln "$@"
     run_torch "$@"

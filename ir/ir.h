@@ -1,0 +1,113 @@
+/* ir.h — Kiln's SSA IR: modules of functions, each one block of
+ * instructions in topological order over values with static types. Ops are
+ * those of ir/ops.def; their attributes are the op_attrs fields the table
+ * names, and their result types come from the table's inference rules.
+ * Internal to the library; the entry points are exported (KILN_EXPORT) for
+ * kiln-opt and the tests. */
+#ifndef KILN_IR_H
+#define KILN_IR_H
+
+#include <stdio.h>
+
+#ifdef __cplusplus
+/* runtime.h declares the tensor with C11 atomics; C++ tests spell them so */
+#include <atomic>
+using atomic_int = std::atomic_int;
+extern "C" {
+#endif
+
+#include "ops.h"
+
+typedef int32_t ir_value; /* index into the function's value table; -1 = none */
+
+typedef struct ir_loc {
+  const char *file; /* interned in the module; NULL = unknown */
+  int line;
+} ir_loc;
+
+typedef struct ir_instr {
+  op_id op;
+  op_attrs attrs; /* attrs.value (constant) holds a reference owned by the IR */
+  int n_in;
+  ir_value *in;
+  ir_value out; /* the result (every op of ops.def has one) */
+  ir_loc loc;
+} ir_instr;
+
+typedef struct ir_module ir_module;
+
+typedef struct ir_func {
+  char *name;
+  ir_module *module;
+  int n_params; /* parameters are values 0 .. n_params-1 */
+  int n_results;
+  ir_value *results;
+  op_type *types; /* type of each value */
+  int32_t *def;   /* defining instruction of each value; -1 for parameters */
+  char **names;   /* each value's name (without %), or NULL: printed as a number */
+  int n_values, cap_values;
+  ir_instr *instrs;
+  int n_instrs, cap_instrs;
+} ir_func;
+
+struct ir_module {
+  ir_func **funcs;
+  int n_funcs, cap_funcs;
+  char **files; /* interned source file names */
+  int n_files, cap_files;
+};
+
+/* ---- building (ir.c). Errors go to kiln_last_error(). ---- */
+KILN_EXPORT ir_module *ir_module_new(void);
+KILN_EXPORT void ir_module_free(ir_module *); /* frees its functions; NULL is fine */
+/* A new function of the module with parameters of the given types; NULL if
+ * the name is empty or already used, or a type is invalid. */
+KILN_EXPORT ir_func *ir_func_new(ir_module *, const char *name, int n_params, const op_type *params);
+KILN_EXPORT ir_func *ir_module_find(const ir_module *, const char *name);
+/* Appends op(in) with attrs (NULL = none); checks arity, the op's dtypes and
+ * attributes, and infers the result type with the op table's rule. A
+ * constant's attrs->value is retained. loc.file is interned. Returns the
+ * result value, or -1 with the error set. */
+KILN_EXPORT ir_value ir_append(ir_func *, op_id op, const op_attrs *attrs, int n_in, const ir_value *in,
+                               ir_loc loc);
+/* Appends a constant holding (a reference to) t. */
+KILN_EXPORT ir_value ir_constant(ir_func *, kiln_tensor *t, ir_loc loc);
+/* The function's results (copied); each must be a value of f. */
+KILN_EXPORT int ir_set_results(ir_func *, int n, const ir_value *results);
+/* Names a value (printed %name): [A-Za-z_][A-Za-z0-9_.]*, unique in f. */
+KILN_EXPORT int ir_set_name(ir_func *, ir_value v, const char *name);
+KILN_EXPORT const char *ir_intern_file(ir_module *, const char *file);
+/* The op table entry (the table itself is not exported). */
+KILN_EXPORT const op_info *ir_op_info(op_id op);
+/* "f32[2,3]" into buf; returns buf. */
+KILN_EXPORT char *ir_type_str(char *buf, size_t n, const op_type *t);
+/* Checks one application as ir_append does and writes its type: the shared
+ * rule of the builder, the parser and the verifier. 0 / -1. */
+KILN_EXPORT int ir_check_op(op_id op, const op_attrs *attrs, int n_in, const op_type *in, op_type *out);
+
+/* ---- text form (print.c, parse.c) ---- */
+/* malloc'd text of the module / function; NULL on out of memory */
+KILN_EXPORT char *ir_print_module(const ir_module *);
+KILN_EXPORT char *ir_print_func(const ir_func *);
+/* Parses .kir text (NUL-terminated) and verifies it; NULL with
+ * "file:line:col: reason" in the error. */
+KILN_EXPORT ir_module *ir_parse(const char *text, const char *filename);
+/* Graphviz dot of each function's dataflow; malloc'd. */
+KILN_EXPORT char *ir_print_dot(const ir_module *);
+
+/* ---- checking (verify.c) ---- */
+/* 0, or -1 with "verify: @f: %3: reason" in the error. */
+KILN_EXPORT int ir_verify(const ir_func *);
+KILN_EXPORT int ir_verify_module(const ir_module *);
+
+/* ---- the reference interpreter (interp.c) ---- */
+/* Runs f on args (one per parameter, of the parameter's type) with the eager
+ * CPU kernels; writes one tensor per result, owned as op results are (the
+ * innermost scope, or the caller). 0, or -1 with the error set and results
+ * untouched. */
+KILN_EXPORT int ir_interpret(const ir_func *, kiln_tensor *const *args, kiln_tensor **results);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

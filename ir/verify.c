@@ -1,0 +1,135 @@
+/* verify.c — checks that a function is well formed: every value defined
+ * once and before its uses, every instruction valid for the op table
+ * (arity, dtypes, attributes) with the type its rule infers, valid results.
+ * Passes run it after each step; the parser runs it on what it reads. */
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir_internal.h"
+
+static int bad(const ir_func *f, ir_value v, const char *fmt, ...) KILN_PRINTF(3, 4);
+
+/* "verify: @f: %3: reason"; the arguments may point into the error buffer */
+static int bad(const ir_func *f, ir_value v, const char *fmt, ...) {
+  char label[160], msg[1024];
+  if (v >= 0)
+    ir_value_label(f, v, label, sizeof label);
+  else
+    snprintf(label, sizeof label, "signature");
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return kiln_set_error("verify: @%s: %s: %s", f->name ? f->name : "?", label, msg);
+}
+
+static int cmp_names(const void *a, const void *b) {
+  const char *x = *(const char *const *)a, *y = *(const char *const *)b;
+  return strcmp(x, y);
+}
+
+static int verify_names(const ir_func *f) {
+  const char **names = malloc(((size_t)f->n_values + 1) * sizeof *names);
+  if (!names) return kiln_set_error("verify: out of memory");
+  int n = 0, rc = 0;
+  for (int v = 0; v < f->n_values && !rc; v++) {
+    if (!f->names[v]) continue;
+    if (!ir_ident_ok(f->names[v])) rc = bad(f, v, "'%s' is not a valid value name", f->names[v]);
+    names[n++] = f->names[v];
+  }
+  if (!rc) qsort(names, (size_t)n, sizeof *names, cmp_names);
+  for (int i = 1; i < n && !rc; i++)
+    if (!strcmp(names[i - 1], names[i]))
+      rc = kiln_set_error("verify: @%s: %%%s: defined more than once", f->name, names[i]);
+  free(names);
+  return rc;
+}
+
+int ir_verify(const ir_func *f) {
+  char t1[256], t2[256];
+  if (!f || !f->name || !*f->name) return kiln_set_error("verify: function without a name");
+  if (f->n_params < 0 || f->n_params > f->n_values || f->n_instrs < 0 || f->n_results < 0)
+    return bad(f, -1, "%s", "inconsistent counts of parameters, values and instructions");
+  for (int v = 0; v < f->n_values; v++) {
+    if (ir_type_check("type", &f->types[v])) return bad(f, v, "bad type: %s", kiln_last_error());
+    if (v < f->n_params ? f->def[v] != -1
+                        : f->def[v] < 0 || f->def[v] >= f->n_instrs || f->instrs[f->def[v]].out != v)
+      return bad(f, v, "%s", v < f->n_params ? "a parameter with a defining instruction" : "has no defining instruction");
+  }
+  if (verify_names(f)) return -1;
+
+  op_type small[4], *types = small;
+  int cap = 4, rc = 0;
+  for (int i = 0; i < f->n_instrs && !rc; i++) {
+    const ir_instr *in = &f->instrs[i];
+    ir_value out = in->out;
+    if (out < f->n_params || out >= f->n_values || f->def[out] != i) {
+      rc = bad(f, -1, "instruction %d has an invalid result (%d)", i, (int)out);
+      break;
+    }
+    if ((unsigned)in->op >= OP_COUNT) {
+      rc = bad(f, out, "%s", "invalid op");
+      break;
+    }
+    if (in->n_in < 0 || (in->n_in > 0 && !in->in)) {
+      rc = bad(f, out, "%s", "bad input list");
+      break;
+    }
+    if (in->n_in > cap) {
+      if (types != small) free(types);
+      cap = in->n_in;
+      if (!(types = malloc((size_t)cap * sizeof *types))) {
+        types = small;
+        cap = 4;
+        rc = kiln_set_error("verify: out of memory");
+        break;
+      }
+    }
+    for (int k = 0; k < in->n_in && !rc; k++) {
+      ir_value x = in->in[k];
+      if (x < 0 || x >= f->n_values) {
+        rc = bad(f, out, "input %d (%d) is not a value", k, (int)x);
+      } else if (x >= f->n_params && f->def[x] >= i) {
+        char l[160];
+        rc = bad(f, out, "input %d (%s) is used before its definition", k, ir_value_label(f, x, l, sizeof l));
+      } else {
+        types[k] = f->types[x];
+      }
+    }
+    if (rc) break;
+    if (in->op != OP_CONSTANT && in->attrs.value) {
+      rc = bad(f, out, "%s", "only constants hold a value");
+      break;
+    }
+    op_type t;
+    if (ir_check_op(in->op, &in->attrs, in->n_in, types, &t)) {
+      rc = bad(f, out, "%s", kiln_last_error());
+      break;
+    }
+    if (!ir_type_eq(&t, &f->types[out])) {
+      rc = bad(f, out, "type %s, but %s infers %s", ir_type_str(t1, sizeof t1, &f->types[out]),
+               kiln_ops[in->op].name, ir_type_str(t2, sizeof t2, &t));
+    }
+  }
+  if (types != small) free(types);
+  if (rc) return -1;
+  if (f->n_results > 0 && !f->results) return bad(f, -1, "%s", "results missing");
+  for (int r = 0; r < f->n_results; r++) {
+    if (f->results[r] < 0 || f->results[r] >= f->n_values) {
+      return bad(f, -1, "result %d (%d) is not a value", r, (int)f->results[r]);
+    }
+  }
+  return 0;
+}
+
+int ir_verify_module(const ir_module *m) {
+  if (!m) return kiln_set_error("verify: no module");
+  for (int i = 0; i < m->n_funcs; i++) {
+    if (ir_verify(m->funcs[i])) return -1;
+    for (int j = 0; j < i; j++)
+      if (!strcmp(m->funcs[i]->name, m->funcs[j]->name))
+        return kiln_set_error("verify: @%s: defined more than once", m->funcs[i]->name);
+  }
+  return 0;
+}
