@@ -33,6 +33,7 @@ typedef struct grad_args {
   kiln_tensor *out;
   kiln_tensor *dout;
   kiln_tensor **dx;
+  const bool *need; /* need[i]: some source is reached through in[i]; else dx[i] may stay NULL */
 } grad_args;
 typedef int (*grad_fn)(const grad_args *g);
 /* NULL for ops whose results carry no gradient (comparisons, argmax, ...). */

@@ -8,6 +8,11 @@
 #define KILN_CONSTRUCTOR __attribute__((constructor))
 #define KILN_PRINTF(f, a) __attribute__((format(printf, f, a)))
 #define KILN_UNUSED __attribute__((unused))
+#if defined(__x86_64__) || defined(__i386__)
+#define KILN_CPU_RELAX() __builtin_ia32_pause()
+#else
+#define KILN_CPU_RELAX() ((void)0)
+#endif
 /* A thread-local read on the eager hot path: one load instead of a call to
  * __tls_get_addr. Only for a few small variables: they take static TLS. */
 #define KILN_TLS_FAST __attribute__((tls_model("initial-exec")))

@@ -9,10 +9,13 @@
 #define OUT (g->out)
 #define C(t, v) kiln_scalar_like((t), (v))
 
+#define NEED(i) (g->need[i])
+
+/* -1 when a needed gradient is missing: a primitive failed (error set) */
 static int done(const grad_args *g) {
   for (int i = 0; i < g->n; i++)
-    if (g->dx[i]) return 0;
-  return -1; /* every differentiable input got NULL: a primitive failed */
+    if (g->need[i] && !g->dx[i]) return -1;
+  return 0;
 }
 
 kiln_tensor *grad_unbroadcast(kiln_tensor *grad, const kiln_tensor *like) {
@@ -61,57 +64,59 @@ static int g_relu(const grad_args *g) {
 
 /* ---- binary ---- */
 static int g_add(const grad_args *g) {
-  g->dx[0] = UNB(DOUT, 0);
-  g->dx[1] = UNB(DOUT, 1);
-  return g->dx[0] && g->dx[1] ? 0 : -1;
+  if (NEED(0)) g->dx[0] = UNB(DOUT, 0);
+  if (NEED(1)) g->dx[1] = UNB(DOUT, 1);
+  return done(g);
 }
 static int g_sub(const grad_args *g) {
-  g->dx[0] = UNB(DOUT, 0);
-  g->dx[1] = UNB(kiln_neg(DOUT), 1);
-  return g->dx[0] && g->dx[1] ? 0 : -1;
+  if (NEED(0)) g->dx[0] = UNB(DOUT, 0);
+  if (NEED(1)) g->dx[1] = UNB(kiln_neg(DOUT), 1);
+  return done(g);
 }
 static int g_mul(const grad_args *g) {
-  g->dx[0] = UNB(kiln_mul(DOUT, X(1)), 0);
-  g->dx[1] = UNB(kiln_mul(DOUT, X(0)), 1);
-  return g->dx[0] && g->dx[1] ? 0 : -1;
+  if (NEED(0)) g->dx[0] = UNB(kiln_mul(DOUT, X(1)), 0);
+  if (NEED(1)) g->dx[1] = UNB(kiln_mul(DOUT, X(0)), 1);
+  return done(g);
 }
 static int g_div(const grad_args *g) { /* a/b: 1/b and -a/b^2 = -out/b */
-  g->dx[0] = UNB(kiln_div(DOUT, X(1)), 0);
-  g->dx[1] = UNB(kiln_neg(kiln_div(kiln_mul(DOUT, OUT), X(1))), 1);
-  return g->dx[0] && g->dx[1] ? 0 : -1;
+  if (NEED(0)) g->dx[0] = UNB(kiln_div(DOUT, X(1)), 0);
+  if (NEED(1)) g->dx[1] = UNB(kiln_neg(kiln_div(kiln_mul(DOUT, OUT), X(1))), 1);
+  return done(g);
 }
 static int g_pow(const grad_args *g) { /* a^b: b a^(b-1), and out log a where a > 0 (else 0) */
   kiln_tensor *a = X(0), *b = X(1);
-  g->dx[0] = UNB(kiln_mul(DOUT, kiln_mul(b, kiln_pow(a, kiln_sub(b, C(b, 1))))), 0);
-  kiln_tensor *pos = kiln_greater(a, C(a, 0));
-  kiln_tensor *loga = kiln_select(pos, kiln_log(kiln_select(pos, a, C(a, 1))), C(a, 0));
-  g->dx[1] = UNB(kiln_mul(DOUT, kiln_mul(OUT, loga)), 1);
-  return g->dx[0] && g->dx[1] ? 0 : -1;
+  if (NEED(0)) g->dx[0] = UNB(kiln_mul(DOUT, kiln_mul(b, kiln_pow(a, kiln_sub(b, C(b, 1))))), 0);
+  if (NEED(1)) {
+    kiln_tensor *pos = kiln_greater(a, C(a, 0));
+    kiln_tensor *loga = kiln_select(pos, kiln_log(kiln_select(pos, a, C(a, 1))), C(a, 0));
+    g->dx[1] = UNB(kiln_mul(DOUT, kiln_mul(OUT, loga)), 1);
+  }
+  return done(g);
 }
 /* maximum/minimum: the winner takes the gradient, ties split it evenly */
 static int g_extremum(const grad_args *g, kiln_tensor *a_wins) {
   kiln_tensor *a = X(0), *b = X(1), *half = kiln_mul(DOUT, C(DOUT, 0.5)), *zero = C(DOUT, 0);
   kiln_tensor *tie = kiln_equal(a, b);
-  g->dx[0] = UNB(kiln_select(a_wins, DOUT, kiln_select(tie, half, zero)), 0);
-  g->dx[1] = UNB(kiln_select(a_wins, zero, kiln_select(tie, half, DOUT)), 1);
-  return g->dx[0] && g->dx[1] ? 0 : -1;
+  if (NEED(0)) g->dx[0] = UNB(kiln_select(a_wins, DOUT, kiln_select(tie, half, zero)), 0);
+  if (NEED(1)) g->dx[1] = UNB(kiln_select(a_wins, zero, kiln_select(tie, half, DOUT)), 1);
+  return done(g);
 }
 static int g_max(const grad_args *g) { return g_extremum(g, kiln_greater(X(0), X(1))); }
 static int g_min(const grad_args *g) { return g_extremum(g, kiln_less(X(0), X(1))); }
 static int g_mod(const grad_args *g) { /* fmod(a, b) = a - trunc(a/b) b */
   kiln_tensor *q = kiln_div(X(0), X(1));
   kiln_tensor *trunc = kiln_select(kiln_less(q, C(q, 0)), kiln_ceil(q), kiln_floor(q));
-  g->dx[0] = UNB(DOUT, 0);
-  g->dx[1] = UNB(kiln_neg(kiln_mul(DOUT, trunc)), 1);
-  return g->dx[0] && g->dx[1] ? 0 : -1;
+  if (NEED(0)) g->dx[0] = UNB(DOUT, 0);
+  if (NEED(1)) g->dx[1] = UNB(kiln_neg(kiln_mul(DOUT, trunc)), 1);
+  return done(g);
 }
 
 static int g_select(const grad_args *g) {
   kiln_tensor *zero = C(DOUT, 0);
   g->dx[0] = NULL;
-  g->dx[1] = UNB(kiln_select(X(0), DOUT, zero), 1);
-  g->dx[2] = UNB(kiln_select(X(0), zero, DOUT), 2);
-  return g->dx[1] && g->dx[2] ? 0 : -1;
+  if (NEED(1)) g->dx[1] = UNB(kiln_select(X(0), DOUT, zero), 1);
+  if (NEED(2)) g->dx[2] = UNB(kiln_select(X(0), zero, DOUT), 2);
+  return done(g);
 }
 
 static int g_convert(const grad_args *g) {
@@ -158,8 +163,7 @@ static int g_concat(const grad_args *g) {
   int64_t begin[KILN_MAX_RANK] = {0}, size[KILN_MAX_RANK];
   for (int i = 0; i < g->n; i++) {
     for (int d = 0; d < DOUT->rank; d++) size[d] = d == axis ? X(i)->shape[d] : -1;
-    g->dx[i] = kiln_slice(DOUT, begin, size);
-    if (!g->dx[i]) return -1;
+    if (NEED(i) && !(g->dx[i] = kiln_slice(DOUT, begin, size))) return -1;
     begin[axis] += X(i)->shape[axis];
   }
   return 0;
@@ -207,9 +211,9 @@ static kiln_tensor *swap_last2(kiln_tensor *t) {
   return kiln_transpose(t, t->rank, perm);
 }
 static int g_dot(const grad_args *g) {
-  g->dx[0] = UNB(kiln_matmul(DOUT, swap_last2(X(1))), 0);
-  g->dx[1] = UNB(kiln_matmul(swap_last2(X(0)), DOUT), 1);
-  return g->dx[0] && g->dx[1] ? 0 : -1;
+  if (NEED(0)) g->dx[0] = UNB(kiln_matmul(DOUT, swap_last2(X(1))), 0);
+  if (NEED(1)) g->dx[1] = UNB(kiln_matmul(swap_last2(X(0)), DOUT), 1);
+  return done(g);
 }
 
 /* ---- indexing ---- */
@@ -217,14 +221,14 @@ static int g_gather(const grad_args *g) {
   op_attrs a = *g->attrs;
   a.rank = X(0)->rank;
   memcpy(a.shape, X(0)->shape, sizeof a.shape);
-  g->dx[0] = op_apply2(OP_SCATTER_ADD, &a, DOUT, X(1));
+  if (NEED(0)) g->dx[0] = op_apply2(OP_SCATTER_ADD, &a, DOUT, X(1));
   g->dx[1] = NULL;
-  return g->dx[0] ? 0 : -1;
+  return done(g);
 }
 static int g_scatter_add(const grad_args *g) {
-  g->dx[0] = op_apply2(OP_GATHER, g->attrs, DOUT, X(1));
+  if (NEED(0)) g->dx[0] = op_apply2(OP_GATHER, g->attrs, DOUT, X(1));
   g->dx[1] = NULL;
-  return g->dx[0] ? 0 : -1;
+  return done(g);
 }
 
 /* NULL: the result carries no gradient (integer, boolean or piecewise

@@ -313,16 +313,42 @@ static int check_grad_shape(const char *what, int i, const kiln_tensor *dx, cons
 
 /* Walks nodes [0, end) backwards from grads[target] = ones. Everything made
  * lands in the caller's open scope. */
-static int backward(kiln_tape *tape, int64_t end, ptr_map *grads) {
+/* The tensors of nodes [0, end) through which some source is reached:
+ * the sources, and the outputs of nodes with such an input. Gradients are
+ * worth computing only for these (a batch of inputs to a model needs none). */
+static int mark_useful(kiln_tape *tape, int64_t end, int n, kiln_tensor *const *sources, ptr_map *useful) {
+  bool added;
+  for (int i = 0; i < n; i++)
+    if (!map_insert(useful, sources[i], &added)) return kiln_set_error("tape_gradient: out of memory");
+  for (int64_t k = 0; k < end; k++) {
+    tape_node *nd = &tape->nodes[k];
+    kiln_tensor **in = node_inputs(nd);
+    for (int i = 0; i < nd->n; i++) {
+      if (!map_find(useful, in[i])) continue;
+      if (!map_insert(useful, nd->out, &added)) return kiln_set_error("tape_gradient: out of memory");
+      break;
+    }
+  }
+  return 0;
+}
+
+static int backward(kiln_tape *tape, int64_t end, const ptr_map *useful, ptr_map *grads) {
   enum { SMALL = 8 };
   for (int64_t k = end; k-- > 0;) {
     /* a copy: the rules may record onto this tape and move its node array */
     tape_node node = tape->nodes[k], *nd = &node;
     kiln_tensor **in = node_inputs(nd);
     map_entry *e = map_find(grads, nd->out);
-    if (!e || !e->value) continue;
+    if (!e || !e->value || !map_find(useful, nd->out)) continue;
     kiln_tensor *small[SMALL] = {NULL}, **dx = nd->n <= SMALL ? small : calloc((size_t)nd->n, sizeof *dx);
-    if (!dx) return kiln_set_error("tape_gradient: out of memory");
+    bool need_small[SMALL] = {false}, *need = nd->n <= SMALL ? need_small : calloc((size_t)nd->n, sizeof *need);
+    if (!dx || !need) {
+      if (dx != small) free(dx);
+      if (need != need_small) free(need);
+      return kiln_set_error("tape_gradient: out of memory");
+    }
+    for (int i = 0; i < nd->n; i++)
+      need[i] = differentiable(in[i]) && tracks(tape, in[i]) && map_find(useful, in[i]);
     int rc;
     const char *what;
     if (nd->custom) {
@@ -332,11 +358,11 @@ static int backward(kiln_tape *tape, int64_t end, ptr_map *grads) {
     } else {
       what = kiln_ops[nd->op].api;
       static const op_attrs no_attrs;
-      grad_args g = {nd->op, nd->attrs ? nd->attrs : &no_attrs, nd->n, in, nd->out, e->value, dx};
+      grad_args g = {nd->op, nd->attrs ? nd->attrs : &no_attrs, nd->n, in, nd->out, e->value, dx, need};
       rc = kiln_grads[nd->op](&g);
     }
     for (int i = 0; rc == 0 && i < nd->n; i++) {
-      if (!dx[i] || !tracks(tape, in[i])) continue;
+      if (!dx[i] || !need[i]) continue;
       if ((rc = check_grad_shape(what, i, dx[i], in[i]))) break;
       bool added;
       map_entry *acc = map_insert(grads, in[i], &added);
@@ -348,6 +374,7 @@ static int backward(kiln_tape *tape, int64_t end, ptr_map *grads) {
       if (!acc->value) rc = -1;
     }
     if (dx != small) free(dx);
+    if (need != need_small) free(need);
     if (rc) return -1;
   }
   return 0;
@@ -373,17 +400,17 @@ static int gradient(const char *who, kiln_tape *tape, kiln_tensor *target, int n
     if (!tape->persistent) free_nodes(tape);
     return 0;
   }
-  ptr_map grads = {0};
-  int rc = 0;
+  ptr_map grads = {0}, useful = {0};
+  int rc = mark_useful(tape, end, group_end[n > 0 ? n - 1 : 0] * (n > 0), flat, &useful);
   kiln_scope_push();
   kiln_tensor *seed = kiln_ones((kiln_dtype)target->dtype, target->rank, target->shape);
   bool added;
   map_entry *e = seed ? map_insert(&grads, target, &added) : NULL;
   if (!e) {
     rc = seed ? kiln_set_error("%s: out of memory", who) : -1;
-  } else {
+  } else if (rc == 0) {
     e->value = seed;
-    rc = backward(tape, end, &grads);
+    rc = backward(tape, end, &useful, &grads);
   }
   for (int i = 0, j = 0; rc == 0 && i < n; i++) {
     kiln_tensor *sum = NULL;
@@ -402,7 +429,8 @@ static int gradient(const char *who, kiln_tape *tape, kiln_tensor *target, int n
     if (rc == 0 && out[i]) kiln_scope_escape(out[i]);
     else out[i] = NULL;
   }
-  map_free(&grads, false, false); /* values belong to the scope */
+  map_free(&grads, false, false);
+  map_free(&useful, false, false); /* values belong to the scope */
   kiln_scope_pop();
   if (!tape->persistent) free_nodes(tape);
   return rc;
