@@ -350,6 +350,33 @@ TEST(Runtime, IndependentEagerWorkInTwoThreads) {
   EXPECT_EQ(kiln_debug_live_tensors(), before);
 }
 
+// Large ops split over the pool; two threads compete for it (one gets it,
+// the other runs serially) and many back-to-back jobs reuse the workers.
+TEST(Runtime, ParallelKernelsFromTwoThreads) {
+  int64_t before = kiln_debug_live_tensors();
+  const int64_t n = 1 << 18;
+  auto work = [&](float k, bool *ok) {
+    kiln_scope_push();
+    *ok = true;
+    for (int i = 0; i < 200 && *ok; i++) {
+      kiln_scope_push();
+      kiln_tensor *x = kiln_fill(KILN_F32, 1, &n, k);
+      kiln_tensor *y = kiln_add(kiln_mul(x, x), x);  // k*k + k everywhere
+      const float *d = y ? (const float *)kiln_tensor_data(y) : nullptr;
+      *ok = d && d[0] == k * k + k && d[n / 2] == k * k + k && d[n - 1] == k * k + k;
+      kiln_scope_pop();
+    }
+    kiln_scope_pop();
+  };
+  bool ok1 = false, ok2 = false;
+  std::thread t1(work, 2.0f, &ok1), t2(work, 3.0f, &ok2);
+  t1.join();
+  t2.join();
+  EXPECT_TRUE(ok1);
+  EXPECT_TRUE(ok2);
+  EXPECT_EQ(kiln_debug_live_tensors(), before);
+}
+
 TEST(Runtime, ThreadExitReleasesItsOpenScopes) {
   int64_t before = kiln_debug_live_tensors();
   std::thread th([] {
