@@ -1,6 +1,7 @@
 /* tour.c — a first walk through Kiln: tensors, broadcasting, reductions,
- * matmul, a composite op, random numbers, errors as values, and scopes that
- * keep it all leak-free. Run it with ./scripts/tour.sh; read it top to bottom. */
+ * matmul, a composite op, random numbers, errors as values, scopes that
+ * keep it all leak-free, gradients and staged functions. Run it with
+ * ./scripts/tour.sh; read it top to bottom. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <kiln.h>
 
@@ -199,8 +200,34 @@ static int tour_gradients(void) {
   return rc ? -1 : 0;
 }
 
-/* ---- 10. Staged functions (kiln_jit) go here once the staging issue lands:
- * one more tour_* function called from main() below. ---- */
+/* 10. Staged functions: the body runs once with symbolic tensors and is
+ * recorded as IR; later calls with the same dtypes and shapes reuse it. */
+static int scaled_tanh(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  (void)user, (void)n_in, (void)n_out;
+  out[0] = kiln_mul(kiln_tanh(in[0]), kiln_scalar_like(in[0], 2));
+  return out[0] ? 0 : -1;
+}
+
+static int tour_staging(void) {
+  heading("staged functions");
+  kiln_function *f = kiln_function_new("scaled_tanh", scaled_tanh, NULL, 1, 1);
+  if (!f) return show("function_new", NULL);
+  kiln_tensor *a = kiln_tensor_new(KILN_F32, KILN_SHAPE(3), (float[]){-1, 0, 1});
+  kiln_tensor *b = kiln_tensor_new(KILN_F32, KILN_SHAPE(3), (float[]){2, 3, 4});
+  kiln_tensor *ya = NULL, *yb = NULL;
+  int rc = 0;
+  rc |= kiln_function_call(f, &a, &ya) ? show("call 1", NULL) : show("f([-1, 0, 1])", ya);
+  rc |= kiln_function_call(f, &b, &yb) ? show("call 2", NULL) : show("f([2, 3, 4])", yb);
+  printf("  traces made: %d (the second call reused the first)\n", kiln_function_trace_count(f));
+  char *ir = kiln_function_ir(f, 0, "optimized");
+  if (ir)
+    printf("  its IR:\n%s", ir);
+  else
+    rc |= show("function_ir", NULL);
+  free(ir);
+  kiln_function_free(f);
+  return rc ? -1 : 0;
+}
 
 /* The cost of one tiny eager op: what staging is for. */
 static double now_ns(void) {
@@ -237,7 +264,7 @@ int main(void) {
   static int (*const sections[])(void) = {
       tour_tensors, tour_broadcasting, tour_reductions, tour_matmul,
       tour_softmax, tour_random,       tour_errors,     tour_scopes,
-      tour_gradients, tour_benchmark,
+      tour_gradients, tour_staging,    tour_benchmark,
   };
   int failures = 0;
   for (size_t i = 0; i < sizeof sections / sizeof sections[0]; i++) {

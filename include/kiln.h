@@ -296,6 +296,55 @@ int kiln_checkpoint_save(const char *path, int n, kiln_variable *const *vars);
 int kiln_checkpoint_restore(const char *path, int n, kiln_variable *const *vars);
 
 /* ------------------------------------------------------------------------
+ * 5. Staged functions. A call looks up a trace by each input's dtype, shape
+ * and device and the device scope; a miss runs the body once with symbolic
+ * tensors (C control flow and side effects happen at trace time only) and
+ * keeps the verified IR; every call runs that IR. Concrete tensors the body
+ * reaches are captured (retained until kiln_function_free); variables it
+ * reads are captured by reference, so a later assignment is seen without
+ * retracing (a variable must outlive the functions that read it). Random
+ * ops draw afresh at each call, in the order the body made them. Creating
+ * or assigning a variable inside the body fails. Not yet: gradients through
+ * staged calls (a call whose input a tape watches fails), recorded calls
+ * between staged functions (a call inside a body is inlined), passes and
+ * compiled code (the IR runs op by op, as eager ops do).
+ * ---------------------------------------------------------------------- */
+
+/* The body of a stageable function. It reads in[0..n_in), writes out[0..n_out),
+   returns 0 or -1 (with the error set, e.g. by kiln_fail). Outputs may be
+   results of ops, the inputs themselves, or captured concrete tensors. */
+typedef int (*kiln_body_fn)(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out);
+
+/* NULL name = "f". Thread-safe to call from several threads at once. */
+kiln_function *kiln_function_new(const char *name, kiln_body_fn body, void *user, int n_in, int n_out);
+/* Writes n_out tensors, owned as op results are; 0, or -1 with the error
+ * set (the body's own message when the body failed; no trace is kept). */
+int  kiln_function_call(kiln_function *, kiln_tensor *const *in, kiln_tensor **out);
+void kiln_function_free(kiln_function *);
+void kiln_function_set_eager(kiln_function *, bool eager);  /* run the body op by op, for debugging */
+int  kiln_function_trace_count(const kiln_function *);      /* concrete traces made so far */
+
+/* ------------------------------------------------------------------------
+ * 6. Inspecting compiled code. Setting KILN_LOG=retrace prints each retrace
+ * after the first, with the input that changed, to stderr.
+ * ---------------------------------------------------------------------- */
+
+/* stage: "traced" (as recorded) or "optimized" (after every pass: the same
+   text until passes exist); "llvm", "asm" and "ptx" fail as not available
+   yet. trace indexes the concrete traces, 0 = first. malloc'd text; free() it. */
+char *kiln_function_ir(kiln_function *, int trace, const char *stage);
+
+typedef struct {
+  int    traced_ops, optimized_ops, kernels, fused_ops;
+  size_t peak_bytes;          /* temporaries after buffer reuse */
+  size_t unshared_bytes;      /* temporaries if nothing were reused */
+  double trace_ms, optimize_ms, compile_ms;
+} kiln_stats;
+/* For now optimized_ops = traced_ops, and kernels, fused_ops, the bytes and
+   optimize/compile times are 0 (no passes or backend yet). 0 / -1. */
+int kiln_function_stats(kiln_function *, int trace, kiln_stats *out);
+
+/* ------------------------------------------------------------------------
  * 7. Devices. CPU is always present and listed first.
  * ---------------------------------------------------------------------- */
 

@@ -17,6 +17,8 @@ typedef struct {
   int count;
 } tape_state;
 tape_state tape_pause(void);
+/* Does an active tape of this thread track t? (staged calls refuse them) */
+bool tape_tracks(const kiln_tensor *t);
 void tape_resume(tape_state saved);
 /* Every active tape watches t; variable reads remember (var, t). */
 void tape_watch_variable_read(kiln_variable *var, kiln_tensor *t);

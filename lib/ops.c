@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "autodiff.h"
+#include "../jit/jit.h"
 
 static const op_attrs no_attrs;
 
@@ -47,7 +48,9 @@ kiln_tensor *op_apply(op_id op, const op_attrs *attrs, int n, kiln_tensor *const
     kiln_set_error("%s: out of memory", info->api);
     return NULL;
   }
+  unsigned flags = 0;
   for (int i = 0; i < n; i++) {
+    flags |= in[i]->flags;
     types[i].dtype = (kiln_dtype)in[i]->dtype;
     types[i].rank = in[i]->rank;
     memcpy(types[i].shape, in[i]->shape, (size_t)in[i]->rank * sizeof(int64_t));
@@ -62,8 +65,17 @@ kiln_tensor *op_apply(op_id op, const op_attrs *attrs, int n, kiln_tensor *const
   }
   if (KILN_UNLIKELY(info->infer(op, attrs, n, types, &out_type))) goto done;
 
-  /* Symbolic inputs go to the tracer here (staging issue); every device is
-   * the CPU until the CUDA backend adds one. */
+  /* Symbolic inputs (and random draws) go to the tracer while one records
+   * on this thread; every device is the CPU until the CUDA backend adds one. */
+  if (KILN_UNLIKELY(trace_current) && trace_routes(op, n, in)) {
+    out = trace_apply(op, attrs, n, in);
+    goto done;
+  }
+  if (KILN_UNLIKELY(flags & TF_SYMBOLIC)) { /* escaped from a trace: it has no value */
+    kiln_set_error("%s: an input is a symbolic tensor of a staged function's trace; "
+                   "it has no value outside that trace", info->api);
+    goto done;
+  }
   int device = 0;
   if (info->kind == OPK_VIEW) {
     out = tensor_view(in[0], out_type.rank, out_type.shape);

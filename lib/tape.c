@@ -189,6 +189,12 @@ void kiln_tape_free(kiln_tape *tape) {
   free(tape);
 }
 
+bool tape_tracks(const kiln_tensor *t) {
+  for (kiln_tape *tape = innermost; tape; tape = tape->outer)
+    if (tracks(tape, t)) return true;
+  return false;
+}
+
 tape_state tape_pause(void) {
   tape_state s = {innermost, tape_active_count};
   innermost = NULL;

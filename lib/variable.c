@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "autodiff.h"
+#include "../jit/jit.h"
 
 struct kiln_variable {
   char *name;
@@ -45,7 +46,7 @@ kiln_variable *kiln_variable_new(const kiln_tensor *init, const char *name) {
     if (!kiln_has_error()) kiln_set_error("%s: init is NULL", who);
     return NULL;
   }
-  if (init->flags & TF_SYMBOLIC) {
+  if ((init->flags & TF_SYMBOLIC) || trace_current) {
     kiln_set_error("%s: cannot create a variable while tracing; create it before the first call "
                    "of the staged function", who);
     return NULL;
@@ -81,9 +82,18 @@ const char *kiln_variable_name(const kiln_variable *v) { return v ? v->name : NU
  * read made before it began that happens to share the value. */
 kiln_tensor *kiln_variable_read(kiln_variable *v) {
   if (check_var("variable_read", v)) return NULL;
+  if (KILN_UNLIKELY(trace_current)) return scope_own(trace_variable_read(v, v->value)); /* by reference */
   kiln_tensor *t = scope_own(tensor_view(v->value, v->value->rank, v->value->shape));
   if (t && KILN_UNLIKELY(tape_active_count)) tape_watch_variable_read(v, t);
   return t;
+}
+
+kiln_tensor *variable_value(kiln_variable *v) { return v->value; }
+
+static int check_not_tracing(const char *who, const kiln_variable *v) {
+  if (KILN_LIKELY(!trace_current)) return 0;
+  return kiln_set_error("%s: variable '%s': assigning a variable inside a staged function is not "
+                        "supported yet; assign outside the staged function's body", who, v->name);
 }
 
 static void replace(kiln_variable *v, kiln_tensor *value) {
@@ -93,7 +103,7 @@ static void replace(kiln_variable *v, kiln_tensor *value) {
 
 int kiln_variable_assign(kiln_variable *v, const kiln_tensor *value) {
   const char *who = "variable_assign";
-  if (check_var(who, v) || check_value(who, v, value)) return -1;
+  if (check_var(who, v) || check_not_tracing(who, v) || check_value(who, v, value)) return -1;
   kiln_tensor *c = copy_tensor(who, value);
   if (!c) return -1;
   replace(v, c);
@@ -101,7 +111,7 @@ int kiln_variable_assign(kiln_variable *v, const kiln_tensor *value) {
 }
 
 static int assign_op(const char *who, kiln_variable *v, const kiln_tensor *delta, bool add) {
-  if (check_var(who, v)) return -1;
+  if (check_var(who, v) || check_not_tracing(who, v)) return -1;
   if (!delta) return kiln_has_error() ? -1 : kiln_set_error("%s: delta is NULL", who);
   tape_state saved = tape_pause(); /* an update is not part of any gradient */
   kiln_scope_push();

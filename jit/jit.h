@@ -1,0 +1,59 @@
+/* jit.h — staging internals: the per-thread active trace that op_apply and
+ * the variables hand symbolic work to, and the traced function it builds.
+ * Internal; kiln_function (function.c) is the public face. */
+#ifndef KILN_JIT_H
+#define KILN_JIT_H
+
+#include "ir.h"
+
+typedef struct trace trace;
+
+/* The trace being recorded on this thread, NULL almost always: the eager
+ * path tests only this. */
+extern _Thread_local trace *trace_current KILN_TLS_FAST;
+
+/* Does op(in) belong to the active trace? Symbolic inputs, and random draws
+ * (so that each call of the staged function draws afresh). */
+static inline bool trace_routes(op_id op, int n, kiln_tensor *const *in) {
+  if (kiln_ops[op].kind == OPK_RANDOM) return true;
+  for (int i = 0; i < n; i++)
+    if (in[i]->flags & TF_SYMBOLIC) return true;
+  return false;
+}
+
+/* Records op(in) on the active trace; a new symbolic tensor owned by the
+ * caller (op_apply gives it to the scope), or NULL with the error set. */
+kiln_tensor *trace_apply(op_id op, const op_attrs *attrs, int n, kiln_tensor *const *in);
+/* A read of v while tracing: a symbolic tensor bound to v's value at each
+ * call (by reference). Owned by the caller. */
+kiln_tensor *trace_variable_read(kiln_variable *v, const kiln_tensor *value);
+/* The variable's current value (variable.c); not retained. */
+kiln_tensor *variable_value(kiln_variable *v);
+
+/* A finished trace: the IR and what its implicit parameters are bound to.
+ * Parameters: the explicit inputs, then caps (retained), then the values
+ * of vars (by reference, read at each call). */
+typedef struct traced_fn {
+  ir_module *module;
+  ir_func *func;
+  kiln_tensor **caps;
+  int n_caps;
+  kiln_variable **vars;
+  int n_vars;
+  int *rng; /* indices of the random instructions: re-seeded per call */
+  int n_rng;
+} traced_fn;
+
+/* Starts a trace on this thread with n_in explicit inputs shaped like in;
+ * writes their symbolic stand-ins (owned by the innermost scope). NULL with
+ * the error set. */
+trace *trace_begin(int n_in, kiln_tensor *const *in, kiln_tensor **sym_in);
+/* Stops recording on this thread (the trace stays to be finished or freed). */
+void trace_end(trace *tr);
+/* Builds and verifies the IR with outs as results (symbolic tensors of the
+ * trace, or concrete tensors, captured). 0 / -1; tr is freed either way. */
+int trace_finish(trace *tr, const char *name, int n_out, kiln_tensor *const *outs, traced_fn *fn);
+void trace_free(trace *tr);
+void traced_fn_free(traced_fn *fn);
+
+#endif
