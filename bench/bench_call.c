@@ -6,22 +6,13 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <kiln.h>
 
+#include "bench_util.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <time.h>
 
 enum { RUNS = 11, CALLS = 1000, SCOPES = 20 };
-
-static double now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *x, const void *y) {
-  double a = *(const double *)x, b = *(const double *)y;
-  return (a > b) - (a < b);
-}
 
 static int add_one(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
   (void)user, (void)n_in, (void)n_out;

@@ -4,21 +4,12 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <kiln.h>
 
+#include "bench_util.h"
+
 #include <stdlib.h>
 #include <time.h>
 
 enum { RUNS = 11, ADDS = 1000, SCOPES = 20 };
-
-static double now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *x, const void *y) {
-  double a = *(const double *)x, b = *(const double *)y;
-  return (a > b) - (a < b);
-}
 
 /* Median over RUNS of the ns per add; one run is SCOPES x (push, ADDS adds,
  * pop), so releasing the results is part of the cost. NAN on failure. */

@@ -4,6 +4,8 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <kiln.h>
 
+#include "bench_util.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <time.h>
@@ -12,22 +14,6 @@
 #include <cblas.h>
 int openblas_get_num_threads(void);
 #endif
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *x, const void *y) {
-  double a = *(const double *)x, b = *(const double *)y;
-  return (a > b) - (a < b);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof v[0], cmp_double);
-  return v[n / 2];
-}
 
 enum { MAX_RUNS = 15 };
 

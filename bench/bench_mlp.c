@@ -4,6 +4,8 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <kiln.h>
 
+#include "bench_util.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,17 +20,6 @@ typedef struct {
   kiln_tensor *x, *y;
   kiln_optimizer *sgd;
 } model;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *x, const void *y) {
-  double a = *(const double *)x, b = *(const double *)y;
-  return (a > b) - (a < b);
-}
 
 static kiln_tensor *dense(kiln_tensor *h, kiln_variable *w, kiln_variable *b) {
   return kiln_add(kiln_matmul(h, kiln_variable_read(w)), kiln_variable_read(b));

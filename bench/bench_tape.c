@@ -5,26 +5,12 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <kiln.h>
 
+#include "bench_util.h"
+
 #include <stdlib.h>
 #include <time.h>
 
 enum { RUNS = 11, OPS = 1000, SCOPES = 20, CHAIN = 1000 };
-
-static double now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *x, const void *y) {
-  double a = *(const double *)x, b = *(const double *)y;
-  return (a > b) - (a < b);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof v[0], cmp_double);
-  return v[n / 2];
-}
 
 /* ns per mul(x, c) over SCOPES x (push, OPS muls, pop). With a tape, one
  * tape per scope watches x and records the OPS muls; it is begun before
