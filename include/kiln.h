@@ -324,6 +324,34 @@ void kiln_function_free(kiln_function *);
 void kiln_function_set_eager(kiln_function *, bool eager);  /* run the body op by op, for debugging */
 int  kiln_function_trace_count(const kiln_function *);      /* concrete traces made so far */
 
+/* Natural C signatures through libffi (API.md §5). sig is "R:ARGS", one
+   letter each: t kiln_tensor*   o kiln_tensor** (an extra output)
+   v void (return only)   i int   l int64_t   d double   b bool   p void*.
+   The non-tensor letters (i l d b p) are static: their values are part of
+   the trace key (doubles by bit pattern, p by pointer identity), and each
+   distinct tuple of them gets its own kiln_function. R is t, v or i.
+   kiln_jit returns a pointer of fn's own type that stages fn: a call traces
+   fn (with symbolic tensors in the t positions) or reuses a trace; the
+   function's outputs are the return value (R = t) and then each o slot in
+   order, written back through the caller's o pointers (a NULL o pointer
+   discards that output). With R = i, fn's non-zero return means failure
+   (with the error set) and the jitted call returns 0 or -1. A failed call
+   returns NULL (R = t) or -1 (R = i) with the error set and stores NULL
+   through the o pointers; with R = v check kiln_last_error() (clear it
+   first). A bad sig returns NULL with the error naming the letter. The
+   pointer lives until kiln_jit_free. */
+typedef void (*kiln_fnptr)(void);
+kiln_fnptr     kiln_jit(kiln_fnptr fn, const char *sig);
+/* The function behind a kiln_jit pointer: the one of the most recent call's
+   static values (without static arguments there is just one, there from the
+   start). NULL with the error set for a pointer not from kiln_jit, or when
+   no call has chosen static values yet. Owned by the jitted pointer. */
+kiln_function *kiln_jit_function(kiln_fnptr jitted);
+/* Frees the closure and its functions (NULL is fine); the pointer must not
+   be called afterwards. */
+void kiln_jit_free(kiln_fnptr jitted);
+#define KILN_JIT(fn, sig) ((__typeof__(&(fn)))kiln_jit((kiln_fnptr)(fn), (sig)))
+
 /* ------------------------------------------------------------------------
  * 6. Inspecting compiled code. Setting KILN_LOG=retrace prints each retrace
  * after the first, with the input that changed, to stderr.

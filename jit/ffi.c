@@ -1,0 +1,319 @@
+/* ffi.c — kiln_jit (API.md §5): stages a C function of a natural signature.
+ * A libffi closure of fn's own type collects the tensor arguments, picks the
+ * kiln_function for the static arguments' values, and calls it; its body
+ * calls fn back through ffi_call with the symbolic tensors. */
+#include <ffi.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "runtime.h"
+
+/* One static argument's value. Zeroed before it is set, so that memcmp
+ * compares keys (doubles by bit pattern, pointers by identity). */
+typedef union {
+  int i;
+  int64_t l;
+  double d;
+  bool b;
+  void *p;
+} jit_static;
+
+typedef struct jit_obj jit_obj;
+
+/* A trace key (the static values) and the function staged for it. */
+typedef struct jit_entry {
+  jit_obj *j;
+  jit_static *vals; /* n_static of them */
+  kiln_function *fn;
+  struct jit_entry *next;
+} jit_entry;
+
+struct jit_obj {
+  kiln_fnptr fn;
+  char ret;
+  char *args; /* the argument letters */
+  int n_args, n_t, n_o, n_static, n_out;
+  ffi_type **atypes;
+  ffi_cif cif; /* fn's signature: both the closure's and the call's */
+  ffi_closure *closure;
+  void *code;
+  pthread_mutex_t lock; /* guards entries and last */
+  jit_entry *entries, *last;
+  jit_obj *next;
+};
+
+/* Every live closure, to map a code pointer back to its object. */
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static jit_obj *registry;
+
+static ffi_type *letter_type(char c) {
+  switch (c) {
+  case 't': case 'o': case 'p': return &ffi_type_pointer;
+  case 'i': return &ffi_type_sint;
+  case 'l': return &ffi_type_sint64;
+  case 'd': return &ffi_type_double;
+  case 'b': return &ffi_type_uint8;
+  case 'v': return &ffi_type_void;
+  default: return NULL;
+  }
+}
+
+static void read_static(char c, void *arg, jit_static *v) {
+  memset(v, 0, sizeof *v);
+  switch (c) {
+  case 'i': v->i = *(int *)arg; break;
+  case 'l': v->l = *(int64_t *)arg; break;
+  case 'd': v->d = *(double *)arg; break;
+  case 'b': v->b = *(bool *)arg; break;
+  default: v->p = *(void **)arg; break;
+  }
+}
+
+/* The staged body: fn itself, with symbolic tensors and the key's statics. */
+static int jit_body(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  jit_entry *e = user;
+  jit_obj *j = e->j;
+  (void)n_in;
+  (void)n_out;
+  void **argv = calloc((size_t)j->n_args + 1, sizeof *argv);
+  kiln_tensor **slots = calloc((size_t)j->n_o + 1, sizeof *slots);
+  kiln_tensor ***pslots = calloc((size_t)j->n_o + 1, sizeof *pslots);
+  if (!argv || !slots || !pslots) {
+    free(argv);
+    free(slots);
+    free(pslots);
+    return kiln_set_error("jit: out of memory");
+  }
+  int t = 0, o = 0, s = 0;
+  for (int a = 0; a < j->n_args; a++) {
+    char c = j->args[a];
+    if (c == 't') {
+      argv[a] = (void *)&in[t++];
+    } else if (c == 'o') {
+      pslots[o] = &slots[o];
+      argv[a] = &pslots[o++];
+    } else {
+      argv[a] = &e->vals[s++];
+    }
+  }
+  union {
+    ffi_arg a;
+    void *p;
+  } r;
+  memset(&r, 0, sizeof r);
+  ffi_call(&j->cif, FFI_FN(j->fn), &r, argv);
+  int rc = 0, k = 0;
+  if (j->ret == 't') {
+    out[k++] = r.p;
+    if (!r.p) rc = kiln_has_error() ? -1 : kiln_set_error("jit: the function returned NULL without an error");
+  } else if (j->ret == 'i' && (int)(ffi_sarg)r.a != 0) {
+    rc = kiln_has_error() ? -1 : kiln_set_error("jit: the function returned %d without an error", (int)(ffi_sarg)r.a);
+  }
+  for (int i = 0; i < j->n_o; i++) out[k++] = slots[i];
+  free(argv);
+  free(slots);
+  free(pslots);
+  return rc;
+}
+
+/* caller holds j->lock */
+static jit_entry *entry_get(jit_obj *j, const jit_static *vals) {
+  size_t bytes = (size_t)j->n_static * sizeof *vals;
+  for (jit_entry *e = j->entries; e; e = e->next)
+    if (!bytes || memcmp(e->vals, vals, bytes) == 0) return e;
+  jit_entry *e = calloc(1, sizeof *e);
+  if (!e || !(e->vals = malloc(bytes + sizeof *vals))) {
+    free(e);
+    kiln_set_error("jit: out of memory");
+    return NULL;
+  }
+  if (bytes) memcpy(e->vals, vals, bytes);
+  e->j = j;
+  if (!(e->fn = kiln_function_new("jit", jit_body, e, j->n_t, j->n_out))) {
+    free(e->vals);
+    free(e);
+    return NULL;
+  }
+  e->next = j->entries;
+  j->entries = e;
+  return e;
+}
+
+/* The closure: what a call of the jitted pointer runs. */
+static void jit_handler(ffi_cif *cif, void *ret, void **args, void *user) {
+  jit_obj *j = user;
+  (void)cif;
+  kiln_tensor **in = calloc((size_t)j->n_t + 1, sizeof *in);
+  kiln_tensor **out = calloc((size_t)j->n_out + 1, sizeof *out);
+  jit_static *vals = calloc((size_t)j->n_static + 1, sizeof *vals);
+  int rc = -1;
+  if (!in || !out || !vals) {
+    kiln_set_error("jit: out of memory");
+  } else {
+    int t = 0, s = 0;
+    for (int a = 0; a < j->n_args; a++) {
+      char c = j->args[a];
+      if (c == 't') in[t++] = *(kiln_tensor **)args[a];
+      else if (c != 'o') read_static(c, args[a], &vals[s++]);
+    }
+    pthread_mutex_lock(&j->lock);
+    jit_entry *e = entry_get(j, vals);
+    if (e) j->last = e;
+    pthread_mutex_unlock(&j->lock);
+    if (e) rc = kiln_function_call(e->fn, in, out);
+  }
+  int k = 0;
+  if (j->ret == 't') *(void **)ret = rc ? NULL : out[k++];
+  else if (j->ret == 'i') *(ffi_arg *)ret = (ffi_arg)(ffi_sarg)rc;
+  for (int a = 0; a < j->n_args; a++) {
+    if (j->args[a] != 'o') continue;
+    kiln_tensor **dst = *(kiln_tensor ***)args[a];
+    if (dst) *dst = rc ? NULL : out[k];
+    k++;
+  }
+  free(in);
+  free(out);
+  free(vals);
+}
+
+static int bad_sig(const char *sig, const char *fmt, int pos, char c) {
+  char what[96];
+  snprintf(what, sizeof what, fmt, c, pos);
+  return kiln_set_error("jit: bad signature '%s': %s", sig, what);
+}
+
+/* Checks sig; 0, or -1 with the error naming the offending letter. */
+static int parse_sig(const char *sig) {
+  for (int i = 0; sig[i]; i++)
+    if (sig[i] != ':' && !letter_type(sig[i])) return bad_sig(sig, "unknown letter '%c' at %d", i, sig[i]);
+  if (sig[0] == ':') return bad_sig(sig, "missing return type ('%c' at %d)", 0, ':');
+  if (!sig[0] || sig[1] != ':')
+    return kiln_set_error("jit: bad signature '%s': expected \"R:ARGS\" (missing ':' at 1)", sig);
+  if (sig[0] == 'o') return bad_sig(sig, "'%c' at %d cannot be a return type (t, v or i)", 0, 'o');
+  if (sig[0] != 't' && sig[0] != 'v' && sig[0] != 'i')
+    return bad_sig(sig, "return type '%c' at %d is not supported (t, v or i)", 0, sig[0]);
+  for (int i = 2; sig[i]; i++) {
+    if (sig[i] == ':') return bad_sig(sig, "a second '%c' at %d", i, ':');
+    if (sig[i] == 'v') return bad_sig(sig, "'%c' at %d is only a return type", i, 'v');
+  }
+  return 0;
+}
+
+static void jit_obj_free(jit_obj *j) {
+  if (!j) return;
+  for (jit_entry *e = j->entries, *n; e; e = n) {
+    n = e->next;
+    kiln_function_free(e->fn);
+    free(e->vals);
+    free(e);
+  }
+  if (j->closure) ffi_closure_free(j->closure);
+  pthread_mutex_destroy(&j->lock);
+  free(j->atypes);
+  free(j->args);
+  free(j);
+}
+
+kiln_fnptr kiln_jit(kiln_fnptr fn, const char *sig) {
+  if (!fn) {
+    kiln_set_error("jit: fn is NULL");
+    return NULL;
+  }
+  if (!sig) {
+    kiln_set_error("jit: signature is NULL");
+    return NULL;
+  }
+  if (parse_sig(sig)) return NULL;
+  jit_obj *j = calloc(1, sizeof *j);
+  if (!j) {
+    kiln_set_error("jit: out of memory");
+    return NULL;
+  }
+  pthread_mutex_init(&j->lock, NULL);
+  j->fn = fn;
+  j->ret = sig[0];
+  j->n_args = (int)strlen(sig + 2);
+  j->args = strdup(sig + 2);
+  j->atypes = calloc((size_t)j->n_args + 1, sizeof *j->atypes);
+  if (!j->args || !j->atypes) {
+    kiln_set_error("jit: out of memory");
+    jit_obj_free(j);
+    return NULL;
+  }
+  for (int a = 0; a < j->n_args; a++) {
+    char c = j->args[a];
+    j->atypes[a] = letter_type(c);
+    if (c == 't') j->n_t++;
+    else if (c == 'o') j->n_o++;
+    else j->n_static++;
+  }
+  j->n_out = (j->ret == 't') + j->n_o;
+  if (ffi_prep_cif(&j->cif, FFI_DEFAULT_ABI, (unsigned)j->n_args, letter_type(j->ret), j->atypes) != FFI_OK) {
+    kiln_set_error("jit: libffi cannot describe signature '%s'", sig);
+    jit_obj_free(j);
+    return NULL;
+  }
+  j->closure = ffi_closure_alloc(sizeof(ffi_closure), &j->code);
+  if (!j->closure || ffi_prep_closure_loc(j->closure, &j->cif, jit_handler, j, j->code) != FFI_OK) {
+    kiln_set_error("jit: libffi cannot make a closure for '%s'", sig);
+    jit_obj_free(j);
+    return NULL;
+  }
+  if (!j->n_static) { /* one key: the function exists from the start */
+    jit_static none;
+    if (!(j->last = entry_get(j, &none))) {
+      jit_obj_free(j);
+      return NULL;
+    }
+  }
+  pthread_mutex_lock(&registry_lock);
+  j->next = registry;
+  registry = j;
+  pthread_mutex_unlock(&registry_lock);
+  kiln_fnptr code;
+  memcpy(&code, &j->code, sizeof code);
+  return code;
+}
+
+/* Unlinks j (remove) or just finds it; caller holds registry_lock. */
+static jit_obj *registry_find(kiln_fnptr jitted, bool remove) {
+  for (jit_obj **p = &registry; *p; p = &(*p)->next) {
+    kiln_fnptr code;
+    memcpy(&code, &(*p)->code, sizeof code);
+    if (code != jitted) continue;
+    jit_obj *j = *p;
+    if (remove) *p = j->next;
+    return j;
+  }
+  return NULL;
+}
+
+kiln_function *kiln_jit_function(kiln_fnptr jitted) {
+  pthread_mutex_lock(&registry_lock);
+  jit_obj *j = jitted ? registry_find(jitted, false) : NULL;
+  kiln_function *f = NULL;
+  if (j) {
+    pthread_mutex_lock(&j->lock);
+    f = j->last ? j->last->fn : NULL;
+    pthread_mutex_unlock(&j->lock);
+  }
+  pthread_mutex_unlock(&registry_lock);
+  if (!j)
+    kiln_set_error("jit_function: %s", jitted ? "the pointer is not from kiln_jit (or was freed)" : "jitted is NULL");
+  else if (!f)
+    kiln_set_error("jit_function: no call yet: the function depends on the static arguments' values");
+  return f;
+}
+
+void kiln_jit_free(kiln_fnptr jitted) {
+  if (!jitted) return;
+  pthread_mutex_lock(&registry_lock);
+  jit_obj *j = registry_find(jitted, true);
+  pthread_mutex_unlock(&registry_lock);
+  if (!j) {
+    kiln_set_error("jit_free: the pointer is not from kiln_jit (or was freed)");
+    return;
+  }
+  jit_obj_free(j);
+}
