@@ -288,6 +288,7 @@ int kiln_function_call(kiln_function *f, kiln_tensor *const *in, kiln_tensor **o
       f->traces = q;
       f->traces[f->n_traces++] = c;
       if (f->n_traces > 1 && log_retrace()) report_retrace(f, f->traces[f->n_traces - 2], c);
+      traced_fn_dump(&c->fn, f->name, f->n_traces - 1);
     }
   }
   pthread_mutex_unlock(&f->lock);
@@ -329,7 +330,7 @@ char *kiln_function_ir(kiln_function *f, int trace, const char *stage) {
   }
   pthread_mutex_lock(&f->lock);
   const cached_trace *c = trace_at(who, f, trace);
-  char *text = c ? ir_print_func(c->fn.func) : NULL; /* no passes yet: optimized = traced */
+  char *text = c ? traced_fn_print(&((cached_trace *)c)->fn) : NULL; /* no passes yet: optimized = traced */
   pthread_mutex_unlock(&f->lock);
   if (c && !text) kiln_set_error("%s: out of memory", who);
   return text;

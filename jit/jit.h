@@ -42,6 +42,8 @@ typedef struct traced_fn {
   int n_vars;
   int *rng; /* indices of the random instructions: re-seeded per call */
   int n_rng;
+  void **pcs;   /* per instruction: the user's call that made it, or NULL */
+  ir_loc *locs; /* pcs resolved (loc.c), on first print; files malloc'd */
 } traced_fn;
 
 /* Starts a trace on this thread with n_in explicit inputs shaped like in;
@@ -55,5 +57,15 @@ void trace_end(trace *tr);
 int trace_finish(trace *tr, const char *name, int n_out, kiln_tensor *const *outs, traced_fn *fn);
 void trace_free(trace *tr);
 void traced_fn_free(traced_fn *fn);
+
+/* loc.c. The return address of the innermost call from outside libkiln. */
+void *loc_caller_pc(void);
+/* fn's IR text with source locations (resolved once; the caller serialises
+ * calls on fn); malloc'd, NULL on out of memory. */
+char *traced_fn_print(traced_fn *fn);
+void traced_fn_free_locs(traced_fn *fn);
+/* KILN_DUMP=DIR: writes each stage's text of trace number `trace`; a failure
+ * is one warning line on stderr. */
+void traced_fn_dump(traced_fn *fn, const char *name, int trace);
 
 #endif

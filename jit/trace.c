@@ -25,6 +25,7 @@ typedef struct {
   op_attrs attrs;
   int n;
   int *in; /* node ids; captures and variables are nodes too */
+  void *pc; /* the user's call (loc.c) */
 } record;
 
 struct trace {
@@ -129,7 +130,7 @@ kiln_tensor *trace_apply(op_id op, const op_attrs *attrs, int n, kiln_tensor *co
   if (ir_check_op(op, attrs, n, types, &out)) goto fail;
   if (grow((void **)&tr->recs, &tr->cap_recs, tr->n_recs + 1, sizeof *tr->recs)) goto fail;
   if (!(t = sym_tensor(tr, who, &out, NODE_INSTR, tr->n_recs))) goto fail;
-  tr->recs[tr->n_recs++] = (record){op, *attrs, n, ids};
+  tr->recs[tr->n_recs++] = (record){op, *attrs, n, ids, loc_caller_pc()};
   if (types != small) free(types);
   return t;
 fail:
@@ -198,6 +199,7 @@ void trace_free(trace *tr) {
 
 void traced_fn_free(traced_fn *fn) {
   if (!fn) return;
+  traced_fn_free_locs(fn);
   ir_module_free(fn->module);
   for (int i = 0; i < fn->n_caps; i++) kiln_release(fn->caps[i]);
   free(fn->caps);
@@ -233,7 +235,9 @@ int trace_finish(trace *tr, const char *name, int n_out, kiln_tensor *const *out
   val = malloc((size_t)(tr->n_nodes ? tr->n_nodes : 1) * sizeof *val);
   res = malloc((size_t)(n_out ? n_out : 1) * sizeof *res);
   fn->rng = malloc((size_t)(tr->n_recs ? tr->n_recs : 1) * sizeof *fn->rng);
-  if (!params || !val || !res || !fn->rng) goto oom;
+  fn->pcs = malloc((size_t)(tr->n_recs ? tr->n_recs : 1) * sizeof *fn->pcs);
+  if (!params || !val || !res || !fn->rng || !fn->pcs) goto oom;
+  for (int r = 0; r < tr->n_recs; r++) fn->pcs[r] = tr->recs[r].pc; /* instruction r is record r */
   for (int id = 0; id < tr->n_nodes; id++) {
     const node *nd = &tr->nodes[id];
     switch (nd->kind) {
