@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
-# fuzz.sh — builds the libFuzzer target of the checkpoint reader
-# (tests/fuzz/checkpoint_fuzz.c) with clang, AddressSanitizer and UBSan, outside
-# the CMake build (which uses gcc and never needs clang), and runs it.
-#   scripts/fuzz.sh [SECONDS] [libFuzzer flags...]     default 180 seconds
-# Work and corpus in build-fuzz/ (FUZZ_DIR to change); a crash leaves its
-# input there as crash-*, which `build-fuzz/checkpoint_fuzz FILE` replays.
+# fuzz.sh — builds a libFuzzer target (tests/fuzz/<target>_fuzz.c) with clang,
+# AddressSanitizer and UBSan, outside the CMake build (which uses gcc and
+# never needs clang), seeds it and runs it.
+#   scripts/fuzz.sh checkpoint|kir [SECONDS] [libFuzzer flags...]   default 180 s
+# checkpoint: the safetensors reader; kir: the .kir parser and verifier.
+# Work and corpus in build-fuzz-<target>/ (FUZZ_DIR to change); a crash leaves
+# its input there as crash-*, which `build-fuzz-<target>/<target>_fuzz FILE`
+# replays. The harnesses abort() on a broken invariant: that is how libFuzzer
+# is told an input found a bug.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export LC_ALL=C
 
+target=${1:-}
+case "$target" in
+  checkpoint) dict=tests/fuzz/safetensors.dict ;;
+  kir) dict=tests/fuzz/kir.dict ;;
+  *) echo "usage: scripts/fuzz.sh checkpoint|kir [SECONDS] [libFuzzer flags...]" >&2; exit 2 ;;
+esac
+shift
 seconds=${1:-180}
 [ $# -gt 0 ] && shift
 
@@ -23,30 +33,33 @@ if [ -z "$cc" ]; then
   exit 1
 fi
 
-out=${FUZZ_DIR:-build-fuzz}
+out=${FUZZ_DIR:-build-fuzz-$target}
 mkdir -p "$out/obj" "$out/corpus" "$out/seeds"
-flags=(-std=c11 -O1 -g -D_GNU_SOURCE -Iinclude -Ilib -Iir -fno-omit-frame-pointer
-       -fsanitize=address,undefined -fno-sanitize-recover=undefined)
+read -r -a ffi_cflags <<<"$(pkg-config --cflags libffi)"
+read -r -a ffi_libs <<<"$(pkg-config --libs libffi)"
+flags=(-std=c11 -O1 -g -D_GNU_SOURCE -Iinclude -Ilib -Iir -Ijit "${ffi_cflags[@]}"
+       -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined)
 
-echo "fuzz.sh: building with $cc"
-objs=()
-for src in lib/*.c; do objs+=("$out/obj/$(basename "${src%.c}").o"); done
-# stale: the object is missing or older than its source or any header
-stale() {
+echo "fuzz.sh: building $target with $cc"
+srcs=(lib/*.c ir/*.c jit/*.c)
+stale() { # stale SRC OBJ: the object is missing or older than its source or any header
   local f
   [ -f "$2" ] || return 0
-  for f in "$1" lib/*.h include/kiln.h ir/ops.def; do [ "$f" -nt "$2" ] && return 0; done
+  for f in "$1" lib/*.h ir/*.h jit/*.h include/kiln.h ir/ops.def; do [ "$f" -nt "$2" ] && return 0; done
   return 1
 }
-for src in lib/*.c; do
-  if stale "$src" "$out/obj/$(basename "${src%.c}").o"; then echo "$src"; fi
-done | xargs -r -P "$(nproc)" -I{} sh -c \
-  'o="$1/obj/$(basename "${2%.c}").o"; shift 2; exec "$@" -fsanitize=fuzzer-no-link -c "$0" -o "$o"' \
-  {} "$out" {} "$cc" "${flags[@]}"
-"$cc" "${flags[@]}" -fsanitize=fuzzer tests/fuzz/checkpoint_fuzz.c "${objs[@]}" \
-  -o "$out/checkpoint_fuzz" -lm -lpthread -ldl
+objs=()
+pids=()
+for src in "${srcs[@]}"; do
+  o="$out/obj/$(dirname "$src")_$(basename "${src%.c}").o"
+  objs+=("$o")
+  if stale "$src" "$o"; then "$cc" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$src" -o "$o" & pids+=($!); fi
+done
+for p in "${pids[@]}"; do wait "$p"; done
+"$cc" "${flags[@]}" -fsanitize=fuzzer "tests/fuzz/${target}_fuzz.c" "${objs[@]}" \
+  -o "$out/${target}_fuzz" -lm -lpthread -ldl "${ffi_libs[@]}"
 
-# seeds: valid files whose tensors match the harness's variables
+# seeds: valid safetensors files whose tensors match the harness's variables
 seed() { # seed NAME HEADER DATA (DATA as printf escapes)
   local h=$2
   while (( ${#h} % 8 )); do h+=" "; done
@@ -58,21 +71,29 @@ seed() { # seed NAME HEADER DATA (DATA as printf escapes)
     printf "$3"
   } >"$out/seeds/$1"
 }
-f32w='\0\0\200\77\0\0\0\100\0\0\100\100\0\0\200\100\0\0\240\100\0\0\300\100' # 1..6
-i64='\7\0\0\0\0\0\0\0'
-f64='\0\0\0\0\0\0\340\77'
-f16='\0\74\0\100\0\274'
-seed full.st '{"__metadata__":{"format":"pt"},"d":{"dtype":"F64","shape":[1,1],"data_offsets":[0,8]},'\
+checkpoint_seeds() {
+  f32w='\0\0\200\77\0\0\0\100\0\0\100\100\0\0\200\100\0\0\240\100\0\0\300\100' # 1..6
+  i64='\7\0\0\0\0\0\0\0'
+  f64='\0\0\0\0\0\0\340\77'
+  f16='\0\74\0\100\0\274'
+  seed full.st '{"__metadata__":{"format":"pt"},"d":{"dtype":"F64","shape":[1,1],"data_offsets":[0,8]},'\
 '"step":{"dtype":"I64","shape":[],"data_offsets":[8,16]},"w":{"dtype":"F32","shape":[2,3],"data_offsets":[16,40]},'\
 '"h":{"dtype":"F16","shape":[3],"data_offsets":[40,46]},"e":{"dtype":"BF16","shape":[0,2],"data_offsets":[46,46]},'\
 '"m":{"dtype":"BOOL","shape":[2],"data_offsets":[46,48]},"x":{"dtype":"U8","shape":[1],"data_offsets":[48,49]}}' \
-  "$f64$i64$f32w$f16\1\0\5"
-seed spaced.st '{"w": {"shape": [2, 3], "data_offsets": [0, 24], "dtype": "F32", '\
+    "$f64$i64$f32w$f16\1\0\5"
+  seed spaced.st '{"w": {"shape": [2, 3], "data_offsets": [0, 24], "dtype": "F32", '\
 '"extra": [1, -2.5e3, true, null, {"a": "b\u00e9\ud83d\ude00\n"}]}, "__metadata__": {"k": "v"}}' "$f32w"
-seed hf.st '{"__metadata__":{"format":"pt"},"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}' "$f32w"
-seed empty.st '{}' ''
+  seed hf.st '{"__metadata__":{"format":"pt"},"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}' "$f32w"
+  seed empty.st '{}' ''
+}
 
-dict=tests/fuzz/safetensors.dict
-echo "fuzz.sh: running $out/checkpoint_fuzz for ${seconds}s"
-"$out/checkpoint_fuzz" -max_total_time="$seconds" -max_len=4096 -dict="$dict" -print_final_stats=1 \
+if [ "$target" = kir ]; then
+  # seeds: the FileCheck tests (valid and malformed)
+  for f in tests/ir/*.kir tests/ir/bad/*.kir; do cp "$f" "$out/seeds/$(basename "$(dirname "$f")")_$(basename "$f")"; done
+else
+  checkpoint_seeds
+fi
+
+echo "fuzz.sh: running $out/${target}_fuzz for ${seconds}s"
+"$out/${target}_fuzz" -max_total_time="$seconds" -max_len=4096 -dict="$dict" -print_final_stats=1 \
   -artifact_prefix="$out/" "$@" "$out/corpus" "$out/seeds"

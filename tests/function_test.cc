@@ -20,12 +20,6 @@ using testing::StartsWith;
 
 namespace {
 
-bool same_bits(const kiln_tensor *a, const kiln_tensor *b) {
-  if (!a || !b || kiln_tensor_dtype(a) != kiln_tensor_dtype(b) || shape_of(a) != shape_of(b)) return false;
-  size_t bytes = (size_t)kiln_tensor_size(a) * kiln_dtype_size(kiln_tensor_dtype(a));
-  return memcmp(kiln_tensor_data(a), kiln_tensor_data(b), bytes) == 0;
-}
-
 // ---- bodies ----
 int chain(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   kiln_tensor *y = kiln_tanh(kiln_add(kiln_mul(in[0], in[0]), kiln_exp(kiln_neg(in[0]))));

@@ -17,12 +17,6 @@ using testing::StartsWith;
 
 namespace {
 
-bool same_bits(const kiln_tensor *a, const kiln_tensor *b) {
-  if (!a || !b || kiln_tensor_dtype(a) != kiln_tensor_dtype(b) || shape_of(a) != shape_of(b)) return false;
-  size_t bytes = (size_t)kiln_tensor_size(a) * kiln_dtype_size(kiln_tensor_dtype(a));
-  return memcmp(kiln_tensor_data(a), kiln_tensor_data(b), bytes) == 0;
-}
-
 // Frees a jitted pointer at the end of a test (declare it after Scoped).
 struct Jitted {
   kiln_fnptr p;

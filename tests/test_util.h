@@ -12,6 +12,7 @@
 #include <kiln.h>
 
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -166,6 +167,13 @@ inline VD values(const kiln_tensor *t) {
     }
   }
   return v;
+}
+
+// Same dtype, shape and bytes: staged and eager results must agree exactly.
+inline bool same_bits(const kiln_tensor *a, const kiln_tensor *b) {
+  if (!a || !b || kiln_tensor_dtype(a) != kiln_tensor_dtype(b) || shape_of(a) != shape_of(b)) return false;
+  size_t bytes = (size_t)kiln_tensor_size(a) * kiln_dtype_size(kiln_tensor_dtype(a));
+  return std::memcmp(kiln_tensor_data(a), kiln_tensor_data(b), bytes) == 0;
 }
 
 }  // namespace kiln_test

@@ -2,7 +2,7 @@
  * input is a whole file, fed to the restore path from memory (fmemopen) with
  * variables named like those of the seed corpus, so the header parser, the
  * layout checks, the variable checks and the data reads all run. Built and
- * run by scripts/fuzz.sh (clang, outside the CMake build). */
+ * run by scripts/fuzz.sh checkpoint (clang, outside the CMake build). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* kir_fuzz.c — libFuzzer target for the .kir parser (scripts/fuzz_kir.sh).
+/* kir_fuzz.c — libFuzzer target for the .kir parser (scripts/fuzz.sh kir).
  * Any input must parse or fail cleanly; what parses must verify, print, and
  * parse back to the same text (the round trip), without leaks. */
 #include <stdint.h>
