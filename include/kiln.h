@@ -324,6 +324,15 @@ void kiln_function_free(kiln_function *);
 void kiln_function_set_eager(kiln_function *, bool eager);  /* run the body op by op, for debugging */
 int  kiln_function_trace_count(const kiln_function *);      /* concrete traces made so far */
 
+/* Gradients of f's first output (summed) w.r.t. each input, as a new
+   stageable function with n_in inputs and n_in outputs (an input the output
+   does not depend on gets zeros); value_and_gradients puts the (unsummed)
+   first output first (1 + n_in outputs). Composable: kiln_gradients of a
+   gradient function gives second derivatives. The new function refers to f:
+   free it before f. NULL with the error set. */
+kiln_function *kiln_gradients(kiln_function *f);
+kiln_function *kiln_value_and_gradients(kiln_function *f);
+
 /* Natural C signatures through libffi (API.md §5). sig is "R:ARGS", one
    letter each: t kiln_tensor*   o kiln_tensor** (an extra output)
    v void (return only)   i int   l int64_t   d double   b bool   p void*.
@@ -351,6 +360,19 @@ kiln_function *kiln_jit_function(kiln_fnptr jitted);
    be called afterwards. */
 void kiln_jit_free(kiln_fnptr jitted);
 #define KILN_JIT(fn, sig) ((__typeof__(&(fn)))kiln_jit((kiln_fnptr)(fn), (sig)))
+
+/* Escape hatch (like TF's py_func): a C callback embedded in staged code.
+   Eagerly, kiln_host_call runs fn and checks its outputs against out_specs.
+   While tracing it records a host_call instruction: each call of the staged
+   function runs fn then, with concrete tensors, and fails with an error
+   naming the output when one does not match its spec. fn and user must stay
+   valid while the staged function lives. n_out >= 1. The IR prints the
+   callback by its symbol name (dladdr); IR read back from text finds the
+   callback by that name in the process (user = NULL). Returns 0 / -1. */
+typedef struct { kiln_dtype dtype; int rank; int64_t shape[8]; } kiln_spec;
+typedef int (*kiln_host_fn)(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out);
+int kiln_host_call(kiln_host_fn fn, void *user, int n_in, kiln_tensor *const *in,
+                   int n_out, const kiln_spec *out_specs, kiln_tensor **out);
 
 /* ------------------------------------------------------------------------
  * 6. Inspecting compiled code. Setting KILN_LOG=retrace prints each retrace

@@ -17,17 +17,48 @@ static int arg_error(const ir_func *f, int i, const kiln_tensor *t) {
   return kiln_set_error("interpret: @%s: argument %d is %s, the parameter is %s", f->name, i, have, want);
 }
 
-int ir_interpret(const ir_func *f, kiln_tensor *const *args, kiln_tensor **results) {
-  if (!f) return kiln_set_error("interpret: no function");
-  if (ir_verify(f)) return -1;
-  if ((f->n_params && !args) || (f->n_results && !results))
-    return kiln_set_error("interpret: @%s: args or results is NULL", f->name);
+static int check_args(const ir_func *f, kiln_tensor *const *args) {
   for (int i = 0; i < f->n_params; i++) {
     const kiln_tensor *t = args[i];
     bool ok = t && t->dtype == f->types[i].dtype && t->rank == f->types[i].rank;
     for (int k = 0; ok && k < t->rank; k++) ok = t->shape[k] == f->types[i].shape[k];
     if (!ok) return arg_error(f, i, t);
   }
+  return 0;
+}
+
+/* A C callback: its outputs must match the declared types exactly. The
+ * outputs it returns are owned by the current scope (or retained by it). */
+static int run_host(const ir_instr *in, const ir_host *h, kiln_tensor *const *ins, kiln_tensor **outs) {
+  if (!h->fn)
+    return kiln_set_error("host_call: @%s: no callback is bound (IR read from text, and the process has no "
+                          "symbol of that name)", h->name);
+  for (int k = 0; k < h->n_out; k++) outs[k] = NULL;
+  if (h->fn(h->user, in->n_in, ins, h->n_out, outs)) {
+    if (!kiln_has_error()) kiln_set_error("host_call: @%s failed without an error", h->name);
+    return -1;
+  }
+  for (int k = 0; k < h->n_out; k++) {
+    const kiln_tensor *t = outs[k];
+    const op_type *want = &h->out[k];
+    bool ok = t && !(t->flags & TF_SYMBOLIC) && t->dtype == want->dtype && t->rank == want->rank;
+    for (int d = 0; ok && d < t->rank; d++) ok = t->shape[d] == want->shape[d];
+    if (!ok) {
+      char w[256], g[256] = "NULL";
+      ir_type_str(w, sizeof w, want);
+      if (t) {
+        op_type ty = {(kiln_dtype)t->dtype, t->rank, {0}};
+        for (int d = 0; d < t->rank; d++) ty.shape[d] = t->shape[d];
+        ir_type_str(g, sizeof g, &ty);
+      }
+      return kiln_set_error("host_call: @%s returned %s for output %d, declared %s", h->name, g, k, w);
+    }
+  }
+  return 0;
+}
+
+/* values of the instructions of f, in order; results retained for the caller */
+static int run(const ir_func *f, kiln_tensor *const *args, kiln_tensor **results) {
   kiln_tensor **vals = calloc((size_t)f->n_values + 1, sizeof *vals);
   kiln_tensor **ins = NULL;
   int cap = 0, rc = 0;
@@ -37,20 +68,34 @@ int ir_interpret(const ir_func *f, kiln_tensor *const *args, kiln_tensor **resul
   kiln_scope_push();
   for (int i = 0; i < f->n_instrs && !rc; i++) {
     const ir_instr *in = &f->instrs[i];
-    kiln_tensor *out;
+    kiln_tensor *out = NULL;
+    if (in->n_in > cap) {
+      kiln_tensor **q = realloc(ins, (size_t)in->n_in * sizeof *q);
+      if (!q) {
+        rc = kiln_set_error("interpret: out of memory");
+        break;
+      }
+      ins = q;
+      cap = in->n_in;
+    }
+    for (int k = 0; k < in->n_in; k++) ins[k] = vals[in->in[k]];
+    op_kind kind = kiln_ops[in->op].kind;
     if (in->op == OP_CONSTANT) {
       out = scope_own(kiln_retain(in->attrs.value));
-    } else {
-      if (in->n_in > cap) {
-        kiln_tensor **q = realloc(ins, (size_t)in->n_in * sizeof *q);
-        if (!q) {
-          rc = kiln_set_error("interpret: out of memory");
-          break;
-        }
-        ins = q;
-        cap = in->n_in;
+    } else if (kind == OPK_CALL) {
+      if (run(in->attrs.callee, ins, vals + in->out) == 0) {
+        for (int k = 0; k < in->n_out; k++) scope_own(vals[in->out + k]);
+        out = vals[in->out];
       }
-      for (int k = 0; k < in->n_in; k++) ins[k] = vals[in->in[k]];
+    } else if (kind == OPK_HOST) {
+      if (run_host(in, in->attrs.host, ins, vals + in->out) == 0) out = vals[in->out];
+    } else if (kind == OPK_RANDOM && in->attrs.stateful) {
+      op_attrs a = in->attrs; /* draw this call's block of the global stream */
+      int64_t size = 1;
+      for (int d = 0; d < a.rank; d++) size *= a.shape[d];
+      a.counter = rng_reserve(((uint64_t)size + 1) / 2, &a.seed);
+      out = op_apply(in->op, &a, 0, ins);
+    } else {
       out = op_apply(in->op, &in->attrs, in->n_in, ins);
     }
     if (!out) {
@@ -62,11 +107,28 @@ int ir_interpret(const ir_func *f, kiln_tensor *const *args, kiln_tensor **resul
     vals[in->out] = out;
   }
   if (!rc)
-    for (int r = 0; r < f->n_results; r++) kiln_retain(vals[f->results[r]]);
+    for (int r = 0; r < f->n_results; r++) results[r] = kiln_retain(vals[f->results[r]]);
   kiln_scope_pop();
-  if (!rc)
-    for (int r = 0; r < f->n_results; r++) results[r] = scope_own(vals[f->results[r]]);
   free(ins);
   free(vals);
   return rc;
+}
+
+int ir_run(const ir_func *f, kiln_tensor *const *args, kiln_tensor **results) {
+  if ((f->n_params && !args) || (f->n_results && !results))
+    return kiln_set_error("interpret: @%s: args or results is NULL", f->name);
+  if (check_args(f, args)) return -1;
+  kiln_tensor *small[8], **res = f->n_results > 8 ? malloc((size_t)f->n_results * sizeof *res) : small;
+  if (!res) return kiln_set_error("interpret: out of memory");
+  int rc = run(f, args, res);
+  if (!rc)
+    for (int r = 0; r < f->n_results; r++) results[r] = scope_own(res[r]);
+  if (res != small) free(res);
+  return rc;
+}
+
+int ir_interpret(const ir_func *f, kiln_tensor *const *args, kiln_tensor **results) {
+  if (!f) return kiln_set_error("interpret: no function");
+  if (ir_verify(f)) return -1;
+  return ir_run(f, args, results);
 }

@@ -96,6 +96,73 @@ int ir_check_op(op_id op, const op_attrs *a, int n, const op_type *in, op_type *
   return ir_type_check(info->api, out);
 }
 
+/* is g one of m's functions? */
+static bool in_module(const ir_module *m, const ir_func *g) {
+  for (int i = 0; m && i < m->n_funcs; i++)
+    if (m->funcs[i] == g) return true;
+  return false;
+}
+
+static bool in_hosts(const ir_module *m, const ir_host *h) {
+  for (int i = 0; m && i < m->n_hosts; i++)
+    if (m->hosts[i] == h) return true;
+  return false;
+}
+
+int ir_check_instr(const ir_module *m, op_id op, const op_attrs *a, int n, const op_type *in, int *n_out,
+                   op_type **out) {
+  *n_out = 0;
+  *out = NULL;
+  if ((unsigned)op >= OP_COUNT) return kiln_set_error("ir: invalid op %d", (int)op);
+  const op_info *info = &kiln_ops[op];
+  if (info->kind != OPK_CALL && info->kind != OPK_HOST) {
+    op_type t;
+    if (ir_check_op(op, a, n, in, &t)) return -1;
+    if (!(*out = malloc(sizeof **out))) return kiln_set_error("ir: out of memory");
+    **out = t;
+    *n_out = 1;
+    return 0;
+  }
+  if (!a || a->value) return kiln_set_error("%s: bad attributes", info->api);
+  for (int i = 0; i < n; i++)
+    if (ir_type_check(info->api, &in[i])) return -1;
+  int k;
+  if (info->kind == OPK_HOST) {
+    const ir_host *h = a->host;
+    if (!h || !in_hosts(m, h)) return kiln_set_error("%s: no callback of this module", info->api);
+    if (h->n_out < 1) return kiln_set_error("%s: @%s: has no outputs", info->api, h->name);
+    if (!(*out = malloc((size_t)h->n_out * sizeof **out))) return kiln_set_error("ir: out of memory");
+    for (k = 0; k < h->n_out; k++) (*out)[k] = h->out[k];
+    *n_out = h->n_out;
+    return 0;
+  }
+  const ir_func *g = a->callee;
+  if (!g || !in_module(m, g)) return kiln_set_error("%s: the callee is not a function of this module", info->api);
+  if (n != g->n_params)
+    return kiln_set_error("%s: @%s takes %d argument%s, got %d", info->api, g->name, g->n_params,
+                          g->n_params == 1 ? "" : "s", n);
+  for (int i = 0; i < n; i++) {
+    if (!ir_type_eq(&in[i], &g->types[i])) {
+      char x[256], y[256];
+      return kiln_set_error("%s: @%s: argument %d is %s, the parameter is %s", info->api, g->name, i,
+                            ir_type_str(x, sizeof x, &in[i]), ir_type_str(y, sizeof y, &g->types[i]));
+    }
+  }
+  if (g->n_results < 1) return kiln_set_error("%s: @%s returns nothing", info->api, g->name);
+  if (!(*out = malloc((size_t)g->n_results * sizeof **out))) return kiln_set_error("ir: out of memory");
+  for (k = 0; k < g->n_results; k++) {
+    ir_value r = g->results[k];
+    if (r < 0 || r >= g->n_values) {
+      free(*out);
+      *out = NULL;
+      return kiln_set_error("%s: @%s: result %d is not a value", info->api, g->name, k);
+    }
+    (*out)[k] = g->types[r];
+  }
+  *n_out = g->n_results;
+  return 0;
+}
+
 /* ---- modules ---- */
 
 ir_module *ir_module_new(void) {
@@ -124,8 +191,14 @@ void ir_module_free(ir_module *m) {
   if (!m) return;
   for (int i = 0; i < m->n_funcs; i++) func_free(m->funcs[i]);
   for (int i = 0; i < m->n_files; i++) free(m->files[i]);
+  for (int i = 0; i < m->n_hosts; i++) {
+    free(m->hosts[i]->name);
+    free(m->hosts[i]->out);
+    free(m->hosts[i]);
+  }
   free(m->funcs);
   free(m->files);
+  free(m->hosts);
   free(m);
 }
 
@@ -159,6 +232,30 @@ const char *ir_intern_file(ir_module *m, const char *file) {
     return NULL;
   }
   return m->files[m->n_files++] = d;
+}
+
+ir_host *ir_module_add_host(ir_module *m, kiln_host_fn fn, void *user, const char *name, int n_out,
+                            const op_type *out) {
+  if (!m || n_out < 1 || !out) {
+    kiln_set_error("host_call: %s", m ? "needs at least one output" : "no module");
+    return NULL;
+  }
+  for (int i = 0; i < n_out; i++)
+    if (ir_type_check("host_call", &out[i])) return NULL;
+  if (!name || !ir_ident_ok(name)) name = "host";
+  ir_host *h = calloc(1, sizeof *h);
+  if (!h || !(h->name = dup(name)) || !(h->out = malloc((size_t)n_out * sizeof *out)) ||
+      grow((void **)&m->hosts, &m->cap_hosts, m->n_hosts + 1, sizeof *m->hosts)) {
+    if (h) free(h->name), free(h->out);
+    free(h);
+    kiln_set_error("ir: out of memory");
+    return NULL;
+  }
+  memcpy(h->out, out, (size_t)n_out * sizeof *out);
+  h->fn = fn;
+  h->user = user;
+  h->n_out = n_out;
+  return m->hosts[m->n_hosts++] = h;
 }
 
 ir_func *ir_module_find(const ir_module *m, const char *name) {
@@ -219,37 +316,49 @@ ir_value ir_append(ir_func *f, op_id op, const op_attrs *attrs, int n_in, const 
   if (!f) return kiln_set_error("ir_append: no function");
   if ((unsigned)op >= OP_COUNT) return kiln_set_error("ir_append: invalid op %d", (int)op);
   if (n_in < 0 || (n_in > 0 && !in)) return kiln_set_error("ir_append: bad input list");
-  op_type small[4] = {{0}}, *types = small, out;
+  op_type small[4] = {{0}}, *types = small, *outs = NULL;
   if (n_in > 4 && !(types = malloc((size_t)n_in * sizeof *types))) return kiln_set_error("ir: out of memory");
-  int rc = 0;
+  int rc = 0, n_out = 0;
   for (int i = 0; i < n_in && !rc; i++) {
     if (in[i] < 0 || in[i] >= f->n_values)
       rc = kiln_set_error("%s: input %d (%d) is not a value of @%s", kiln_ops[op].api, i, (int)in[i], f->name);
     else
       types[i] = f->types[in[i]];
   }
-  if (!rc) rc = ir_check_op(op, attrs ? attrs : &none, n_in, types, &out);
+  if (!rc) rc = ir_check_instr(f->module, op, attrs ? attrs : &none, n_in, types, &n_out, &outs);
   if (types != small) free(types);
   if (rc) return -1;
 
-  ir_instr ins = {.op = op, .attrs = attrs ? *attrs : none, .n_in = n_in, .loc = {NULL, loc.line}};
+  ir_instr ins = {.op = op, .attrs = attrs ? *attrs : none, .n_in = n_in, .n_out = n_out, .loc = {NULL, loc.line}};
   if (op != OP_CONSTANT) ins.attrs.value = NULL; /* only constants own one */
-  if (loc.file && !(ins.loc.file = ir_intern_file(f->module, loc.file))) return -1;
-  if (n_in && !(ins.in = malloc((size_t)n_in * sizeof *ins.in))) return kiln_set_error("ir: out of memory");
+  if (kiln_ops[op].kind != OPK_CALL) ins.attrs.callee = NULL;
+  if (kiln_ops[op].kind != OPK_HOST) ins.attrs.host = NULL;
+  if (kiln_ops[op].kind != OPK_RANDOM) ins.attrs.stateful = false;
+  if ((loc.file && !(ins.loc.file = ir_intern_file(f->module, loc.file))) ||
+      (n_in && !(ins.in = malloc((size_t)n_in * sizeof *ins.in)))) {
+    free(outs);
+    return kiln_has_error() ? -1 : kiln_set_error("ir: out of memory");
+  }
   if (n_in) memcpy(ins.in, in, (size_t)n_in * sizeof *in);
   if (grow((void **)&f->instrs, &f->cap_instrs, f->n_instrs + 1, sizeof *f->instrs)) {
     free(ins.in);
+    free(outs);
     return -1;
   }
-  ir_value v = new_value(f, &out, f->n_instrs);
-  if (v < 0) {
-    free(ins.in);
-    return -1;
+  int first = f->n_values;
+  for (int k = 0; k < n_out; k++) {
+    if (new_value(f, &outs[k], f->n_instrs) < 0) {
+      f->n_values = first; /* undo: nothing refers to them yet */
+      free(ins.in);
+      free(outs);
+      return -1;
+    }
   }
-  ins.out = v;
+  free(outs);
+  ins.out = first;
   if (op == OP_CONSTANT) kiln_retain(ins.attrs.value);
   f->instrs[f->n_instrs++] = ins;
-  return v;
+  return first;
 }
 
 ir_value ir_constant(ir_func *f, kiln_tensor *t, ir_loc loc) {
@@ -294,10 +403,11 @@ void ir_number_values(const ir_func *f, int32_t *num) {
   for (int v = 0; v < f->n_values; v++) num[v] = -1;
   for (int v = 0; v < f->n_params; v++)
     if (!f->names[v]) num[v] = next++;
-  for (int i = 0; i < f->n_instrs; i++) {
-    ir_value v = f->instrs[i].out;
-    if (v >= 0 && v < f->n_values && !f->names[v] && num[v] < 0) num[v] = next++;
-  }
+  for (int i = 0; i < f->n_instrs; i++)
+    for (int k = 0; k < f->instrs[i].n_out; k++) {
+      ir_value v = f->instrs[i].out + k;
+      if (v >= 0 && v < f->n_values && !f->names[v] && num[v] < 0) num[v] = next++;
+    }
 }
 
 char *ir_value_label(const ir_func *f, ir_value v, char *buf, size_t n) {

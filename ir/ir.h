@@ -30,11 +30,23 @@ typedef struct ir_instr {
   op_attrs attrs; /* attrs.value (constant) holds a reference owned by the IR */
   int n_in;
   ir_value *in;
-  ir_value out; /* the result (every op of ops.def has one) */
+  ir_value out; /* the first result; results are the values out .. out+n_out-1 */
+  int n_out;    /* 1, except for call, fusion and host_call (>= 1) */
   ir_loc loc;
 } ir_instr;
 
 typedef struct ir_module ir_module;
+
+/* The callback of a host_call (kiln_host_call while tracing). The module
+ * owns it. fn is NULL when the IR was read from text and no symbol of that
+ * name exists in the process: running it then fails. */
+typedef struct ir_host {
+  kiln_host_fn fn;
+  void *user;
+  char *name;    /* printed @name: the callback's symbol, or "host" */
+  int n_out;
+  op_type *out;  /* the declared type of each output */
+} ir_host;
 
 typedef struct ir_func {
   char *name;
@@ -55,6 +67,8 @@ struct ir_module {
   int n_funcs, cap_funcs;
   char **files; /* interned source file names */
   int n_files, cap_files;
+  ir_host **hosts;
+  int n_hosts, cap_hosts;
 };
 
 /* ---- building (ir.c). Errors go to kiln_last_error(). ---- */
@@ -70,6 +84,11 @@ KILN_EXPORT ir_func *ir_module_find(const ir_module *, const char *name);
  * result value, or -1 with the error set. */
 KILN_EXPORT ir_value ir_append(ir_func *, op_id op, const op_attrs *attrs, int n_in, const ir_value *in,
                                ir_loc loc);
+/* A host callback owned by m (name copied; NULL = "host"); NULL on error. */
+KILN_EXPORT ir_host *ir_module_add_host(ir_module *m, kiln_host_fn fn, void *user, const char *name, int n_out,
+                                        const op_type *out);
+/* For call/fusion/host_call, ir_append appends one instruction with n_out
+ * results and returns the first; the others follow it. */
 /* Appends a constant holding (a reference to) t. */
 KILN_EXPORT ir_value ir_constant(ir_func *, kiln_tensor *t, ir_loc loc);
 /* The function's results (copied); each must be a value of f. */
@@ -84,6 +103,15 @@ KILN_EXPORT char *ir_type_str(char *buf, size_t n, const op_type *t);
 /* Checks one application as ir_append does and writes its type: the shared
  * rule of the builder, the parser and the verifier. 0 / -1. */
 KILN_EXPORT int ir_check_op(op_id op, const op_attrs *attrs, int n_in, const op_type *in, op_type *out);
+/* ir_check_op for any op, call/fusion/host_call included: writes the number
+ * of results and a malloc'd array of their types. m is the module the
+ * instruction belongs to (a callee must be one of its functions). */
+KILN_EXPORT int ir_check_instr(const ir_module *m, op_id op, const op_attrs *attrs, int n_in, const op_type *in,
+                               int *n_out, op_type **out);
+/* The instruction defining value v (NULL for parameters). */
+static inline const ir_instr *ir_def(const ir_func *f, ir_value v) {
+  return v >= 0 && v < f->n_values && f->def[v] >= 0 ? &f->instrs[f->def[v]] : NULL;
+}
 
 /* ---- text form (print.c, parse.c) ---- */
 /* malloc'd text of the module / function; NULL on out of memory */
@@ -106,6 +134,9 @@ KILN_EXPORT int ir_verify_module(const ir_module *);
  * innermost scope, or the caller). 0, or -1 with the error set and results
  * untouched. */
 KILN_EXPORT int ir_interpret(const ir_func *, kiln_tensor *const *args, kiln_tensor **results);
+/* ir_interpret without verifying f first: for IR verified once and run
+ * many times. Random ops with attrs.stateful draw from the global stream. */
+KILN_EXPORT int ir_run(const ir_func *, kiln_tensor *const *args, kiln_tensor **results);
 
 #ifdef __cplusplus
 }

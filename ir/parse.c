@@ -2,6 +2,7 @@
  * recursive-descent parser over characters. Every instruction goes through
  * ir_append, so the parser accepts exactly what the builder accepts; errors
  * are "file:line:col: reason" at the offending token. */
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -384,7 +385,12 @@ static int parse_attrs(parser *ps, op_id op, op_attrs *a) {
           return fail_at(ps, at, "bad attribute: %.*s must be a number", (int)n, key);
         ps->p = end;
         *(IS("lo") ? &a->lo : &a->hi) = d;
+      } else if ((IS("seed") || IS("counter")) && keyword(ps, "global")) {
+        if (IS("counter") && !a->stateful)
+          return fail_at(ps, at, "bad attribute: counter=global needs seed=global before it");
+        a->stateful = true;
       } else if (IS("seed") || IS("counter")) {
+        if (a->stateful) return fail_at(ps, at, "bad attribute: seed=global needs counter=global");
         char *end;
         errno = 0;
         unsigned long long u = strtoull(ps->p, &end, 10);
@@ -538,31 +544,88 @@ static int parse_loc(parser *ps, ir_loc *loc) {
   return 0;
 }
 
+/* the callee of call/fusion (a function defined above) or host_call (a
+ * symbol of this process, found with dlsym; unbound when there is none) */
+static int parse_callee(parser *ps, op_id op, op_attrs *a, int n_out, const op_type *outs, const char **name_at) {
+  if (expect(ps, "@", "'@' and the callee's name")) return -1;
+  *name_at = ps->p;
+  char *name = name_or_string(ps, false, "callee name");
+  if (!name) return -1;
+  int rc = 0;
+  if (kiln_ops[op].kind == OPK_CALL) {
+    if (!(a->callee = ir_module_find(ps->m, name)))
+      rc = fail_at(ps, *name_at, "unknown function @%s (a callee must be defined before its caller)", name);
+  } else {
+    kiln_host_fn fn = NULL;
+    void *sym = dlsym(RTLD_DEFAULT, name);
+    memcpy(&fn, &sym, sizeof fn < sizeof sym ? sizeof fn : sizeof sym);
+    if (!(a->host = ir_module_add_host(ps->m, fn, NULL, name, n_out, outs)))
+      rc = fail_at(ps, *name_at, "%s", kiln_last_error());
+  }
+  free(name);
+  return rc;
+}
+
 static int parse_instr(parser *ps) {
-  const char *name;
-  size_t name_n;
-  if (value_name(ps, &name, &name_n) || expect(ps, "=", "'='")) return -1;
+  struct { const char *s; size_t n; } names[8], *nm = names;
+  int n_names = 0, cap_names = 8;
+  int rc = 0;
+  do { /* %a, %b = ... */
+    if (n_names == cap_names) {
+      void *q = malloc((size_t)cap_names * 2 * sizeof *nm);
+      if (!q) return fail_at(ps, ps->p, "out of memory");
+      memcpy(q, nm, (size_t)n_names * sizeof *nm);
+      if (nm != names) free(nm);
+      nm = q;
+      cap_names *= 2;
+    }
+    if ((rc = value_name(ps, &nm[n_names].s, &nm[n_names].n))) break;
+    n_names++;
+  } while (accept(ps, ","));
+  if (!rc) rc = expect(ps, "=", "'='");
+  if (rc) {
+    if (nm != names) free(nm);
+    return -1;
+  }
   skip_ws(ps);
   const char *op_at = ps->p;
   size_t n = ident_len(op_at);
   int op = -1;
   for (int i = 0; i < OP_COUNT && n; i++)
     if (strlen(kiln_ops[i].name) == n && !strncmp(kiln_ops[i].name, op_at, n)) op = i;
-  if (op < 0 && n) return fail_at(ps, op_at, "unknown op '%.*s'", (int)n, op_at);
   if (op < 0) {
     char g[48];
+    if (nm != names) free(nm);
+    if (n) return fail_at(ps, op_at, "unknown op '%.*s'", (int)n, op_at);
     return fail_at(ps, op_at, "expected an op name, got %s", got(op_at, g, sizeof g));
   }
   ps->p += n;
+  bool called = kiln_ops[op].kind == OPK_CALL || kiln_ops[op].kind == OPK_HOST;
+  if (!called && n_names != 1) {
+    if (nm != names) free(nm);
+    return fail_at(ps, op_at, "%s has one result, %d are named", kiln_ops[op].name, n_names);
+  }
   op_attrs a = {0};
   literal lit = {0};
   ir_value small[8], *in = small;
-  int n_in = 0, cap = 8, rc = 0;
+  int n_in = 0, cap = 8;
+  const char *callee_at = NULL, *args_at = NULL;
   if (op == OP_CONSTANT) {
     rc = parse_literal(ps, &lit);
   } else {
     skip_ws(ps);
-    if (*ps->p == '%') {
+    if (called) { /* @callee( — the callee is resolved once the result types are known */
+      if (!(rc = expect(ps, "@", "'@' and the callee's name"))) {
+        callee_at = ps->p;
+        char *name = name_or_string(ps, false, "callee name");
+        if (!name) rc = -1;
+        free(name);
+      }
+      if (!rc) rc = expect(ps, "(", "'(' and the arguments");
+      skip_ws(ps);
+      args_at = ps->p;
+    }
+    if (!rc && *ps->p == '%') {
       do {
         if (n_in == cap) {
           ir_value *big = malloc((size_t)cap * 2 * sizeof *big);
@@ -579,19 +642,46 @@ static int parse_instr(parser *ps) {
         n_in++;
       } while (accept(ps, ","));
     }
-    if (!rc) rc = parse_attrs(ps, (op_id)op, &a);
+    if (!rc && called) rc = expect(ps, ")", "',' or ')' after an argument");
+    if (!rc && !called) rc = parse_attrs(ps, (op_id)op, &a);
   }
-  op_type t;
+  (void)args_at;
+  op_type tsmall[8], *t = tsmall;
+  int n_t = 0, cap_t = 8;
   const char *type_at = NULL;
   if (!rc) rc = expect(ps, ":", "':' before the result type");
   if (!rc) {
     skip_ws(ps);
     type_at = ps->p;
-    rc = parse_type(ps, &t);
+    do {
+      if (n_t == cap_t) {
+        op_type *q = malloc((size_t)cap_t * 2 * sizeof *q);
+        if (!q) {
+          rc = fail_at(ps, ps->p, "out of memory");
+          break;
+        }
+        memcpy(q, t, (size_t)n_t * sizeof *t);
+        if (t != tsmall) free(t);
+        t = q;
+        cap_t *= 2;
+      }
+      skip_ws(ps);
+      if ((rc = parse_type(ps, &t[n_t]))) break;
+      n_t++;
+    } while (called && accept(ps, ","));
+  }
+  if (!rc && n_t != n_names)
+    rc = fail_at(ps, type_at, "%d result%s named, %d type%s given", n_names, n_names == 1 ? "" : "s", n_t,
+                 n_t == 1 ? "" : "s");
+  if (!rc && called) { /* now resolve the callee */
+    const char *save = ps->p, *name_at;
+    ps->p = callee_at - 1;
+    rc = parse_callee(ps, (op_id)op, &a, n_t, t, &name_at);
+    ps->p = save;
   }
   ir_loc loc = {NULL, 0};
   if (!rc) rc = parse_loc(ps, &loc);
-  if (!rc && op == OP_CONSTANT && !(a.value = literal_tensor(ps, &lit, &t, type_at))) rc = -1;
+  if (!rc && op == OP_CONSTANT && !(a.value = literal_tensor(ps, &lit, &t[0], type_at))) rc = -1;
   ir_value v = -1;
   if (!rc && (v = ir_append(ps->f, (op_id)op, &a, n_in, in, loc)) < 0) {
     char msg[1024];
@@ -601,13 +691,17 @@ static int parse_instr(parser *ps) {
   if (op == OP_CONSTANT) kiln_release(a.value); /* ir_append took its own reference */
   literal_free(&lit);
   if (in != small) free(in);
-  if (rc) return -1;
-  if (!ir_type_eq(&ps->f->types[v], &t)) {
-    char x[256], y[256];
-    return fail_at(ps, type_at, "type mismatch: %s annotated, %s inferred by %s", ir_type_str(x, sizeof x, &t),
-                   ir_type_str(y, sizeof y, &ps->f->types[v]), kiln_ops[op].name);
+  for (int k = 0; !rc && k < n_t; k++) {
+    if (!ir_type_eq(&ps->f->types[v + k], &t[k])) {
+      char x[256], y[256];
+      rc = fail_at(ps, type_at, "type mismatch: %s annotated, %s inferred by %s", ir_type_str(x, sizeof x, &t[k]),
+                   ir_type_str(y, sizeof y, &ps->f->types[v + k]), kiln_ops[op].name);
+    }
   }
-  return def_value(ps, name, name_n, v);
+  for (int k = 0; !rc && k < n_names; k++) rc = def_value(ps, nm[k].s, nm[k].n, v + k);
+  if (t != tsmall) free(t);
+  if (nm != names) free(nm);
+  return rc;
 }
 
 static int parse_func(parser *ps) {

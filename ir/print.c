@@ -115,7 +115,7 @@ static void put_int_list(ir_buf *b, int n, const int *v) {
 /* The attributes of ops.def's list, in its order, every one spelled out. */
 static void put_attrs(ir_buf *b, op_id op, const op_attrs *a) {
   const char *list = kiln_ops[op].attrs;
-  if (!*list || op == OP_CONSTANT) return;
+  if (!*list || op == OP_CONSTANT || kiln_ops[op].kind == OPK_CALL || kiln_ops[op].kind == OPK_HOST) return;
   ir_buf_put(b, " {", 2);
   for (const char *p = list; *p;) {
     const char *e = strchr(p, ',');
@@ -140,6 +140,8 @@ static void put_attrs(ir_buf *b, op_id op, const op_attrs *a) {
       ir_buf_printf(b, "%.17g", a->lo);
     else if (IS("hi"))
       ir_buf_printf(b, "%.17g", a->hi);
+    else if ((IS("seed") || IS("counter")) && a->stateful)
+      ir_buf_put(b, "global", 6); /* drawn from the global stream at run time */
     else if (IS("seed"))
       ir_buf_printf(b, "%llu", (unsigned long long)a->seed);
     else if (IS("counter"))
@@ -233,19 +235,32 @@ static void put_func(ir_buf *b, const ir_func *f) {
   for (int i = 0; i < f->n_instrs; i++) {
     const ir_instr *in = &f->instrs[i];
     ir_buf_put(b, "  ", 2);
-    put_value(b, f, num, in->out);
+    for (int k = 0; k < in->n_out; k++) {
+      if (k) ir_buf_put(b, ", ", 2);
+      put_value(b, f, num, in->out + k);
+    }
     ir_buf_printf(b, " = %s", (unsigned)in->op < OP_COUNT ? kiln_ops[in->op].name : "?");
     if (in->op == OP_CONSTANT && in->attrs.value) {
       ir_buf_put(b, " ", 1);
       put_dense(b, in->attrs.value);
     }
+    const char *callee = in->attrs.callee ? in->attrs.callee->name : in->attrs.host ? in->attrs.host->name : NULL;
+    if (callee) { /* call @g(%a, %b) */
+      ir_buf_put(b, " @", 2);
+      put_name(b, callee, false);
+      ir_buf_put(b, "(", 1);
+    }
     for (int k = 0; k < in->n_in; k++) {
-      ir_buf_put(b, k ? ", " : " ", k ? 2 : 1);
+      ir_buf_put(b, k ? ", " : callee ? "" : " ", k ? 2 : callee ? 0 : 1);
       put_value(b, f, num, in->in[k]);
     }
+    if (callee) ir_buf_put(b, ")", 1);
     if ((unsigned)in->op < OP_COUNT) put_attrs(b, in->op, &in->attrs);
     ir_buf_put(b, " : ", 3);
-    if (in->out >= 0 && in->out < f->n_values) put_type(b, &f->types[in->out]);
+    for (int k = 0; k < in->n_out; k++) {
+      if (k) ir_buf_put(b, ", ", 2);
+      if (in->out + k >= 0 && in->out + k < f->n_values) put_type(b, &f->types[in->out + k]);
+    }
     if (in->loc.file) {
       ir_buf_put(b, "  loc(", 6);
       put_name(b, in->loc.file, true);
@@ -272,16 +287,32 @@ char *ir_print_func(const ir_func *f) {
   return ir_buf_take(&b);
 }
 
+/* Prints g after every function it calls (each once), so that the text
+ * reads, and parses, callees first. */
+static void put_func_after_callees(ir_buf *b, const ir_module *m, const ir_func *g, bool *done, int depth) {
+  int k = 0;
+  while (k < m->n_funcs && m->funcs[k] != g) k++;
+  if (k == m->n_funcs || done[k] || depth > 64) return;
+  done[k] = true;
+  for (int i = 0; i < g->n_instrs; i++)
+    if (g->instrs[i].attrs.callee) put_func_after_callees(b, m, g->instrs[i].attrs.callee, done, depth + 1);
+  if (b->len) ir_buf_put(b, "\n", 1);
+  put_func(b, g);
+}
+
 char *ir_print_module(const ir_module *m) {
   ir_buf b = {0};
   if (!m) {
     kiln_set_error("ir_print_module: no module");
     return NULL;
   }
-  for (int i = 0; i < m->n_funcs; i++) {
-    if (i) ir_buf_put(&b, "\n", 1);
-    put_func(&b, m->funcs[i]);
+  bool *done = calloc((size_t)m->n_funcs + 1, sizeof *done);
+  if (!done) {
+    kiln_set_error("ir: out of memory");
+    return NULL;
   }
+  for (int i = 0; i < m->n_funcs; i++) put_func_after_callees(&b, m, m->funcs[i], done, 0);
+  free(done);
   return ir_buf_take(&b);
 }
 

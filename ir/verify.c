@@ -46,6 +46,19 @@ static int verify_names(const ir_func *f) {
   return rc;
 }
 
+/* Does g (transitively) call f? Call chains deeper than 64 count as
+ * recursion: the interpreter recurses once per level. */
+static bool calls_back(const ir_func *g, const ir_func *f, int depth) {
+  if (g == f || depth > 64) return true;
+  for (int i = 0; i < g->n_instrs; i++) {
+    const ir_instr *in = &g->instrs[i];
+    if ((unsigned)in->op < OP_COUNT && kiln_ops[in->op].kind == OPK_CALL && in->attrs.callee &&
+        calls_back(in->attrs.callee, f, depth + 1))
+      return true;
+  }
+  return false;
+}
+
 int ir_verify(const ir_func *f) {
   char t1[256], t2[256];
   if (!f || !f->name || !*f->name) return kiln_set_error("verify: function without a name");
@@ -54,7 +67,8 @@ int ir_verify(const ir_func *f) {
   for (int v = 0; v < f->n_values; v++) {
     if (ir_type_check("type", &f->types[v])) return bad(f, v, "bad type: %s", kiln_last_error());
     if (v < f->n_params ? f->def[v] != -1
-                        : f->def[v] < 0 || f->def[v] >= f->n_instrs || f->instrs[f->def[v]].out != v)
+                        : f->def[v] < 0 || f->def[v] >= f->n_instrs || v < f->instrs[f->def[v]].out ||
+                              v >= f->instrs[f->def[v]].out + f->instrs[f->def[v]].n_out)
       return bad(f, v, "%s", v < f->n_params ? "a parameter with a defining instruction" : "has no defining instruction");
   }
   if (verify_names(f)) return -1;
@@ -64,8 +78,10 @@ int ir_verify(const ir_func *f) {
   for (int i = 0; i < f->n_instrs && !rc; i++) {
     const ir_instr *in = &f->instrs[i];
     ir_value out = in->out;
-    if (out < f->n_params || out >= f->n_values || f->def[out] != i) {
-      rc = bad(f, -1, "instruction %d has an invalid result (%d)", i, (int)out);
+    bool outs_ok = in->n_out >= 1 && out >= f->n_params && out + in->n_out <= f->n_values;
+    for (int k = 0; outs_ok && k < in->n_out; k++) outs_ok = f->def[out + k] == i;
+    if (!outs_ok) {
+      rc = bad(f, -1, "instruction %d has invalid results (%d, %d of them)", i, (int)out, in->n_out);
       break;
     }
     if ((unsigned)in->op >= OP_COUNT) {
@@ -102,15 +118,27 @@ int ir_verify(const ir_func *f) {
       rc = bad(f, out, "%s", "only constants hold a value");
       break;
     }
-    op_type t;
-    if (ir_check_op(in->op, &in->attrs, in->n_in, types, &t)) {
+    if ((kiln_ops[in->op].kind != OPK_CALL && in->attrs.callee) || (kiln_ops[in->op].kind != OPK_HOST && in->attrs.host)) {
+      rc = bad(f, out, "%s", "only calls hold a callee and host calls a callback");
+      break;
+    }
+    if (kiln_ops[in->op].kind == OPK_CALL && in->attrs.callee && calls_back(in->attrs.callee, f, 0)) {
+      rc = bad(f, out, "@%s calls @%s back (recursion)", in->attrs.callee->name, f->name);
+      break;
+    }
+    op_type *t = NULL;
+    int n_out = 0;
+    if (ir_check_instr(f->module, in->op, &in->attrs, in->n_in, types, &n_out, &t)) {
       rc = bad(f, out, "%s", kiln_last_error());
       break;
     }
-    if (!ir_type_eq(&t, &f->types[out])) {
-      rc = bad(f, out, "type %s, but %s infers %s", ir_type_str(t1, sizeof t1, &f->types[out]),
-               kiln_ops[in->op].name, ir_type_str(t2, sizeof t2, &t));
-    }
+    if (n_out != in->n_out)
+      rc = bad(f, out, "%d results, but %s gives %d", in->n_out, kiln_ops[in->op].name, n_out);
+    for (int k = 0; k < n_out && !rc; k++)
+      if (!ir_type_eq(&t[k], &f->types[out + k]))
+        rc = bad(f, out + k, "type %s, but %s infers %s", ir_type_str(t1, sizeof t1, &f->types[out + k]),
+                 kiln_ops[in->op].name, ir_type_str(t2, sizeof t2, &t[k]));
+    free(t);
   }
   if (types != small) free(types);
   if (rc) return -1;

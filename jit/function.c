@@ -9,7 +9,7 @@
 #include <time.h>
 
 #include "autodiff.h"
-#include "jit.h"
+#include "function.h"
 
 typedef struct {
   uint8_t dtype, device;
@@ -17,23 +17,13 @@ typedef struct {
   int64_t shape[KILN_MAX_RANK];
 } arg_sig;
 
-typedef struct {
+struct cached_trace {
   arg_sig *args; /* n_in of them */
   int device_scope;
+  uint64_t hash; /* of args and device_scope */
   traced_fn fn;
   int traced_ops;
   double trace_ms;
-} cached_trace;
-
-struct kiln_function {
-  char *name;
-  kiln_body_fn body;
-  void *user;
-  int n_in, n_out;
-  atomic_bool eager;
-  pthread_mutex_t lock; /* guards traces; tracing happens under it */
-  cached_trace **traces;  /* entries never move or die before kiln_function_free */
-  int n_traces, cap_traces;
 };
 
 static double now_ms(void) {
@@ -69,15 +59,26 @@ kiln_function *kiln_function_new(const char *name, kiln_body_fn body, void *user
 
 void kiln_function_free(kiln_function *f) {
   if (!f) return;
-  for (int i = 0; i < f->n_traces; i++) {
-    traced_fn_free(&f->traces[i]->fn);
-    free(f->traces[i]->args);
-    free(f->traces[i]);
+  snapshot *s = atomic_load(&f->traces);
+  for (int i = 0; s && i < s->n; i++) {
+    traced_fn_free(&s->items[i]->fn);
+    free(s->items[i]->args);
+    free(s->items[i]);
   }
-  free(f->traces);
+  while (s) {
+    snapshot *older = s->older;
+    free(s);
+    s = older;
+  }
+  function_free_gradients(f);
   pthread_mutex_destroy(&f->lock);
   free(f->name);
   free(f);
+}
+
+static int n_traces(const kiln_function *f) {
+  snapshot *s = atomic_load_explicit(&((kiln_function *)f)->traces, memory_order_acquire);
+  return s ? s->n : 0;
 }
 
 void kiln_function_set_eager(kiln_function *f, bool eager) {
@@ -86,11 +87,7 @@ void kiln_function_set_eager(kiln_function *f, bool eager) {
 
 int kiln_function_trace_count(const kiln_function *f) {
   if (!f) return kiln_set_error("function_trace_count: function is NULL");
-  kiln_function *m = (kiln_function *)f;
-  pthread_mutex_lock(&m->lock);
-  int n = m->n_traces;
-  pthread_mutex_unlock(&m->lock);
-  return n;
+  return n_traces(f);
 }
 
 static void sig_of(const kiln_tensor *t, arg_sig *s) {
@@ -119,15 +116,42 @@ static char *sig_str(char *buf, size_t n, const arg_sig *s) {
   return buf;
 }
 
-/* caller holds f->lock */
-static cached_trace *lookup(kiln_function *f, const arg_sig *args, int device_scope) {
-  for (int t = 0; t < f->n_traces; t++) {
-    cached_trace *c = f->traces[t];
-    bool hit = c->device_scope == device_scope;
+static uint64_t sig_hash(int n, const arg_sig *args, int device_scope) {
+  uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t)device_scope;
+#define MIX(x) (h = (h ^ (uint64_t)(x)) * 0x100000001b3ull, h ^= h >> 29)
+  for (int i = 0; i < n; i++) {
+    MIX(args[i].dtype | args[i].device << 8 | (uint64_t)(uint8_t)args[i].rank << 16);
+    for (int d = 0; d < args[i].rank; d++) MIX(args[i].shape[d]);
+  }
+#undef MIX
+  return h;
+}
+
+/* Lock-free: compares hashes, then the signatures of equal hashes. */
+static cached_trace *lookup(kiln_function *f, const arg_sig *args, int device_scope, uint64_t h) {
+  snapshot *s = atomic_load_explicit(&f->traces, memory_order_acquire);
+  for (int t = 0; s && t < s->n; t++) {
+    cached_trace *c = s->items[t];
+    if (c->hash != h || c->device_scope != device_scope) continue;
+    bool hit = true;
     for (int i = 0; hit && i < f->n_in; i++) hit = sig_eq(&c->args[i], &args[i]);
     if (hit) return c;
   }
   return NULL;
+}
+
+/* caller holds f->lock */
+static int publish(kiln_function *f, cached_trace *c) {
+  snapshot *old = atomic_load(&f->traces);
+  int n = old ? old->n : 0;
+  snapshot *s = malloc(sizeof *s + (size_t)(n + 1) * sizeof *s->items);
+  if (!s) return kiln_set_error("function_call: out of memory");
+  s->older = old;
+  s->n = n + 1;
+  if (n) memcpy(s->items, old->items, (size_t)n * sizeof *s->items);
+  s->items[n] = c;
+  atomic_store_explicit(&f->traces, s, memory_order_release);
+  return 0;
 }
 
 static bool log_retrace(void) {
@@ -156,7 +180,7 @@ static void report_retrace(const kiln_function *f, const cached_trace *prev, con
 /* Traces f's body on in's signature; a cache entry, or NULL with the error
  * set (the body's own message when it failed). */
 static cached_trace *trace_body(kiln_function *f, kiln_tensor *const *in, const arg_sig *args,
-                                int device_scope) {
+                                int device_scope, uint64_t hash) {
   cached_trace *c = calloc(1, sizeof *c);
   kiln_tensor **sym_in = calloc((size_t)f->n_in + 1, sizeof *sym_in);
   kiln_tensor **outs = calloc((size_t)f->n_out + 1, sizeof *outs);
@@ -166,12 +190,14 @@ static cached_trace *trace_body(kiln_function *f, kiln_tensor *const *in, const 
   }
   memcpy(c->args, args, (size_t)f->n_in * sizeof *args);
   c->device_scope = device_scope;
+  c->hash = hash;
   double t0 = now_ms();
   tape_state saved = tape_pause(); /* a trace records nothing on tapes */
   kiln_scope_push();                /* the symbolic tensors die with it */
   int rc = -1;
   trace *tr = trace_begin(f->n_in, in, sym_in);
   if (tr) {
+    trace_set_owner(tr, f);
     rc = f->body(f->user, f->n_in, sym_in, f->n_out, outs);
     trace_end(tr);
     if (rc) {
@@ -202,40 +228,88 @@ fail:
   return NULL;
 }
 
-/* Runs a trace: explicit inputs, captures, variables' current values; random
- * instructions draw fresh blocks of the global stream, in program order as
- * the eager body would. */
+/* Runs a trace: explicit inputs, captures, variables' current values; the
+ * IR's random instructions draw fresh blocks of the global stream, in
+ * program order, as the eager body would. Variable writes land after. */
 static int run_trace(const cached_trace *c, int n_in, kiln_tensor *const *in, kiln_tensor **out) {
   const traced_fn *fn = &c->fn;
-  int np = fn->func->n_params, rc;
-  kiln_tensor **args = malloc((size_t)(np + 1) * sizeof *args);
-  ir_instr *instrs = NULL;
+  int np = fn->func->n_params, nr = fn->func->n_results, rc;
+  kiln_tensor *small[16], **args = np + nr <= 16 ? small : malloc((size_t)(np + nr) * sizeof *args);
   if (!args) return kiln_set_error("function_call: out of memory");
+  kiln_tensor **res = args + np;
   for (int i = 0; i < n_in; i++) args[i] = in[i];
   for (int i = 0; i < fn->n_caps; i++) args[n_in + i] = fn->caps[i];
   for (int i = 0; i < fn->n_vars; i++) args[n_in + fn->n_caps + i] = kiln_retain(variable_value(fn->vars[i]));
-  ir_func copy = *fn->func;
-  if (fn->n_rng) { /* a private instruction list: the cached IR is shared by threads */
-    instrs = malloc((size_t)copy.n_instrs * sizeof *instrs);
-    if (!instrs) {
-      rc = kiln_set_error("function_call: out of memory");
+  kiln_scope_push(); /* the results, until they are handed out */
+  rc = ir_run(fn->func, args, res);
+  int n_out = nr - fn->n_writes;
+  if (!rc) {
+    for (int w = 0; w < fn->n_writes; w++) variable_set_value(fn->vars[fn->writes[w]], kiln_retain(res[n_out + w]));
+    for (int k = 0; k < n_out; k++) kiln_retain(res[k]);
+  }
+  kiln_scope_pop();
+  if (!rc)
+    for (int k = 0; k < n_out; k++) out[k] = scope_own(res[k]);
+  for (int i = 0; i < fn->n_vars; i++) kiln_release(args[n_in + fn->n_caps + i]);
+  if (args != small) free(args);
+  return rc;
+}
+
+/* The body run op by op on in: eagerly, or inlined into the trace that is
+ * recording (kiln_function_set_eager, or a tape watches an input). */
+int function_run_body(kiln_function *f, kiln_tensor *const *in, kiln_tensor **out) {
+  const char *who = "function_call";
+  kiln_tensor **o = calloc((size_t)f->n_out + 1, sizeof *o);
+  if (!o) return kiln_set_error("%s: out of memory", who);
+  int rc = f->body(f->user, f->n_in, in, f->n_out, o);
+  if (rc && !kiln_has_error()) kiln_set_error("%s: @%s: the body failed without an error", who, f->name);
+  for (int i = 0; i < f->n_out && !rc; i++)
+    if (!o[i]) rc = kiln_set_error("%s: @%s: the body left output %d NULL", who, f->name, i);
+  if (!rc) memcpy(out, o, (size_t)f->n_out * sizeof *o);
+  free(o);
+  return rc;
+}
+
+/* The cache entry for in's signature, traced on a miss. */
+static cached_trace *get_trace(kiln_function *f, kiln_tensor *const *in) {
+  const char *who = "function_call";
+  arg_sig small[8], *args = f->n_in > 8 ? malloc((size_t)f->n_in * sizeof *args) : small;
+  if (!args) {
+    kiln_set_error("%s: out of memory", who);
+    return NULL;
+  }
+  for (int i = 0; i < f->n_in; i++) sig_of(in[i], &args[i]);
+  int device_scope = device_current();
+  uint64_t h = sig_hash(f->n_in, args, device_scope);
+  cached_trace *c = lookup(f, args, device_scope, h);
+  if (!c) {
+    if (trace_owned_by(f)) {
+      kiln_set_error("%s: @%s calls itself while being traced (recursion cannot be staged)", who, f->name);
       goto done;
     }
-    memcpy(instrs, copy.instrs, (size_t)copy.n_instrs * sizeof *instrs);
-    for (int k = 0; k < fn->n_rng; k++) {
-      ir_instr *ri = &instrs[fn->rng[k]];
-      int64_t size = 1;
-      for (int d = 0; d < ri->attrs.rank; d++) size *= ri->attrs.shape[d];
-      ri->attrs.counter = rng_reserve(((uint64_t)size + 1) / 2, &ri->attrs.seed);
+    pthread_mutex_lock(&f->lock);
+    if (!(c = lookup(f, args, device_scope, h)) && (c = trace_body(f, in, args, device_scope, h))) {
+      if (publish(f, c)) {
+        traced_fn_free(&c->fn);
+        free(c->args);
+        free(c);
+        c = NULL;
+      } else {
+        snapshot *s = atomic_load(&f->traces);
+        if (s->n > 1 && log_retrace()) report_retrace(f, s->items[s->n - 2], c);
+        traced_fn_dump(&c->fn, f->name, s->n - 1);
+      }
     }
-    copy.instrs = instrs;
+    pthread_mutex_unlock(&f->lock);
   }
-  rc = ir_interpret(&copy, args, out);
 done:
-  for (int i = 0; i < fn->n_vars; i++) kiln_release(args[n_in + fn->n_caps + i]);
-  free(instrs);
-  free(args);
-  return rc;
+  if (args != small) free(args);
+  return c;
+}
+
+int function_run_staged(kiln_function *f, kiln_tensor *const *in, kiln_tensor **out) {
+  cached_trace *c = get_trace(f, in);
+  return c ? run_trace(c, f->n_in, in, out) : -1;
 }
 
 int kiln_function_call(kiln_function *f, kiln_tensor *const *in, kiln_tensor **out) {
@@ -249,57 +323,27 @@ int kiln_function_call(kiln_function *f, kiln_tensor *const *in, kiln_tensor **o
       return kiln_set_error("%s: @%s: input %d is a symbolic tensor that escaped a staged function's body",
                             who, f->name, i);
   }
-  /* eager mode, and calls made while tracing another body (inlined for now) */
-  if (atomic_load(&f->eager) || trace_current) {
-    kiln_tensor **o = calloc((size_t)f->n_out + 1, sizeof *o);
-    if (!o) return kiln_set_error("%s: out of memory", who);
-    int rc = f->body(f->user, f->n_in, in, f->n_out, o);
-    if (rc && !kiln_has_error()) kiln_set_error("%s: @%s: the body failed without an error", who, f->name);
-    for (int i = 0; i < f->n_out && !rc; i++)
-      if (!o[i]) rc = kiln_set_error("%s: @%s: the body left output %d NULL", who, f->name, i);
-    if (!rc) memcpy(out, o, (size_t)f->n_out * sizeof *o);
-    free(o);
-    return rc;
-  }
+  bool taped = false;
   if (KILN_UNLIKELY(tape_active_count))
-    for (int i = 0; i < f->n_in; i++)
-      if (tape_tracks(in[i]))
-        return kiln_set_error("%s: @%s: input %d is watched by a gradient tape; gradients through "
-                              "staged functions are not supported yet (kiln_function_set_eager runs "
-                              "the body op by op)", who, f->name, i);
-  arg_sig small[8], *args = f->n_in > 8 ? malloc((size_t)f->n_in * sizeof *args) : small;
-  if (!args) return kiln_set_error("%s: out of memory", who);
-  for (int i = 0; i < f->n_in; i++) sig_of(in[i], &args[i]);
-  int device_scope = device_current();
-  pthread_mutex_lock(&f->lock);
-  cached_trace *c = lookup(f, args, device_scope);
-  if (!c && (c = trace_body(f, in, args, device_scope))) {
-    cached_trace **q = f->n_traces < f->cap_traces
-                           ? f->traces
-                           : realloc(f->traces, (size_t)(f->cap_traces ? 2 * f->cap_traces : 4) * sizeof *q);
-    if (!q) {
-      traced_fn_free(&c->fn);
-      free(c->args);
-      free(c);
-      c = NULL;
-      kiln_set_error("%s: out of memory", who);
-    } else {
-      if (q != f->traces) f->cap_traces = f->cap_traces ? 2 * f->cap_traces : 4;
-      f->traces = q;
-      f->traces[f->n_traces++] = c;
-      if (f->n_traces > 1 && log_retrace()) report_retrace(f, f->traces[f->n_traces - 2], c);
-      traced_fn_dump(&c->fn, f->name, f->n_traces - 1);
-    }
+    for (int i = 0; i < f->n_in && !taped; i++) taped = tape_tracks(in[i]);
+  if (atomic_load(&f->eager)) return function_run_body(f, in, out);
+  if (trace_current) {
+    /* inside another body: a call instruction; inlined where a tape of that
+     * body watches an input, so that the tape sees the ops */
+    if (taped || KILN_UNLIKELY(tape_active_count)) return function_run_body(f, in, out);
+    cached_trace *c = get_trace(f, in);
+    return c ? trace_call(&c->fn, f->n_in, in, out) : -1;
   }
-  pthread_mutex_unlock(&f->lock);
-  if (args != small) free(args);
+  if (KILN_UNLIKELY(taped)) return function_call_taped(f, in, out);
+  cached_trace *c = get_trace(f, in);
   if (!c) return -1;
   if (KILN_UNLIKELY(tape_active_count))
     for (int i = 0; i < c->fn.n_vars; i++) {
       kiln_tensor *v = variable_value(c->fn.vars[i]);
       if (v->dtype == KILN_F32 || v->dtype == KILN_F64)
         return kiln_set_error("%s: @%s: reads variable '%s' while a gradient tape is active; gradients "
-                              "through staged functions are not supported yet", who, f->name,
+                              "through staged functions reach their explicit inputs only (pass the "
+                              "variable's value as an input, or kiln_function_set_eager)", who, f->name,
                               kiln_variable_name(c->fn.vars[i]));
     }
   return run_trace(c, f->n_in, in, out);
@@ -307,11 +351,13 @@ int kiln_function_call(kiln_function *f, kiln_tensor *const *in, kiln_tensor **o
 
 /* caller holds the lock */
 static const cached_trace *trace_at(const char *who, kiln_function *f, int trace) {
-  if (trace < 0 || trace >= f->n_traces) {
-    kiln_set_error("%s: @%s: trace %d does not exist (%d made so far)", who, f->name, trace, f->n_traces);
+  snapshot *s = atomic_load(&f->traces);
+  int n = s ? s->n : 0;
+  if (trace < 0 || trace >= n) {
+    kiln_set_error("%s: @%s: trace %d does not exist (%d made so far)", who, f->name, trace, n);
     return NULL;
   }
-  return f->traces[trace];
+  return s->items[trace];
 }
 
 char *kiln_function_ir(kiln_function *f, int trace, const char *stage) {

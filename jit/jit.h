@@ -27,8 +27,14 @@ kiln_tensor *trace_apply(op_id op, const op_attrs *attrs, int n, kiln_tensor *co
 /* A read of v while tracing: a symbolic tensor bound to v's value at each
  * call (by reference). Owned by the caller. */
 kiln_tensor *trace_variable_read(kiln_variable *v, const kiln_tensor *value);
+/* An assignment of v while tracing: later reads in the body see value, and
+ * each call of the staged function assigns it when it returns. current is v's
+ * value now (for its type). 0 / -1. */
+int trace_variable_write(kiln_variable *v, const kiln_tensor *current, kiln_tensor *value);
 /* The variable's current value (variable.c); not retained. */
 kiln_tensor *variable_value(kiln_variable *v);
+/* Replaces v's value by value (a reference the variable takes over). */
+void variable_set_value(kiln_variable *v, kiln_tensor *value);
 
 /* A finished trace: the IR and what its implicit parameters are bound to.
  * Parameters: the explicit inputs, then caps (retained), then the values
@@ -40,8 +46,8 @@ typedef struct traced_fn {
   int n_caps;
   kiln_variable **vars;
   int n_vars;
-  int *rng; /* indices of the random instructions: re-seeded per call */
-  int n_rng;
+  int *writes; /* the last n_writes results are the new values of vars[writes[i]] */
+  int n_writes;
   void **pcs;   /* per instruction: the user's call that made it, or NULL */
   ir_loc *locs; /* pcs resolved (loc.c), on first print; files malloc'd */
 } traced_fn;
@@ -50,8 +56,19 @@ typedef struct traced_fn {
  * writes their symbolic stand-ins (owned by the innermost scope). NULL with
  * the error set. */
 trace *trace_begin(int n_in, kiln_tensor *const *in, kiln_tensor **sym_in);
-/* Stops recording on this thread (the trace stays to be finished or freed). */
+/* Stops recording on this thread (the trace stays to be finished or freed);
+ * the trace it interrupted, if any, records again. */
 void trace_end(trace *tr);
+/* Marks whose body tr traces, to refuse a staged function calling itself. */
+void trace_set_owner(trace *tr, const void *owner);
+bool trace_owned_by(const void *owner);
+/* A call of a traced function recorded on the active trace (a call
+ * instruction); writes its n_in-explicit-input call's outputs as symbolic
+ * tensors. Its variable writes become this trace's. 0 / -1. */
+int trace_call(const traced_fn *callee, int n_in, kiln_tensor *const *in, kiln_tensor **out);
+/* kiln_host_call while tracing: a host_call instruction. 0 / -1. */
+int trace_host_call(kiln_host_fn fn, void *user, int n_in, kiln_tensor *const *in, int n_out, const op_type *specs,
+                    kiln_tensor **out);
 /* Builds and verifies the IR with outs as results (symbolic tensors of the
  * trace, or concrete tensors, captured). 0 / -1; tr is freed either way. */
 int trace_finish(trace *tr, const char *name, int n_out, kiln_tensor *const *outs, traced_fn *fn);

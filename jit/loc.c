@@ -132,17 +132,25 @@ static void resolve_locs(traced_fn *fn) {
 
 char *traced_fn_print(traced_fn *fn) {
   resolve_locs(fn);
-  if (!fn->locs) return ir_print_func(fn->func);
-  /* a private copy: other threads may be running the shared instructions */
+  if (!fn->locs) return ir_print_module(fn->module);
+  /* private copies of the function and the module's list: other threads may
+   * be running the shared instructions */
   ir_func copy = *fn->func;
-  ir_instr *instrs = malloc((size_t)copy.n_instrs * sizeof *instrs);
-  if (!instrs) return NULL;
-  memcpy(instrs, copy.instrs, (size_t)copy.n_instrs * sizeof *instrs);
-  for (int i = 0; i < copy.n_instrs; i++)
-    if (fn->locs[i].file) instrs[i].loc = fn->locs[i];
-  copy.instrs = instrs;
-  char *text = ir_print_func(&copy);
+  ir_module mod = *fn->module;
+  ir_instr *instrs = malloc((size_t)copy.n_instrs * sizeof *instrs + 1);
+  ir_func **funcs = malloc((size_t)mod.n_funcs * sizeof *funcs + 1);
+  char *text = NULL;
+  if (instrs && funcs) {
+    memcpy(instrs, copy.instrs, (size_t)copy.n_instrs * sizeof *instrs);
+    for (int i = 0; i < copy.n_instrs; i++)
+      if (fn->locs[i].file) instrs[i].loc = fn->locs[i];
+    copy.instrs = instrs;
+    for (int i = 0; i < mod.n_funcs; i++) funcs[i] = mod.funcs[i] == fn->func ? &copy : mod.funcs[i];
+    mod.funcs = funcs;
+    text = ir_print_module(&mod);
+  }
   free(instrs);
+  free(funcs);
   return text;
 }
 

@@ -3,6 +3,7 @@
  * concrete tensors they meet become captured inputs and variable reads
  * by-reference inputs. At the end the recording is built into an ir_func,
  * whose parameters are only known then. */
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -17,6 +18,7 @@ enum { NODE_ARG, NODE_CAP, NODE_VAR, NODE_INSTR };
  * recognised rather than misread. */
 typedef struct {
   int kind, index;
+  int sub; /* which result of a multi-result record */
   const kiln_tensor *t;
 } node;
 
@@ -26,9 +28,16 @@ typedef struct {
   int n;
   int *in; /* node ids; captures and variables are nodes too */
   void *pc; /* the user's call (loc.c) */
+  int n_out;
+  const ir_func *callee; /* call: the inner trace's function, cloned into this module at the end */
+  kiln_host_fn host_fn;  /* host_call */
+  void *host_user;
+  op_type *host_out;     /* host_call: declared types (malloc'd) */
 } record;
 
 struct trace {
+  trace *prev; /* the trace this one interrupted (a nested staged call) */
+  const void *owner;
   int n_in;
   node *nodes;
   int n_nodes, cap_nodes;
@@ -39,6 +48,7 @@ struct trace {
   int *cap_node; /* the node of each capture */
   kiln_variable **vars;
   op_type *var_types;
+  int *var_write; /* per variable: the node of its latest assignment, or -1 */
   int n_vars, cap_vars;
 };
 
@@ -53,14 +63,14 @@ static int grow(void **p, int *cap, int need, size_t elem) {
   return 0;
 }
 
-static int add_node(trace *tr, int kind, int index, const kiln_tensor *t) {
+static int add_node(trace *tr, int kind, int index, int sub, const kiln_tensor *t) {
   if (grow((void **)&tr->nodes, &tr->cap_nodes, tr->n_nodes + 1, sizeof *tr->nodes)) return -1;
-  tr->nodes[tr->n_nodes] = (node){kind, index, t};
+  tr->nodes[tr->n_nodes] = (node){kind, index, sub, t};
   return tr->n_nodes++;
 }
 
 /* A header of the given type with no data, flagged symbolic. */
-static kiln_tensor *sym_tensor(trace *tr, const char *who, const op_type *ty, int kind, int index) {
+static kiln_tensor *sym_tensor_sub(trace *tr, const char *who, const op_type *ty, int kind, int index, int sub) {
   int64_t size;
   if (shape_check(who, ty->rank, ty->shape, &size)) return NULL;
   const int64_t zero = 0;
@@ -71,13 +81,17 @@ static kiln_tensor *sym_tensor(trace *tr, const char *who, const op_type *ty, in
   t->size = size;
   t->flags |= TF_SYMBOLIC;
   t->device = (uint8_t)device_current();
-  int id = add_node(tr, kind, index, t);
+  int id = add_node(tr, kind, index, sub, t);
   if (id < 0) {
     kiln_release(t);
     return NULL;
   }
   t->sym = (void *)(intptr_t)(id + 1);
   return t;
+}
+
+static kiln_tensor *sym_tensor(trace *tr, const char *who, const op_type *ty, int kind, int index) {
+  return sym_tensor_sub(tr, who, ty, kind, index, 0);
 }
 
 static void type_of(const kiln_tensor *t, op_type *ty) {
@@ -106,7 +120,7 @@ static int node_of(trace *tr, const char *who, int i, kiln_tensor *t) {
     tr->cap_node = q;
     tr->cap_caps = cap;
   }
-  int id = add_node(tr, NODE_CAP, tr->n_caps, NULL);
+  int id = add_node(tr, NODE_CAP, tr->n_caps, 0, NULL);
   if (id < 0) return -1;
   tr->caps[tr->n_caps] = kiln_retain(t);
   tr->cap_node[tr->n_caps++] = id;
@@ -130,7 +144,13 @@ kiln_tensor *trace_apply(op_id op, const op_attrs *attrs, int n, kiln_tensor *co
   if (ir_check_op(op, attrs, n, types, &out)) goto fail;
   if (grow((void **)&tr->recs, &tr->cap_recs, tr->n_recs + 1, sizeof *tr->recs)) goto fail;
   if (!(t = sym_tensor(tr, who, &out, NODE_INSTR, tr->n_recs))) goto fail;
-  tr->recs[tr->n_recs++] = (record){op, *attrs, n, ids, loc_caller_pc()};
+  tr->recs[tr->n_recs] = (record){.op = op, .attrs = *attrs, .n = n, .in = ids, .pc = loc_caller_pc(), .n_out = 1};
+  if (kiln_ops[op].kind == OPK_RANDOM) { /* each call draws afresh from the global stream */
+    op_attrs *a = &tr->recs[tr->n_recs].attrs;
+    a->stateful = true;
+    a->seed = a->counter = 0;
+  }
+  tr->n_recs++;
   if (types != small) free(types);
   return t;
 fail:
@@ -139,25 +159,139 @@ fail:
   return NULL;
 }
 
-kiln_tensor *trace_variable_read(kiln_variable *v, const kiln_tensor *value) {
-  trace *tr = trace_current;
+/* v's index among the trace's variables, added on first use; -1 on error */
+static int var_index(trace *tr, kiln_variable *v, const kiln_tensor *value) {
   int k = 0;
   while (k < tr->n_vars && tr->vars[k] != v) k++;
-  if (k == tr->n_vars) {
-    int cap = tr->cap_vars;
-    if (grow((void **)&tr->vars, &cap, k + 1, sizeof *tr->vars)) return NULL;
-    op_type *q = realloc(tr->var_types, (size_t)cap * sizeof *q);
-    if (!q) {
-      kiln_set_error("variable_read: out of memory");
-      return NULL;
-    }
-    tr->var_types = q;
-    tr->cap_vars = cap;
-    tr->vars[k] = v;
-    type_of(value, &tr->var_types[k]);
-    tr->n_vars++;
+  if (k < tr->n_vars) return k;
+  int cap = tr->cap_vars;
+  if (grow((void **)&tr->vars, &cap, k + 1, sizeof *tr->vars)) return -1;
+  op_type *q = realloc(tr->var_types, (size_t)cap * sizeof *q);
+  if (q) tr->var_types = q;
+  int *w = q ? realloc(tr->var_write, (size_t)cap * sizeof *w) : NULL;
+  if (!q || !w) return kiln_set_error("variable_read: out of memory");
+  tr->var_write = w;
+  tr->cap_vars = cap;
+  tr->vars[k] = v;
+  type_of(value, &tr->var_types[k]);
+  tr->var_write[k] = -1;
+  tr->n_vars++;
+  return k;
+}
+
+kiln_tensor *trace_variable_read(kiln_variable *v, const kiln_tensor *value) {
+  trace *tr = trace_current;
+  int k = var_index(tr, v, value);
+  if (k < 0) return NULL;
+  if (tr->var_write[k] < 0) return sym_tensor(tr, "variable_read", &tr->var_types[k], NODE_VAR, k);
+  /* read after an assignment in the same body: that value, as an identity
+   * of its node (the assigned tensor itself may be gone by now) */
+  int *ids = malloc(sizeof *ids);
+  if (!ids || grow((void **)&tr->recs, &tr->cap_recs, tr->n_recs + 1, sizeof *tr->recs)) {
+    free(ids);
+    if (!kiln_has_error()) kiln_set_error("variable_read: out of memory");
+    return NULL;
   }
-  return sym_tensor(tr, "variable_read", &tr->var_types[k], NODE_VAR, k);
+  kiln_tensor *t = sym_tensor(tr, "variable_read", &tr->var_types[k], NODE_INSTR, tr->n_recs);
+  if (!t) {
+    free(ids);
+    return NULL;
+  }
+  ids[0] = tr->var_write[k];
+  tr->recs[tr->n_recs++] = (record){.op = OP_IDENTITY, .n = 1, .in = ids, .pc = loc_caller_pc(), .n_out = 1};
+  return t;
+}
+
+int trace_variable_write(kiln_variable *v, const kiln_tensor *current, kiln_tensor *value) {
+  trace *tr = trace_current;
+  int k = var_index(tr, v, current);
+  if (k < 0) return -1;
+  int id = node_of(tr, "variable_assign", 0, value);
+  if (id < 0) return -1;
+  tr->var_write[k] = id;
+  return 0;
+}
+
+/* Appends a record of op with n_out results (types outs) on the active
+ * trace; writes the results' symbolic tensors (owned by the caller's scope).
+ * The record takes host_out. 0 / -1. */
+static int record_multi(const char *who, op_id op, const op_attrs *attrs, int n, kiln_tensor *const *in, int n_out,
+                        const op_type *outs, record extra, kiln_tensor **res) {
+  trace *tr = trace_current;
+  int *ids = malloc((size_t)(n ? n : 1) * sizeof *ids);
+  if (!ids) {
+    free(extra.host_out);
+    return kiln_set_error("%s: out of memory", who);
+  }
+  for (int i = 0; i < n; i++)
+    if ((ids[i] = node_of(tr, who, i, in[i])) < 0) {
+      free(ids);
+      free(extra.host_out);
+      return -1;
+    }
+  if (grow((void **)&tr->recs, &tr->cap_recs, tr->n_recs + 1, sizeof *tr->recs)) {
+    free(ids);
+    free(extra.host_out);
+    return -1;
+  }
+  extra.op = op;
+  extra.attrs = *attrs;
+  extra.n = n;
+  extra.in = ids;
+  extra.pc = loc_caller_pc();
+  extra.n_out = n_out;
+  tr->recs[tr->n_recs] = extra;
+  int r = tr->n_recs++;
+  for (int k = 0; k < n_out; k++) {
+    if (!(res[k] = scope_own(sym_tensor_sub(tr, who, &outs[k], NODE_INSTR, r, k)))) {
+      for (int j = 0; j < k; j++) res[j] = NULL;
+      return -1; /* the record stays, unused: dead code the trace never returns */
+    }
+  }
+  return 0;
+}
+
+int trace_call(const traced_fn *callee, int n_in, kiln_tensor *const *in, kiln_tensor **out) {
+  const ir_func *g = callee->func;
+  int n_args = g->n_params, n_res = g->n_results;
+  kiln_tensor **args = calloc((size_t)n_args + 1, sizeof *args);
+  kiln_tensor **res = calloc((size_t)n_res + 1, sizeof *res);
+  op_type *types = malloc(((size_t)n_res + 1) * sizeof *types);
+  int rc = -1;
+  if (!args || !res || !types) {
+    kiln_set_error("function_call: out of memory");
+    goto done;
+  }
+  /* explicit inputs, the callee's captures, its variables as this trace sees them */
+  for (int i = 0; i < n_in; i++) args[i] = in[i];
+  for (int i = 0; i < callee->n_caps; i++) args[n_in + i] = callee->caps[i];
+  for (int i = 0; i < callee->n_vars; i++)
+    if (!(args[n_in + callee->n_caps + i] = kiln_variable_read(callee->vars[i]))) goto done;
+  for (int k = 0; k < n_res; k++) types[k] = g->types[g->results[k]];
+  op_attrs a = {0};
+  if (record_multi("function_call", OP_CALL, &a, n_args, args, n_res, types, (record){.callee = g}, res)) goto done;
+  int n_out = n_res - callee->n_writes;
+  for (int k = 0; k < n_out; k++) out[k] = res[k];
+  rc = 0;
+  for (int w = 0; w < callee->n_writes && !rc; w++) {
+    kiln_variable *v = callee->vars[callee->writes[w]];
+    rc = trace_variable_write(v, variable_value(v), res[n_out + w]);
+  }
+done:
+  free(args);
+  free(res);
+  free(types);
+  return rc;
+}
+
+int trace_host_call(kiln_host_fn fn, void *user, int n_in, kiln_tensor *const *in, int n_out, const op_type *specs,
+                    kiln_tensor **out) {
+  op_type *copy = malloc((size_t)n_out * sizeof *copy);
+  if (!copy) return kiln_set_error("host_call: out of memory");
+  memcpy(copy, specs, (size_t)n_out * sizeof *copy);
+  op_attrs a = {0};
+  return record_multi("host_call", OP_HOST_CALL, &a, n_in, in, n_out, specs,
+                      (record){.host_fn = fn, .host_user = user, .host_out = copy}, out);
 }
 
 trace *trace_begin(int n_in, kiln_tensor *const *in, kiln_tensor **sym_in) {
@@ -167,6 +301,7 @@ trace *trace_begin(int n_in, kiln_tensor *const *in, kiln_tensor **sym_in) {
     return NULL;
   }
   tr->n_in = n_in;
+  tr->prev = trace_current;
   for (int i = 0; i < n_in; i++) {
     op_type ty;
     type_of(in[i], &ty);
@@ -180,13 +315,21 @@ trace *trace_begin(int n_in, kiln_tensor *const *in, kiln_tensor **sym_in) {
 }
 
 void trace_end(trace *tr) {
-  if (trace_current == tr) trace_current = NULL;
+  if (trace_current == tr) trace_current = tr->prev;
 }
+
+bool trace_owned_by(const void *owner) {
+  for (trace *t = trace_current; t; t = t->prev)
+    if (t->owner == owner) return true;
+  return false;
+}
+
+void trace_set_owner(trace *tr, const void *owner) { tr->owner = owner; }
 
 void trace_free(trace *tr) {
   if (!tr) return;
   trace_end(tr);
-  for (int i = 0; i < tr->n_recs; i++) free(tr->recs[i].in);
+  for (int i = 0; i < tr->n_recs; i++) free(tr->recs[i].in), free(tr->recs[i].host_out);
   for (int i = 0; i < tr->n_caps; i++) kiln_release(tr->caps[i]);
   free(tr->recs);
   free(tr->nodes);
@@ -194,6 +337,7 @@ void trace_free(trace *tr) {
   free(tr->cap_node);
   free(tr->vars);
   free(tr->var_types);
+  free(tr->var_write);
   free(tr);
 }
 
@@ -204,7 +348,7 @@ void traced_fn_free(traced_fn *fn) {
   for (int i = 0; i < fn->n_caps; i++) kiln_release(fn->caps[i]);
   free(fn->caps);
   free(fn->vars);
-  free(fn->rng);
+  free(fn->writes);
   memset(fn, 0, sizeof *fn);
 }
 
@@ -221,63 +365,147 @@ static void ir_name(char *buf, size_t n, const char *name) {
   if (!i) snprintf(buf, n, "f");
 }
 
+/* Copies src (and, first, what it calls) into m, as @name, @name.1, ...;
+ * memo maps the functions already copied. NULL with the error set. */
+typedef struct {
+  const ir_func **src;
+  ir_func **dst;
+  int n, cap;
+} clone_memo;
+
+static ir_func *clone_into(ir_module *m, const ir_func *src, clone_memo *memo) {
+  for (int i = 0; i < memo->n; i++)
+    if (memo->src[i] == src) return memo->dst[i];
+  char name[160];
+  snprintf(name, sizeof name, "%s", src->name);
+  for (int k = 1; ir_module_find(m, name); k++) snprintf(name, sizeof name, "%s.%d", src->name, k);
+  ir_func *g = ir_func_new(m, name, src->n_params, src->types);
+  ir_value *map = malloc(((size_t)src->n_values + 1) * sizeof *map);
+  if (!g || !map) {
+    free(map);
+    if (g) kiln_set_error("function_call: out of memory");
+    return NULL;
+  }
+  for (int v = 0; v < src->n_params; v++) map[v] = v;
+  for (int i = 0; i < src->n_instrs; i++) {
+    const ir_instr *in = &src->instrs[i];
+    op_attrs a = in->attrs;
+    if (a.callee && !(a.callee = clone_into(m, a.callee, memo))) goto fail;
+    if (a.host) {
+      const ir_host *h = a.host;
+      if (!(a.host = ir_module_add_host(m, h->fn, h->user, h->name, h->n_out, h->out))) goto fail;
+    }
+    ir_value small[8], *args = in->n_in > 8 ? malloc((size_t)in->n_in * sizeof *args) : small;
+    if (!args) goto fail;
+    for (int k = 0; k < in->n_in; k++) args[k] = map[in->in[k]];
+    ir_value v = ir_append(g, in->op, &a, in->n_in, args, in->loc);
+    if (args != small) free(args);
+    if (v < 0) goto fail;
+    for (int k = 0; k < in->n_out; k++) map[in->out + k] = v + k;
+  }
+  ir_value *res = malloc(((size_t)src->n_results + 1) * sizeof *res);
+  if (!res) goto fail;
+  for (int r = 0; r < src->n_results; r++) res[r] = map[src->results[r]];
+  int rc = ir_set_results(g, src->n_results, res);
+  free(res);
+  if (rc) goto fail;
+  for (int v = 0; v < src->n_values; v++)
+    if (src->names[v]) ir_set_name(g, map[v], src->names[v]);
+  free(map);
+  if (memo->n == memo->cap) {
+    int cap = memo->cap ? 2 * memo->cap : 4;
+    const ir_func **s2 = realloc(memo->src, (size_t)cap * sizeof *s2);
+    if (s2) memo->src = s2;
+    ir_func **d2 = s2 ? realloc(memo->dst, (size_t)cap * sizeof *d2) : NULL;
+    if (!d2) {
+      kiln_set_error("function_call: out of memory");
+      return NULL;
+    }
+    memo->dst = d2;
+    memo->cap = cap;
+  }
+  memo->src[memo->n] = src;
+  memo->dst[memo->n++] = g;
+  return g;
+fail:
+  free(map);
+  return NULL;
+}
+
+/* the callback's symbol name, when the process has one */
+static const char *host_name(kiln_host_fn fn, char *buf, size_t n) {
+  Dl_info info;
+  void *p;
+  memcpy(&p, &fn, sizeof p);
+  if (dladdr(p, &info) && info.dli_sname && info.dli_saddr == p) {
+    snprintf(buf, n, "%s", info.dli_sname);
+    return buf;
+  }
+  return "host";
+}
+
 int trace_finish(trace *tr, const char *name, int n_out, kiln_tensor *const *outs, traced_fn *fn) {
   memset(fn, 0, sizeof *fn);
   trace_end(tr);
-  int rc = -1, *out_ids = malloc((size_t)(n_out ? n_out : 1) * sizeof *out_ids);
-  ir_value *val = NULL, *res = NULL;
+  int n_writes = 0;
+  for (int k = 0; k < tr->n_vars; k++) n_writes += tr->var_write[k] >= 0;
+  int n_res = n_out + n_writes;
+  int rc = -1, *out_ids = malloc((size_t)(n_res ? n_res : 1) * sizeof *out_ids);
+  ir_value *res = NULL, *rec_val = NULL;
   op_type *params = NULL;
+  clone_memo memo = {0};
   if (!out_ids) goto oom;
   for (int i = 0; i < n_out; i++) /* concrete outputs become captures */
     if ((out_ids[i] = node_of(tr, "function_call", i, outs[i])) < 0) goto done;
   int np = tr->n_in + tr->n_caps + tr->n_vars;
   params = malloc((size_t)(np ? np : 1) * sizeof *params);
-  val = malloc((size_t)(tr->n_nodes ? tr->n_nodes : 1) * sizeof *val);
-  res = malloc((size_t)(n_out ? n_out : 1) * sizeof *res);
-  fn->rng = malloc((size_t)(tr->n_recs ? tr->n_recs : 1) * sizeof *fn->rng);
+  res = malloc((size_t)(n_res ? n_res : 1) * sizeof *res);
+  rec_val = malloc((size_t)(tr->n_recs ? tr->n_recs : 1) * sizeof *rec_val);
   fn->pcs = malloc((size_t)(tr->n_recs ? tr->n_recs : 1) * sizeof *fn->pcs);
-  if (!params || !val || !res || !fn->rng || !fn->pcs) goto oom;
+  fn->writes = malloc((size_t)(n_writes ? n_writes : 1) * sizeof *fn->writes);
+  if (!params || !res || !rec_val || !fn->pcs || !fn->writes) goto oom;
+  for (int k = 0, w = 0; k < tr->n_vars; k++)
+    if (tr->var_write[k] >= 0) fn->writes[w] = k, out_ids[n_out + w++] = tr->var_write[k];
+  fn->n_writes = n_writes;
   for (int r = 0; r < tr->n_recs; r++) fn->pcs[r] = tr->recs[r].pc; /* instruction r is record r */
-  for (int id = 0; id < tr->n_nodes; id++) {
-    const node *nd = &tr->nodes[id];
-    switch (nd->kind) {
-      case NODE_ARG: type_of(nd->t, &params[nd->index]), val[id] = nd->index; break;
-      case NODE_CAP: val[id] = tr->n_in + nd->index; break;
-      case NODE_VAR: val[id] = tr->n_in + tr->n_caps + nd->index; break;
-      default: val[id] = -1;
-    }
-  }
+  for (int id = 0; id < tr->n_nodes; id++)
+    if (tr->nodes[id].kind == NODE_ARG) type_of(tr->nodes[id].t, &params[tr->nodes[id].index]);
   for (int k = 0; k < tr->n_caps; k++) type_of(tr->caps[k], &params[tr->n_in + k]);
   for (int k = 0; k < tr->n_vars; k++) params[tr->n_in + tr->n_caps + k] = tr->var_types[k];
   char fname[128];
   ir_name(fname, sizeof fname, name);
   if (!(fn->module = ir_module_new())) goto oom;
   if (!(fn->func = ir_func_new(fn->module, fname, np, params))) goto done;
-  /* each record's result node is the one whose index names it */
-  int *rec_node = malloc((size_t)(tr->n_recs ? tr->n_recs : 1) * sizeof *rec_node);
-  if (!rec_node) goto oom;
-  for (int id = 0; id < tr->n_nodes; id++)
-    if (tr->nodes[id].kind == NODE_INSTR) rec_node[tr->nodes[id].index] = id;
+  for (int k = 0; k < tr->n_vars; k++) { /* %W for variable W, where that name is free */
+    char vname[128];
+    ir_name(vname, sizeof vname, kiln_variable_name(tr->vars[k]));
+    if (ir_set_name(fn->func, tr->n_in + tr->n_caps + k, vname)) kiln_clear_error();
+  }
+#define VAL(id)                                                                                    \
+  (tr->nodes[id].kind == NODE_ARG   ? tr->nodes[id].index                                          \
+   : tr->nodes[id].kind == NODE_CAP ? tr->n_in + tr->nodes[id].index                               \
+   : tr->nodes[id].kind == NODE_VAR ? tr->n_in + tr->n_caps + tr->nodes[id].index                  \
+                                    : rec_val[tr->nodes[id].index] + tr->nodes[id].sub)
   for (int r = 0; r < tr->n_recs; r++) {
     record *rec = &tr->recs[r];
+    op_attrs a = rec->attrs;
+    if (rec->callee && !(a.callee = clone_into(fn->module, rec->callee, &memo))) goto done;
+    if (rec->host_out) {
+      char hname[128];
+      if (!(a.host = ir_module_add_host(fn->module, rec->host_fn, rec->host_user,
+                                        host_name(rec->host_fn, hname, sizeof hname), rec->n_out, rec->host_out)))
+        goto done;
+    }
     ir_value small[8], *in = rec->n > 8 ? malloc((size_t)rec->n * sizeof *in) : small;
-    if (!in) {
-      free(rec_node);
-      goto oom;
-    }
-    for (int i = 0; i < rec->n; i++) in[i] = val[rec->in[i]];
-    ir_value v = ir_append(fn->func, rec->op, &rec->attrs, rec->n, in, (ir_loc){0});
+    if (!in) goto oom;
+    for (int i = 0; i < rec->n; i++) in[i] = VAL(rec->in[i]);
+    rec_val[r] = ir_append(fn->func, rec->op, &a, rec->n, in, (ir_loc){0});
     if (in != small) free(in);
-    if (v < 0) {
-      free(rec_node);
-      goto done;
-    }
-    val[rec_node[r]] = v;
-    if (kiln_ops[rec->op].kind == OPK_RANDOM) fn->rng[fn->n_rng++] = fn->func->n_instrs - 1;
+    if (rec_val[r] < 0) goto done;
   }
-  free(rec_node);
-  for (int i = 0; i < n_out; i++) res[i] = val[out_ids[i]];
-  if (ir_set_results(fn->func, n_out, res) || ir_verify(fn->func)) goto done;
+  for (int i = 0; i < n_res; i++) res[i] = VAL(out_ids[i]);
+#undef VAL
+  if (ir_set_results(fn->func, n_res, res) || ir_verify(fn->func)) goto done;
   fn->caps = tr->caps, fn->n_caps = tr->n_caps; /* the trace's references move over */
   tr->caps = NULL, tr->n_caps = 0;
   fn->vars = tr->vars, fn->n_vars = tr->n_vars;
@@ -287,9 +515,11 @@ int trace_finish(trace *tr, const char *name, int n_out, kiln_tensor *const *out
 oom:
   kiln_set_error("function_call: out of memory");
 done:
+  free(memo.src);
+  free(memo.dst);
   free(out_ids);
   free(params);
-  free(val);
+  free(rec_val);
   free(res);
   trace_free(tr);
   if (rc) traced_fn_free(fn);

@@ -296,3 +296,9 @@ int infer_constant(op_id op, const op_attrs *a, int n, const op_type *in, op_typ
   for (int i = 0; i < a->value->rank; i++) out->shape[i] = a->value->shape[i];
   return 0;
 }
+
+/* call, fusion, host_call: their result types come from the callee (IR) */
+int infer_none(op_id op, const op_attrs *a, int n, const op_type *in, op_type *out) {
+  (void)a, (void)n, (void)in, (void)out;
+  return kiln_set_error("%s: its result types come from its callee, not from an inference rule", API(op));
+}

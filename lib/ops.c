@@ -359,7 +359,8 @@ static kiln_tensor *random_draw(op_id op, kiln_dtype dt, int rank, const int64_t
     kiln_set_error("%s: range [%g, %g) does not fit f32", name, lo, hi);
     return NULL;
   }
-  a.counter = rng_reserve(((uint64_t)size + 1) / 2, &a.seed);
+  if (!trace_current) /* a traced draw takes its block at each call, not now */
+    a.counter = rng_reserve(((uint64_t)size + 1) / 2, &a.seed);
   return op_apply(op, &a, 0, NULL);
 }
 

@@ -26,6 +26,8 @@ typedef enum {
   OPK_SOURCE,  /* no inputs */
   OPK_RANDOM,  /* no inputs, draws from the generator: never folded or CSE'd */
   OPK_CONST,   /* IR only: a literal tensor (attrs.value); never run eagerly */
+  OPK_CALL,    /* IR only: runs attrs.callee, a function of the module (call, fusion); n results */
+  OPK_HOST,    /* IR only: a C callback (attrs.host); never folded, CSE'd or removed */
 } op_kind;
 
 /* dtype masks, by kiln_dtype bit */
@@ -50,6 +52,9 @@ typedef struct op_attrs {
   double lo, hi;                 /* rng_uniform range */
   uint64_t seed, counter;        /* rng: generator key and first Philox block */
   kiln_tensor *value;            /* constant (IR only): the IR holds a reference */
+  bool stateful;                 /* rng: draw (seed, counter) from the global stream at run time */
+  struct ir_func *callee;        /* call, fusion (IR only): a function of the same module */
+  struct ir_host *host;          /* host_call (IR only): the callback, owned by the module */
 } op_attrs;
 
 /* The static type of a value: what inference computes. */

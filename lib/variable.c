@@ -82,28 +82,41 @@ const char *kiln_variable_name(const kiln_variable *v) { return v ? v->name : NU
  * read made before it began that happens to share the value. */
 kiln_tensor *kiln_variable_read(kiln_variable *v) {
   if (check_var("variable_read", v)) return NULL;
-  if (KILN_UNLIKELY(trace_current)) return scope_own(trace_variable_read(v, v->value)); /* by reference */
-  kiln_tensor *t = scope_own(tensor_view(v->value, v->value->rank, v->value->shape));
+  kiln_tensor *t = KILN_UNLIKELY(trace_current) ? scope_own(trace_variable_read(v, v->value)) /* by reference */
+                                               : scope_own(tensor_view(v->value, v->value->rank, v->value->shape));
   if (t && KILN_UNLIKELY(tape_active_count)) tape_watch_variable_read(v, t);
   return t;
 }
 
 kiln_tensor *variable_value(kiln_variable *v) { return v->value; }
 
-static int check_not_tracing(const char *who, const kiln_variable *v) {
-  if (KILN_LIKELY(!trace_current)) return 0;
-  return kiln_set_error("%s: variable '%s': assigning a variable inside a staged function is not "
-                        "supported yet; assign outside the staged function's body", who, v->name);
-}
-
 static void replace(kiln_variable *v, kiln_tensor *value) {
   kiln_release(v->value);
   v->value = value;
 }
 
+void variable_set_value(kiln_variable *v, kiln_tensor *value) { replace(v, value); }
+
+/* check_value for a value that may be symbolic */
+static int check_type(const char *who, const kiln_variable *v, const kiln_tensor *t) {
+  const kiln_tensor *cur = v->value;
+  bool same = t->dtype == cur->dtype && t->rank == cur->rank;
+  for (int i = 0; same && i < t->rank; i++) same = t->shape[i] == cur->shape[i];
+  if (same) return 0;
+  char a[160], b[160];
+  return kiln_set_error("%s: variable '%s' is %s%s; the value is %s%s", who, v->name,
+                        kiln_dtype_name((kiln_dtype)cur->dtype), shape_str(a, sizeof a, cur->rank, cur->shape),
+                        kiln_dtype_name((kiln_dtype)t->dtype), shape_str(b, sizeof b, t->rank, t->shape));
+}
+
 int kiln_variable_assign(kiln_variable *v, const kiln_tensor *value) {
   const char *who = "variable_assign";
-  if (check_var(who, v) || check_not_tracing(who, v) || check_value(who, v, value)) return -1;
+  if (check_var(who, v)) return -1;
+  if (KILN_UNLIKELY(trace_current)) { /* assigned when the staged call returns */
+    if (!value) return kiln_has_error() ? -1 : kiln_set_error("%s: value is NULL", who);
+    return check_type(who, v, value) ? -1 : trace_variable_write(v, v->value, (kiln_tensor *)value);
+  }
+  if (check_value(who, v, value)) return -1;
   kiln_tensor *c = copy_tensor(who, value);
   if (!c) return -1;
   replace(v, c);
@@ -111,18 +124,21 @@ int kiln_variable_assign(kiln_variable *v, const kiln_tensor *value) {
 }
 
 static int assign_op(const char *who, kiln_variable *v, const kiln_tensor *delta, bool add) {
-  if (check_var(who, v) || check_not_tracing(who, v)) return -1;
+  if (check_var(who, v)) return -1;
   if (!delta) return kiln_has_error() ? -1 : kiln_set_error("%s: delta is NULL", who);
   tape_state saved = tape_pause(); /* an update is not part of any gradient */
   kiln_scope_push();
   kiln_tensor *d = (kiln_tensor *)delta;
-  kiln_tensor *r = add ? kiln_add(v->value, d) : kiln_sub(v->value, d);
+  kiln_tensor *cur = trace_current ? kiln_variable_read(v) : v->value; /* while tracing: its value at that point */
+  kiln_tensor *r = cur ? (add ? kiln_add(cur, d) : kiln_sub(cur, d)) : NULL;
   int rc = -1;
   if (!r) {
     /* name the assignment, keep the primitive's reason */
     char reason[512];
     snprintf(reason, sizeof reason, "%s", kiln_last_error());
     kiln_set_error("%s: variable '%s': %s", who, v->name, reason);
+  } else if (trace_current) {
+    rc = check_type(who, v, r) ? -1 : trace_variable_write(v, v->value, r);
   } else if (check_value(who, v, r) == 0) {
     replace(v, kiln_retain(r));
     rc = 0;
