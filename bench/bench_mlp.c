@@ -45,6 +45,26 @@ static int step(model *m, double *loss) {
   return rc;
 }
 
+/* The same step as a staged function's body: forward, gradient and update
+ * trace into one function (in = x, y; out = the loss). */
+static int staged_body(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  (void)n_in, (void)n_out;
+  model *m = user;
+  kiln_tape *tape = kiln_tape_begin(false);
+  kiln_tensor *h = kiln_relu(dense(in[0], m->v[0], m->v[1]));
+  h = kiln_relu(dense(h, m->v[2], m->v[3]));
+  kiln_tensor *logits = dense(h, m->v[4], m->v[5]);
+  kiln_tensor *l = kiln_reduce_mean(kiln_sparse_softmax_cross_entropy(in[1], logits), 0, NULL, false);
+  kiln_tape_end(tape);
+  kiln_tensor *grads[N_VARS] = {0};
+  int rc = tape && l ? 0 : -1;
+  if (!rc) rc = kiln_tape_gradient_vars(tape, l, N_VARS, m->v, grads);
+  if (!rc) rc = kiln_optimizer_apply(m->sgd, N_VARS, m->v, grads);
+  kiln_tape_free(tape);
+  out[0] = l;
+  return rc;
+}
+
 static kiln_tensor *scaled_normal(int rank, const int64_t *shape) {
   kiln_scope_push();
   kiln_tensor *t = kiln_mul(kiln_random_normal(KILN_F32, rank, shape),
@@ -145,6 +165,53 @@ static int bench(int64_t batch, int steps, int runs, int train) {
   return 0;
 }
 
+/* The staged step: trace + optimize time of fresh functions, then steps. */
+static int bench_staged(int64_t batch, int steps, int runs) {
+  model m;
+  if (model_init(&m, batch, NULL)) return -1;
+  double tt[MAX_RUNS], t[MAX_RUNS];
+  kiln_stats st = {0};
+  int rc = 0;
+  for (int r = 0; !rc && r < runs; r++) { /* trace time: the first call of a new function, minus a cached call */
+    kiln_function *f = kiln_function_new("mlp_step", staged_body, &m, 2, 1);
+    kiln_tensor *in[2] = {m.x, m.y}, *loss = NULL;
+    kiln_scope_push();
+    double t0 = now_s();
+    rc = kiln_function_call(f, in, &loss);
+    double t1 = now_s();
+    if (!rc) rc = kiln_function_call(f, in, &loss);
+    double t2 = now_s();
+    kiln_scope_pop();
+    tt[r] = (t1 - t0) - (t2 - t1);
+    if (!rc) rc = kiln_function_stats(f, 0, &st);
+    kiln_function_free(f);
+  }
+  kiln_function *f = kiln_function_new("mlp_step", staged_body, &m, 2, 1);
+  for (int r = -1; !rc && r < runs; r++) {
+    double t0 = now_s();
+    for (int i = 0; !rc && i < steps; i++) {
+      kiln_scope_push();
+      kiln_tensor *in[2] = {m.x, m.y}, *loss = NULL;
+      rc = kiln_function_call(f, in, &loss);
+      kiln_scope_pop();
+    }
+    if (r >= 0) t[r] = (now_s() - t0) / steps;
+  }
+  kiln_function_free(f);
+  if (rc) {
+    fprintf(stderr, "bench_mlp: staged batch %lld: %s\n", (long long)batch, kiln_last_error());
+    model_free(&m);
+    return -1;
+  }
+  printf("mlp 784-256-256-10 batch %2lld  staged %8.4f ms/step  (interpreter; median of %d runs x %d steps)\n",
+         (long long)batch, median(t, runs) * 1e3, runs, steps);
+  printf("  trace+optimize %.2f ms median (trace %.2f ms, passes %.2f ms); ops %d traced -> %d optimized, %d kernels\n",
+         median(tt, runs) * 1e3, st.trace_ms, st.optimize_ms, st.traced_ops, st.optimized_ops, st.kernels);
+  fflush(stdout);
+  model_free(&m);
+  return 0;
+}
+
 static void usage(void) {
   fprintf(stderr,
           "usage: bench_mlp [--steps N] [--runs R] [--batch B] [--train N] [--dump FILE]\n"
@@ -198,7 +265,9 @@ int main(int argc, char **argv) {
     }
   }
   if (batch == 0 || batch == 64) rc |= bench(64, steps ? steps : 50, runs, train);
+  if (batch == 0 || batch == 64) rc |= bench_staged(64, steps ? steps : 50, runs);
   if (batch == 0 || batch == 1) rc |= bench(1, steps ? steps : 200, runs, train);
+  if (batch == 0 || batch == 1) rc |= bench_staged(1, steps ? steps : 200, runs);
   if (batch > 1 && batch != 64) rc |= bench(batch, steps ? steps : 50, runs, train);
   return rc ? 1 : 0;
 }

@@ -303,11 +303,17 @@ int kiln_checkpoint_restore(const char *path, int n, kiln_variable *const *vars)
  * reaches are captured (retained until kiln_function_free); variables it
  * reads are captured by reference, so a later assignment is seen without
  * retracing (a variable must outlive the functions that read it). Random
- * ops draw afresh at each call, in the order the body made them. Creating
- * or assigning a variable inside the body fails. Not yet: gradients through
- * staged calls (a call whose input a tape watches fails), recorded calls
- * between staged functions (a call inside a body is inlined), passes and
- * compiled code (the IR runs op by op, as eager ops do).
+ * ops draw afresh at each call, in the order the body made them. Variables
+ * assigned in the body are assigned when each call returns, and later reads
+ * in the body see the assignment. Creating a variable in the body fails. A
+ * staged function called inside another's body is traced on its own and
+ * recorded as a call instruction (inlined instead where a tape of the outer
+ * body watches its inputs). A call whose input a tape watches runs the
+ * staged forward and records one tape node per float output, whose backward
+ * is a staged function (it recomputes the forward). Calls run the IR after
+ * the pass pipeline through the reference interpreter (no compiled code
+ * yet); kiln_function_ir(f, i, "optimized") shows it. A staged call that
+ * reads a float variable while a tape is active fails: pass the value in.
  * ---------------------------------------------------------------------- */
 
 /* The body of a stageable function. It reads in[0..n_in), writes out[0..n_out),

@@ -3,6 +3,7 @@
  * eager results. Every compiled path is tested against it, and constant
  * folding evaluates through it. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "ir_internal.h"
 
@@ -57,12 +58,73 @@ static int run_host(const ir_instr *in, const ir_host *h, kiln_tensor *const *in
   return 0;
 }
 
+/* ---- arena plans (test builds) ----
+ * With KILN_POISON=1, a function carrying a plan of the buffers pass runs
+ * over its arena: each planned value is written at its offset when it is
+ * made and read back from there at every use, and its bytes are poisoned
+ * (0xff: NaN, -1, ...) once its last user has run. A plan that lets two live
+ * values overlap, or lets one outlive its buffer, then changes the results. */
+typedef struct arena_run {
+  unsigned char *mem; /* NULL: no arena */
+  int32_t *last;      /* each value's last user (instruction index; n_instrs for results), -1 if none */
+} arena_run;
+
+static int arena_open(const ir_func *f, arena_run *a) {
+  const char *s = f->buf_offset ? getenv("KILN_POISON") : NULL;
+  if (!s || strcmp(s, "1")) return 0;
+  a->mem = malloc((size_t)f->arena_bytes + 1);
+  a->last = malloc(((size_t)f->n_values + 1) * sizeof *a->last);
+  if (!a->mem || !a->last) return kiln_set_error("interpret: out of memory");
+  memset(a->mem, 0xff, (size_t)f->arena_bytes);
+  for (int v = 0; v < f->n_values; v++) {
+    a->last[v] = -1;
+    if (f->buf_offset[v] >= 0 && f->buf_offset[v] + ir_type_bytes(&f->types[v]) > f->arena_bytes) {
+      char l[160];
+      return kiln_set_error("interpret: @%s: %s: buffer outside the arena", f->name, ir_value_label(f, v, l, sizeof l));
+    }
+  }
+  for (int i = 0; i < f->n_instrs; i++)
+    for (int k = 0; k < f->instrs[i].n_in; k++) a->last[f->instrs[i].in[k]] = i;
+  for (int r = 0; r < f->n_results; r++) a->last[f->results[r]] = f->n_instrs;
+  return 0;
+}
+
+/* planned value v read back from the arena, as a fresh tensor of its type */
+static kiln_tensor *arena_read(const ir_func *f, const arena_run *a, ir_value v) {
+  const op_type *t = &f->types[v];
+  kiln_tensor *x = tensor_alloc("interpret", t->dtype, t->rank, t->shape);
+  if (x) memcpy(x->data, a->mem + f->buf_offset[v], (size_t)ir_type_bytes(t));
+  return x ? scope_own(x) : NULL;
+}
+
+/* after instruction i: poison the operands it was the last user of, then
+ * write its planned results (in-place reuse overwrites a dying operand) */
+static void arena_step(const ir_func *f, const arena_run *a, int i, kiln_tensor *const *vals) {
+  const ir_instr *in = &f->instrs[i];
+  for (int k = 0; k < in->n_in; k++) {
+    ir_value v = in->in[k];
+    if (f->buf_offset[v] >= 0 && a->last[v] == i)
+      memset(a->mem + f->buf_offset[v], 0xff, (size_t)ir_type_bytes(&f->types[v]));
+  }
+  for (int k = 0; k < in->n_out; k++) {
+    ir_value v = in->out + k;
+    if (f->buf_offset[v] >= 0) memcpy(a->mem + f->buf_offset[v], vals[v]->data, (size_t)ir_type_bytes(&f->types[v]));
+  }
+}
+
 /* values of the instructions of f, in order; results retained for the caller */
 static int run(const ir_func *f, kiln_tensor *const *args, kiln_tensor **results) {
   kiln_tensor **vals = calloc((size_t)f->n_values + 1, sizeof *vals);
   kiln_tensor **ins = NULL;
   int cap = 0, rc = 0;
+  arena_run arena = {NULL, NULL};
   if (!vals) return kiln_set_error("interpret: out of memory");
+  if (arena_open(f, &arena)) {
+    free(arena.mem);
+    free(arena.last);
+    free(vals);
+    return -1;
+  }
   for (int i = 0; i < f->n_params; i++) vals[i] = args[i];
   /* intermediates belong to this scope and die with it */
   kiln_scope_push();
@@ -79,6 +141,9 @@ static int run(const ir_func *f, kiln_tensor *const *args, kiln_tensor **results
       cap = in->n_in;
     }
     for (int k = 0; k < in->n_in; k++) ins[k] = vals[in->in[k]];
+    for (int k = 0; arena.mem && k < in->n_in && !rc; k++)
+      if (f->buf_offset[in->in[k]] >= 0 && !(ins[k] = arena_read(f, &arena, in->in[k]))) rc = -1;
+    if (rc) break;
     op_kind kind = kiln_ops[in->op].kind;
     if (in->op == OP_CONSTANT) {
       out = scope_own(kiln_retain(in->attrs.value));
@@ -105,10 +170,15 @@ static int run(const ir_func *f, kiln_tensor *const *args, kiln_tensor **results
       break;
     }
     vals[in->out] = out;
+    if (arena.mem) arena_step(f, &arena, i, vals);
   }
+  for (int r = 0; arena.mem && !rc && r < f->n_results; r++)
+    if (f->buf_offset[f->results[r]] >= 0 && !(vals[f->results[r]] = arena_read(f, &arena, f->results[r]))) rc = -1;
   if (!rc)
     for (int r = 0; r < f->n_results; r++) results[r] = kiln_retain(vals[f->results[r]]);
   kiln_scope_pop();
+  free(arena.mem);
+  free(arena.last);
   free(ins);
   free(vals);
   return rc;

@@ -183,8 +183,16 @@ static void func_free(ir_func *f) {
   free(f->types);
   free(f->def);
   free(f->results);
+  free(f->buf_offset);
   free(f->name);
   free(f);
+}
+
+void ir_plan_drop(ir_func *f) {
+  if (!f) return;
+  free(f->buf_offset);
+  f->buf_offset = NULL;
+  f->arena_bytes = 0;
 }
 
 void ir_module_free(ir_module *m) {
@@ -266,6 +274,7 @@ ir_func *ir_module_find(const ir_module *m, const char *name) {
 
 /* a new value of type t defined by instruction def; -1 on out of memory */
 static ir_value new_value(ir_func *f, const op_type *t, int32_t def) {
+  ir_plan_drop(f); /* a plan covers the values it was made for */
   int need = f->n_values + 1, cap = f->cap_values;
   if (grow((void **)&f->types, &cap, need, sizeof *f->types)) return -1;
   cap = f->cap_values;
@@ -375,6 +384,7 @@ int ir_set_results(ir_func *f, int n, const ir_value *results) {
   ir_value *r = NULL;
   if (n && !(r = malloc((size_t)n * sizeof *r))) return kiln_set_error("ir: out of memory");
   if (n) memcpy(r, results, (size_t)n * sizeof *r);
+  ir_plan_drop(f); /* results never live in the arena */
   free(f->results);
   f->results = r;
   f->n_results = n;
@@ -426,4 +436,83 @@ char *ir_value_label(const ir_func *f, ir_value v, char *buf, size_t n) {
     free(num);
   }
   return buf;
+}
+
+/* ---- copies ---- */
+
+ir_func *ir_clone_func(ir_module *m, const ir_func *src, ir_clone_memo *memo) {
+  for (int i = 0; i < memo->n; i++)
+    if (memo->src[i] == src) return memo->dst[i];
+  char name[160];
+  snprintf(name, sizeof name, "%s", src->name);
+  for (int k = 1; ir_module_find(m, name); k++) snprintf(name, sizeof name, "%s.%d", src->name, k);
+  ir_func *g = ir_func_new(m, name, src->n_params, src->types);
+  ir_value *map = malloc(((size_t)src->n_values + 1) * sizeof *map);
+  if (!g || !map) {
+    free(map);
+    if (g) kiln_set_error("ir: out of memory");
+    return NULL;
+  }
+  for (int v = 0; v < src->n_params; v++) map[v] = v;
+  for (int i = 0; i < src->n_instrs; i++) {
+    const ir_instr *in = &src->instrs[i];
+    op_attrs a = in->attrs;
+    if (a.callee && !(a.callee = ir_clone_func(m, a.callee, memo))) goto fail;
+    if (a.host) {
+      const ir_host *h = a.host;
+      if (!(a.host = ir_module_add_host(m, h->fn, h->user, h->name, h->n_out, h->out))) goto fail;
+    }
+    ir_value small[8], *args = in->n_in > 8 ? malloc((size_t)in->n_in * sizeof *args) : small;
+    if (!args) goto fail;
+    for (int k = 0; k < in->n_in; k++) args[k] = map[in->in[k]];
+    ir_value v = ir_append(g, in->op, &a, in->n_in, args, in->loc);
+    if (args != small) free(args);
+    if (v < 0) goto fail;
+    for (int k = 0; k < in->n_out; k++) map[in->out + k] = v + k;
+  }
+  ir_value *res = malloc(((size_t)src->n_results + 1) * sizeof *res);
+  if (!res) goto fail;
+  for (int r = 0; r < src->n_results; r++) res[r] = map[src->results[r]];
+  int rc = ir_set_results(g, src->n_results, res);
+  free(res);
+  if (rc) goto fail;
+  for (int v = 0; v < src->n_values; v++)
+    if (src->names[v]) ir_set_name(g, map[v], src->names[v]);
+  free(map);
+  if (memo->n == memo->cap) {
+    int cap = memo->cap ? 2 * memo->cap : 4;
+    const ir_func **s2 = realloc(memo->src, (size_t)cap * sizeof *s2);
+    if (s2) memo->src = s2;
+    ir_func **d2 = s2 ? realloc(memo->dst, (size_t)cap * sizeof *d2) : NULL;
+    if (!d2) {
+      kiln_set_error("ir: out of memory");
+      return NULL;
+    }
+    memo->dst = d2;
+    memo->cap = cap;
+  }
+  memo->src[memo->n] = src;
+  memo->dst[memo->n++] = g;
+  return g;
+fail:
+  free(map);
+  return NULL;
+}
+
+void ir_clone_memo_free(ir_clone_memo *memo) {
+  free(memo->src);
+  free(memo->dst);
+  memset(memo, 0, sizeof *memo);
+}
+
+ir_module *ir_module_clone(const ir_module *src) {
+  ir_module *m = ir_module_new();
+  ir_clone_memo memo = {0};
+  for (int i = 0; m && i < src->n_funcs; i++)
+    if (!ir_clone_func(m, src->funcs[i], &memo)) {
+      ir_module_free(m);
+      m = NULL;
+    }
+  ir_clone_memo_free(&memo);
+  return m;
 }

@@ -60,6 +60,12 @@ typedef struct ir_func {
   int n_values, cap_values;
   ir_instr *instrs;
   int n_instrs, cap_instrs;
+  /* The arena plan of the buffers pass (passes/buffers.c): each value's
+   * byte offset in one arena, -1 for values outside it (parameters,
+   * results, constants); NULL when there is no plan. Any change of the
+   * values or results drops it. */
+  int64_t *buf_offset;
+  int64_t arena_bytes; /* max over planned values of offset + ir_buf_bytes */
 } ir_func;
 
 struct ir_module {
@@ -112,6 +118,37 @@ KILN_EXPORT int ir_check_instr(const ir_module *m, op_id op, const op_attrs *att
 static inline const ir_instr *ir_def(const ir_func *f, ir_value v) {
   return v >= 0 && v < f->n_values && f->def[v] >= 0 ? &f->instrs[f->def[v]] : NULL;
 }
+
+/* ---- copies (ir.c) ---- */
+/* which functions a copy has made so far (so each is copied once) */
+typedef struct ir_clone_memo {
+  const ir_func **src;
+  ir_func **dst;
+  int n, cap;
+} ir_clone_memo;
+/* Copies src into m, after the functions it calls (each once per memo), as
+ * @name, or @name.1, @name.2 ... when m has that name already; host
+ * callbacks are copied into m. NULL with the error set. */
+KILN_EXPORT ir_func *ir_clone_func(ir_module *m, const ir_func *src, ir_clone_memo *memo);
+KILN_EXPORT void ir_clone_memo_free(ir_clone_memo *memo);
+/* A deep copy (same function names); NULL with the error set. */
+KILN_EXPORT ir_module *ir_module_clone(const ir_module *src);
+
+/* ---- buffer plans ---- */
+enum { IR_BUF_ALIGN = 64 }; /* every planned buffer starts at a multiple of this */
+/* Bytes of a value of type t. */
+static inline int64_t ir_type_bytes(const op_type *t) {
+  int64_t n = (int64_t)kiln_dtype_size(t->dtype);
+  for (int i = 0; i < t->rank; i++) n *= t->shape[i];
+  return n;
+}
+/* The arena space a planned value of type t takes: its bytes rounded up to
+ * IR_BUF_ALIGN. */
+static inline int64_t ir_buf_bytes(const op_type *t) {
+  return (ir_type_bytes(t) + IR_BUF_ALIGN - 1) / IR_BUF_ALIGN * IR_BUF_ALIGN;
+}
+/* Frees f's plan, if any. */
+KILN_EXPORT void ir_plan_drop(ir_func *f);
 
 /* ---- text form (print.c, parse.c) ---- */
 /* malloc'd text of the module / function; NULL on out of memory */

@@ -23,6 +23,9 @@ typedef struct parser {
   ir_func *f;
   sym *syms; /* open-addressed table of the current function's names */
   size_t cap, used;
+  int64_t *plan; /* buf(...) offsets of the current function by value, -1 = none */
+  int plan_cap;
+  bool planned;
 } parser;
 
 static int fail_at(parser *ps, const char *at, const char *fmt, ...) KILN_PRINTF(3, 4);
@@ -528,6 +531,32 @@ static kiln_tensor *literal_tensor(parser *ps, const literal *l, const op_type *
 
 /* ---- instructions and functions ---- */
 
+/* buf(OFFSET, BYTES) after a result type: value v's place in the arena plan
+ * of the buffers pass, attached to the function once it is read */
+static int parse_buf(parser *ps, const op_type *t, ir_value v) {
+  const char *at = ps->p - 3; /* the keyword */
+  long long off, bytes;
+  if (expect(ps, "(", "'(' after buf") || parse_int(ps, 0, INT64_MAX / 4, "buffer offset", &off) ||
+      expect(ps, ",", "',' after the buffer offset") || parse_int(ps, 0, INT64_MAX / 4, "buffer size", &bytes) ||
+      expect(ps, ")", "')' closing buf"))
+    return -1;
+  if (off % IR_BUF_ALIGN) return fail_at(ps, at, "buffer offset %lld is not a multiple of %d", off, IR_BUF_ALIGN);
+  if (bytes != ir_type_bytes(t))
+    return fail_at(ps, at, "buffer of %lld bytes for a value of %lld", bytes, (long long)ir_type_bytes(t));
+  if (v >= ps->plan_cap) {
+    int cap = ps->plan_cap ? 2 * ps->plan_cap : 64;
+    while (cap <= v) cap *= 2;
+    int64_t *q = realloc(ps->plan, (size_t)cap * sizeof *q);
+    if (!q) return fail_at(ps, at, "out of memory");
+    for (int i = ps->plan_cap; i < cap; i++) q[i] = -1;
+    ps->plan = q;
+    ps->plan_cap = cap;
+  }
+  ps->plan[v] = off;
+  ps->planned = true;
+  return 0;
+}
+
 static int parse_loc(parser *ps, ir_loc *loc) {
   if (!keyword(ps, "loc")) return 0;
   if (expect(ps, "(", "'(' after loc")) return -1;
@@ -667,6 +696,7 @@ static int parse_instr(parser *ps) {
       }
       skip_ws(ps);
       if ((rc = parse_type(ps, &t[n_t]))) break;
+      if (keyword(ps, "buf") && (rc = parse_buf(ps, &t[n_t], ps->f->n_values + n_t))) break;
       n_t++;
     } while (called && accept(ps, ","));
   }
@@ -840,6 +870,18 @@ static int parse_func(parser *ps) {
     snprintf(msg, sizeof msg, "%s", kiln_last_error());
     rc = fail_at(ps, func_at, "%s", msg);
   }
+  if (!rc && ps->planned) { /* the arena plan, read from buf(...) */
+    ir_func *f = ps->f;
+    if (!(f->buf_offset = malloc(((size_t)f->n_values + 1) * sizeof *f->buf_offset)))
+      rc = fail_at(ps, func_at, "out of memory");
+    for (int v = 0; !rc && v < f->n_values; v++) {
+      f->buf_offset[v] = v < ps->plan_cap ? ps->plan[v] : -1;
+      if (f->buf_offset[v] >= 0 && f->buf_offset[v] + ir_buf_bytes(&f->types[v]) > f->arena_bytes)
+        f->arena_bytes = f->buf_offset[v] + ir_buf_bytes(&f->types[v]);
+    }
+    for (int i = 0; i < ps->plan_cap; i++) ps->plan[i] = -1;
+    ps->planned = false;
+  }
   if (res != small) free(res);
   free(rtypes);
   return rc;
@@ -859,6 +901,7 @@ ir_module *ir_parse(const char *text, const char *filename) {
     if ((rc = parse_func(&ps))) break;
   }
   free(ps.syms);
+  free(ps.plan);
   if (rc) {
     ir_module_free(ps.m);
     return NULL;

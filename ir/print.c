@@ -260,6 +260,9 @@ static void put_func(ir_buf *b, const ir_func *f) {
     for (int k = 0; k < in->n_out; k++) {
       if (k) ir_buf_put(b, ", ", 2);
       if (in->out + k >= 0 && in->out + k < f->n_values) put_type(b, &f->types[in->out + k]);
+      if (f->buf_offset && in->out + k >= 0 && in->out + k < f->n_values && f->buf_offset[in->out + k] >= 0)
+        ir_buf_printf(b, " buf(%lld, %lld)", (long long)f->buf_offset[in->out + k],
+                      (long long)ir_type_bytes(&f->types[in->out + k])); /* its arena offset and bytes */
     }
     if (in->loc.file) {
       ir_buf_put(b, "  loc(", 6);

@@ -177,6 +177,28 @@ static void report_retrace(const kiln_function *f, const cached_trace *prev, con
   fprintf(stderr, "kiln: retrace @%s: %s (%.2f ms)\n", f->name, what, c->trace_ms);
 }
 
+/* KILN_CHECK_ROUNDTRIP=1 (the test suite sets it): every trace's text must
+ * parse back to the same text, so a trace that cannot be replayed from its
+ * dump fails loudly where it was made. */
+static bool check_roundtrip(void) {
+  const char *env = getenv("KILN_CHECK_ROUNDTRIP");
+  return env && *env == '1';
+}
+
+static int roundtrip(const kiln_function *f, traced_fn *fn) {
+  char *text = ir_print_module(fn->module), *again = NULL;
+  ir_module *m = text ? ir_parse(text, f->name) : NULL;
+  if (m) again = ir_print_module(m);
+  int rc = 0;
+  if (!again || strcmp(text, again))
+    rc = kiln_set_error("function_call: @%s: the traced IR does not round-trip through its text (%s)", f->name,
+                        m ? "different text" : kiln_last_error());
+  free(text);
+  free(again);
+  ir_module_free(m);
+  return rc;
+}
+
 /* Traces f's body on in's signature; a cache entry, or NULL with the error
  * set (the body's own message when it failed). */
 static cached_trace *trace_body(kiln_function *f, kiln_tensor *const *in, const arg_sig *args,
@@ -214,6 +236,10 @@ static cached_trace *trace_body(kiln_function *f, kiln_tensor *const *in, const 
   }
   kiln_scope_pop();
   tape_resume(saved);
+  if (!rc && check_roundtrip() && roundtrip(f, &c->fn)) {
+    traced_fn_free(&c->fn);
+    rc = -1;
+  }
   if (rc) goto fail;
   c->trace_ms = now_ms() - t0;
   c->traced_ops = c->fn.func->n_instrs;
@@ -241,7 +267,7 @@ static int run_trace(const cached_trace *c, int n_in, kiln_tensor *const *in, ki
   for (int i = 0; i < fn->n_caps; i++) args[n_in + i] = fn->caps[i];
   for (int i = 0; i < fn->n_vars; i++) args[n_in + fn->n_caps + i] = kiln_retain(variable_value(fn->vars[i]));
   kiln_scope_push(); /* the results, until they are handed out */
-  rc = ir_run(fn->func, args, res);
+  rc = ir_run(fn->opt_func, args, res);
   int n_out = nr - fn->n_writes;
   if (!rc) {
     for (int w = 0; w < fn->n_writes; w++) variable_set_value(fn->vars[fn->writes[w]], kiln_retain(res[n_out + w]));
@@ -270,6 +296,56 @@ int function_run_body(kiln_function *f, kiln_tensor *const *in, kiln_tensor **ou
   return rc;
 }
 
+/* KILN_DUMP: the module after each pass */
+typedef struct {
+  const char *name;
+  int trace;
+  bool failed;
+  traced_fn *fn;
+} dump_ctx;
+
+static void dump_step(void *ctx, int step, const char *pass, const ir_func *g) {
+  (void)g; /* the whole optimized module is printed */
+  dump_ctx *d = ctx;
+  if (d->failed || !getenv("KILN_DUMP")) return;
+  char *text = traced_fn_print_optimized(d->fn);
+  d->failed = jit_dump(d->name, d->trace, step, pass, text) != 0;
+  free(text);
+}
+
+/* The optimized copy of a new trace: the default pipeline over every
+ * function of a copy of the traced module (callees first, as printed). */
+static int optimize(kiln_function *f, cached_trace *c, int trace_no) {
+  traced_fn *fn = &c->fn;
+  dump_ctx d = {f->name, trace_no, false, fn};
+  if (getenv("KILN_DUMP")) {
+    char *text = traced_fn_print(fn);
+    d.failed = jit_dump(f->name, trace_no, 0, "traced", text) != 0;
+    free(text);
+  }
+  double t0 = now_ms();
+  if (!(fn->opt_module = ir_module_clone(fn->module))) return -1;
+  fn->opt_func = ir_module_find(fn->opt_module, fn->func->name);
+  pass_report rep;
+  int rc = 0;
+  for (int i = 0; i < fn->opt_module->n_funcs && !rc; i++) {
+    ir_func *g = fn->opt_module->funcs[i];
+    rc = pass_run_pipeline(g, PASS_DEFAULT_PIPELINE, &rep, g == fn->opt_func ? dump_step : NULL, &d);
+  }
+  fn->optimize_ms = now_ms() - t0;
+  if (rc) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", kiln_last_error());
+    return kiln_set_error("function_call: @%s: optimizing: %s", f->name, msg);
+  }
+  if (!d.failed && getenv("KILN_DUMP")) {
+    char *text = traced_fn_print_optimized(fn);
+    jit_dump(f->name, trace_no, rep.n + 1, "optimized", text);
+    free(text);
+  }
+  return 0;
+}
+
 /* The cache entry for in's signature, traced on a miss. */
 static cached_trace *get_trace(kiln_function *f, kiln_tensor *const *in) {
   const char *who = "function_call";
@@ -289,7 +365,7 @@ static cached_trace *get_trace(kiln_function *f, kiln_tensor *const *in) {
     }
     pthread_mutex_lock(&f->lock);
     if (!(c = lookup(f, args, device_scope, h)) && (c = trace_body(f, in, args, device_scope, h))) {
-      if (publish(f, c)) {
+      if (optimize(f, c, n_traces(f)) || publish(f, c)) {
         traced_fn_free(&c->fn);
         free(c->args);
         free(c);
@@ -297,7 +373,6 @@ static cached_trace *get_trace(kiln_function *f, kiln_tensor *const *in) {
       } else {
         snapshot *s = atomic_load(&f->traces);
         if (s->n > 1 && log_retrace()) report_retrace(f, s->items[s->n - 2], c);
-        traced_fn_dump(&c->fn, f->name, s->n - 1);
       }
     }
     pthread_mutex_unlock(&f->lock);
@@ -376,7 +451,9 @@ char *kiln_function_ir(kiln_function *f, int trace, const char *stage) {
   }
   pthread_mutex_lock(&f->lock);
   const cached_trace *c = trace_at(who, f, trace);
-  char *text = c ? traced_fn_print(&((cached_trace *)c)->fn) : NULL; /* no passes yet: optimized = traced */
+  char *text = !c ? NULL
+               : !strcmp(stage, "traced") ? traced_fn_print(&((cached_trace *)c)->fn)
+                                          : traced_fn_print_optimized(&((cached_trace *)c)->fn);
   pthread_mutex_unlock(&f->lock);
   if (c && !text) kiln_set_error("%s: out of memory", who);
   return text;
@@ -389,8 +466,15 @@ int kiln_function_stats(kiln_function *f, int trace, kiln_stats *out) {
   const cached_trace *c = trace_at(who, f, trace);
   if (c) {
     memset(out, 0, sizeof *out);
-    out->traced_ops = out->optimized_ops = c->traced_ops;
+    out->traced_ops = c->traced_ops;
+    out->optimized_ops = c->fn.opt_func->n_instrs;
+    for (int i = 0; i < c->fn.opt_func->n_instrs; i++) /* a kernel: each fusion and each unfused op */
+      if (c->fn.opt_func->instrs[i].op != OP_CONSTANT) {
+        out->kernels++;
+        if (c->fn.opt_func->instrs[i].op == OP_FUSION) out->fused_ops += c->fn.opt_func->instrs[i].attrs.callee->n_instrs;
+      }
     out->trace_ms = c->trace_ms;
+    out->optimize_ms = c->fn.optimize_ms;
   }
   pthread_mutex_unlock(&f->lock);
   return c ? 0 : -1;

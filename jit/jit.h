@@ -5,6 +5,7 @@
 #define KILN_JIT_H
 
 #include "ir.h"
+#include "../passes/passes.h"
 
 typedef struct trace trace;
 
@@ -48,6 +49,9 @@ typedef struct traced_fn {
   int n_vars;
   int *writes; /* the last n_writes results are the new values of vars[writes[i]] */
   int n_writes;
+  ir_module *opt_module; /* the IR after the pass pipeline: what calls run */
+  ir_func *opt_func;
+  double optimize_ms;
   void **pcs;   /* per instruction: the user's call that made it, or NULL */
   ir_loc *locs; /* pcs resolved (loc.c), on first print; files malloc'd */
 } traced_fn;
@@ -80,9 +84,10 @@ void *loc_caller_pc(void);
 /* fn's IR text with source locations (resolved once; the caller serialises
  * calls on fn); malloc'd, NULL on out of memory. */
 char *traced_fn_print(traced_fn *fn);
+char *traced_fn_print_optimized(traced_fn *fn);
 void traced_fn_free_locs(traced_fn *fn);
-/* KILN_DUMP=DIR: writes each stage's text of trace number `trace`; a failure
- * is one warning line on stderr. */
-void traced_fn_dump(traced_fn *fn, const char *name, int trace);
+/* KILN_DUMP=DIR: writes text as DIR/<name>.<trace>.<step>.<stage>.kir; a
+ * failure is a warning line on stderr and -1 (callers then stop dumping). */
+int jit_dump(const char *name, int trace, int step, const char *stage, const char *text);
 
 #endif

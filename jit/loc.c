@@ -130,29 +130,48 @@ static void resolve_locs(traced_fn *fn) {
   free(info);
 }
 
-char *traced_fn_print(traced_fn *fn) {
+/* Instructions of a trace carry loc {NULL, r + 1}: "made by record r",
+ * whose call site is locs[r]; passes keep locs, so the optimized IR (fused
+ * bodies included) maps the same way. Prints m with those resolved, through
+ * private copies: other threads may be running the shared instructions. */
+static char *print_with_locs(traced_fn *fn, const ir_module *m) {
   resolve_locs(fn);
-  if (!fn->locs) return ir_print_module(fn->module);
-  /* private copies of the function and the module's list: other threads may
-   * be running the shared instructions */
-  ir_func copy = *fn->func;
-  ir_module mod = *fn->module;
-  ir_instr *instrs = malloc((size_t)copy.n_instrs * sizeof *instrs + 1);
-  ir_func **funcs = malloc((size_t)mod.n_funcs * sizeof *funcs + 1);
+  int nl = fn->locs ? fn->func->n_instrs : 0;
+  if (!nl) return ir_print_module(m);
+  ir_module mod = *m;
+  ir_func *copies = calloc((size_t)m->n_funcs + 1, sizeof *copies);
+  ir_func **funcs = malloc(((size_t)m->n_funcs + 1) * sizeof *funcs);
+  ir_instr **instrs = calloc((size_t)m->n_funcs + 1, sizeof *instrs);
   char *text = NULL;
-  if (instrs && funcs) {
-    memcpy(instrs, copy.instrs, (size_t)copy.n_instrs * sizeof *instrs);
-    for (int i = 0; i < copy.n_instrs; i++)
-      if (fn->locs[i].file) instrs[i].loc = fn->locs[i];
-    copy.instrs = instrs;
-    for (int i = 0; i < mod.n_funcs; i++) funcs[i] = mod.funcs[i] == fn->func ? &copy : mod.funcs[i];
+  bool ok = copies && funcs && instrs;
+  for (int k = 0; ok && k < m->n_funcs; k++) {
+    const ir_func *g = m->funcs[k];
+    copies[k] = *g;
+    if (!(instrs[k] = malloc((size_t)g->n_instrs * sizeof **instrs + 1))) ok = false;
+    for (int i = 0; ok && i < g->n_instrs; i++) {
+      ir_loc loc = g->instrs[i].loc;
+      instrs[k][i] = g->instrs[i];
+      if (!loc.file && loc.line > 0 && loc.line <= nl) instrs[k][i].loc = fn->locs[loc.line - 1];
+      /* calls and fusions point at the shared callees: print the copies */
+      for (int j = 0; instrs[k][i].attrs.callee && j < m->n_funcs; j++)
+        if (instrs[k][i].attrs.callee == m->funcs[j]) instrs[k][i].attrs.callee = &copies[j];
+    }
+    copies[k].instrs = instrs[k];
+    funcs[k] = &copies[k];
+  }
+  if (ok) {
     mod.funcs = funcs;
     text = ir_print_module(&mod);
   }
+  for (int k = 0; instrs && k < m->n_funcs; k++) free(instrs[k]);
   free(instrs);
   free(funcs);
+  free(copies);
   return text;
 }
+
+char *traced_fn_print(traced_fn *fn) { return print_with_locs(fn, fn->module); }
+char *traced_fn_print_optimized(traced_fn *fn) { return print_with_locs(fn, fn->opt_module); }
 
 void traced_fn_free_locs(traced_fn *fn) {
   if (fn->locs && fn->func)
@@ -163,31 +182,24 @@ void traced_fn_free_locs(traced_fn *fn) {
   fn->pcs = NULL;
 }
 
-/* KILN_DUMP=DIR: <name>.<trace>.<step>.<stage>.kir for each stage there is */
-void traced_fn_dump(traced_fn *fn, const char *name, int trace) {
+/* KILN_DUMP=DIR: <name>.<trace>.<step>.<stage>.kir */
+int jit_dump(const char *name, int trace, int step, const char *stage, const char *text) {
   const char *dir = getenv("KILN_DUMP");
-  if (!dir || !*dir) return;
-  static const char *const stages[] = {"traced", "optimized"};
-  char *text = traced_fn_print(fn);
+  if (!dir || !*dir) return 0;
   if (!text) {
     fprintf(stderr, "kiln: KILN_DUMP: @%s: out of memory\n", name);
-    return;
+    return -1;
   }
   char safe[128];
   size_t k = 0;
   for (; name[k] && k + 1 < sizeof safe; k++) safe[k] = name[k] == '/' ? '_' : name[k];
   safe[k] = '\0';
-  for (int s = 0; s < 2; s++) { /* no passes yet: optimized = traced */
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s.%d.%02d.%s.kir", dir, safe, trace, s, stages[s]);
-    FILE *out = fopen(path, "w");
-    bool ok = out && fputs(text, out) >= 0;
-    int err = errno;
-    if (out && fclose(out)) ok = false, err = errno;
-    if (!ok) {
-      fprintf(stderr, "kiln: KILN_DUMP: cannot write %s: %s\n", path, strerror(err));
-      break;
-    }
-  }
-  free(text);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s.%d.%02d.%s.kir", dir, safe, trace, step, stage);
+  FILE *out = fopen(path, "w");
+  bool ok = out && fputs(text, out) >= 0;
+  int err = errno;
+  if (out && fclose(out)) ok = false, err = errno;
+  if (!ok) fprintf(stderr, "kiln: KILN_DUMP: cannot write %s: %s\n", path, strerror(err));
+  return ok ? 0 : -1;
 }

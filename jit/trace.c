@@ -345,6 +345,7 @@ void traced_fn_free(traced_fn *fn) {
   if (!fn) return;
   traced_fn_free_locs(fn);
   ir_module_free(fn->module);
+  ir_module_free(fn->opt_module);
   for (int i = 0; i < fn->n_caps; i++) kiln_release(fn->caps[i]);
   free(fn->caps);
   free(fn->vars);
@@ -363,73 +364,6 @@ static void ir_name(char *buf, size_t n, const char *name) {
   }
   buf[i] = '\0';
   if (!i) snprintf(buf, n, "f");
-}
-
-/* Copies src (and, first, what it calls) into m, as @name, @name.1, ...;
- * memo maps the functions already copied. NULL with the error set. */
-typedef struct {
-  const ir_func **src;
-  ir_func **dst;
-  int n, cap;
-} clone_memo;
-
-static ir_func *clone_into(ir_module *m, const ir_func *src, clone_memo *memo) {
-  for (int i = 0; i < memo->n; i++)
-    if (memo->src[i] == src) return memo->dst[i];
-  char name[160];
-  snprintf(name, sizeof name, "%s", src->name);
-  for (int k = 1; ir_module_find(m, name); k++) snprintf(name, sizeof name, "%s.%d", src->name, k);
-  ir_func *g = ir_func_new(m, name, src->n_params, src->types);
-  ir_value *map = malloc(((size_t)src->n_values + 1) * sizeof *map);
-  if (!g || !map) {
-    free(map);
-    if (g) kiln_set_error("function_call: out of memory");
-    return NULL;
-  }
-  for (int v = 0; v < src->n_params; v++) map[v] = v;
-  for (int i = 0; i < src->n_instrs; i++) {
-    const ir_instr *in = &src->instrs[i];
-    op_attrs a = in->attrs;
-    if (a.callee && !(a.callee = clone_into(m, a.callee, memo))) goto fail;
-    if (a.host) {
-      const ir_host *h = a.host;
-      if (!(a.host = ir_module_add_host(m, h->fn, h->user, h->name, h->n_out, h->out))) goto fail;
-    }
-    ir_value small[8], *args = in->n_in > 8 ? malloc((size_t)in->n_in * sizeof *args) : small;
-    if (!args) goto fail;
-    for (int k = 0; k < in->n_in; k++) args[k] = map[in->in[k]];
-    ir_value v = ir_append(g, in->op, &a, in->n_in, args, in->loc);
-    if (args != small) free(args);
-    if (v < 0) goto fail;
-    for (int k = 0; k < in->n_out; k++) map[in->out + k] = v + k;
-  }
-  ir_value *res = malloc(((size_t)src->n_results + 1) * sizeof *res);
-  if (!res) goto fail;
-  for (int r = 0; r < src->n_results; r++) res[r] = map[src->results[r]];
-  int rc = ir_set_results(g, src->n_results, res);
-  free(res);
-  if (rc) goto fail;
-  for (int v = 0; v < src->n_values; v++)
-    if (src->names[v]) ir_set_name(g, map[v], src->names[v]);
-  free(map);
-  if (memo->n == memo->cap) {
-    int cap = memo->cap ? 2 * memo->cap : 4;
-    const ir_func **s2 = realloc(memo->src, (size_t)cap * sizeof *s2);
-    if (s2) memo->src = s2;
-    ir_func **d2 = s2 ? realloc(memo->dst, (size_t)cap * sizeof *d2) : NULL;
-    if (!d2) {
-      kiln_set_error("function_call: out of memory");
-      return NULL;
-    }
-    memo->dst = d2;
-    memo->cap = cap;
-  }
-  memo->src[memo->n] = src;
-  memo->dst[memo->n++] = g;
-  return g;
-fail:
-  free(map);
-  return NULL;
 }
 
 /* the callback's symbol name, when the process has one */
@@ -453,7 +387,7 @@ int trace_finish(trace *tr, const char *name, int n_out, kiln_tensor *const *out
   int rc = -1, *out_ids = malloc((size_t)(n_res ? n_res : 1) * sizeof *out_ids);
   ir_value *res = NULL, *rec_val = NULL;
   op_type *params = NULL;
-  clone_memo memo = {0};
+  ir_clone_memo memo = {0};
   if (!out_ids) goto oom;
   for (int i = 0; i < n_out; i++) /* concrete outputs become captures */
     if ((out_ids[i] = node_of(tr, "function_call", i, outs[i])) < 0) goto done;
@@ -489,7 +423,7 @@ int trace_finish(trace *tr, const char *name, int n_out, kiln_tensor *const *out
   for (int r = 0; r < tr->n_recs; r++) {
     record *rec = &tr->recs[r];
     op_attrs a = rec->attrs;
-    if (rec->callee && !(a.callee = clone_into(fn->module, rec->callee, &memo))) goto done;
+    if (rec->callee && !(a.callee = ir_clone_func(fn->module, rec->callee, &memo))) goto done;
     if (rec->host_out) {
       char hname[128];
       if (!(a.host = ir_module_add_host(fn->module, rec->host_fn, rec->host_user,
@@ -499,7 +433,7 @@ int trace_finish(trace *tr, const char *name, int n_out, kiln_tensor *const *out
     ir_value small[8], *in = rec->n > 8 ? malloc((size_t)rec->n * sizeof *in) : small;
     if (!in) goto oom;
     for (int i = 0; i < rec->n; i++) in[i] = VAL(rec->in[i]);
-    rec_val[r] = ir_append(fn->func, rec->op, &a, rec->n, in, (ir_loc){0});
+    rec_val[r] = ir_append(fn->func, rec->op, &a, rec->n, in, (ir_loc){NULL, r + 1}); /* locs[r], once resolved */
     if (in != small) free(in);
     if (rec_val[r] < 0) goto done;
   }
@@ -515,8 +449,7 @@ int trace_finish(trace *tr, const char *name, int n_out, kiln_tensor *const *out
 oom:
   kiln_set_error("function_call: out of memory");
 done:
-  free(memo.src);
-  free(memo.dst);
+  ir_clone_memo_free(&memo);
   free(out_ids);
   free(params);
   free(rec_val);

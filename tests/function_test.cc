@@ -387,7 +387,9 @@ TEST(Staging, IrTextAndStats) {
   char *traced = kiln_function_ir(f, 0, "traced"), *opt = kiln_function_ir(f, 0, "optimized");
   ASSERT_NE(traced, nullptr);
   ASSERT_NE(opt, nullptr);
-  EXPECT_STREQ(traced, opt);
+  ir_module *mo = ir_parse(opt, "chain.opt.kir"); // the optimized text is valid IR too
+  ASSERT_NE(mo, nullptr) << kiln_last_error() << "\n" << opt;
+  ir_module_free(mo);
   for (const char *op : {"@chain", "mul", "exp", "neg", "tanh", "sigmoid", "sqrt", "abs", "sub"})
     EXPECT_THAT(traced, HasSubstr(op));
   ir_module *m = ir_parse(traced, "chain.kir");
@@ -407,9 +409,11 @@ TEST(Staging, IrTextAndStats) {
   kiln_stats st;
   ASSERT_EQ(kiln_function_stats(f, 0, &st), 0);
   EXPECT_EQ(st.traced_ops, 9);
-  EXPECT_EQ(st.optimized_ops, 9);
-  EXPECT_EQ(st.kernels, 0);
+  EXPECT_LE(st.optimized_ops, 9); // nothing to simplify in chain; fusion may group it
+  EXPECT_GE(st.optimized_ops, 1);
+  EXPECT_GE(st.kernels, 1);
   EXPECT_GE(st.trace_ms, 0);
+  EXPECT_GE(st.optimize_ms, 0);
   EXPECT_EQ(st.peak_bytes, 0u);
   kiln_function_free(f);
 }

@@ -57,10 +57,12 @@ TEST(Loc, TracedInstructionsCarryTheCallSite) {
     ASSERT_NE(m, nullptr) << kiln_last_error() << "\n" << ir;
     ir_func *fn = ir_module_find(m, "locs");
     ASSERT_NE(fn, nullptr);
-    ASSERT_EQ(fn->n_instrs, 2);
-    ASSERT_NE(fn->instrs[0].loc.file, nullptr);
-    EXPECT_STREQ(fn->instrs[0].loc.file, "loc_test.cc");
-    EXPECT_EQ(fn->instrs[0].loc.line, g_add_line);
+    if (!strcmp(stage, "traced")) { // optimized: the two may be one fusion, whose body keeps the locs
+      ASSERT_EQ(fn->n_instrs, 2);
+      ASSERT_NE(fn->instrs[0].loc.file, nullptr);
+      EXPECT_STREQ(fn->instrs[0].loc.file, "loc_test.cc");
+      EXPECT_EQ(fn->instrs[0].loc.line, g_add_line);
+    }
     ir_module_free(m);
     // a second print gives the same text (resolved once, cached)
     char *again = kiln_function_ir(f, 0, stage);
@@ -88,16 +90,29 @@ TEST(Loc, DumpWritesOneFilePerStage) {
     ASSERT_EQ(kiln_function_call(f, &a, &y), 0) << kiln_last_error();  // a hit dumps nothing new
     ASSERT_EQ(kiln_function_call(f, &b, &y), 0) << kiln_last_error();  // trace 1
     for (int t = 0; t < 2; t++) {
-      char *ir = kiln_function_ir(f, t, "traced");
+      char *ir = kiln_function_ir(f, t, "traced"), *opt_ir = kiln_function_ir(f, t, "optimized");
       ASSERT_NE(ir, nullptr);
+      ASSERT_NE(opt_ir, nullptr);
       std::string p = dir + "/dumped." + std::to_string(t) + ".";
-      std::string traced = read_all(p + "00.traced.kir"), opt = read_all(p + "01.optimized.kir");
+      // 00.traced, then one file per pass of the pipeline, then the result
+      std::string traced = read_all(p + "00.traced.kir");
       EXPECT_EQ(traced, ir) << p;
-      EXPECT_EQ(opt, ir) << p;
       EXPECT_THAT(traced, HasSubstr(loc_of(g_exp_line)));
+      EXPECT_EQ(read_all(p + "01.inline.kir").empty(), false);
+      int steps = 0;
+      for (const char *pass : {"inline", "simplify", "fold", "cse", "dce", "fuse", "buffers"}) {
+        std::string name = p + (steps + 1 < 10 ? "0" : "") + std::to_string(steps + 1) + "." + pass + ".kir";
+        if (access(name.c_str(), F_OK) != 0) break;
+        unlink(name.c_str());
+        steps++;
+      }
+      EXPECT_GE(steps, 5);
+      std::string last = p + (steps + 1 < 10 ? "0" : "") + std::to_string(steps + 1) + ".optimized.kir";
+      EXPECT_EQ(read_all(last), opt_ir) << last;
       free(ir);
+      free(opt_ir);
       unlink((p + "00.traced.kir").c_str());
-      unlink((p + "01.optimized.kir").c_str());
+      unlink(last.c_str());
     }
     EXPECT_EQ(rmdir(dir.c_str()), 0) << "unexpected extra files in " << dir;
 

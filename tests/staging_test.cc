@@ -21,7 +21,13 @@ using testing::HasSubstr;
 using testing::Not;
 using testing::StartsWith;
 
+// Every function traced anywhere in this test binary must round-trip through
+// its .kir text (function.c checks each trace when this is set).
+static const bool roundtrip_checked = (setenv("KILN_CHECK_ROUNDTRIP", "1", 0), true);
+
 namespace {
+
+TEST(Roundtrip, CheckIsOnForTheWholeSuite) { EXPECT_TRUE(roundtrip_checked && getenv("KILN_CHECK_ROUNDTRIP")); }
 
 // ---- nested functions (TF Eager paper: outer calls inner) ----
 int inner_relu(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {

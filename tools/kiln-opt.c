@@ -1,32 +1,20 @@
 /* kiln-opt — reads .kir text, verifies it, runs named passes and prints the
  * result, as mlir-opt and opt do; the driver of the FileCheck tests.
- *   kiln-opt [--passes=a,b] [--emit=kir|dot|llvm|asm|ptx] file.kir|-
+ *   kiln-opt [--passes=a,b] [--print-after-all] [--emit=kir|dot|llvm|asm|ptx] file.kir|-
+ * Passes (passes/passes.h) run on every function of the module, callees
+ * included, one pass over all functions before the next.
  * Exit codes: 0 ok, 1 parse/verify/pass error (on stderr), 2 usage. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "ir.h"
-
-/* The pass registry: each pass rewrites a function in place and returns
- * 0, or -1 with the error set. Passes (passes/<name>.c) register here. */
-typedef int (*pass_fn)(ir_func *);
-static const struct {
-  const char *name;
-  pass_fn run;
-} passes[] = {
-    {NULL, NULL}, /* sentinel; no pass exists yet */
-};
-
-static pass_fn find_pass(const char *name, size_t n) {
-  for (int i = 0; passes[i].name; i++)
-    if (strlen(passes[i].name) == n && !strncmp(passes[i].name, name, n)) return passes[i].run;
-  return NULL;
-}
+#include "passes.h"
 
 static int usage(const char *why) {
   if (why) fprintf(stderr, "kiln-opt: %s\n", why);
-  fprintf(stderr, "usage: kiln-opt [--passes=a,b,...] [--emit=kir|dot|llvm|asm|ptx] FILE.kir (- for stdin)\n");
+  fprintf(stderr, "usage: kiln-opt [--passes=a,b,...] [--print-after-all] [--emit=kir|dot|llvm|asm|ptx] "
+                  "FILE.kir (- for stdin)\npasses (default pipeline: " PASS_DEFAULT_PIPELINE "):\n");
+  for (const pass_info *p = pass_list(); p->name; p++) fprintf(stderr, "  %-10s %s\n", p->name, p->summary);
   return 2;
 }
 
@@ -50,11 +38,14 @@ static char *read_all(FILE *in, size_t *n) {
 }
 
 int main(int argc, char **argv) {
-  const char *file = NULL, *pass_list = "", *emit = "kir";
+  const char *file = NULL, *pipeline = "", *emit = "kir";
+  bool print_after_all = false;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strncmp(a, "--passes=", 9)) {
-      pass_list = a + 9;
+      pipeline = a + 9;
+    } else if (!strcmp(a, "--print-after-all")) {
+      print_after_all = true;
     } else if (!strncmp(a, "--emit=", 7)) {
       emit = a + 7;
     } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -71,10 +62,12 @@ int main(int argc, char **argv) {
   }
   if (!file) return usage("no input file");
   /* check the pass names before reading anything */
-  for (const char *p = pass_list; *p;) {
+  char name[64];
+  for (const char *p = pipeline; *p;) {
     const char *e = strchr(p, ',');
     size_t n = e ? (size_t)(e - p) : strlen(p);
-    if (!find_pass(p, n)) {
+    snprintf(name, sizeof name, "%.*s", (int)n, p);
+    if (n >= sizeof name || !pass_find(name)) {
       fprintf(stderr, "kiln-opt: unknown pass '%.*s'\n", (int)n, p);
       return 2;
     }
@@ -113,16 +106,28 @@ int main(int argc, char **argv) {
     fprintf(stderr, "%s\n", kiln_last_error());
     return 1;
   }
-  for (const char *p = pass_list; *p;) {
+  /* one pass over every function, then the next: --print-after-all shows
+   * the module between passes */
+  for (const char *p = pipeline; *p;) {
     const char *e = strchr(p, ',');
     size_t n = e ? (size_t)(e - p) : strlen(p);
-    pass_fn run = find_pass(p, n);
+    snprintf(name, sizeof name, "%.*s", (int)n, p);
     for (int i = 0; i < m->n_funcs; i++) {
-      if (run(m->funcs[i]) || ir_verify(m->funcs[i])) {
-        fprintf(stderr, "kiln-opt: after pass '%.*s': %s\n", (int)n, p, kiln_last_error());
+      if (pass_run_pipeline(m->funcs[i], name, NULL, NULL, NULL)) {
+        fprintf(stderr, "kiln-opt: @%s: %s\n", m->funcs[i]->name, kiln_last_error());
         ir_module_free(m);
         return 1;
       }
+    }
+    if (print_after_all) {
+      char *text = ir_print_module(m);
+      if (!text) {
+        fprintf(stderr, "kiln-opt: %s\n", kiln_last_error());
+        ir_module_free(m);
+        return 1;
+      }
+      printf("// -----// IR after %s //----- //\n%s\n", name, text);
+      free(text);
     }
     p = e ? e + 1 : p + n;
   }

@@ -1,0 +1,1068 @@
+/* compile.c — from an IR function to native code. The plan gives every
+ * value a place (parameter, result, arena offset, constant, or the place of
+ * the value a view reads) and every instruction a step: a compiled kernel
+ * (a group of fusible instructions, one LLVM function with its loops) or a
+ * runtime helper (dot, gather, ... through the eager kernels). One entry
+ * function runs the steps in order; the module is optimised with O3 for the
+ * host CPU and handed to one process-wide ORC LLJIT. */
+#include <llvm-c/Analysis.h>
+#include <llvm-c/BitReader.h>
+#include <llvm-c/BitWriter.h>
+#include <llvm-c/Core.h>
+#include <llvm-c/Error.h>
+#include <llvm-c/LLJIT.h>
+#include <llvm-c/Orc.h>
+#include <llvm-c/Target.h>
+#include <llvm-c/TargetMachine.h>
+#include <llvm-c/Transforms/PassBuilder.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "cpu/cpu.h"
+#include "llvm/llvm_emit.h"
+
+enum {
+  PAR_MIN = 65536,   /* elements of work below which a kernel stays on the calling thread */
+  PAR_GRAIN = 16384, /* elements of work per task, at least */
+  ROW_BLOCK = 16384, /* a long innermost row is cut into blocks of this many (tasks) */
+};
+
+/* ---- the process-wide JIT ---- */
+
+static LLVMOrcLLJITRef cpu_jit;
+static char jit_error[512];
+static char *host_cpu, *host_features;
+static pthread_once_t jit_once = PTHREAD_ONCE_INIT;
+static _Atomic uint64_t next_program_id;
+
+static void error_text(LLVMErrorRef err, char *buf, size_t n) {
+  char *m = LLVMGetErrorMessage(err);
+  snprintf(buf, n, "%s", m);
+  LLVMDisposeErrorMessage(m);
+}
+
+static LLVMTargetMachineRef host_machine(void) {
+  LLVMTargetRef target;
+  char *triple = LLVMGetDefaultTargetTriple(), *msg = NULL;
+  LLVMTargetMachineRef tm = NULL;
+  if (LLVMGetTargetFromTriple(triple, &target, &msg)) {
+    snprintf(jit_error, sizeof jit_error, "no target for %s: %s", triple, msg ? msg : "");
+  } else {
+    tm = LLVMCreateTargetMachine(target, triple, host_cpu, host_features, LLVMCodeGenLevelAggressive,
+                                 LLVMRelocPIC, LLVMCodeModelJITDefault);
+  }
+  if (msg) LLVMDisposeMessage(msg);
+  LLVMDisposeMessage(triple);
+  return tm;
+}
+
+static void jit_init(void) {
+  LLVMInitializeNativeTarget();
+  LLVMInitializeNativeAsmPrinter();
+  host_cpu = LLVMGetHostCPUName();
+  host_features = LLVMGetHostCPUFeatures();
+  LLVMTargetMachineRef tm = host_machine();
+  if (!tm) return;
+  LLVMOrcLLJITBuilderRef b = LLVMOrcCreateLLJITBuilder();
+  /* codegen at -O3 for this CPU's features (AVX-512 where it has them) */
+  LLVMOrcLLJITBuilderSetJITTargetMachineBuilder(b, LLVMOrcJITTargetMachineBuilderCreateFromTargetMachine(tm));
+  LLVMErrorRef err = LLVMOrcCreateLLJIT(&cpu_jit, b);
+  if (err) {
+    error_text(err, jit_error, sizeof jit_error);
+    cpu_jit = NULL;
+    return;
+  }
+  /* the runtime's hidden functions, by name */
+  struct {
+    const char *name;
+    uintptr_t addr;
+  } syms[] = {{"kiln_rt_parallel_for", (uintptr_t)parallel_for},
+              {"kiln_rt_helper", (uintptr_t)cpu_rt_helper},
+              {"kiln_rt_kernel_fail", (uintptr_t)cpu_rt_kernel_fail}};
+  enum { NSYMS = sizeof syms / sizeof *syms };
+  LLVMOrcCSymbolMapPair pairs[NSYMS];
+  for (int i = 0; i < NSYMS; i++) {
+    pairs[i].Name = LLVMOrcLLJITMangleAndIntern(cpu_jit, syms[i].name);
+    pairs[i].Sym.Address = syms[i].addr;
+    pairs[i].Sym.Flags.GenericFlags = LLVMJITSymbolGenericFlagsExported | LLVMJITSymbolGenericFlagsCallable;
+    pairs[i].Sym.Flags.TargetFlags = 0;
+  }
+  err = LLVMOrcJITDylibDefine(LLVMOrcLLJITGetMainJITDylib(cpu_jit), LLVMOrcAbsoluteSymbols(pairs, NSYMS));
+  if (err) {
+    error_text(err, jit_error, sizeof jit_error);
+    LLVMOrcDisposeLLJIT(cpu_jit);
+    cpu_jit = NULL;
+  }
+}
+
+static LLVMOrcLLJITRef jit_get(void) {
+  pthread_once(&jit_once, jit_init);
+  if (!cpu_jit) kiln_set_error("cpu: cannot start the LLVM JIT: %s", jit_error);
+  return cpu_jit;
+}
+
+void cpu_jit_forget(void *tracker) {
+  if (!tracker) return;
+  LLVMOrcResourceTrackerRef rt = tracker;
+  LLVMErrorRef err = LLVMOrcResourceTrackerRemove(rt);
+  if (err) LLVMConsumeError(err);
+  LLVMOrcReleaseResourceTracker(rt);
+}
+
+/* ---- the plan ---- */
+
+enum { SLOT_PARAM, SLOT_RESULT, SLOT_ARENA, SLOT_CONST };
+typedef struct {
+  int kind;
+  int index;      /* parameter or result */
+  int64_t offset; /* arena */
+  const kiln_tensor *cst;
+} slot;
+
+/* A kernel: instructions of f evaluated together per output element. */
+typedef struct {
+  const ir_func *f;
+  bool *member;     /* per instruction of f */
+  int *leaf;        /* per value of f: the slot it is read from, or -1 */
+  int n_out;
+  ir_value *out;    /* the values it stores, all of one shape (or reductions of one input shape) */
+  int *out_slot;
+} kgroup;
+
+enum { STEP_KERNEL, STEP_HELPER, STEP_COPY };
+typedef struct {
+  int kind;
+  int index;     /* group or helper */
+  int n_slots;   /* helper: its outputs, then its inputs; copy: destination, source */
+  int *slots;
+  int64_t bytes; /* copy */
+} step;
+
+typedef struct {
+  const ir_func *f;
+  cpu_program *p;
+  slot *slots;
+  int n_slots, cap_slots;
+  int *vslot;        /* per value of f */
+  int *result_of;    /* per value of f: the first result that returns it, or -1 */
+  bool *result_done; /* per result: its buffer is taken */
+  kgroup *groups;
+  int n_groups;
+  step *steps;
+  int n_steps;
+  int max_bufs; /* most pointers one step passes */
+  /* emission */
+  llvm_emit e;
+  LLVMBuilderRef eb; /* the entry function's builder */
+  LLVMValueRef entry, call_arg, ctx_array, *slot_ptr;
+  LLVMTypeRef ty_par, ty_helper, ty_fail, ty_task;
+  LLVMValueRef fn_par, fn_helper, fn_fail;
+} cpu_build;
+
+static int oom(void) { return kiln_set_error("cpu: out of memory"); }
+
+static int add_slot(cpu_build *cb, slot s) {
+  if (cb->n_slots == cb->cap_slots) {
+    int cap = cb->cap_slots ? 2 * cb->cap_slots : 16;
+    slot *q = realloc(cb->slots, (size_t)cap * sizeof *q);
+    if (!q) return oom();
+    cb->slots = q;
+    cb->cap_slots = cap;
+  }
+  cb->slots[cb->n_slots] = s;
+  return cb->n_slots++;
+}
+
+static int64_t type_size(const op_type *t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->rank; i++) n *= t->shape[i];
+  return n;
+}
+
+static int64_t type_bytes(const op_type *t) { return type_size(t) * (int64_t)kiln_dtype_sizes[t->dtype]; }
+
+static int arena_slot(cpu_build *cb, const op_type *t) {
+  int64_t off = (int64_t)cb->p->arena_bytes;
+  cb->p->arena_bytes = (size_t)((off + type_bytes(t) + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN);
+  return add_slot(cb, (slot){SLOT_ARENA, 0, off, NULL});
+}
+
+/* A fresh place for value v of f: the buffer of the result that returns it
+ * (top level), else the arena. */
+static int value_slot(cpu_build *cb, const ir_func *f, ir_value v, bool top) {
+  if (top && cb->result_of[v] >= 0 && !cb->result_done[cb->result_of[v]]) {
+    cb->result_done[cb->result_of[v]] = true;
+    return add_slot(cb, (slot){SLOT_RESULT, cb->result_of[v], 0, NULL});
+  }
+  if (top && f->buf_offset && f->buf_offset[v] >= 0) /* the buffers pass's plan */
+    return add_slot(cb, (slot){SLOT_ARENA, 0, f->buf_offset[v], NULL});
+  return arena_slot(cb, &f->types[v]);
+}
+
+static int add_step(cpu_build *cb, step st) {
+  step *q = realloc(cb->steps, (size_t)(cb->n_steps + 1) * sizeof *q);
+  if (!q) {
+    free(st.slots);
+    return oom();
+  }
+  cb->steps = q;
+  cb->steps[cb->n_steps++] = st;
+  if (st.n_slots + 1 > cb->max_bufs) cb->max_bufs = st.n_slots + 1;
+  return 0;
+}
+
+static int retain_const(cpu_program *p, kiln_tensor *t) {
+  for (int i = 0; i < p->n_consts; i++)
+    if (p->consts[i] == t) return 0;
+  kiln_tensor **q = realloc(p->consts, (size_t)(p->n_consts + 1) * sizeof *q);
+  if (!q) return oom();
+  p->consts = q;
+  p->consts[p->n_consts++] = kiln_retain(t);
+  return 0;
+}
+
+static kgroup *new_group(cpu_build *cb, const ir_func *f, int n_out) {
+  kgroup *q = realloc(cb->groups, (size_t)(cb->n_groups + 1) * sizeof *q);
+  if (!q) return oom(), NULL;
+  cb->groups = q;
+  kgroup *g = &cb->groups[cb->n_groups];
+  memset(g, 0, sizeof *g);
+  g->f = f;
+  g->member = calloc((size_t)f->n_instrs + 1, sizeof *g->member);
+  g->leaf = malloc(((size_t)f->n_values + 1) * sizeof *g->leaf);
+  g->out = malloc((size_t)n_out * sizeof *g->out);
+  g->out_slot = malloc((size_t)n_out * sizeof *g->out_slot);
+  cb->n_groups++; /* freed with the build, even half made */
+  if (!g->member || !g->leaf || !g->out || !g->out_slot) return oom(), NULL;
+  for (int v = 0; v < f->n_values; v++) g->leaf[v] = -1;
+  g->n_out = n_out;
+  return g;
+}
+
+/* the step of the newest group, after counting the pointers it passes */
+static int group_step(cpu_build *cb, kgroup *g) {
+  int bufs = g->n_out;
+  for (int v = 0; v < g->f->n_values; v++) bufs += g->leaf[v] >= 0;
+  if (bufs + 2 > cb->max_bufs) cb->max_bufs = bufs + 2;
+  return add_step(cb, (step){STEP_KERNEL, cb->n_groups - 1, 0, NULL, 0});
+}
+
+/* one instruction as a kernel, with the constants it reads pulled inside */
+static int plan_kernel(cpu_build *cb, const ir_func *f, int i, const int *vs, int dst) {
+  const ir_instr *in = &f->instrs[i];
+  kgroup *g = new_group(cb, f, 1);
+  if (!g) return -1;
+  g->member[i] = true;
+  for (int k = 0; k < in->n_in; k++) {
+    ir_value u = in->in[k];
+    const ir_instr *d = ir_def(f, u);
+    if (d && d->op == OP_CONSTANT)
+      g->member[f->def[u]] = true;
+    else
+      g->leaf[u] = vs[u];
+  }
+  g->out[0] = in->out;
+  g->out_slot[0] = dst;
+  return group_step(cb, g);
+}
+
+/* Whether a fusion's body can be one kernel: fusible ops only; results
+ * computed in it, distinct, all of one shape, or all reductions of one
+ * input shape and axes that nothing in the body reads. */
+static bool fusion_ok(const ir_func *c) {
+  if (c->n_results < 1) return false;
+  const ir_instr *red = NULL;
+  for (int i = 0; i < c->n_instrs; i++) {
+    const ir_instr *in = &c->instrs[i];
+    if (!llvm_op_fusible(in->op) || in->n_out != 1) return false;
+    for (int k = 0; k < in->n_in; k++) {
+      const ir_instr *d = ir_def(c, in->in[k]);
+      if (d && llvm_op_is_reduce(d->op)) return false; /* a reduction must end the kernel */
+    }
+    if (llvm_op_is_reduce(in->op)) {
+      bool is_result = false;
+      for (int r = 0; r < c->n_results; r++) is_result = is_result || c->results[r] == in->out;
+      if (!is_result) return false;
+      if (red) {
+        const op_type *a = &c->types[red->in[0]], *b = &c->types[in->in[0]];
+        bool same = a->rank == b->rank && red->attrs.naxes == in->attrs.naxes &&
+                    red->attrs.keepdims == in->attrs.keepdims;
+        for (int d = 0; same && d < a->rank; d++) same = a->shape[d] == b->shape[d];
+        for (int k = 0; same && k < in->attrs.naxes; k++) same = red->attrs.axes[k] == in->attrs.axes[k];
+        if (!same) return false;
+      }
+      red = in;
+    }
+  }
+  const op_type *t0 = &c->types[c->results[0]];
+  for (int r = 0; r < c->n_results; r++) {
+    ir_value v = c->results[r];
+    const ir_instr *d = ir_def(c, v);
+    if (!d) return false;
+    for (int q = 0; q < r; q++)
+      if (c->results[q] == v) return false;
+    if (red && !llvm_op_is_reduce(d->op)) return false;
+    const op_type *t = &c->types[v];
+    if (t->rank != t0->rank) return false;
+    for (int k = 0; k < t->rank; k++)
+      if (t->shape[k] != t0->shape[k]) return false;
+  }
+  return true;
+}
+
+static int plan_fusion(cpu_build *cb, const ir_func *f, const ir_instr *in, int *vs, bool top) {
+  const ir_func *c = in->attrs.callee;
+  kgroup *g = new_group(cb, c, c->n_results);
+  if (!g) return -1;
+  for (int i = 0; i < c->n_instrs; i++) {
+    g->member[i] = true;
+    if (c->instrs[i].op == OP_CONSTANT && retain_const(cb->p, c->instrs[i].attrs.value)) return -1;
+  }
+  for (int k = 0; k < in->n_in; k++) g->leaf[k] = vs[in->in[k]];
+  for (int r = 0; r < c->n_results; r++) {
+    int s = value_slot(cb, f, in->out + r, top);
+    if (s < 0) return -1;
+    vs[in->out + r] = s;
+    g->out[r] = c->results[r];
+    g->out_slot[r] = s;
+  }
+  return group_step(cb, g);
+}
+
+static int plan_helper(cpu_build *cb, const ir_func *f, const ir_instr *in, int *vs, bool top) {
+  cpu_program *p = cb->p;
+  cpu_helper *q = realloc(p->helpers, (size_t)(p->n_helpers + 1) * sizeof *q);
+  if (!q) return oom();
+  p->helpers = q;
+  cpu_helper *h = &p->helpers[p->n_helpers++];
+  memset(h, 0, sizeof *h);
+  h->op = in->op;
+  h->attrs = in->attrs;
+  h->n_in = in->n_in;
+  h->n_out = in->n_out;
+  h->in_types = malloc(((size_t)in->n_in + 1) * sizeof *h->in_types);
+  h->out_types = malloc((size_t)in->n_out * sizeof *h->out_types);
+  step st = {STEP_HELPER, p->n_helpers - 1, in->n_out + in->n_in, NULL, 0};
+  st.slots = malloc((size_t)st.n_slots * sizeof *st.slots);
+  if (!h->in_types || !h->out_types || !st.slots) {
+    free(st.slots);
+    return oom();
+  }
+  if (kiln_ops[in->op].kind == OPK_HOST) {
+    const ir_host *host = in->attrs.host;
+    h->host_fn = host->fn;
+    h->host_user = host->user;
+    h->host_name = malloc(strlen(host->name) + 1);
+    if (!h->host_name) {
+      free(st.slots);
+      return oom();
+    }
+    strcpy(h->host_name, host->name);
+    h->attrs.host = NULL; /* the module's; not kept */
+  }
+  for (int k = 0; k < in->n_in; k++) {
+    h->in_types[k] = f->types[in->in[k]];
+    st.slots[in->n_out + k] = vs[in->in[k]];
+  }
+  for (int k = 0; k < in->n_out; k++) {
+    h->out_types[k] = f->types[in->out + k];
+    if ((vs[in->out + k] = st.slots[k] = value_slot(cb, f, in->out + k, top)) < 0) {
+      free(st.slots);
+      return -1;
+    }
+  }
+  return add_step(cb, st);
+}
+
+/* Plans f's instructions. vs (per value of f) gets each value's slot; the
+ * parameters' slots are given. top: f is the compiled function, whose
+ * results get their own buffers. Calls are inlined. */
+static int plan_func(cpu_build *cb, const ir_func *f, int *vs, const int *param_slots, bool top, int depth) {
+  if (depth > 100) return kiln_set_error("cpu: @%s: calls nest too deep", cb->f->name);
+  for (int i = 0; i < f->n_params; i++) vs[i] = param_slots[i];
+  for (int i = 0; i < f->n_instrs; i++) {
+    const ir_instr *in = &f->instrs[i];
+    ir_value v = in->out;
+    op_id op = in->op;
+    op_kind kind = kiln_ops[op].kind;
+    int rc = 0;
+    if (op == OP_CONSTANT) {
+      if (retain_const(cb->p, in->attrs.value)) return -1;
+      rc = vs[v] = add_slot(cb, (slot){SLOT_CONST, 0, 0, in->attrs.value});
+    } else if (kind == OPK_VIEW) {
+      vs[v] = vs[in->in[0]]; /* the same bytes, read with another shape */
+    } else if (op == OP_FUSION && fusion_ok(in->attrs.callee)) {
+      rc = plan_fusion(cb, f, in, vs, top);
+    } else if (kind == OPK_CALL) { /* call, and fusions that are not one kernel: inline */
+      const ir_func *c = in->attrs.callee;
+      int *cvs = malloc(((size_t)c->n_values + 1) * sizeof *cvs);
+      int *ps = malloc(((size_t)in->n_in + 1) * sizeof *ps);
+      if (!cvs || !ps) rc = oom();
+      for (int k = 0; !rc && k < in->n_in; k++) ps[k] = vs[in->in[k]];
+      if (!rc) rc = plan_func(cb, c, cvs, ps, false, depth + 1);
+      for (int k = 0; !rc && k < in->n_out; k++) vs[v + k] = cvs[c->results[k]];
+      free(cvs);
+      free(ps);
+    } else if (llvm_op_fusible(op)) {
+      int dst = vs[v] = value_slot(cb, f, v, top);
+      rc = dst < 0 ? -1 : plan_kernel(cb, f, i, vs, dst);
+    } else if (kind == OPK_DOT || kind == OPK_INDEX || kind == OPK_RANDOM || kind == OPK_SOURCE || kind == OPK_HOST ||
+               op == OP_CONCAT || op == OP_ARGMAX) {
+      rc = plan_helper(cb, f, in, vs, top);
+    } else {
+      return kiln_set_error("cpu: @%s: %s is not supported by the CPU backend", f->name, kiln_ops[op].name);
+    }
+    if (rc < 0) return -1;
+  }
+  return 0;
+}
+
+static int plan(cpu_build *cb) {
+  const ir_func *f = cb->f;
+  cpu_program *p = cb->p;
+  cb->vslot = malloc(((size_t)f->n_values + 1) * sizeof *cb->vslot);
+  cb->result_of = malloc(((size_t)f->n_values + 1) * sizeof *cb->result_of);
+  cb->result_done = calloc((size_t)f->n_results + 1, sizeof *cb->result_done);
+  int *ps = malloc(((size_t)f->n_params + 1) * sizeof *ps);
+  p->results = calloc((size_t)f->n_results + 1, sizeof *p->results);
+  if (!cb->vslot || !cb->result_of || !cb->result_done || !ps || !p->results) {
+    free(ps);
+    return oom();
+  }
+  for (int v = 0; v < f->n_values; v++) cb->vslot[v] = -1, cb->result_of[v] = -1;
+  for (int r = f->n_results - 1; r >= 0; r--) cb->result_of[f->results[r]] = r;
+  /* with a plan, its arena comes first; values it did not place follow */
+  if (f->buf_offset) p->arena_bytes = (size_t)((f->arena_bytes + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN);
+  int rc = 0;
+  for (int i = 0; i < f->n_params && rc >= 0; i++) rc = ps[i] = add_slot(cb, (slot){SLOT_PARAM, i, 0, NULL});
+  cb->max_bufs = 2;
+  if (rc >= 0) rc = plan_func(cb, f, cb->vslot, ps, true, 0);
+  free(ps);
+  if (rc < 0) return -1;
+  /* how each result is produced; one computed elsewhere (a view, a call's
+   * result) is copied into its buffer at the end */
+  for (int r = 0; r < f->n_results; r++) {
+    ir_value v = f->results[r];
+    const ir_instr *d = ir_def(f, v);
+    cpu_result *res = &p->results[r];
+    if (cb->result_of[v] != r) {
+      *res = (cpu_result){CPU_RES_SAME, cb->result_of[v], NULL};
+    } else if (!d) {
+      *res = (cpu_result){CPU_RES_PARAM, v, NULL};
+    } else if (d->op == OP_CONSTANT) {
+      *res = (cpu_result){CPU_RES_CONST, 0, d->attrs.value};
+    } else {
+      *res = (cpu_result){CPU_RES_OWN, 0, NULL};
+      const slot *s = &cb->slots[cb->vslot[v]];
+      if (s->kind == SLOT_RESULT && s->index == r) continue;
+      int dst = add_slot(cb, (slot){SLOT_RESULT, r, 0, NULL});
+      int *sl = malloc(2 * sizeof *sl);
+      if (dst < 0 || !sl) {
+        free(sl);
+        return dst < 0 ? -1 : oom();
+      }
+      sl[0] = dst;
+      sl[1] = cb->vslot[v];
+      if (add_step(cb, (step){STEP_COPY, 0, 2, sl, type_bytes(&f->types[v])})) return -1;
+    }
+  }
+  return 0;
+}
+
+/* ---- emission ---- */
+
+static void add_fn_attr(LLVMContextRef ctx, LLVMValueRef fn, const char *name) {
+  unsigned kind = LLVMGetEnumAttributeKindForName(name, strlen(name));
+  LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex, LLVMCreateEnumAttribute(ctx, kind, 0));
+}
+
+static void add_target_attrs(LLVMContextRef ctx, LLVMValueRef fn) {
+  LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
+                          LLVMCreateStringAttribute(ctx, "target-cpu", 10, host_cpu, (unsigned)strlen(host_cpu)));
+  LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
+                          LLVMCreateStringAttribute(ctx, "target-features", 15, host_features,
+                                                    (unsigned)strlen(host_features)));
+}
+
+static LLVMValueRef const_data(void *user, const kiln_tensor *t) {
+  llvm_emit *e = user;
+  /* the program retains every constant, so its data stays put */
+  return LLVMConstIntToPtr(LLVMConstInt(e->t_i64, (uintptr_t)t->data, 0), e->t_ptr);
+}
+
+/* What the entry needs to know about an emitted kernel. */
+typedef struct {
+  LLVMValueRef fn, task;
+  LLVMTypeRef fn_type;
+  int n_bufs;
+  int *buf_slot; /* the outputs' slots, then each slot read, once */
+  int64_t units, per_unit;
+  bool can_fail;
+  op_id fail_op;
+} kinfo;
+
+/* ORs g->bad into the kernel's flag and forgets it */
+static void flush_bad(llvm_emit *e, llvm_group *g, LLVMValueRef bad_slot) {
+  if (!g->bad) return;
+  LLVMValueRef old = LLVMBuildLoad2(e->b, e->t_i1, bad_slot, "");
+  LLVMBuildStore(e->b, LLVMBuildOr(e->b, old, g->bad, ""), bad_slot);
+  g->bad = NULL;
+}
+
+/* kept input dims of a reduction from its output index */
+static void reduce_dims(llvm_emit *e, const ir_instr *in, const op_type *it, llvm_index *oidx, LLVMValueRef *dims,
+                        bool *reduced) {
+  for (int d = 0; d < it->rank; d++) reduced[d] = false;
+  for (int k = 0; k < in->attrs.naxes; k++) reduced[in->attrs.axes[k]] = true;
+  llvm_index_get_dims(e, oidx);
+  for (int d = 0, pos = 0; d < it->rank; d++) {
+    if (reduced[d]) {
+      dims[d] = NULL;
+      if (in->attrs.keepdims) pos++;
+    } else {
+      dims[d] = oidx->dim[pos++];
+    }
+  }
+}
+
+/* the bytes a slot covers in the arena (type of the value g stores or reads there) */
+static int64_t slot_bytes(const cpu_build *cb, const kgroup *g, int s) {
+  int64_t bytes = 0;
+  for (int k = 0; k < g->n_out; k++)
+    if (g->out_slot[k] == s) bytes = type_bytes(&g->f->types[g->out[k]]);
+  for (int v = 0; v < g->f->n_values; v++)
+    if (g->leaf[v] == s && type_bytes(&g->f->types[v]) > bytes) bytes = type_bytes(&g->f->types[v]);
+  (void)cb;
+  return bytes;
+}
+
+static bool slots_overlap(const cpu_build *cb, const kgroup *g, int a, int b) {
+  const slot *x = &cb->slots[a], *y = &cb->slots[b];
+  if (a == b) return true;
+  if (x->kind != SLOT_ARENA || y->kind != SLOT_ARENA) return false;
+  return x->offset < y->offset + slot_bytes(cb, g, b) && y->offset < x->offset + slot_bytes(cb, g, a);
+}
+
+static int emit_kernel(cpu_build *cb, const kgroup *g, int id, kinfo *ki) {
+  llvm_emit *e = &cb->e;
+  const ir_func *f = g->f;
+  memset(ki, 0, sizeof *ki);
+  ki->buf_slot = malloc(((size_t)g->n_out + (size_t)f->n_values + 1) * sizeof *ki->buf_slot);
+  LLVMTypeRef *params = malloc(((size_t)g->n_out + (size_t)f->n_values + 4) * sizeof *params);
+  if (!ki->buf_slot || !params) {
+    free(params);
+    return oom();
+  }
+  for (int k = 0; k < g->n_out; k++) ki->buf_slot[ki->n_bufs++] = g->out_slot[k];
+  for (int v = 0; v < f->n_values; v++) {
+    if (g->leaf[v] < 0) continue;
+    bool seen = false;
+    for (int k = 0; k < ki->n_bufs && !seen; k++) seen = ki->buf_slot[k] == g->leaf[v];
+    if (!seen) ki->buf_slot[ki->n_bufs++] = g->leaf[v];
+  }
+  int nb = ki->n_bufs;
+  for (int k = 0; k < nb; k++) params[k] = e->t_ptr;
+  params[nb] = e->t_ptr;       /* the error flag */
+  params[nb + 1] = e->t_i64;   /* begin */
+  params[nb + 2] = e->t_i64;   /* end */
+  ki->fn_type = LLVMFunctionType(e->t_void, params, (unsigned)nb + 3, 0);
+  free(params);
+  char name[32];
+  snprintf(name, sizeof name, "kernel%d", id);
+  LLVMValueRef fn = ki->fn = LLVMAddFunction(e->mod, name, ki->fn_type);
+  LLVMSetLinkage(fn, LLVMInternalLinkage);
+  add_fn_attr(e->ctx, fn, "nounwind");
+  add_target_attrs(e->ctx, fn);
+  /* noalias: an output shares its buffer with nothing else (inputs are only
+   * read), unless the buffers pass put it over an input that dies here */
+  unsigned noalias = LLVMGetEnumAttributeKindForName("noalias", 7);
+  for (int k = 0; k < nb; k++) {
+    bool alone = true;
+    for (int q = 0; q < nb && alone; q++)
+      if (q != k && (q < g->n_out || k < g->n_out)) alone = !slots_overlap(cb, g, ki->buf_slot[k], ki->buf_slot[q]);
+    if (alone) LLVMAddAttributeAtIndex(fn, (unsigned)k + 1, LLVMCreateEnumAttribute(e->ctx, noalias, 0));
+  }
+  LLVMPositionBuilderAtEnd(e->b, LLVMAppendBasicBlockInContext(e->ctx, fn, "entry"));
+  LLVMValueRef begin = LLVMGetParam(fn, (unsigned)nb + 1), end = LLVMGetParam(fn, (unsigned)nb + 2);
+  LLVMValueRef *buf = calloc((size_t)f->n_values + 1, sizeof *buf);
+  if (!buf) return kiln_set_error("cpu: out of memory");
+  for (int v = 0; v < f->n_values; v++) {
+    if (g->leaf[v] < 0) continue;
+    for (int k = 0; k < nb; k++)
+      if (ki->buf_slot[k] == g->leaf[v]) buf[v] = LLVMGetParam(fn, (unsigned)k);
+  }
+  LLVMValueRef bad_slot = LLVMBuildAlloca(e->b, e->t_i1, "bad");
+  LLVMBuildStore(e->b, LLVMConstInt(e->t_i1, 0, 0), bad_slot);
+  llvm_group lg = {.e = e, .f = f, .buf = buf};
+  llvm_group_init(&lg);
+  int rc = 0;
+  const ir_instr *first = &f->instrs[f->def[g->out[0]]];
+  const op_type *ot = &f->types[g->out[0]];
+  if (llvm_op_is_reduce(first->op)) {
+    /* for each output element: loops over the reduced dims */
+    ir_value x = first->in[0];
+    const op_type *it = &f->types[x];
+    int64_t n_out = type_size(ot), n_in = type_size(it);
+    ki->units = n_out;
+    ki->per_unit = n_out ? n_in / n_out : 0;
+    LLVMValueRef acc_slot[64];
+    LLVMTypeRef acc_type[64];
+    if (g->n_out > 64) {
+      free(buf);
+      return kiln_set_error("cpu: @%s: a kernel with more than 64 reductions", cb->f->name);
+    }
+    for (int k = 0; k < g->n_out; k++) {
+      const ir_instr *rk = &f->instrs[f->def[g->out[k]]];
+      acc_type[k] = llvm_reduce_type(e, rk->op, it->dtype);
+      acc_slot[k] = LLVMBuildAlloca(e->b, acc_type[k], "acc");
+    }
+    llvm_loop lo;
+    LLVMValueRef o = llvm_loop_begin(e, &lo, begin, end, "out");
+    for (int k = 0; k < g->n_out; k++) {
+      const ir_instr *rk = &f->instrs[f->def[g->out[k]]];
+      LLVMBuildStore(e->b, llvm_reduce_identity(e, rk->op, it->dtype), acc_slot[k]);
+    }
+    bool trailing = true, reduced[KILN_MAX_RANK];
+    for (int k = 0; k < first->attrs.naxes; k++) trailing = trailing && first->attrs.axes[k] == it->rank - first->attrs.naxes + k;
+    llvm_index oidx, xidx;
+    llvm_index_linear(&oidx, ot, o);
+    llvm_loop loops[KILN_MAX_RANK];
+    int nloops = 0;
+    if (trailing && llvm_group_is_flat(f, g->member, x)) { /* one loop over a contiguous run */
+      int64_t span = ki->per_unit;
+      LLVMValueRef base = LLVMBuildMul(e->b, o, llvm_i64(e, span), "");
+      LLVMValueRef r = llvm_loop_begin(e, &loops[nloops++], llvm_i64(e, 0), llvm_i64(e, span), "red");
+      llvm_index_linear(&xidx, it, LLVMBuildAdd(e->b, base, r, ""));
+    } else {
+      LLVMValueRef dims[KILN_MAX_RANK];
+      reduce_dims(e, first, it, &oidx, dims, reduced);
+      for (int d = 0; d < it->rank; d++)
+        if (reduced[d]) dims[d] = llvm_loop_begin(e, &loops[nloops++], llvm_i64(e, 0), llvm_i64(e, it->shape[d]), "red");
+      llvm_index_dims(&xidx, it, dims);
+    }
+    for (int k = 0; k < g->n_out && !rc; k++) {
+      const ir_instr *rk = &f->instrs[f->def[g->out[k]]];
+      LLVMValueRef xv = llvm_emit_value(&lg, rk->in[0], &xidx);
+      if (!xv) {
+        rc = -1;
+        break;
+      }
+      LLVMValueRef acc = LLVMBuildLoad2(e->b, acc_type[k], acc_slot[k], "");
+      LLVMBuildStore(e->b, llvm_reduce_combine(e, rk->op, it->dtype, acc, xv), acc_slot[k]);
+    }
+    flush_bad(e, &lg, bad_slot);
+    llvm_group_forget(&lg);
+    while (nloops > 0) llvm_loop_end(e, &loops[--nloops]);
+    for (int k = 0; k < g->n_out && !rc; k++) {
+      const ir_instr *rk = &f->instrs[f->def[g->out[k]]];
+      LLVMValueRef acc = LLVMBuildLoad2(e->b, acc_type[k], acc_slot[k], "");
+      llvm_emit_store(e, ot->dtype, LLVMGetParam(fn, (unsigned)k), o, llvm_reduce_finish(e, rk->op, it->dtype, acc));
+    }
+    llvm_loop_end(e, &lo);
+  } else {
+    int64_t n = type_size(ot);
+    bool flat = true;
+    for (int k = 0; k < g->n_out; k++) flat = flat && llvm_group_is_flat(f, g->member, g->out[k]);
+    llvm_index idx;
+    llvm_loop lo, li;
+    LLVMValueRef at;
+    int64_t inner = ot->rank ? ot->shape[ot->rank - 1] : 1;
+    bool rows = !flat && ot->rank > 0 && n > 0;
+    int64_t nblk = 1, blk = inner;
+    if (!rows) { /* one loop over linear indices */
+      ki->units = n;
+      ki->per_unit = 1;
+      at = llvm_loop_begin(e, &lo, begin, end, "i");
+      llvm_index_linear(&idx, ot, at);
+    } else { /* rows of the innermost dim, a multi-index per row */
+      if (inner > ROW_BLOCK) nblk = (inner + ROW_BLOCK - 1) / ROW_BLOCK, blk = ROW_BLOCK;
+      ki->units = n / inner * nblk;
+      ki->per_unit = blk;
+      LLVMValueRef u = llvm_loop_begin(e, &lo, begin, end, "row");
+      LLVMValueRef row = u, j0 = llvm_i64(e, 0), j1 = llvm_i64(e, inner);
+      if (nblk > 1) {
+        row = LLVMBuildUDiv(e->b, u, llvm_i64(e, nblk), "");
+        j0 = LLVMBuildMul(e->b, LLVMBuildURem(e->b, u, llvm_i64(e, nblk), ""), llvm_i64(e, blk), "");
+        LLVMValueRef j1c = LLVMBuildAdd(e->b, j0, llvm_i64(e, blk), "");
+        j1 = LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, j1c, j1, ""), j1c, j1, "");
+      }
+      op_type outer = *ot;
+      outer.rank--;
+      llvm_index ridx;
+      llvm_index_linear(&ridx, &outer, row);
+      llvm_index_get_dims(e, &ridx);
+      LLVMValueRef rowbase = LLVMBuildMul(e->b, row, llvm_i64(e, inner), "");
+      LLVMValueRef j = llvm_loop_begin(e, &li, j0, j1, "j");
+      LLVMValueRef dims[KILN_MAX_RANK];
+      for (int d = 0; d < outer.rank; d++) dims[d] = ridx.dim[d];
+      dims[ot->rank - 1] = j;
+      llvm_index_dims(&idx, ot, dims);
+      at = idx.linear = LLVMBuildAdd(e->b, rowbase, j, "");
+    }
+    for (int k = 0; k < g->n_out && !rc; k++) {
+      LLVMValueRef v = llvm_emit_value(&lg, g->out[k], &idx);
+      if (!v) {
+        rc = -1;
+        break;
+      }
+      llvm_emit_store(e, f->types[g->out[k]].dtype, LLVMGetParam(fn, (unsigned)k), at, v);
+    }
+    flush_bad(e, &lg, bad_slot);
+    llvm_group_forget(&lg);
+    if (rows) llvm_loop_end(e, &li);
+    llvm_loop_end(e, &lo);
+  }
+  ki->can_fail = lg.bad_op != OP_COUNT;
+  ki->fail_op = lg.bad_op;
+  llvm_group_dispose(&lg);
+  free(buf);
+  if (rc) return -1;
+  /* raise the flag once, after the loops */
+  if (ki->can_fail) {
+    LLVMBasicBlockRef set = LLVMAppendBasicBlockInContext(e->ctx, fn, "fail");
+    LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(e->ctx, fn, "done");
+    LLVMBuildCondBr(e->b, LLVMBuildLoad2(e->b, e->t_i1, bad_slot, ""), set, done);
+    LLVMPositionBuilderAtEnd(e->b, set);
+    LLVMValueRef st = LLVMBuildStore(e->b, llvm_i32(e, 1), LLVMGetParam(fn, (unsigned)nb));
+    LLVMSetOrdering(st, LLVMAtomicOrderingMonotonic); /* several tasks may fail at once */
+    LLVMSetAlignment(st, 4);
+    LLVMBuildBr(e->b, done);
+    LLVMPositionBuilderAtEnd(e->b, done);
+  }
+  LLVMBuildRetVoid(e->b);
+
+  /* the thread pool's task: (ctx = buffers and flag, begin, end) */
+  snprintf(name, sizeof name, "kernel%d.task", id);
+  ki->task = LLVMAddFunction(e->mod, name, cb->ty_task);
+  LLVMSetLinkage(ki->task, LLVMInternalLinkage);
+  add_fn_attr(e->ctx, ki->task, "nounwind");
+  add_target_attrs(e->ctx, ki->task);
+  LLVMPositionBuilderAtEnd(e->b, LLVMAppendBasicBlockInContext(e->ctx, ki->task, "entry"));
+  LLVMValueRef *args = malloc(((size_t)nb + 3) * sizeof *args);
+  if (!args) return oom();
+  LLVMValueRef ctx = LLVMGetParam(ki->task, 0);
+  for (int k = 0; k <= nb; k++) {
+    LLVMValueRef ix = llvm_i64(e, k);
+    args[k] = LLVMBuildLoad2(e->b, e->t_ptr, LLVMBuildGEP2(e->b, e->t_ptr, ctx, &ix, 1, ""), "");
+  }
+  args[nb + 1] = LLVMGetParam(ki->task, 1);
+  args[nb + 2] = LLVMGetParam(ki->task, 2);
+  LLVMBuildCall2(e->b, ki->fn_type, ki->fn, args, (unsigned)nb + 3, "");
+  LLVMBuildRetVoid(e->b);
+  free(args);
+  return 0;
+}
+
+/* the entry function's pointer to each slot, computed up front */
+static void emit_slot_ptrs(cpu_build *cb, LLVMValueRef params, LLVMValueRef results, LLVMValueRef arena) {
+  llvm_emit *e = &cb->e;
+  LLVMBuilderRef b = cb->eb;
+  for (int s = 0; s < cb->n_slots; s++) {
+    const slot *sl = &cb->slots[s];
+    LLVMValueRef ix;
+    switch (sl->kind) {
+      case SLOT_PARAM:
+      case SLOT_RESULT:
+        ix = llvm_i64(e, sl->index);
+        cb->slot_ptr[s] = LLVMBuildLoad2(
+            b, e->t_ptr, LLVMBuildGEP2(b, e->t_ptr, sl->kind == SLOT_PARAM ? params : results, &ix, 1, ""), "");
+        break;
+      case SLOT_ARENA:
+        ix = llvm_i64(e, sl->offset);
+        cb->slot_ptr[s] = LLVMBuildGEP2(b, e->t_i8, arena, &ix, 1, "");
+        break;
+      default: cb->slot_ptr[s] = const_data(e, sl->cst); break;
+    }
+  }
+}
+
+/* if (cond) return -1 after calling fail (when given) */
+static void emit_bail(cpu_build *cb, LLVMValueRef cond, int32_t kernel) {
+  llvm_emit *e = &cb->e;
+  LLVMBuilderRef b = cb->eb;
+  LLVMBasicBlockRef bad = LLVMAppendBasicBlockInContext(e->ctx, cb->entry, "bail");
+  LLVMBasicBlockRef next = LLVMAppendBasicBlockInContext(e->ctx, cb->entry, "next");
+  LLVMBuildCondBr(b, cond, bad, next);
+  LLVMPositionBuilderAtEnd(b, bad);
+  if (kernel >= 0) {
+    LLVMValueRef args[2] = {cb->call_arg, llvm_i32(e, kernel)};
+    LLVMBuildCall2(b, cb->ty_fail, cb->fn_fail, args, 2, "");
+  }
+  LLVMBuildRet(b, llvm_i32(e, -1));
+  LLVMPositionBuilderAtEnd(b, next);
+}
+
+static int emit_program(cpu_build *cb, const char *entry_name) {
+  llvm_emit *e = &cb->e;
+  cpu_program *p = cb->p;
+  LLVMTypeRef pp[4] = {e->t_i64, e->t_i64, e->t_ptr, e->t_ptr}; /* parallel_for(n, grain, fn, ctx) */
+  cb->ty_par = LLVMFunctionType(e->t_void, pp, 4, 0);
+  cb->fn_par = LLVMAddFunction(e->mod, "kiln_rt_parallel_for", cb->ty_par);
+  LLVMTypeRef hp[3] = {e->t_ptr, e->t_i32, e->t_ptr};
+  cb->ty_helper = LLVMFunctionType(e->t_i32, hp, 3, 0);
+  cb->fn_helper = LLVMAddFunction(e->mod, "kiln_rt_helper", cb->ty_helper);
+  cb->ty_fail = LLVMFunctionType(e->t_void, hp, 2, 0);
+  cb->fn_fail = LLVMAddFunction(e->mod, "kiln_rt_kernel_fail", cb->ty_fail);
+  LLVMTypeRef tp[3] = {e->t_ptr, e->t_i64, e->t_i64};
+  cb->ty_task = LLVMFunctionType(e->t_void, tp, 3, 0);
+
+  LLVMTypeRef ep[4] = {e->t_ptr, e->t_ptr, e->t_ptr, e->t_ptr};
+  LLVMTypeRef ety = LLVMFunctionType(e->t_i32, ep, 4, 0);
+  cb->entry = LLVMAddFunction(e->mod, entry_name, ety);
+  add_fn_attr(e->ctx, cb->entry, "nounwind");
+  add_target_attrs(e->ctx, cb->entry);
+  cb->eb = LLVMCreateBuilderInContext(e->ctx);
+  LLVMPositionBuilderAtEnd(cb->eb, LLVMAppendBasicBlockInContext(e->ctx, cb->entry, "entry"));
+  cb->call_arg = LLVMGetParam(cb->entry, 3);
+  cb->slot_ptr = calloc((size_t)cb->n_slots + 1, sizeof *cb->slot_ptr);
+  p->kernel_fail_op = calloc((size_t)cb->n_groups + 1, sizeof *p->kernel_fail_op);
+  if (!cb->slot_ptr || !p->kernel_fail_op) return kiln_set_error("cpu: out of memory");
+  LLVMTypeRef arr = LLVMArrayType2(e->t_ptr, (uint64_t)cb->max_bufs + 1);
+  cb->ctx_array = LLVMBuildAlloca(cb->eb, arr, "bufs");
+  emit_slot_ptrs(cb, LLVMGetParam(cb->entry, 0), LLVMGetParam(cb->entry, 1), LLVMGetParam(cb->entry, 2));
+  LLVMBuilderRef b = cb->eb;
+  for (int s = 0; s < cb->n_steps; s++) {
+    const step *st = &cb->steps[s];
+    if (st->kind == STEP_KERNEL) {
+      kinfo ki;
+      int id = st->index, rc = emit_kernel(cb, &cb->groups[id], id, &ki);
+      if (rc) {
+        free(ki.buf_slot);
+        return -1;
+      }
+      p->kernel_fail_op[id] = ki.can_fail ? ki.fail_op : OP_COUNT;
+      p->n_kernels++;
+      if (ki.units == 0) {
+        free(ki.buf_slot);
+        continue;
+      }
+      LLVMValueRef *args = malloc(((size_t)ki.n_bufs + 3) * sizeof *args);
+      if (!args) {
+        free(ki.buf_slot);
+        return oom();
+      }
+      for (int k = 0; k < ki.n_bufs; k++) args[k] = cb->slot_ptr[ki.buf_slot[k]];
+      args[ki.n_bufs] = cb->call_arg;
+      int64_t work = ki.units * (ki.per_unit > 0 ? ki.per_unit : 1);
+      if (work >= PAR_MIN && ki.units >= 2) { /* over the thread pool */
+        for (int k = 0; k <= ki.n_bufs; k++) {
+          LLVMValueRef ix = llvm_i64(e, k);
+          LLVMBuildStore(b, args[k], LLVMBuildGEP2(b, e->t_ptr, cb->ctx_array, &ix, 1, ""));
+        }
+        int64_t grain = PAR_GRAIN / (ki.per_unit > 0 ? ki.per_unit : 1);
+        LLVMValueRef pa[4] = {llvm_i64(e, ki.units), llvm_i64(e, grain > 0 ? grain : 1), ki.task, cb->ctx_array};
+        LLVMBuildCall2(b, cb->ty_par, cb->fn_par, pa, 4, "");
+      } else {
+        args[ki.n_bufs + 1] = llvm_i64(e, 0);
+        args[ki.n_bufs + 2] = llvm_i64(e, ki.units);
+        LLVMBuildCall2(b, ki.fn_type, ki.fn, args, (unsigned)ki.n_bufs + 3, "");
+      }
+      free(args);
+      free(ki.buf_slot);
+      if (ki.can_fail) {
+        LLVMValueRef flag = LLVMBuildLoad2(b, e->t_i32, cb->call_arg, "");
+        LLVMSetOrdering(flag, LLVMAtomicOrderingMonotonic);
+        LLVMSetAlignment(flag, 4);
+        emit_bail(cb, LLVMBuildICmp(b, LLVMIntNE, flag, llvm_i32(e, 0), ""), id);
+      }
+    } else if (st->kind == STEP_HELPER) {
+      /* bufs = {outs..., ins...}; kiln_rt_helper(call, h, bufs) */
+      for (int k = 0; k < st->n_slots; k++) {
+        LLVMValueRef ix = llvm_i64(e, k);
+        LLVMBuildStore(b, cb->slot_ptr[st->slots[k]], LLVMBuildGEP2(b, e->t_ptr, cb->ctx_array, &ix, 1, ""));
+      }
+      LLVMValueRef ha[3] = {cb->call_arg, llvm_i32(e, st->index), cb->ctx_array};
+      LLVMValueRef rc = LLVMBuildCall2(b, cb->ty_helper, cb->fn_helper, ha, 3, "");
+      emit_bail(cb, LLVMBuildICmp(b, LLVMIntNE, rc, llvm_i32(e, 0), ""), -1);
+    } else if (st->bytes > 0) { /* a result computed elsewhere, into its buffer */
+      LLVMBuildMemCpy(b, cb->slot_ptr[st->slots[0]], 1, cb->slot_ptr[st->slots[1]], 1, llvm_i64(e, st->bytes));
+    }
+  }
+  LLVMBuildRet(b, llvm_i32(e, 0));
+  return 0;
+}
+
+/* ---- compiling ---- */
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static void build_free(cpu_build *cb) {
+  for (int g = 0; g < cb->n_groups; g++) {
+    free(cb->groups[g].member);
+    free(cb->groups[g].leaf);
+    free(cb->groups[g].out);
+    free(cb->groups[g].out_slot);
+  }
+  for (int s = 0; s < cb->n_steps; s++) free(cb->steps[s].slots);
+  free(cb->result_done);
+  free(cb->groups);
+  free(cb->steps);
+  free(cb->slots);
+  free(cb->vslot);
+  free(cb->result_of);
+  free(cb->slot_ptr);
+  if (cb->eb) LLVMDisposeBuilder(cb->eb);
+  llvm_emit_dispose(&cb->e);
+}
+
+static int llvm_fail(const char *f, const char *what, LLVMErrorRef err) {
+  char msg[512];
+  error_text(err, msg, sizeof msg);
+  return kiln_set_error("cpu: @%s: %s: %s", f, what, msg);
+}
+
+/* O3 for the host CPU, then the optimized module as bitcode (for the text
+ * stages, which rebuild it on demand) */
+static int optimize(cpu_program *p, LLVMModuleRef mod) {
+  char *msg = NULL;
+  if (LLVMVerifyModule(mod, LLVMReturnStatusAction, &msg)) {
+    kiln_set_error("cpu: @%s: internal error: invalid LLVM module: %.400s", p->name, msg ? msg : "");
+    LLVMDisposeMessage(msg);
+    return -1;
+  }
+  LLVMDisposeMessage(msg);
+  LLVMTargetMachineRef tm = host_machine();
+  if (!tm) return kiln_set_error("cpu: @%s: %s", p->name, jit_error);
+  LLVMPassBuilderOptionsRef opts = LLVMCreatePassBuilderOptions();
+  LLVMPassBuilderOptionsSetLoopVectorization(opts, 1);
+  LLVMPassBuilderOptionsSetSLPVectorization(opts, 1);
+  LLVMPassBuilderOptionsSetLoopInterleaving(opts, 1);
+  LLVMPassBuilderOptionsSetLoopUnrolling(opts, 1);
+  LLVMErrorRef err = LLVMRunPasses(mod, "default<O3>", tm, opts);
+  LLVMDisposePassBuilderOptions(opts);
+  LLVMDisposeTargetMachine(tm);
+  if (err) return llvm_fail(p->name, "optimisation failed", err);
+  LLVMMemoryBufferRef bc = LLVMWriteBitcodeToMemoryBuffer(mod);
+  if (!bc) return kiln_set_error("cpu: @%s: cannot write bitcode", p->name);
+  p->bitcode_len = LLVMGetBufferSize(bc);
+  p->bitcode = malloc(p->bitcode_len + 1);
+  if (p->bitcode) memcpy(p->bitcode, LLVMGetBufferStart(bc), p->bitcode_len);
+  LLVMDisposeMemoryBuffer(bc);
+  return p->bitcode ? 0 : kiln_set_error("cpu: out of memory");
+}
+
+cpu_program *cpu_compile(const ir_func *f) {
+  if (!f) {
+    kiln_set_error("cpu: no function");
+    return NULL;
+  }
+  if (ir_verify(f)) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", kiln_last_error());
+    kiln_set_error("cpu: %s", msg);
+    return NULL;
+  }
+  LLVMOrcLLJITRef jit = jit_get();
+  if (!jit) return NULL;
+  double t0 = now_ms();
+  cpu_program *p = calloc(1, sizeof *p);
+  if (!p) {
+    kiln_set_error("cpu: out of memory");
+    return NULL;
+  }
+  cpu_build cb = {.f = f, .p = p};
+  p->name = malloc(strlen(f->name) + 1);
+  p->param_types = malloc(((size_t)f->n_params + 1) * sizeof *p->param_types);
+  p->result_types = malloc(((size_t)f->n_results + 1) * sizeof *p->result_types);
+  if (!p->name || !p->param_types || !p->result_types) {
+    kiln_set_error("cpu: out of memory");
+    goto fail;
+  }
+  strcpy(p->name, f->name);
+  p->n_params = f->n_params;
+  p->n_results = f->n_results;
+  for (int i = 0; i < f->n_params; i++) p->param_types[i] = f->types[i];
+  for (int r = 0; r < f->n_results; r++) p->result_types[r] = f->types[f->results[r]];
+  if (plan(&cb)) goto fail;
+
+  LLVMOrcThreadSafeContextRef tsc = LLVMOrcCreateNewThreadSafeContext();
+  LLVMContextRef ctx = LLVMOrcThreadSafeContextGetContext(tsc);
+  char entry_name[64];
+  snprintf(entry_name, sizeof entry_name, "kiln_entry_%llu", (unsigned long long)atomic_fetch_add(&next_program_id, 1));
+  LLVMModuleRef mod = LLVMModuleCreateWithNameInContext(f->name, ctx);
+  LLVMSetTarget(mod, LLVMOrcLLJITGetTripleString(jit));
+  LLVMSetDataLayout(mod, LLVMOrcLLJITGetDataLayoutStr(jit));
+  llvm_emit_init(&cb.e, ctx, mod);
+  cb.e.contract = true;
+  cb.e.const_data = const_data;
+  cb.e.user = &cb.e;
+  if (emit_program(&cb, entry_name) || optimize(p, mod)) {
+    LLVMDisposeModule(mod);
+    LLVMOrcDisposeThreadSafeContext(tsc);
+    goto fail;
+  }
+  LLVMOrcThreadSafeModuleRef tsm = LLVMOrcCreateNewThreadSafeModule(mod, tsc);
+  LLVMOrcDisposeThreadSafeContext(tsc);
+  LLVMOrcResourceTrackerRef rt = LLVMOrcJITDylibCreateResourceTracker(LLVMOrcLLJITGetMainJITDylib(jit));
+  p->jit_tracker = rt;
+  LLVMErrorRef err = LLVMOrcLLJITAddLLVMIRModuleWithRT(jit, rt, tsm);
+  if (err) {
+    llvm_fail(f->name, "the JIT refused the module", err);
+    goto fail;
+  }
+  LLVMOrcExecutorAddress addr = 0;
+  err = LLVMOrcLLJITLookup(jit, &addr, entry_name);
+  if (err) {
+    llvm_fail(f->name, "code generation failed", err);
+    goto fail;
+  }
+  p->entry = (int (*)(void **, void **, void *, cpu_call *))(uintptr_t)addr;
+  p->compile_ms = now_ms() - t0;
+  build_free(&cb);
+  return p;
+fail:
+  build_free(&cb);
+  cpu_program_free(p);
+  return NULL;
+}
+
+/* The text stages, rebuilt from the optimized module's bitcode. */
+char *cpu_program_text(cpu_program *p, const char *stage) {
+  if (!p || !stage) {
+    kiln_set_error("cpu: no program or stage");
+    return NULL;
+  }
+  bool assembly = !strcmp(stage, "asm");
+  if (!assembly && strcmp(stage, "llvm")) {
+    kiln_set_error("cpu: unknown stage \"%s\" (llvm, asm)", stage);
+    return NULL;
+  }
+  if (!jit_get()) return NULL;
+  LLVMContextRef ctx = LLVMContextCreate();
+  LLVMMemoryBufferRef mb = LLVMCreateMemoryBufferWithMemoryRangeCopy(p->bitcode, p->bitcode_len, "kiln");
+  LLVMModuleRef m = NULL;
+  char *out = NULL, *text = NULL, *msg = NULL;
+  LLVMMemoryBufferRef ob = NULL;
+  LLVMTargetMachineRef tm = NULL;
+  if (LLVMParseBitcodeInContext2(ctx, mb, &m)) {
+    kiln_set_error("cpu: @%s: cannot read back the module", p->name);
+  } else if (!assembly) {
+    text = LLVMPrintModuleToString(m);
+  } else if (!(tm = host_machine())) {
+    kiln_set_error("cpu: @%s: %s", p->name, jit_error);
+  } else if (LLVMTargetMachineEmitToMemoryBuffer(tm, m, LLVMAssemblyFile, &msg, &ob)) {
+    kiln_set_error("cpu: @%s: no assembly: %s", p->name, msg ? msg : "");
+  }
+  const char *src = text ? text : ob ? LLVMGetBufferStart(ob) : NULL;
+  size_t len = text ? strlen(text) : ob ? LLVMGetBufferSize(ob) : 0;
+  if (src && (out = malloc(len + 1))) {
+    memcpy(out, src, len);
+    out[len] = 0;
+  } else if (src) {
+    kiln_set_error("cpu: out of memory");
+  }
+  if (text) LLVMDisposeMessage(text);
+  if (msg) LLVMDisposeMessage(msg);
+  if (ob) LLVMDisposeMemoryBuffer(ob);
+  if (tm) LLVMDisposeTargetMachine(tm);
+  if (m) LLVMDisposeModule(m);
+  LLVMDisposeMemoryBuffer(mb);
+  LLVMContextDispose(ctx);
+  return out;
+}

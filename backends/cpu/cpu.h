@@ -1,0 +1,96 @@
+/* cpu.h — the LLVM CPU backend: compiles a verified IR function into one
+ * LLVM module (a function per kernel, one entry function that runs them in
+ * order over a per-call arena), JIT-compiles it with ORC LLJIT for the host
+ * CPU and runs it. Internal to the library; the entry points are exported
+ * for the tests and tools. */
+#ifndef KILN_CPU_H
+#define KILN_CPU_H
+
+#include "ir.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cpu_program cpu_program;
+
+/* Compiles f (a verified ir_func; constants are embedded, so f may be
+ * freed afterwards) to native code. NULL with "cpu: ..." in the error. */
+KILN_EXPORT cpu_program *cpu_compile(const ir_func *f);
+/* Runs it: args one per parameter (concrete CPU tensors of the parameter
+ * types); writes one new tensor per result, owned as op results are (the
+ * innermost scope, or the caller). 0, or -1 with the error set and results
+ * untouched. Thread-safe: many threads may run one program at once. */
+KILN_EXPORT int cpu_run(cpu_program *p, kiln_tensor *const *args, kiln_tensor **results);
+/* The program's optimized LLVM IR ("llvm") or assembly ("asm"); malloc'd,
+ * NULL with the error set for another stage. */
+KILN_EXPORT char *cpu_program_text(cpu_program *p, const char *stage);
+KILN_EXPORT void cpu_program_free(cpu_program *p); /* NULL is fine */
+/* Compiled kernels (LLVM functions) in the program. */
+KILN_EXPORT int cpu_program_kernels(const cpu_program *p);
+/* Milliseconds cpu_compile took (emission, optimisation, code generation). */
+KILN_EXPORT double cpu_program_compile_ms(const cpu_program *p);
+
+/* ---- shared by compile.c and run.c ---- */
+
+/* What the generated code passes back to the runtime: the error flag that
+ * kernels raise (at offset 0, so the kernels get its address directly) and
+ * the program. */
+typedef struct cpu_call {
+  int32_t err;
+  int32_t failed_kernel;
+  const cpu_program *prog;
+} cpu_call;
+
+/* An op run by a runtime helper: an eager kernel over the raw buffers (dot,
+ * gather, scatter_add, concat, argmax, iota, random draws), or a host
+ * callback on tensors copied in and out. */
+typedef struct cpu_helper {
+  op_id op;
+  op_attrs attrs;
+  int n_in, n_out;
+  op_type *in_types, *out_types;
+  /* host_call: the callback, copied out of the module */
+  kiln_host_fn host_fn;
+  void *host_user;
+  char *host_name;
+} cpu_helper;
+
+/* How each result is produced: written by the entry function into a new
+ * tensor, or an argument / constant / earlier result returned again. */
+enum { CPU_RES_OWN, CPU_RES_PARAM, CPU_RES_CONST, CPU_RES_SAME };
+typedef struct cpu_result {
+  int kind;
+  int index;         /* parameter or earlier result */
+  kiln_tensor *cst;  /* CPU_RES_CONST (retained by the program) */
+} cpu_result;
+
+struct cpu_program {
+  char *name;
+  int n_params, n_results;
+  op_type *param_types, *result_types;
+  cpu_result *results;
+  kiln_tensor **consts; /* retained: kernels read their data in place */
+  int n_consts;
+  cpu_helper *helpers;
+  int n_helpers;
+  op_id *kernel_fail_op; /* per kernel: the op whose check can fail it */
+  int n_kernels;
+  size_t arena_bytes;
+  int (*entry)(void **params, void **results, void *arena, cpu_call *call);
+  void *jit_tracker;     /* the ORC resource tracker of its code */
+  char *bitcode;         /* the optimized module, for cpu_program_text */
+  size_t bitcode_len;
+  double compile_ms;
+};
+
+/* The runtime helpers the generated code calls (run.c). */
+int cpu_rt_helper(cpu_call *call, int32_t helper, void **bufs);
+void cpu_rt_kernel_fail(cpu_call *call, int32_t kernel);
+/* Drops a program's code from the JIT (compile.c). */
+void cpu_jit_forget(void *tracker);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

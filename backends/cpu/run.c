@@ -1,0 +1,216 @@
+/* run.c — running compiled CPU programs: argument checks, result tensors
+ * and the per-call arena around one call of the entry function; and the
+ * runtime helpers the generated code calls: the eager kernels over raw
+ * buffers (dot, gather, random draws, ...), host callbacks, and the message
+ * of a kernel that failed. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cpu/cpu.h"
+
+static void tensor_type(const kiln_tensor *t, op_type *ty) {
+  ty->dtype = (kiln_dtype)t->dtype;
+  ty->rank = t->rank;
+  for (int k = 0; k < t->rank; k++) ty->shape[k] = t->shape[k];
+}
+
+static bool same_type(const kiln_tensor *t, const op_type *want) {
+  if (t->dtype != want->dtype || t->rank != want->rank) return false;
+  for (int k = 0; k < t->rank; k++)
+    if (t->shape[k] != want->shape[k]) return false;
+  return true;
+}
+
+static int arg_error(const cpu_program *p, int i, const kiln_tensor *t) {
+  char want[256], have[256] = "NULL";
+  ir_type_str(want, sizeof want, &p->param_types[i]);
+  if (t && (t->flags & TF_SYMBOLIC)) {
+    snprintf(have, sizeof have, "a symbolic tensor");
+  } else if (t && t->device != 0) {
+    snprintf(have, sizeof have, "a tensor on device %d", t->device);
+  } else if (t) {
+    op_type ty;
+    tensor_type(t, &ty);
+    ir_type_str(have, sizeof have, &ty);
+  }
+  return kiln_set_error("cpu: @%s: argument %d is %s, the parameter is %s", p->name, i, have, want);
+}
+
+int cpu_run(cpu_program *p, kiln_tensor *const *args, kiln_tensor **results) {
+  if (!p) return kiln_set_error("cpu: no program");
+  if ((p->n_params && !args) || (p->n_results && !results))
+    return kiln_set_error("cpu: @%s: args or results is NULL", p->name);
+  for (int i = 0; i < p->n_params; i++) {
+    const kiln_tensor *t = args[i];
+    if (!t || (t->flags & TF_SYMBOLIC) || t->device != 0 || !same_type(t, &p->param_types[i]))
+      return arg_error(p, i, t);
+  }
+  enum { SMALL = 16 };
+  void *small_p[SMALL], *small_r[SMALL];
+  kiln_tensor *small_o[SMALL];
+  void **pp = p->n_params <= SMALL ? small_p : malloc((size_t)p->n_params * sizeof *pp);
+  void **rp = p->n_results <= SMALL ? small_r : malloc((size_t)p->n_results * sizeof *rp);
+  kiln_tensor **outs = p->n_results <= SMALL ? small_o : calloc((size_t)p->n_results, sizeof *outs);
+  int rc = 0;
+  if (!pp || !rp || !outs) rc = kiln_set_error("cpu: out of memory");
+  for (int i = 0; !rc && i < p->n_params; i++) pp[i] = args[i]->data;
+  for (int r = 0; !rc && r < p->n_results; r++) {
+    outs[r] = NULL;
+    rp[r] = NULL;
+    if (p->results[r].kind != CPU_RES_OWN) continue;
+    const op_type *t = &p->result_types[r];
+    if (!(outs[r] = tensor_alloc("cpu", t->dtype, t->rank, t->shape))) rc = -1;
+    if (outs[r]) rp[r] = outs[r]->data;
+  }
+  int32_t cls = 0;
+  char none[KILN_ALIGN];
+  void *arena = none;
+  if (!rc && p->arena_bytes && !(arena = mem_alloc(p->arena_bytes, &cls)))
+    rc = kiln_set_error("cpu: @%s: out of memory for a %zu-byte arena", p->name, p->arena_bytes);
+  if (!rc) {
+    cpu_call call = {0, -1, p};
+    rc = p->entry(pp, rp, arena, &call);
+    if (rc && !kiln_has_error()) kiln_set_error("cpu: @%s failed", p->name);
+  }
+  if (arena && arena != none) mem_free(arena, cls);
+  for (int r = 0; outs && r < p->n_results; r++) {
+    if (rc) {
+      kiln_release(outs[r]);
+      continue;
+    }
+    const cpu_result *res = &p->results[r];
+    switch (res->kind) {
+      case CPU_RES_OWN: results[r] = scope_own(outs[r]); break;
+      case CPU_RES_PARAM: results[r] = scope_own(kiln_retain(args[res->index])); break;
+      case CPU_RES_CONST: results[r] = scope_own(kiln_retain(res->cst)); break;
+      default: results[r] = scope_own(kiln_retain(results[res->index])); break;
+    }
+  }
+  if (pp != small_p) free(pp);
+  if (rp != small_r) free(rp);
+  if (outs != small_o) free(outs);
+  return rc;
+}
+
+/* ---- helpers called by generated code ---- */
+
+/* a header for a raw buffer of type t: what a kernel reads of a tensor */
+static void header(kiln_tensor *h, const op_type *t, void *data) {
+  memset(h, 0, sizeof *h);
+  atomic_init(&h->refs, 1);
+  h->dtype = (uint8_t)t->dtype;
+  h->rank = (int8_t)t->rank;
+  h->size = 1;
+  for (int k = 0; k < t->rank; k++) h->size *= h->shape[k] = t->shape[k];
+  h->data = data;
+}
+
+/* A C callback: its inputs are copied into real tensors (it may keep
+ * them), its outputs checked as the interpreter does and copied out. */
+static int run_host(const cpu_helper *h, void **bufs) {
+  if (!h->host_fn)
+    return kiln_set_error("host_call: @%s: no callback is bound (IR read from text, and the process has no "
+                          "symbol of that name)", h->host_name);
+  kiln_tensor **io = calloc((size_t)(h->n_in + h->n_out) + 1, sizeof *io);
+  if (!io) return kiln_set_error("host_call: out of memory");
+  kiln_tensor **ins = io, **outs = io + h->n_in;
+  int rc = 0;
+  kiln_scope_push();
+  for (int k = 0; k < h->n_in && !rc; k++) {
+    const op_type *t = &h->in_types[k];
+    kiln_tensor *x = tensor_alloc("host_call", t->dtype, t->rank, t->shape);
+    if (!x) {
+      rc = -1;
+      break;
+    }
+    memcpy(x->data, bufs[h->n_out + k], tensor_bytes(x));
+    ins[k] = scope_own(x);
+  }
+  if (!rc && h->host_fn(h->host_user, h->n_in, ins, h->n_out, outs)) {
+    if (!kiln_has_error()) kiln_set_error("host_call: @%s failed without an error", h->host_name);
+    rc = -1;
+  }
+  for (int k = 0; k < h->n_out && !rc; k++) {
+    const kiln_tensor *t = outs[k];
+    if (!t || (t->flags & TF_SYMBOLIC) || t->device != 0 || !same_type(t, &h->out_types[k])) {
+      char w[256], g[256] = "NULL";
+      ir_type_str(w, sizeof w, &h->out_types[k]);
+      if (t) {
+        op_type ty;
+        tensor_type(t, &ty);
+        ir_type_str(g, sizeof g, &ty);
+      }
+      rc = kiln_set_error("host_call: @%s returned %s for output %d, declared %s", h->host_name, g, k, w);
+      break;
+    }
+    memcpy(bufs[k], t->data, tensor_bytes(t));
+  }
+  kiln_scope_pop();
+  free(io);
+  return rc;
+}
+
+int cpu_rt_helper(cpu_call *call, int32_t index, void **bufs) {
+  const cpu_helper *h = &call->prog->helpers[index];
+  if (kiln_ops[h->op].kind == OPK_HOST) return run_host(h, bufs);
+  enum { SMALL = 8 };
+  kiln_tensor small_h[SMALL], *small_in[SMALL], out;
+  kiln_tensor *hdr = h->n_in <= SMALL ? small_h : malloc((size_t)h->n_in * sizeof *hdr);
+  kiln_tensor **in = h->n_in <= SMALL ? small_in : malloc((size_t)h->n_in * sizeof *in);
+  if (!hdr || !in) {
+    if (hdr != small_h) free(hdr);
+    if (in != small_in) free(in);
+    return kiln_set_error("%s: out of memory", kiln_ops[h->op].api);
+  }
+  for (int k = 0; k < h->n_in; k++) {
+    header(&hdr[k], &h->in_types[k], bufs[h->n_out + k]);
+    in[k] = &hdr[k];
+  }
+  header(&out, &h->out_types[0], bufs[0]);
+  op_attrs a = h->attrs;
+  if (kiln_ops[h->op].kind == OPK_RANDOM && a.stateful) /* this call's block of the global stream */
+    a.counter = rng_reserve(((uint64_t)out.size + 1) / 2, &a.seed);
+  kernel_fn fn = kiln_kernels[h->op][0][dispatch_key(h->op, h->n_in, in, h->out_types[0].dtype)];
+  int rc;
+  if (!fn) {
+    rc = kiln_set_error("%s: no CPU kernel for %s", kiln_ops[h->op].api,
+                        kiln_dtype_name(dispatch_key(h->op, h->n_in, in, h->out_types[0].dtype)));
+  } else {
+    op_call c = {h->op, &a, h->n_in, in, &out};
+    rc = fn(&c);
+  }
+  if (hdr != small_h) free(hdr);
+  if (in != small_in) free(in);
+  return rc;
+}
+
+void cpu_rt_kernel_fail(cpu_call *call, int32_t kernel) {
+  op_id op = call->prog->kernel_fail_op[kernel];
+  /* the only check a compiled kernel makes today */
+  kiln_set_error("%s: integer division by zero", op < OP_COUNT ? kiln_ops[op].api : "cpu");
+}
+
+/* ---- the program ---- */
+
+int cpu_program_kernels(const cpu_program *p) { return p ? p->n_kernels : 0; }
+double cpu_program_compile_ms(const cpu_program *p) { return p ? p->compile_ms : 0; }
+
+void cpu_program_free(cpu_program *p) {
+  if (!p) return;
+  cpu_jit_forget(p->jit_tracker);
+  for (int i = 0; i < p->n_consts; i++) kiln_release(p->consts[i]);
+  for (int i = 0; i < p->n_helpers; i++) {
+    free(p->helpers[i].in_types);
+    free(p->helpers[i].out_types);
+    free(p->helpers[i].host_name);
+  }
+  free(p->consts);
+  free(p->helpers);
+  free(p->results);
+  free(p->param_types);
+  free(p->result_types);
+  free(p->kernel_fail_op);
+  free(p->bitcode);
+  free(p->name);
+  free(p);
+}

@@ -1,0 +1,948 @@
+/* fuse.c — groups instructions into kernels, in the manner of XLA's
+ * instruction fusion: elementwise chains with the broadcasts, reshapes and
+ * transposes that feed them; elementwise producers into the reductions that
+ * consume them; bias and activation epilogues into the dot they follow; and
+ * siblings that read one large input into one multi-output kernel. A group
+ * of two or more instructions becomes a function of the module (@f.fusedN)
+ * called by one fusion instruction. The refusals are the named predicates
+ * below (is_expensive, would_recompute, makes_cycle, ...). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "buffers.h"
+#include "rewrite.h"
+
+enum {
+  FUSE_MAX_REDUCTIONS = 2,       /* reductions in one kernel */
+  FUSE_SIBLING_MIN_ELEMS = 1024, /* a shared input this large is worth reading once */
+};
+
+/* What an instruction can be in a kernel. */
+typedef enum {
+  CLS_ELEM,   /* unary, binary, compare, select, convert: one element from the same element */
+  CLS_MOVE,   /* broadcast, reshape, transpose, slice, identity, iota, scalar constant: cheap, copied into
+                 every consumer that fuses it */
+  CLS_REDUCE, /* reductions and argmax: the roots of their kernel */
+  CLS_DOT,    /* leads a kernel of its epilogue */
+  CLS_OPAQUE, /* never fused: gather, scatter, concat, big constants, random, calls, host calls */
+} fz_class;
+
+/* One instruction of the graph the pass groups: an instruction of f, or a
+ * copy of a cheap producer made for one of its consumers. */
+typedef struct fz_node {
+  const ir_instr *ins; /* op, attributes, loc; its results' types are those of ins->out.. */
+  int n_in;
+  int32_t *in; /* operands, in the extended value space */
+  int32_t out; /* first result in the extended value space */
+  int n_out;
+  fz_class cls;
+  int epoch;   /* host calls and impure calls before it: never fused across */
+  bool effect; /* random draws, host calls, impure calls: emitted in their order */
+  bool clone;
+} fz_node;
+
+typedef struct fz {
+  ir_func *f;
+  /* the extended value space: f's values, then the results of copies */
+  int n_vals, cap_vals;
+  op_type *vtype;
+  int32_t *vdef; /* defining node, -1 for parameters */
+  bool *is_result;
+  /* nodes, in creation order while building, then in topological order */
+  int n, cap;
+  fz_node *nodes;
+  /* users by value while building (creation ids), then a CSR by value */
+  int32_t **ul;
+  int *un, *ucap;
+  int32_t *ustart, *users;
+  /* union-find groups; a group's data lives at its root */
+  int32_t *parent, *head, *next, *tail, *gmin, *gmax, *nred, *gdot, *gred;
+  bool *has_elem;
+  op_type *dom; /* the loop domain: the root's shape, a reduction's input */
+  /* graph walks */
+  int32_t *mark, *stack, *expmark, *scratch;
+  int32_t stamp;
+} fz;
+
+/* ---- what an instruction is ---- */
+
+static fz_class classify(const ir_func *f, const ir_instr *ins) {
+  if (ins->n_out != 1 || (unsigned)ins->op >= OP_COUNT) return CLS_OPAQUE;
+  switch (ins->op) {
+  case OP_BROADCAST:
+  case OP_RESHAPE:
+  case OP_TRANSPOSE:
+  case OP_SLICE:
+  case OP_IDENTITY:
+  case OP_STOP_GRADIENT:
+  case OP_IOTA:
+    return CLS_MOVE;
+  case OP_CONSTANT: /* scalars are copied into kernels; bigger ones stay inputs */
+    return pass_elems(&f->types[ins->out]) <= 1 ? CLS_MOVE : CLS_OPAQUE;
+  case OP_DOT:
+    return CLS_DOT;
+  default:
+    break;
+  }
+  switch (kiln_ops[ins->op].kind) {
+  case OPK_UNARY:
+  case OPK_BINARY:
+  case OPK_COMPARE:
+  case OPK_SELECT:
+  case OPK_CONVERT:
+    return CLS_ELEM;
+  case OPK_REDUCE:
+    return CLS_REDUCE;
+  default:
+    return CLS_OPAQUE;
+  }
+}
+
+/* Work worth computing once: never copied, never recomputed per element of
+ * a broadcast. */
+static bool is_expensive(op_id op) {
+  switch (op) {
+  case OP_EXP:
+  case OP_LOG:
+  case OP_LOG1P:
+  case OP_SQRT:
+  case OP_RSQRT:
+  case OP_SIN:
+  case OP_COS:
+  case OP_TANH:
+  case OP_SIGMOID:
+  case OP_POW:
+  case OP_DOT:
+    return true;
+  default:
+    return kiln_ops[op].kind == OPK_REDUCE;
+  }
+}
+
+/* An instruction with an effect: its order among the others stays. */
+static bool has_effect(const ir_instr *ins) {
+  op_kind k = kiln_ops[ins->op].kind;
+  return k == OPK_RANDOM || k == OPK_HOST || (k == OPK_CALL && !pass_func_is_pure(ins->attrs.callee));
+}
+
+/* Host calls and impure calls: nothing is fused across them. */
+static bool is_barrier(const ir_instr *ins) {
+  op_kind k = kiln_ops[ins->op].kind;
+  return k == OPK_HOST || (k == OPK_CALL && !pass_func_is_pure(ins->attrs.callee));
+}
+
+/* A consumer that takes its producers in: they are copied for it. */
+static bool takes_producers(fz_class c) { return c == CLS_ELEM || c == CLS_MOVE || c == CLS_REDUCE; }
+
+static bool same_shape(const op_type *a, const op_type *b) {
+  if (a->rank != b->rank) return false;
+  for (int i = 0; i < a->rank; i++)
+    if (a->shape[i] != b->shape[i]) return false;
+  return true;
+}
+
+static int cmp_i32(const void *a, const void *b) {
+  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* ---- building the graph ---- */
+
+static int grow(void **p, int *cap, int need, size_t sz) {
+  if (need <= *cap) return 0;
+  int c = *cap ? *cap : 16;
+  while (c < need) c *= 2;
+  void *q = realloc(*p, (size_t)c * sz);
+  if (!q) return kiln_set_error("fuse: out of memory");
+  *p = q;
+  *cap = c;
+  return 0;
+}
+
+/* a new value of the extended space (a copy's result) */
+static int32_t new_val(fz *z, const op_type *t) {
+  int cap = z->cap_vals, need = z->n_vals + 1;
+  if (need > cap) {
+    int c = 2 * cap;
+    op_type *vt = realloc(z->vtype, (size_t)c * sizeof *vt);
+    if (vt) z->vtype = vt;
+    bool *r = vt ? realloc(z->is_result, (size_t)c * sizeof *r) : NULL;
+    if (r) z->is_result = r;
+    int32_t **ul = r ? realloc(z->ul, (size_t)c * sizeof *ul) : NULL;
+    if (ul) z->ul = ul;
+    int *un = ul ? realloc(z->un, (size_t)c * sizeof *un) : NULL;
+    if (un) z->un = un;
+    int *uc = un ? realloc(z->ucap, (size_t)c * sizeof *uc) : NULL;
+    if (uc) z->ucap = uc;
+    if (!uc) return kiln_set_error("fuse: out of memory");
+    z->cap_vals = c;
+  }
+  int32_t v = z->n_vals++;
+  z->vtype[v] = *t;
+  z->is_result[v] = false;
+  z->ul[v] = NULL;
+  z->un[v] = z->ucap[v] = 0;
+  return v;
+}
+
+static int add_user(fz *z, int32_t v, int32_t node) {
+  if (z->un[v] && z->ul[v][z->un[v] - 1] == node) return 0; /* the same node twice in a row */
+  if (grow((void **)&z->ul[v], &z->ucap[v], z->un[v] + 1, sizeof **z->ul)) return -1;
+  z->ul[v][z->un[v]++] = node;
+  return 0;
+}
+
+/* appends a node (creation order) using a copy of in; its id or -1 */
+static int add_node(fz *z, const ir_instr *ins, const int32_t *in, int32_t out, fz_class cls, int epoch, bool clone) {
+  if (grow((void **)&z->nodes, &z->cap, z->n + 1, sizeof *z->nodes)) return -1;
+  fz_node *nd = &z->nodes[z->n];
+  memset(nd, 0, sizeof *nd);
+  if (ins->n_in && !(nd->in = malloc((size_t)ins->n_in * sizeof *nd->in))) return kiln_set_error("fuse: out of memory");
+  if (ins->n_in) memcpy(nd->in, in, (size_t)ins->n_in * sizeof *in);
+  nd->ins = ins;
+  nd->n_in = ins->n_in;
+  nd->out = out;
+  nd->n_out = clone ? 1 : ins->n_out;
+  nd->cls = cls;
+  nd->epoch = epoch;
+  nd->effect = !clone && has_effect(ins);
+  nd->clone = clone;
+  int id = z->n++;
+  for (int k = 0; k < nd->n_in; k++)
+    if (add_user(z, nd->in[k], id)) return -1;
+  return id;
+}
+
+/* Copies the cheap producer ins (results value v) for each consumer that
+ * will take it in, so that each kernel computes its own broadcast or
+ * transpose instead of reading a materialized one. The original stays for
+ * the others (or for the first consumer when there are no others). Runs
+ * before ins's own node is made: its consumers are all made already. */
+static int copy_for_consumers(fz *z, const ir_instr *ins, int epoch) {
+  int32_t v = ins->out;
+  int nf = 0, n_other = z->is_result[v] ? 1 : 0;
+  int32_t *fus = malloc(((size_t)z->un[v] + 1) * sizeof *fus);
+  if (!fus) return kiln_set_error("fuse: out of memory");
+  for (int j = 0; j < z->un[v]; j++) {
+    int32_t u = z->ul[v][j];
+    bool dup = false;
+    for (int q = 0; q < nf && !dup; q++) dup = fus[q] == u;
+    if (dup) continue;
+    if (takes_producers(z->nodes[u].cls) && z->nodes[u].epoch == epoch)
+      fus[nf++] = u;
+    else
+      n_other++;
+  }
+  int rc = 0;
+  if (nf >= 1 && nf + (n_other > 0) >= 2) {
+    for (int j = n_other ? 0 : 1; j < nf && !rc; j++) {
+      int32_t u = fus[j], c = new_val(z, &z->f->types[v]);
+      if (c < 0) {
+        rc = -1;
+        break;
+      }
+      fz_node *un = &z->nodes[u];
+      for (int k = 0; k < un->n_in; k++)
+        if (un->in[k] == v) un->in[k] = c;
+      if (add_node(z, ins, ins->in, c, CLS_MOVE, epoch, true) < 0 || add_user(z, c, u)) rc = -1;
+    }
+  }
+  free(fus);
+  return rc;
+}
+
+/* The nodes of f (copies of cheap producers included) in topological
+ * order, the users of every value, and one singleton group per node. */
+static int build(fz *z) {
+  ir_func *f = z->f;
+  int cap = f->n_values + 16;
+  z->vtype = malloc((size_t)cap * sizeof *z->vtype);
+  z->is_result = malloc((size_t)cap * sizeof *z->is_result);
+  z->ul = malloc((size_t)cap * sizeof *z->ul);
+  z->un = malloc((size_t)cap * sizeof *z->un);
+  z->ucap = malloc((size_t)cap * sizeof *z->ucap);
+  int *epoch = malloc(((size_t)f->n_instrs + 1) * sizeof *epoch);
+  if (!z->vtype || !z->is_result || !z->ul || !z->un || !z->ucap || !epoch) {
+    free(epoch);
+    return kiln_set_error("fuse: out of memory");
+  }
+  z->cap_vals = cap;
+  for (int v = 0; v < f->n_values; v++) {
+    z->vtype[v] = f->types[v];
+    z->is_result[v] = false;
+    z->ul[v] = NULL;
+    z->un[v] = z->ucap[v] = 0;
+  }
+  z->n_vals = f->n_values;
+  for (int r = 0; r < f->n_results; r++) z->is_result[f->results[r]] = true;
+  for (int i = 0, e = 0; i < f->n_instrs; i++) {
+    epoch[i] = e;
+    if (is_barrier(&f->instrs[i])) e++;
+  }
+  /* consumers before producers, so a producer sees all its consumers */
+  int rc = 0;
+  for (int i = f->n_instrs - 1; i >= 0 && !rc; i--) {
+    const ir_instr *ins = &f->instrs[i];
+    fz_class cls = classify(f, ins);
+    if (cls == CLS_MOVE && copy_for_consumers(z, ins, epoch[i])) rc = -1;
+    if (!rc && add_node(z, ins, ins->in, ins->out, cls, epoch[i], false) < 0) rc = -1;
+  }
+  free(epoch);
+  if (rc) return -1;
+  /* creation order reversed is a topological order */
+  for (int a = 0, b = z->n - 1; a < b; a++, b--) {
+    fz_node t = z->nodes[a];
+    z->nodes[a] = z->nodes[b];
+    z->nodes[b] = t;
+  }
+  int n = z->n;
+  z->vdef = malloc(((size_t)z->n_vals + 1) * sizeof *z->vdef);
+  z->ustart = calloc((size_t)z->n_vals + 1, sizeof *z->ustart);
+  size_t n_uses = 0;
+  for (int k = 0; k < n; k++) n_uses += (size_t)z->nodes[k].n_in;
+  z->users = malloc((n_uses + 1) * sizeof *z->users);
+  z->parent = malloc(((size_t)n + 1) * sizeof *z->parent);
+  z->head = malloc(((size_t)n + 1) * sizeof *z->head);
+  z->next = malloc(((size_t)n + 1) * sizeof *z->next);
+  z->tail = malloc(((size_t)n + 1) * sizeof *z->tail);
+  z->gmin = malloc(((size_t)n + 1) * sizeof *z->gmin);
+  z->gmax = malloc(((size_t)n + 1) * sizeof *z->gmax);
+  z->nred = malloc(((size_t)n + 1) * sizeof *z->nred);
+  z->gdot = malloc(((size_t)n + 1) * sizeof *z->gdot);
+  z->gred = malloc(((size_t)n + 1) * sizeof *z->gred);
+  z->has_elem = malloc(((size_t)n + 1) * sizeof *z->has_elem);
+  z->dom = malloc(((size_t)n + 1) * sizeof *z->dom);
+  z->mark = calloc((size_t)n + 1, sizeof *z->mark);
+  z->stack = malloc(((size_t)n + 1) * sizeof *z->stack);
+  z->expmark = calloc((size_t)n + 1, sizeof *z->expmark);
+  z->scratch = malloc(((size_t)n + 1) * sizeof *z->scratch);
+  if (!z->vdef || !z->ustart || !z->users || !z->parent || !z->head || !z->next || !z->tail || !z->gmin ||
+      !z->gmax || !z->nred || !z->gdot || !z->gred || !z->has_elem || !z->dom || !z->mark || !z->stack ||
+      !z->expmark || !z->scratch)
+    return kiln_set_error("fuse: out of memory");
+  for (int v = 0; v < z->n_vals; v++) z->vdef[v] = -1;
+  /* users by value, as a CSR over node indices */
+  for (int k = 0; k < n; k++) {
+    fz_node *nd = &z->nodes[k];
+    for (int r = 0; r < nd->n_out; r++) z->vdef[nd->out + r] = k;
+    for (int j = 0; j < nd->n_in; j++) z->ustart[nd->in[j] + 1]++;
+  }
+  for (int v = 0; v < z->n_vals; v++) z->ustart[v + 1] += z->ustart[v];
+  int32_t *fill = malloc(((size_t)z->n_vals + 1) * sizeof *fill);
+  if (!fill) return kiln_set_error("fuse: out of memory");
+  memcpy(fill, z->ustart, (size_t)z->n_vals * sizeof *fill);
+  for (int k = 0; k < n; k++)
+    for (int j = 0; j < z->nodes[k].n_in; j++) z->users[fill[z->nodes[k].in[j]]++] = k;
+  free(fill);
+  for (int k = 0; k < n; k++) {
+    const fz_node *nd = &z->nodes[k];
+    z->parent[k] = z->head[k] = z->tail[k] = z->gmin[k] = z->gmax[k] = k;
+    z->next[k] = -1;
+    z->nred[k] = nd->cls == CLS_REDUCE;
+    z->gdot[k] = nd->cls == CLS_DOT ? k : -1;
+    z->gred[k] = nd->cls == CLS_REDUCE ? k : -1;
+    z->has_elem[k] = nd->cls == CLS_ELEM;
+    z->dom[k] = nd->cls == CLS_REDUCE ? z->vtype[nd->in[0]] : z->vtype[nd->out];
+  }
+  return 0;
+}
+
+static void fz_free(fz *z) {
+  for (int k = 0; k < z->n; k++) free(z->nodes[k].in);
+  for (int v = 0; z->ul && v < z->n_vals; v++) free(z->ul[v]);
+  free(z->nodes);
+  free(z->vtype);
+  free(z->vdef);
+  free(z->is_result);
+  free(z->ul);
+  free(z->un);
+  free(z->ucap);
+  free(z->ustart);
+  free(z->users);
+  free(z->parent);
+  free(z->head);
+  free(z->next);
+  free(z->tail);
+  free(z->gmin);
+  free(z->gmax);
+  free(z->nred);
+  free(z->gdot);
+  free(z->gred);
+  free(z->has_elem);
+  free(z->dom);
+  free(z->mark);
+  free(z->stack);
+  free(z->expmark);
+  free(z->scratch);
+}
+
+/* ---- groups ---- */
+
+static int32_t find(fz *z, int32_t k) {
+  while (z->parent[k] != k) {
+    z->parent[k] = z->parent[z->parent[k]];
+    k = z->parent[k];
+  }
+  return k;
+}
+
+/* b's members join a; a's domain stays */
+static void merge(fz *z, int32_t a, int32_t b) {
+  z->parent[b] = a;
+  z->next[z->tail[a]] = z->head[b];
+  z->tail[a] = z->tail[b];
+  if (z->gmin[b] < z->gmin[a]) z->gmin[a] = z->gmin[b];
+  if (z->gmax[b] > z->gmax[a]) z->gmax[a] = z->gmax[b];
+  z->nred[a] += z->nred[b];
+  if (z->gdot[a] < 0) z->gdot[a] = z->gdot[b];
+  if (z->gred[a] < 0) z->gred[a] = z->gred[b];
+  z->has_elem[a] |= z->has_elem[b];
+}
+
+static bool single(const fz *z, int32_t g) { return z->gmin[g] == z->gmax[g]; }
+
+/* Is there a path from group a to group b? Kernels are the units: a path
+ * may enter a kernel at one member and leave it at another. With
+ * through_others, only paths through at least one other group count (a
+ * direct edge a -> b is a producer feeding its consumer, fine to fuse). */
+static bool path(fz *z, int32_t a, int32_t b, bool through_others) {
+  int32_t stamp = ++z->stamp, top = 0;
+  z->mark[a] = stamp;
+  for (int32_t g = a; g >= 0; g = top ? z->stack[--top] : -1) {
+    bool first = g == a;
+    for (int32_t m = z->head[g]; m >= 0; m = z->next[m]) {
+      const fz_node *nd = &z->nodes[m];
+      for (int r = 0; r < nd->n_out; r++) {
+        int32_t v = nd->out + r;
+        for (int32_t j = z->ustart[v]; j < z->ustart[v + 1]; j++) {
+          int32_t h = find(z, z->users[j]);
+          if (h == b) {
+            if (!first || !through_others) return true;
+            continue;
+          }
+          if (h == a || z->mark[h] == stamp || z->gmin[h] > z->gmax[b]) continue; /* h cannot reach b */
+          z->mark[h] = stamp;
+          z->stack[top++] = h;
+        }
+      }
+    }
+  }
+  return false;
+}
+
+/* Merging p into g would make a kernel wait on itself. */
+static bool makes_cycle(fz *z, int32_t p, int32_t g) { return path(z, p, g, true) || path(z, g, p, true); }
+
+/* Does value v have a user outside group g, or is it a result? */
+static bool value_escapes(fz *z, int32_t v, int32_t g) {
+  if (z->is_result[v]) return true;
+  for (int32_t j = z->ustart[v]; j < z->ustart[v + 1]; j++)
+    if (find(z, z->users[j]) != g) return true;
+  return false;
+}
+
+static bool escapes(fz *z, int32_t p, int32_t g) {
+  for (int r = 0; r < z->nodes[p].n_out; r++)
+    if (value_escapes(z, z->nodes[p].out + r, g)) return true;
+  return false;
+}
+
+/* An expensive producer smaller than the kernel's domain would be computed
+ * again for every element it is broadcast to. */
+static bool would_recompute(fz *z, int32_t p, int32_t g) {
+  const fz_node *nd = &z->nodes[p];
+  return is_expensive(nd->ins->op) && pass_elems(&z->vtype[nd->out]) < pass_elems(&z->dom[g]);
+}
+
+/* Is node p an ancestor of the dot that leads group g? A dot reads only
+ * values computed before its kernel. */
+static bool feeds_dot(fz *z, int32_t p, int32_t g) {
+  int32_t dot = z->gdot[g], stamp = ++z->stamp, top = 0;
+  z->stack[top++] = p;
+  z->mark[p] = stamp;
+  while (top) {
+    const fz_node *nd = &z->nodes[z->stack[--top]];
+    for (int r = 0; r < nd->n_out; r++)
+      for (int32_t j = z->ustart[nd->out + r]; j < z->ustart[nd->out + r + 1]; j++) {
+        int32_t u = z->users[j];
+        if (u == dot) return true;
+        if (u > dot || z->mark[u] == stamp) continue;
+        z->mark[u] = stamp;
+        z->stack[top++] = u;
+      }
+  }
+  return false;
+}
+
+/* Would the kernel made of groups a and b read expensive work through a
+ * transpose, broadcast or slice? Its elements would then be computed again
+ * for every index they are read at. */
+static bool moves_expensive(fz *z, int32_t a, int32_t b) {
+  int n = 0;
+  for (int32_t g = a;; g = b) {
+    for (int32_t m = z->head[g]; m >= 0; m = z->next[m]) z->scratch[n++] = m;
+    if (g == b || b < 0) break;
+  }
+  qsort(z->scratch, (size_t)n, sizeof *z->scratch, cmp_i32);
+  int32_t stamp = ++z->stamp;
+  for (int i = 0; i < n; i++) {
+    const fz_node *nd = &z->nodes[z->scratch[i]];
+    bool dep = is_expensive(nd->ins->op);
+    for (int j = 0; j < nd->n_in && !dep; j++) {
+      int32_t d = z->vdef[nd->in[j]];
+      dep = d >= 0 && z->expmark[d] == stamp;
+    }
+    if (!dep) continue;
+    op_id op = nd->ins->op;
+    if (!is_expensive(op) && (op == OP_TRANSPOSE || op == OP_BROADCAST || op == OP_SLICE)) return true;
+    z->expmark[z->scratch[i]] = stamp;
+  }
+  return false;
+}
+
+/* A dot may lead g: g has no dot and no reduction (a dot kernel holds only
+ * its epilogue), the epilogue runs over the dot's result, and no member of
+ * g computes an operand of the dot. */
+static bool dot_can_lead(fz *z, int32_t p, int32_t g) {
+  const fz_node *nd = &z->nodes[p];
+  if (z->gdot[g] >= 0 || z->nred[g] > 0 || !same_shape(&z->vtype[nd->out], &z->dom[g])) return false;
+  for (int k = 0; k < nd->n_in; k++)
+    if (z->vdef[nd->in[k]] >= 0 && find(z, z->vdef[nd->in[k]]) == g) return false;
+  return true;
+}
+
+/* Should producer p (a group of its own) join consumer group g? */
+static bool should_fuse(fz *z, int32_t p, int32_t g) {
+  const fz_node *nd = &z->nodes[p];
+  if (nd->cls != CLS_ELEM && nd->cls != CLS_MOVE && nd->cls != CLS_DOT) return false; /* reductions are roots */
+  if (nd->epoch != z->nodes[g].epoch) return false;                                   /* a host call between */
+  bool out = escapes(z, p, g);
+  if (nd->cls == CLS_MOVE && out) return false; /* copied, never a kernel's output */
+  if (nd->cls == CLS_DOT && !dot_can_lead(z, p, g)) return false;
+  if (nd->cls == CLS_ELEM && would_recompute(z, p, g)) return false;
+  if (z->gdot[g] >= 0 && feeds_dot(z, p, g)) return false;
+  /* a kernel writes all its outputs over one domain */
+  if (out && !same_shape(&z->vtype[nd->out], &z->dom[g])) return false;
+  if (moves_expensive(z, g, p)) return false;
+  return !makes_cycle(z, p, g);
+}
+
+/* The axes a reduction reduces, as a key that two reductions of one kernel
+ * must share. */
+static bool same_reduction(const fz_node *a, const fz_node *b) {
+  const op_attrs *x = &a->ins->attrs, *y = &b->ins->attrs;
+  bool am = a->ins->op == OP_ARGMAX, bm = b->ins->op == OP_ARGMAX;
+  int xn = am ? 1 : x->naxes, yn = bm ? 1 : y->naxes;
+  if (xn != yn || xn > KILN_MAX_RANK || (!am && !bm && x->keepdims != y->keepdims) ||
+      (am != bm && (am ? y : x)->keepdims))
+    return false;
+  for (int i = 0; i < xn; i++)
+    if ((am ? x->axis : x->axes[i]) != (bm ? y->axis : y->axes[i])) return false;
+  return true;
+}
+
+/* A group that may take a sibling: a loop or reduction kernel (no dot, no
+ * opaque instruction, not only data movement). */
+static bool sibling_kind(fz *z, int32_t g) {
+  if (z->gdot[g] >= 0) return false;
+  if (single(z, g) && z->nodes[g].cls == CLS_OPAQUE) return false;
+  return z->has_elem[g] || z->nred[g] > 0;
+}
+
+/* Two kernels reading the same input become one: the same domain, the
+ * same epoch, few enough reductions over the same axes, and neither
+ * depends on the other. */
+static bool should_merge_siblings(fz *z, int32_t a, int32_t b) {
+  if (z->nodes[a].epoch != z->nodes[b].epoch || !same_shape(&z->dom[a], &z->dom[b])) return false;
+  if (z->nred[a] + z->nred[b] > FUSE_MAX_REDUCTIONS) return false;
+  if (z->gred[a] >= 0 && z->gred[b] >= 0 && !same_reduction(&z->nodes[z->gred[a]], &z->nodes[z->gred[b]]))
+    return false;
+  if (moves_expensive(z, a, b)) return false;
+  return !path(z, a, b, false) && !path(z, b, a, false);
+}
+
+/* Does a member of group c read the result of a reduction in group g? A
+ * reduction ends its kernel: nothing in the kernel reads it. */
+static bool reads_reduction(fz *z, int32_t c, int32_t g) {
+  for (int32_t m = z->head[c]; m >= 0; m = z->next[m])
+    for (int j = 0; j < z->nodes[m].n_in; j++) {
+      int32_t d = z->vdef[z->nodes[m].in[j]];
+      if (d >= 0 && z->nodes[d].cls == CLS_REDUCE && find(z, d) == g) return true;
+    }
+  return false;
+}
+
+/* A kernel that computes something (not only data movement, nothing opaque). */
+static bool computes(fz *z, int32_t g) {
+  if (single(z, g) && z->nodes[g].cls == CLS_OPAQUE) return false;
+  return z->has_elem[g] || z->nred[g] > 0 || z->gdot[g] >= 0;
+}
+
+/* Should consumer group c (which reads an output of group g) join g? Both
+ * compute over the same domain; a dot still leads with only its epilogue;
+ * few enough reductions, none read inside the kernel; no cycle. */
+static bool should_merge_consumer(fz *z, int32_t g, int32_t c) {
+  if (!computes(z, g) || !computes(z, c) || z->gdot[c] >= 0) return false;
+  if (z->nodes[g].epoch != z->nodes[c].epoch || !same_shape(&z->dom[g], &z->dom[c])) return false;
+  if (z->gdot[g] >= 0 && z->nred[c] > 0) return false;
+  if (z->nred[g] + z->nred[c] > FUSE_MAX_REDUCTIONS) return false;
+  if (z->gred[g] >= 0 && z->gred[c] >= 0 && !same_reduction(&z->nodes[z->gred[g]], &z->nodes[z->gred[c]]))
+    return false;
+  if (reads_reduction(z, c, g)) return false;
+  for (int32_t m = z->head[c]; z->gdot[g] >= 0 && m >= 0; m = z->next[m])
+    if (feeds_dot(z, m, g)) return false;
+  if (moves_expensive(z, g, c)) return false;
+  return !makes_cycle(z, g, c);
+}
+
+/* ---- the four steps of grouping ---- */
+
+/* Consumers first (as XLA does): each takes in the producers of its
+ * operands that may join it. */
+static void fuse_producers(fz *z) {
+  for (int32_t k = z->n - 1; k >= 0; k--) {
+    const fz_node *c = &z->nodes[k];
+    if (!takes_producers(c->cls)) continue;
+    for (int j = 0; j < c->n_in; j++) {
+      int32_t p = z->vdef[c->in[j]], g = find(z, k);
+      if (p < 0 || find(z, p) == g || !single(z, find(z, p))) continue;
+      if (should_fuse(z, p, g)) merge(z, g, p);
+    }
+  }
+}
+
+/* A kernel that reads what another computes joins it when their domains
+ * agree (multi-output producer-consumer fusion): the relu that reads a
+ * dot's pre-activation, which its backward pass also reads. */
+static void fuse_consumers(fz *z) {
+  for (int32_t k = 0; k < z->n; k++) {
+    const fz_node *c = &z->nodes[k];
+    for (int j = 0; j < c->n_in; j++) {
+      int32_t p = z->vdef[c->in[j]];
+      if (p < 0) continue;
+      int32_t g = find(z, p), h = find(z, k);
+      if (g != h && should_merge_consumer(z, g, h)) merge(z, g, h);
+    }
+  }
+}
+
+/* Kernels that read the same large input merge into one multi-output
+ * kernel, which reads it once. */
+static int fuse_siblings(fz *z) {
+  int32_t *cand = malloc(((size_t)z->n + 1) * sizeof *cand);
+  if (!cand) return kiln_set_error("fuse: out of memory");
+  for (int32_t v = 0; v < z->n_vals; v++) {
+    if (pass_elems(&z->vtype[v]) < FUSE_SIBLING_MIN_ELEMS) continue;
+    int nc = 0;
+    for (int32_t j = z->ustart[v]; j < z->ustart[v + 1]; j++) {
+      int32_t g = find(z, z->users[j]);
+      bool seen = false;
+      for (int q = 0; q < nc && !seen; q++) seen = find(z, cand[q]) == g;
+      if (!seen && sibling_kind(z, g)) cand[nc++] = g;
+    }
+    for (int a = 0; a < nc; a++)
+      for (int b = a + 1; b < nc; b++) {
+        int32_t ga = find(z, cand[a]), gb = find(z, cand[b]);
+        if (ga != gb && should_merge_siblings(z, ga, gb)) merge(z, ga, gb);
+      }
+  }
+  free(cand);
+  return 0;
+}
+
+/* ---- writing the result ---- */
+
+/* a min-heap of group roots keyed by their first member */
+static void heap_push(int32_t *h, int *n, int32_t g, const int32_t *key) {
+  int i = (*n)++;
+  h[i] = g;
+  while (i > 0 && key[h[(i - 1) / 2]] > key[h[i]]) {
+    int32_t t = h[i];
+    h[i] = h[(i - 1) / 2];
+    h[(i - 1) / 2] = t;
+    i = (i - 1) / 2;
+  }
+}
+
+static int32_t heap_pop(int32_t *h, int *n, const int32_t *key) {
+  int32_t top = h[0];
+  h[0] = h[--*n];
+  for (int i = 0;;) {
+    int l = 2 * i + 1, r = l + 1, m = i;
+    if (l < *n && key[h[l]] < key[h[m]]) m = l;
+    if (r < *n && key[h[r]] < key[h[m]]) m = r;
+    if (m == i) break;
+    int32_t t = h[i];
+    h[i] = h[m];
+    h[m] = t;
+    i = m;
+  }
+  return top;
+}
+
+/* The groups in an order that respects every dependence and the order of
+ * the instructions with effects, earliest first member first. Writes
+ * the roots into order; their count, or -1. */
+static int schedule(fz *z, int32_t *order) {
+  int n = z->n, n_edges = 0;
+  int32_t *indeg = calloc((size_t)n + 1, sizeof *indeg), *estart = calloc((size_t)n + 2, sizeof *estart);
+  int32_t *heap = malloc(((size_t)n + 1) * sizeof *heap);
+  size_t cap = 1;
+  for (int k = 0; k < n; k++) cap += (size_t)z->nodes[k].n_in + 1;
+  int32_t *efrom = malloc(cap * sizeof *efrom), *eto = malloc(cap * sizeof *eto), *edge = malloc(cap * sizeof *edge);
+  int count = -1;
+  if (!indeg || !estart || !heap || !efrom || !eto || !edge) {
+    kiln_set_error("fuse: out of memory");
+    goto done;
+  }
+  int32_t prev_effect = -1;
+  for (int k = 0; k < n; k++) {
+    const fz_node *nd = &z->nodes[k];
+    int32_t to = find(z, k);
+    for (int j = 0; j < nd->n_in; j++) {
+      int32_t d = z->vdef[nd->in[j]];
+      if (d >= 0 && find(z, d) != to) efrom[n_edges] = find(z, d), eto[n_edges++] = to;
+    }
+    if (nd->effect) {
+      if (prev_effect >= 0 && find(z, prev_effect) != to) efrom[n_edges] = find(z, prev_effect), eto[n_edges++] = to;
+      prev_effect = k;
+    }
+  }
+  for (int e = 0; e < n_edges; e++) estart[efrom[e] + 1]++, indeg[eto[e]]++;
+  for (int k = 0; k < n; k++) estart[k + 1] += estart[k];
+  for (int e = 0; e < n_edges; e++) edge[estart[efrom[e]]++] = eto[e];
+  for (int k = n; k > 0; k--) estart[k] = estart[k - 1]; /* back to the starts */
+  estart[0] = 0;
+  int hn = 0;
+  count = 0;
+  for (int k = 0; k < n; k++)
+    if (find(z, k) == k && !indeg[k]) heap_push(heap, &hn, k, z->gmin);
+  while (hn) {
+    int32_t g = heap_pop(heap, &hn, z->gmin);
+    order[count++] = g;
+    for (int32_t e = estart[g]; e < estart[g + 1]; e++)
+      if (!--indeg[edge[e]]) heap_push(heap, &hn, edge[e], z->gmin);
+  }
+  int groups = 0;
+  for (int k = 0; k < n; k++) groups += find(z, k) == k;
+  if (count != groups) count = kiln_set_error("fuse: @%s: internal error: the kernels depend on each other in a cycle",
+                                              z->f->name);
+done:
+  free(indeg);
+  free(estart);
+  free(heap);
+  free(efrom);
+  free(eto);
+  free(edge);
+  return count;
+}
+
+/* Frees functions added to m after the first keep (a failed pass adds none). */
+static void drop_funcs(ir_module *m, int keep) {
+  while (m->n_funcs > keep) {
+    ir_func *g = m->funcs[--m->n_funcs];
+    for (int i = 0; i < g->n_instrs; i++) {
+      free(g->instrs[i].in);
+      if (g->instrs[i].op == OP_CONSTANT) kiln_release(g->instrs[i].attrs.value);
+    }
+    for (int v = 0; v < g->n_values; v++) free(g->names[v]);
+    free(g->instrs);
+    free(g->names);
+    free(g->types);
+    free(g->def);
+    free(g->results);
+    free(g->buf_offset);
+    free(g->name);
+    free(g);
+  }
+}
+
+typedef struct emitter {
+  fz *z;
+  pass_builder b;
+  int32_t *map;  /* extended value -> value of f's new body */
+  int32_t *bmap; /* extended value -> value of the kernel being written */
+  int32_t *tmp;  /* scratch: operands */
+  int next_kernel;
+} emitter;
+
+/* node k as an instruction of f's new body */
+static int emit_plain(emitter *e, int32_t k) {
+  fz *z = e->z;
+  const fz_node *nd = &z->nodes[k];
+  for (int j = 0; j < nd->n_in; j++)
+    if ((e->tmp[j] = e->map[nd->in[j]]) < 0)
+      return kiln_set_error("fuse: @%s: internal error: an operand has no value", z->f->name);
+  ir_value first = pass_emit(&e->b, nd->ins->op, &nd->ins->attrs, nd->n_in, e->tmp, nd->ins->loc);
+  if (first < 0) return -1;
+  for (int r = 0; r < nd->n_out; r++) {
+    e->map[nd->out + r] = first + r;
+    if (!nd->clone && pass_replace(&e->b, nd->out + r, first + r, true)) return -1;
+  }
+  return 0;
+}
+
+/* group g (members sorted, n of them) as a kernel: its body, a function of
+ * the module, and one fusion instruction calling it */
+static int emit_kernel(emitter *e, int32_t g, int32_t *mem, int n) {
+  fz *z = e->z;
+  ir_func *f = z->f;
+  if (z->gdot[g] >= 0) { /* the dot leads: nothing in the kernel feeds it */
+    int i = 0;
+    while (mem[i] != z->gdot[g]) i++;
+    memmove(mem + 1, mem, (size_t)i * sizeof *mem);
+    mem[0] = z->gdot[g];
+  }
+  /* inputs: values the members read from outside, in order of first use */
+  int n_in = 0, n_out = 0;
+  int32_t *in = malloc(((size_t)z->n_vals + 1) * sizeof *in), *outs = malloc(((size_t)z->n_vals + 1) * sizeof *outs);
+  op_type *types = malloc(((size_t)z->n_vals + 1) * sizeof *types);
+  ir_value *args = malloc(((size_t)z->n_vals + 1) * sizeof *args);
+  int rc = 0;
+  if (!in || !outs || !types || !args) {
+    rc = kiln_set_error("fuse: out of memory");
+    goto done;
+  }
+  for (int i = 0; i < n; i++) {
+    const fz_node *nd = &z->nodes[mem[i]];
+    for (int j = 0; j < nd->n_in; j++) {
+      int32_t v = nd->in[j];
+      if ((z->vdef[v] >= 0 && find(z, z->vdef[v]) == g) || e->bmap[v] >= 0) continue;
+      e->bmap[v] = n_in; /* the parameter's index, for now */
+      types[n_in] = z->vtype[v];
+      in[n_in++] = v;
+    }
+  }
+  char name[256];
+  do
+    snprintf(name, sizeof name, "%s.fused%d", f->name, e->next_kernel++);
+  while (ir_module_find(f->module, name));
+  ir_func *body = ir_func_new(f->module, name, n_in, types);
+  if (!body) {
+    rc = -1;
+    goto done;
+  }
+  for (int i = 0; i < n_in && !rc; i++) {
+    if ((args[i] = e->map[in[i]]) < 0)
+      rc = kiln_set_error("fuse: @%s: internal error: a kernel input has no value", f->name);
+    else if (in[i] < f->n_values && f->names[in[i]])
+      rc = ir_set_name(body, i, f->names[in[i]]);
+  }
+  for (int i = 0; i < n && !rc; i++) {
+    const fz_node *nd = &z->nodes[mem[i]];
+    for (int j = 0; j < nd->n_in; j++) e->tmp[j] = e->bmap[nd->in[j]];
+    ir_value v = ir_append(body, nd->ins->op, &nd->ins->attrs, nd->n_in, e->tmp, nd->ins->loc);
+    if (v < 0) {
+      rc = -1;
+      break;
+    }
+    for (int r = 0; r < nd->n_out && !rc; r++) {
+      int32_t x = nd->out + r;
+      e->bmap[x] = v + r;
+      if (!nd->clone && f->names[x]) rc = ir_set_name(body, v + r, f->names[x]);
+      /* an output: read outside the kernel, a result of f, or read by nobody */
+      if (z->ustart[x] == z->ustart[x + 1] || value_escapes(z, x, g)) outs[n_out++] = x;
+    }
+  }
+  for (int i = 0; i < n_out && !rc; i++) e->tmp[i] = e->bmap[outs[i]];
+  if (!rc) rc = ir_set_results(body, n_out, e->tmp);
+  if (!rc) {
+    op_attrs a = {0};
+    a.callee = body;
+    ir_value first = pass_emit(&e->b, OP_FUSION, &a, n_in, args, z->nodes[mem[n - 1]].ins->loc);
+    if (first < 0) rc = -1;
+    for (int i = 0; i < n_out && !rc; i++) {
+      e->map[outs[i]] = first + i;
+      if (outs[i] < f->n_values) rc = pass_replace(&e->b, outs[i], first + i, true);
+    }
+  }
+done:
+  for (int i = 0; in && i < n_in; i++) e->bmap[in[i]] = -1;
+  for (int i = 0; i < n; i++)
+    for (int r = 0; r < z->nodes[mem[i]].n_out; r++) e->bmap[z->nodes[mem[i]].out + r] = -1;
+  free(in);
+  free(outs);
+  free(types);
+  free(args);
+  return rc;
+}
+
+/* Rewrites f: each group of two or more instructions (scalar constants not
+ * counted) as a kernel, the rest as they were. */
+static int emit(fz *z) {
+  ir_func *f = z->f;
+  int keep = f->module->n_funcs, max_in = 1, rc = 0;
+  for (int k = 0; k < z->n; k++)
+    if (z->nodes[k].n_in > max_in) max_in = z->nodes[k].n_in;
+  emitter e = {.z = z};
+  int32_t *order = malloc(((size_t)z->n + 1) * sizeof *order), *mem = malloc(((size_t)z->n + 1) * sizeof *mem);
+  e.map = malloc(((size_t)z->n_vals + 1) * sizeof *e.map);
+  e.bmap = malloc(((size_t)z->n_vals + 1) * sizeof *e.bmap);
+  e.tmp = malloc(((size_t)(z->n_vals > max_in ? z->n_vals : max_in) + 1) * sizeof *e.tmp);
+  if (!order || !mem || !e.map || !e.bmap || !e.tmp) {
+    rc = kiln_set_error("fuse: out of memory");
+    goto done;
+  }
+  int n_groups = schedule(z, order);
+  if (n_groups < 0 || pass_begin(&e.b, f)) {
+    rc = -1;
+    goto done;
+  }
+  for (int32_t v = 0; v < z->n_vals; v++) e.map[v] = v < f->n_params ? v : -1, e.bmap[v] = -1;
+  for (int i = 0; i < n_groups && !rc; i++) {
+    int32_t g = order[i];
+    int n = 0, real = 0;
+    for (int32_t m = z->head[g]; m >= 0; m = z->next[m]) {
+      mem[n++] = m;
+      real += z->nodes[m].ins->op != OP_CONSTANT;
+    }
+    qsort(mem, (size_t)n, sizeof *mem, cmp_i32);
+    if (real >= 2) {
+      rc = emit_kernel(&e, g, mem, n);
+    } else { /* a group of one stays as it was */
+      for (int j = 0; j < n && !rc; j++) rc = emit_plain(&e, mem[j]);
+    }
+  }
+  if (rc)
+    pass_abort(&e.b);
+  else
+    rc = pass_commit(&e.b);
+done:
+  if (rc) drop_funcs(f->module, keep);
+  free(order);
+  free(mem);
+  free(e.map);
+  free(e.bmap);
+  free(e.tmp);
+  return rc;
+}
+
+bool pass_is_kernel_body(const ir_func *f) {
+  const ir_module *m = f->module;
+  for (int i = 0; m && i < m->n_funcs; i++)
+    for (int j = 0; j < m->funcs[i]->n_instrs; j++)
+      if (m->funcs[i]->instrs[j].op == OP_FUSION && m->funcs[i]->instrs[j].attrs.callee == f) return true;
+  return false;
+}
+
+int kiln_pass_fuse(ir_func *f) {
+  if (!f) return kiln_set_error("fuse: no function");
+  if (!f->module) return kiln_set_error("fuse: @%s belongs to no module", f->name);
+  if (pass_is_kernel_body(f)) return 0; /* bodies are not fused again */
+  fz z = {.f = f};
+  int rc = build(&z);
+  if (!rc) {
+    fuse_producers(&z);
+    fuse_consumers(&z);
+    rc = fuse_siblings(&z);
+  }
+  bool any = false; /* a group with two instructions other than constants */
+  for (int k = 0; !rc && k < z.n && !any; k++) {
+    int32_t g = find(&z, k);
+    any = k != g && z.nodes[k].ins->op != OP_CONSTANT && z.nodes[g].ins->op != OP_CONSTANT;
+  }
+  if (!rc && any) rc = emit(&z);
+  fz_free(&z);
+  return rc ? pass_fail("fuse") : 0;
+}

@@ -1,0 +1,74 @@
+/* rewrite.h — what the passes share: a builder that writes a new body for a
+ * function while the old one is read (old values map to new ones), then
+ * swaps it in; the predicates that say which instructions a pass may touch;
+ * and readers of constant operands. Internal to passes/. */
+#ifndef KILN_PASS_REWRITE_H
+#define KILN_PASS_REWRITE_H
+
+#include "passes.h"
+
+/* Rewriting f: the new body is a detached ir_func (f's name and module, not
+ * in the module's list) built with ir_append; map[v] is the new value of old
+ * value v, or -1. Parameters map to themselves. */
+typedef struct pass_builder {
+  ir_func *old;
+  ir_func body;
+  ir_value *map; /* old->n_values entries */
+} pass_builder;
+
+/* Starts a new body for f with f's parameters (types and names). 0 / -1. */
+int pass_begin(pass_builder *b, ir_func *f);
+/* Appends op(in) to the new body (in are new values); the first result, or
+ * -1 with the error set. */
+ir_value pass_emit(pass_builder *b, op_id op, const op_attrs *a, int n, const ir_value *in, ir_loc loc);
+/* A constant holding (a new reference to) t. */
+ir_value pass_emit_constant(pass_builder *b, kiln_tensor *t, ir_loc loc);
+/* Copies old instruction ins into the new body with its operands mapped,
+ * its results named as before, and maps its results; the first new result,
+ * or -1 with the error set (an operand without a new value included). */
+ir_value pass_copy(pass_builder *b, const ir_instr *ins);
+/* Maps old value v to new value r (an existing value, or fresh: made for v,
+ * when r takes v's name). 0 / -1. */
+int pass_replace(pass_builder *b, ir_value v, ir_value r, bool fresh);
+/* The new value of old value v (-1 if none yet). */
+static inline ir_value pass_map(const pass_builder *b, ir_value v) {
+  return v >= 0 && v < b->old->n_values ? b->map[v] : -1;
+}
+/* Replaces f's body by the new one (results mapped), frees the old body and
+ * the builder. 0, or -1 with the error set and f unchanged (builder freed). */
+int pass_commit(pass_builder *b);
+/* Frees the builder and the new body; f unchanged. */
+void pass_abort(pass_builder *b);
+
+/* Prefixes the current error with "<pass>: " unless it already starts so;
+ * returns -1. */
+int pass_fail(const char *pass);
+
+/* ---- what a pass may touch ---- */
+/* An instruction the passes understand: one result, an op of a known kind
+ * other than random, call or host call. Its result depends only on its
+ * operands and attributes, and running it has no effect: it may be folded,
+ * merged or removed. */
+bool pass_is_pure(const ir_instr *ins);
+/* A function none of whose instructions (transitively, through calls) has an
+ * effect or is unknown: a call of it is pure. */
+bool pass_func_is_pure(const ir_func *f);
+
+/* ---- constants ---- */
+/* The largest constant a pass makes from something that was not one (fold's
+ * results, simplify's broadcast of a scalar): larger ones stay a broadcast or
+ * an iota of a small operand, which costs no memory and fuses. */
+enum { PASS_CONST_MAX_ELEMS = 1024 };
+/* The tensor of the constant defining v in f, or NULL. */
+const kiln_tensor *pass_const(const ir_func *f, ir_value v);
+/* The value every element of v has, when v is a constant (or a broadcast or
+ * reshape of one) whose elements are all the same bits; false otherwise.
+ * *bits gets the element's bytes (up to 8), *val its value as a double. */
+bool pass_splat(const ir_func *f, ir_value v, double *val, uint64_t *bits);
+/* Elements in a value of type t. */
+int64_t pass_elems(const op_type *t);
+/* A new tensor of type t, every element v (converted as kiln_cast does);
+ * NULL on error. Owned by the caller. */
+kiln_tensor *pass_filled(const op_type *t, double v);
+
+#endif

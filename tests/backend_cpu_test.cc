@@ -1,0 +1,806 @@
+// backend_cpu_test.cc — the LLVM CPU backend (backends/cpu) against the
+// reference interpreter: every op of ops.def with every dtype it allows as a
+// one-instruction function, on odd shapes (rank 0, empty dims, 1 x N,
+// primes, sizes that split over threads); fusion bodies compiled as one
+// kernel; calls and host callbacks; many threads running one program; bad
+// arguments and run-time failures; the text stages; and random programs
+// from tests/ir_gen.h. Results agree bit for bit except where the compiled
+// code may round differently: the vector math (a few ulp), float sums and
+// products (another order), and FMA contraction inside fused kernels.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cpu/cpu.h"
+#include "ir.h"
+#include "test_util.h"
+#if __has_include("ir_gen.h")
+#include "ir_gen.h"
+#define KILN_TEST_HAVE_IR_GEN 1
+#endif
+
+namespace {
+
+using namespace kiln_test;
+using ::testing::HasSubstr;
+
+op_type type_of(const kiln_tensor *t) {
+  op_type ty{};
+  ty.dtype = kiln_tensor_dtype(t);
+  ty.rank = kiln_tensor_rank(t);
+  for (int i = 0; i < ty.rank; i++) ty.shape[i] = kiln_tensor_shape(t)[i];
+  return ty;
+}
+
+// Random data of any dtype: floats in [-3, 3] (with special values when
+// asked: +-0, +-inf, NaN, huge, tiny, subnormal), ints in [lo, hi] (never 0
+// when nonzero), f16/bf16 any bit pattern.
+kiln_tensor *random_tensor(std::mt19937 &rng, kiln_dtype dt, V64 shape, int lo = -5, int hi = 5,
+                           bool nonzero = false, bool special = false) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<unsigned char> buf((size_t)n * kiln_dtype_size(dt) + 8);
+  std::uniform_real_distribution<double> real(-3, 3);
+  std::uniform_int_distribution<int> integer(lo, hi), pick(0, 19);
+  static const double specials[] = {0.0, -0.0, kInf, -kInf, kNan, 1e30, -1e30, 1e-30, 5e-324, 1e-310, 88.5, -104, 710, 1e5};
+  for (int64_t i = 0; i < n; i++) {
+    double r = real(rng);
+    int p = pick(rng);
+    if (special && p < 5) r = specials[(size_t)(rng() % (sizeof specials / sizeof *specials))];
+    int k = integer(rng);
+    if (nonzero && k == 0) k = 1;
+    switch (dt) {
+      case KILN_F32: ((float *)buf.data())[i] = (float)r; break;
+      case KILN_F64: ((double *)buf.data())[i] = r; break;
+      case KILN_I32: ((int32_t *)buf.data())[i] = k; break;
+      case KILN_I64: ((int64_t *)buf.data())[i] = k; break;
+      case KILN_BOOL: buf[(size_t)i] = (unsigned char)(k & 1); break;
+      default: ((uint16_t *)buf.data())[i] = (uint16_t)rng(); break;
+    }
+  }
+  return kiln_tensor_new(dt, (int)shape.size(), shape.data(), buf.data());
+}
+
+// ---- comparing ----
+
+// How closely a compiled result must match the interpreter's.
+struct Tol {
+  double ulps = 0;          // floats: this many units in the last place
+  double rel = 0;           // or this relative error (sums in another order)
+  bool zero_sign = false;   // -0 == +0 (max/min reductions pick either)
+};
+
+int64_t ordered(double x, bool f32) {
+  if (f32) {
+    int32_t i;
+    float f = (float)x;
+    std::memcpy(&i, &f, 4);
+    return i < 0 ? (int64_t)INT32_MIN - i : i;
+  }
+  int64_t i;
+  std::memcpy(&i, &x, 8);
+  return i < 0 ? INT64_MIN - i : i;
+}
+
+// "" when got matches want within tol, else what differs
+std::string mismatch(const kiln_tensor *want, const kiln_tensor *got, Tol tol = {}) {
+  if (!want || !got) return std::string("missing result: ") + kiln_last_error();
+  if (kiln_tensor_dtype(want) != kiln_tensor_dtype(got) || shape_of(want) != shape_of(got))
+    return "dtype or shape differs";
+  kiln_dtype dt = kiln_tensor_dtype(want);
+  int64_t n = kiln_tensor_size(want);
+  if (dt != KILN_F32 && dt != KILN_F64) {
+    size_t bytes = (size_t)n * kiln_dtype_size(dt);
+    if (bytes && std::memcmp(kiln_tensor_data(want), kiln_tensor_data(got), bytes)) {
+      for (int64_t i = 0; i < n; i++) {
+        size_t es = kiln_dtype_size(dt);
+        if (std::memcmp((const char *)kiln_tensor_data(want) + i * es, (const char *)kiln_tensor_data(got) + i * es, es)) {
+          VD a = dt == KILN_F16 || dt == KILN_BF16 ? VD() : values(want), b = dt == KILN_F16 || dt == KILN_BF16 ? VD() : values(got);
+          return "element " + std::to_string(i) + (a.empty() ? "" : ": want " + std::to_string(a[i]) + ", got " + std::to_string(b[i]));
+        }
+      }
+    }
+    return "";
+  }
+  bool f32 = dt == KILN_F32;
+  for (int64_t i = 0; i < n; i++) {
+    double a = f32 ? ((const float *)kiln_tensor_data(want))[i] : ((const double *)kiln_tensor_data(want))[i];
+    double b = f32 ? ((const float *)kiln_tensor_data(got))[i] : ((const double *)kiln_tensor_data(got))[i];
+    if (std::isnan(a) && std::isnan(b)) continue;
+    if (ordered(a, f32) == ordered(b, f32)) continue;
+    if (tol.zero_sign && a == b) continue;
+    if (tol.ulps > 0 && !std::isnan(a) && !std::isnan(b) && std::llabs(ordered(a, f32) - ordered(b, f32)) <= tol.ulps) continue;
+    if (tol.rel > 0 && std::fabs(a - b) <= tol.rel * std::max(std::fabs(a), std::fabs(b)) + 1e-300) continue;
+    char msg[160];
+    std::snprintf(msg, sizeof msg, "element %lld: want %.17g, got %.17g", (long long)i, a, b);
+    return msg;
+  }
+  return "";
+}
+
+// ---- one-instruction functions ----
+
+struct Fn {
+  ir_module *m = ir_module_new();
+  ir_func *f = nullptr;
+  ~Fn() { ir_module_free(m); }
+};
+
+// f(in...) = op(in...), parameters of the inputs' types (constants stay
+// constants when asked: they are then embedded in the kernel)
+bool one_op(Fn &fn, op_id op, const op_attrs &a, const std::vector<kiln_tensor *> &in, std::vector<kiln_tensor *> &args,
+            int const_input = -1) {
+  std::vector<op_type> types;
+  for (size_t k = 0; k < in.size(); k++)
+    if ((int)k != const_input) types.push_back(type_of(in[k])), args.push_back(in[k]);
+  fn.f = ir_func_new(fn.m, "one", (int)types.size(), types.data());
+  if (!fn.f) return false;
+  std::vector<ir_value> vals;
+  for (size_t k = 0, p = 0; k < in.size(); k++)
+    vals.push_back((int)k == const_input ? ir_constant(fn.f, in[k], ir_loc{nullptr, 0}) : (ir_value)p++);
+  ir_value v = ir_append(fn.f, op, &a, (int)in.size(), vals.data(), ir_loc{"cpu_test.cc", 1});
+  EXPECT_GE(v, 0) << ir_op_info(op)->name << ": " << kiln_last_error();
+  return v >= 0 && ir_set_results(fn.f, 1, &v) == 0;
+}
+
+// Interprets and compiles f; compares each result. false after a failure.
+bool same_as_interpreter(const ir_func *f, const std::vector<kiln_tensor *> &args, Tol tol, const std::string &what,
+                         int *kernels = nullptr) {
+  std::vector<kiln_tensor *> want(f->n_results), got(f->n_results);
+  kiln_clear_error();
+  int irc = ir_interpret(f, args.data(), want.data());
+  std::string ierr = kiln_last_error();
+  cpu_program *p = cpu_compile(f);
+  EXPECT_NE(p, nullptr) << what << ": " << kiln_last_error();
+  if (!p) return false;
+  if (kernels) *kernels = cpu_program_kernels(p);
+  kiln_clear_error();
+  int crc = cpu_run(p, args.data(), got.data());
+  std::string cerr = kiln_last_error();
+  cpu_program_free(p);
+  if (irc) {  // failures must match: the same op, the same reason
+    EXPECT_NE(crc, 0) << what << ": the interpreter failed (" << ierr << "), the compiled code did not";
+    EXPECT_THAT(ierr, HasSubstr(cerr.substr(0, cerr.find(" (")))) << what;
+    return crc != 0;
+  }
+  EXPECT_EQ(crc, 0) << what << ": " << cerr;
+  if (crc) return false;
+  bool ok = true;
+  for (int r = 0; r < f->n_results; r++) {
+    std::string m = mismatch(want[r], got[r], tol);
+    EXPECT_EQ(m, "") << what << " result " << r;
+    ok = ok && m.empty();
+  }
+  return ok;
+}
+
+struct Case {
+  op_attrs a{};
+  std::vector<kiln_tensor *> in;
+  int const_input = -1;
+};
+
+bool is_float(kiln_dtype dt) { return dt == KILN_F32 || dt == KILN_F64; }
+
+// The cases of op with key dtype dt.
+std::vector<Case> cases_for(op_id op, kiln_dtype dt, std::mt19937 &rng) {
+  std::vector<Case> out;
+  Case c;
+  bool fl = is_float(dt), ints = dt == KILN_I32 || dt == KILN_I64;
+  auto R = [&](kiln_dtype d, V64 s, int lo = -5, int hi = 5, bool nz = false, bool sp = false) {
+    return random_tensor(rng, d, s, lo, hi, nz, sp);
+  };
+  const std::vector<V64> shapes = {{2, 3}, {}, {0, 3}, {1, 17}, {7, 13}, {257, 263}};
+  switch (ir_op_info(op)->kind) {
+    case OPK_UNARY:
+      for (const V64 &s : shapes) {
+        c.in = {R(dt, s, -5, 5, false, fl && s.size() == 2 && s[0] == 7)};
+        out.push_back(c);
+      }
+      return out;
+    case OPK_BINARY:
+    case OPK_COMPARE: {
+      bool nz = (op == OP_DIV || op == OP_MOD) && ints;
+      int lo = op == OP_POW && ints ? -2 : -5;
+      const std::vector<std::pair<V64, V64>> pairs = {{{2, 3}, {3}},     {{4, 1}, {1, 5}}, {{}, {3}},
+                                                      {{0, 3}, {3}},     {{7, 13}, {7, 13}}, {{3, 1, 4}, {2, 1}},
+                                                      {{300, 257}, {257}}, {{300, 1}, {300, 257}}};
+      for (auto &pr : pairs) {
+        c.in = {R(dt, pr.first), R(dt, pr.second, lo, 5, nz, fl && pr.first.size() == 2 && pr.first[0] == 7)};
+        out.push_back(c);
+      }
+      c.in = {R(dt, {5, 3}), R(dt, {}, 2, 3, nz)};  // x op constant: an immediate in the kernel
+      c.const_input = 1;
+      out.push_back(c);
+      c.in = {R(dt, {}, 2, 3), R(dt, {4}, lo, 5, nz)};
+      c.const_input = 0;
+      out.push_back(c);
+      return out;
+    }
+    case OPK_SELECT:
+      c.in = {R(KILN_BOOL, {2, 3}), R(dt, {2, 3}), R(dt, {3})};
+      out.push_back(c);
+      c.in = {R(KILN_BOOL, {3}), R(dt, {}), R(dt, {4, 1})};
+      out.push_back(c);
+      c.in = {R(KILN_BOOL, {260, 260}), R(dt, {260, 260}), R(dt, {260, 260})};
+      out.push_back(c);
+      return out;
+    case OPK_CONVERT:
+      for (int to = 0; to < KILN_DTYPE_COUNT; to++) {
+        c.a = op_attrs{};
+        c.a.dtype = (kiln_dtype)to;
+        c.in = {R(dt, {3, 40}, -5, 5, false, fl)};
+        out.push_back(c);
+      }
+      if (fl) {  // saturation at the integer limits, NaN -> 0
+        float fv[] = {3e9f, -3e9f, 2147483520.0f, 2147483648.0f, -2147483648.0f, 9.3e18f, -9.3e18f, kNanF, kInfF, -kInfF, -0.0f, 0.5f, -1.5f, 65504.0f, 65520.0f, 1e-8f};
+        double dv[] = {3e9, -3e9, 2147483647.0, 2147483647.5, -2147483648.9, 9.3e18, -9.3e18, kNan, kInf, -kInf, -0.0, 0.5, -1.5, 65504.0, 65520.0, 1e-8};
+        kiln_tensor *t = dt == KILN_F32 ? kiln_tensor_new(KILN_F32, KILN_SHAPE(16), fv) : kiln_tensor_new(KILN_F64, KILN_SHAPE(16), dv);
+        for (int to = 0; to < KILN_DTYPE_COUNT; to++) {
+          c.a = op_attrs{};
+          c.a.dtype = (kiln_dtype)to;
+          c.in = {t};
+          out.push_back(c);
+        }
+      }
+      return out;
+    case OPK_CONST:
+      c.a.value = R(dt, {2, 2});
+      out.push_back(c);
+      c.a.value = R(dt, {});
+      out.push_back(c);
+      return out;
+    default: break;
+  }
+  switch (op) {
+    case OP_IDENTITY:
+    case OP_STOP_GRADIENT:
+      c.in = {R(dt, {2, 3})};
+      out.push_back(c);
+      break;
+    case OP_RESHAPE:
+      c.a.rank = 3, c.a.shape[0] = 3, c.a.shape[1] = 1, c.a.shape[2] = 2;
+      c.in = {R(dt, {2, 3})};
+      out.push_back(c);
+      break;
+    case OP_BROADCAST:
+      c.a.rank = 3, c.a.shape[0] = 2, c.a.shape[1] = 4, c.a.shape[2] = 3;
+      c.in = {R(dt, {1, 3})};
+      out.push_back(c);
+      c.a.rank = 2, c.a.shape[0] = 5, c.a.shape[1] = 7;
+      c.in = {R(dt, {5, 1})};
+      out.push_back(c);
+      c.a.rank = 2, c.a.shape[0] = 300, c.a.shape[1] = 301;
+      c.in = {R(dt, {})};
+      out.push_back(c);
+      break;
+    case OP_TRANSPOSE:
+      c.a.naxes = 3, c.a.axes[0] = 2, c.a.axes[1] = 0, c.a.axes[2] = 1;
+      c.in = {R(dt, {2, 3, 4})};
+      out.push_back(c);
+      c.a.naxes = 2, c.a.axes[0] = 1, c.a.axes[1] = 0;
+      c.in = {R(dt, {257, 300})};
+      out.push_back(c);
+      c.in = {R(dt, {1, 9})};
+      out.push_back(c);
+      break;
+    case OP_SLICE:
+      c.a.rank = 2, c.a.begin[0] = 1, c.a.begin[1] = 2, c.a.shape[0] = 2, c.a.shape[1] = 3;
+      c.in = {R(dt, {4, 5})};
+      out.push_back(c);
+      c.a = op_attrs{};
+      c.a.rank = 1, c.a.begin[0] = 5, c.a.shape[0] = 70000;  // one long row, cut into blocks
+      c.in = {R(dt, {70010})};
+      out.push_back(c);
+      c.a = op_attrs{};
+      c.a.rank = 2, c.a.begin[0] = 0, c.a.begin[1] = 3, c.a.shape[0] = 4, c.a.shape[1] = 0;
+      c.in = {R(dt, {4, 5})};
+      out.push_back(c);
+      break;
+    case OP_CONCAT:
+      c.a.axis = 1;
+      c.in = {R(dt, {2, 3}), R(dt, {2, 1}), R(dt, {2, 2})};
+      out.push_back(c);
+      break;
+    case OP_REDUCE_SUM:
+    case OP_REDUCE_PROD:
+    case OP_REDUCE_MAX:
+    case OP_REDUCE_MIN: {
+      struct R1 {
+        V64 shape;
+        std::vector<int> axes;
+        bool keep;
+      };
+      const std::vector<R1> rs = {{{2, 3, 4}, {0, 2}, false}, {{2, 3, 4}, {0, 2}, true}, {{2, 3, 4}, {1, 2}, false},
+                                  {{2, 3, 4}, {0, 1, 2}, false}, {{0, 3}, {0}, false},   {{3, 0}, {1}, true},
+                                  {{}, {}, false},            {{300, 257}, {1}, false}, {{300, 257}, {0}, false},
+                                  {{5, 7}, {}, false}};
+      for (const R1 &r : rs) {
+        c.a = op_attrs{};
+        c.a.naxes = (int)r.axes.size();
+        for (size_t k = 0; k < r.axes.size(); k++) c.a.axes[k] = r.axes[k];
+        c.a.keepdims = r.keep;
+        // products of many values stay finite: values near 1
+        c.in = {op == OP_REDUCE_PROD && fl ? kiln_add(kiln_mul(R(dt, r.shape), kiln_scalar(dt, 0.01)), kiln_scalar(dt, 1))
+                                           : R(dt, r.shape, -5, 5, false, fl && r.shape.size() == 3 && r.keep)};
+        out.push_back(c);
+      }
+      break;
+    }
+    case OP_ARGMAX:
+      c.a.axis = 1;
+      c.in = {R(dt, {3, 4})};
+      out.push_back(c);
+      break;
+    case OP_DOT:
+      c.in = {R(dt, {2, 3, 4}), R(dt, {4, 5})};
+      out.push_back(c);
+      c.in = {R(dt, {1, 7}), R(dt, {7, 13})};
+      out.push_back(c);
+      break;
+    case OP_GATHER:
+      c.a.axis = 0;
+      c.in = {R(dt, {5, 3}), R(KILN_I64, {2, 2}, 0, 4)};
+      out.push_back(c);
+      c.a.axis = 1;
+      c.in = {R(dt, {2, 3}), R(KILN_I32, {4}, 0, 2)};
+      out.push_back(c);
+      break;
+    case OP_SCATTER_ADD:
+      c.a.axis = 0, c.a.rank = 2, c.a.shape[0] = 5, c.a.shape[1] = 3;
+      c.in = {R(dt, {2, 2, 3}), R(KILN_I32, {2, 2}, 0, 4)};
+      out.push_back(c);
+      break;
+    case OP_IOTA:
+      c.a.dtype = dt, c.a.rank = 1, c.a.shape[0] = 7;
+      out.push_back(c);
+      c.a.rank = 2, c.a.shape[0] = 3, c.a.shape[1] = 5;
+      out.push_back(c);
+      break;
+    case OP_RNG_UNIFORM:
+    case OP_RNG_NORMAL:
+      c.a.dtype = dt, c.a.rank = 2, c.a.shape[0] = 3, c.a.shape[1] = 5;
+      c.a.lo = op == OP_RNG_UNIFORM ? -2 : 0, c.a.hi = op == OP_RNG_UNIFORM ? 3 : 0;
+      c.a.seed = 1234, c.a.counter = 17;
+      out.push_back(c);
+      break;
+    default: break;
+  }
+  return out;
+}
+
+Tol tolerance(op_id op, kiln_dtype dt) {
+  Tol t;
+  if (!is_float(dt)) return t;
+  switch (op) {
+    case OP_EXP:
+    case OP_LOG:
+    case OP_LOG1P:
+    case OP_SIN:
+    case OP_COS:
+    case OP_TANH:
+    case OP_SIGMOID:
+    case OP_POW: t.ulps = 4; break;
+    case OP_REDUCE_SUM:
+    case OP_REDUCE_PROD: t.rel = dt == KILN_F32 ? 1e-6 : 1e-12; break;
+    case OP_REDUCE_MAX:
+    case OP_REDUCE_MIN: t.zero_sign = true; break;
+    default: break;
+  }
+  return t;
+}
+
+TEST(CpuBackend, EveryOpEveryDtypeMatchesTheInterpreter) {
+  Scoped scope;
+  std::mt19937 rng(11);
+  int compared = 0;
+  for (int op = 0; op < OP_COUNT; op++) {
+    const op_info *info = ir_op_info((op_id)op);
+    if (info->kind == OPK_CALL || info->kind == OPK_HOST) continue;  // tested below
+    for (int dt = 0; dt < KILN_DTYPE_COUNT; dt++) {
+      if (!(info->dtypes & (1u << dt))) continue;
+      kiln_scope_push();
+      std::vector<Case> cases = cases_for((op_id)op, (kiln_dtype)dt, rng);
+      EXPECT_FALSE(cases.empty()) << info->name << " " << kiln_dtype_name((kiln_dtype)dt) << " not covered";
+      for (size_t k = 0; k < cases.size(); k++) {
+        Case &c = cases[k];
+        Fn fn;
+        std::vector<kiln_tensor *> args;
+        std::string what = std::string(info->name) + " " + kiln_dtype_name((kiln_dtype)dt) + " case " + std::to_string(k);
+        ASSERT_TRUE(one_op(fn, (op_id)op, c.a, c.in, args, c.const_input)) << what << ": " << kiln_last_error();
+        if (same_as_interpreter(fn.f, args, tolerance((op_id)op, (kiln_dtype)dt), what)) compared++;
+      }
+      kiln_scope_pop();
+    }
+  }
+  EXPECT_GT(compared, 700);
+}
+
+// Compiled f32 exp, log, tanh and sigmoid are the eager kernels' own
+// algorithms: bit for bit equal, not just close.
+TEST(CpuBackend, F32VectorMathIsTheEagerKernels) {
+  Scoped scope;
+  std::mt19937 rng(5);
+  for (op_id op : {OP_EXP, OP_LOG, OP_TANH, OP_SIGMOID}) {
+    Fn fn;
+    std::vector<kiln_tensor *> args;
+    ASSERT_TRUE(one_op(fn, op, op_attrs{}, {random_tensor(rng, KILN_F32, {1000}, 0, 0, false, true)}, args));
+    same_as_interpreter(fn.f, args, Tol{}, ir_op_info(op)->name);
+  }
+}
+
+TEST(CpuBackend, RandomDrawsMatchTheInterpreterBitForBit) {
+  Scoped scope;
+  const char *text =
+      "func @r() -> (f32[4,5], f64[7], i32[9]) {\n"
+      "  %u = rng_uniform {dtype=f32, shape=[4,5], lo=-1.0, hi=2.0, seed=global, counter=global} : f32[4,5]\n"
+      "  %n = rng_normal {dtype=f64, shape=[7], seed=global, counter=global} : f64[7]\n"
+      "  %i = rng_uniform {dtype=i32, shape=[9], lo=0.0, hi=10.0, seed=global, counter=global} : i32[9]\n"
+      "  return %u, %n, %i\n"
+      "}\n";
+  ir_module *m = ir_parse(text, "rng.kir");
+  ASSERT_NE(m, nullptr) << kiln_last_error();
+  cpu_program *p = cpu_compile(m->funcs[0]);
+  ASSERT_NE(p, nullptr) << kiln_last_error();
+  kiln_tensor *want[3], *got[3], *again[3];
+  kiln_random_set_state(42, 1000);
+  ASSERT_EQ(cpu_run(p, nullptr, got), 0) << kiln_last_error();
+  uint64_t seed, after_compiled, after_interp;
+  kiln_random_get_state(&seed, &after_compiled);
+  kiln_random_set_state(42, 1000);
+  ASSERT_EQ(ir_interpret(m->funcs[0], nullptr, want), 0) << kiln_last_error();
+  kiln_random_get_state(&seed, &after_interp);
+  EXPECT_EQ(after_compiled, after_interp);  // the same blocks of the stream, in program order
+  for (int r = 0; r < 3; r++) EXPECT_TRUE(same_bits(want[r], got[r])) << "result " << r;
+  ASSERT_EQ(cpu_run(p, nullptr, again), 0) << kiln_last_error();
+  EXPECT_FALSE(same_bits(got[0], again[0])) << "each call draws anew";
+  cpu_program_free(p);
+  ir_module_free(m);
+}
+
+// ---- fused kernels ----
+
+TEST(CpuBackend, FusionBodiesCompileToOneKernel) {
+  Scoped scope;
+  std::mt19937 rng(3);
+  struct F {
+    const char *text;
+    int kernels;
+  };
+  const F fs[] = {
+      // the bench's expression: tanh(x*a+b)*c+x, with broadcast scalars
+      {"func @k(%x: f32[37,53], %a: f32[], %b: f32[53], %c: f32[37,1]) -> f32[37,53] {\n"
+       "  %0 = broadcast %a {shape=[37,53]} : f32[37,53]\n"
+       "  %1 = mul %x, %0 : f32[37,53]\n"
+       "  %2 = add %1, %b : f32[37,53]\n"
+       "  %3 = tanh %2 : f32[37,53]\n"
+       "  %4 = mul %3, %c : f32[37,53]\n"
+       "  %5 = add %4, %x : f32[37,53]\n"
+       "  return %5\n"
+       "}\n"
+       "func @f(%x: f32[37,53], %a: f32[], %b: f32[53], %c: f32[37,1]) -> f32[37,53] {\n"
+       "  %r = fusion @k(%x, %a, %b, %c) : f32[37,53]\n"
+       "  return %r\n"
+       "}\n",
+       1},
+      // index remapping inside a kernel: transpose, slice, reshape, a constant
+      {"func @k(%x: f64[6,4]) -> (f64[3,6], i32[3,6]) {\n"
+       "  %t = transpose %x {perm=[1,0]} : f64[4,6]\n"
+       "  %s = slice %t {begin=[1,0], size=[3,6]} : f64[3,6]\n"
+       "  %r = reshape %s {shape=[18]} : f64[18]\n"
+       "  %c = constant dense<[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0, 16.0, 17.0, 18.0]> : f64[18]\n"
+       "  %m = mul %r, %c : f64[18]\n"
+       "  %b = reshape %m {shape=[3,6]} : f64[3,6]\n"
+       "  %e = exp %b : f64[3,6]\n"
+       "  %i = convert %b {dtype=i32} : i32[3,6]\n"
+       "  return %e, %i\n"
+       "}\n"
+       "func @f(%x: f64[6,4]) -> (f64[3,6], i32[3,6]) {\n"
+       "  %e, %i = fusion @k(%x) : f64[3,6], i32[3,6]\n"
+       "  return %e, %i\n"
+       "}\n",
+       1},
+      // elementwise producers into a reduction; two reductions of one input
+      {"func @k(%x: f32[31,67], %y: f32[67]) -> (f32[31], f32[31]) {\n"
+       "  %d = sub %x, %y : f32[31,67]\n"
+       "  %e = exp %d : f32[31,67]\n"
+       "  %s = reduce_sum %e {axes=[1]} : f32[31]\n"
+       "  %m = reduce_max %d {axes=[1]} : f32[31]\n"
+       "  return %s, %m\n"
+       "}\n"
+       "func @f(%x: f32[31,67], %y: f32[67]) -> (f32[31], f32[31]) {\n"
+       "  %s, %m = fusion @k(%x, %y) : f32[31], f32[31]\n"
+       "  return %s, %m\n"
+       "}\n",
+       1},
+      // a reduction over a leading axis, with a select
+      {"func @k(%x: f64[9,5,4], %z: f64[]) -> f64[5] {\n"
+       "  %p = gt %x, %z : bool[9,5,4]\n"
+       "  %n = neg %x : f64[9,5,4]\n"
+       "  %s = select %p, %x, %n : f64[9,5,4]\n"
+       "  %r = reduce_sum %s {axes=[0,2]} : f64[5]\n"
+       "  return %r\n"
+       "}\n"
+       "func @f(%x: f64[9,5,4], %z: f64[]) -> f64[5] {\n"
+       "  %r = fusion @k(%x, %z) : f64[5]\n"
+       "  return %r\n"
+       "}\n",
+       1},
+      // a body that is not one kernel (a reduction read inside it): inlined,
+      // one kernel per instruction
+      {"func @k(%x: f32[4,6]) -> f32[4,6] {\n"
+       "  %m = reduce_max %x {axes=[1], keepdims=true} : f32[4,1]\n"
+       "  %d = sub %x, %m : f32[4,6]\n"
+       "  return %d\n"
+       "}\n"
+       "func @f(%x: f32[4,6]) -> f32[4,6] {\n"
+       "  %r = fusion @k(%x) : f32[4,6]\n"
+       "  return %r\n"
+       "}\n",
+       2},
+  };
+  for (const F &t : fs) {
+    ir_module *m = ir_parse(t.text, "fuse.kir");
+    ASSERT_NE(m, nullptr) << kiln_last_error() << "\n" << t.text;
+    const ir_func *f = ir_module_find(m, "f");
+    std::vector<kiln_tensor *> args;
+    for (int i = 0; i < f->n_params; i++) {
+      const op_type &ty = f->types[i];
+      args.push_back(random_tensor(rng, ty.dtype, V64(ty.shape, ty.shape + ty.rank)));
+    }
+    int kernels = 0;
+    Tol tol;
+    tol.rel = 1e-5;  // FMA contraction, exp's last bit
+    same_as_interpreter(f, args, tol, t.text, &kernels);
+    EXPECT_EQ(kernels, t.kernels) << t.text;
+    ir_module_free(m);
+  }
+}
+
+TEST(CpuBackend, CallsAndViewsAsResults) {
+  Scoped scope;
+  const char *text =
+      "func @sq(%a: f32[2,3]) -> (f32[2,3], f32[2,3]) {\n"
+      "  %m = mul %a, %a : f32[2,3]\n"
+      "  return %m, %a\n"
+      "}\n"
+      "func @f(%x: f32[2,3], %y: i64[3]) -> (f32[2,3], f32[6], f32[2,3], f32[3,2], f32[2,3], i64[3], f32[2,3], f32[]) {\n"
+      "  %s, %same = call @sq(%x) : f32[2,3], f32[2,3]\n"
+      "  %t = call @sq(%s) : f32[2,3], f32[2,3]\n"
+      "  %r = reshape %s {shape=[6]} : f32[6]\n"
+      "  %v = reshape %x {shape=[3,2]} : f32[3,2]\n"
+      "  %c = constant dense<2.5> : f32[]\n"
+      "  return %s, %r, %same, %v, %x, %y, %s, %c\n"
+      "}\n";
+  ir_module *m = ir_parse(text, "calls.kir");
+  ASSERT_NE(m, nullptr) << kiln_last_error();
+  const ir_func *f = ir_module_find(m, "f");
+  std::vector<kiln_tensor *> args = {f32({2, 3}, {1, -2, 3, 0.5f, 5, -6}), i64({3}, {7, 8, 9})};
+  same_as_interpreter(f, args, Tol{}, "calls");
+  cpu_program *p = cpu_compile(f);
+  ASSERT_NE(p, nullptr) << kiln_last_error();
+  std::vector<kiln_tensor *> got(8);
+  ASSERT_EQ(cpu_run(p, args.data(), got.data()), 0) << kiln_last_error();
+  EXPECT_EQ(got[4], args[0]);  // a parameter returned as it is, as the interpreter does
+  EXPECT_EQ(got[5], args[1]);
+  EXPECT_EQ(got[6], got[0]);   // the same value twice: one tensor
+  EXPECT_EQ(read<float>(got[1]), (std::vector<float>{1, 4, 9, 0.25f, 25, 36}));
+  EXPECT_EQ(read<float>(got[7]), (std::vector<float>{2.5f}));
+  cpu_program_free(p);
+  ir_module_free(m);
+}
+
+int twice(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  (void)user, (void)n_in, (void)n_out;
+  out[0] = kiln_mul(in[0], kiln_scalar(KILN_F32, 2));
+  return out[0] ? 0 : -1;
+}
+
+int wrong_shape(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  (void)user, (void)n_in, (void)n_out, (void)in;
+  out[0] = kiln_zeros(KILN_F32, KILN_SHAPE(5));
+  return 0;
+}
+
+TEST(CpuBackend, HostCalls) {
+  Scoped scope;
+  for (kiln_host_fn fn : {twice, wrong_shape}) {
+    ir_module *m = ir_module_new();
+    op_type t{KILN_F32, 1, {3}};
+    ir_func *f = ir_func_new(m, "h", 1, &t);
+    ir_host *h = ir_module_add_host(m, fn, nullptr, fn == twice ? "twice" : "wrong", 1, &t);
+    ASSERT_NE(h, nullptr) << kiln_last_error();
+    op_attrs a{};
+    a.host = h;
+    ir_value x = 0;
+    ir_value e = ir_append(f, OP_EXP, nullptr, 1, &x, ir_loc{nullptr, 0});
+    ir_value v = ir_append(f, OP_HOST_CALL, &a, 1, &e, ir_loc{nullptr, 0});
+    ir_value r = ir_append(f, OP_NEG, nullptr, 1, &v, ir_loc{nullptr, 0});
+    ASSERT_GE(r, 0) << kiln_last_error();
+    ASSERT_EQ(ir_set_results(f, 1, &r), 0);
+    std::vector<kiln_tensor *> args = {f32({3}, {0, 1, -1})};
+    if (fn == twice) {
+      Tol tol;
+      tol.ulps = 4;
+      same_as_interpreter(f, args, tol, "host");
+    } else {
+      cpu_program *p = cpu_compile(f);
+      ASSERT_NE(p, nullptr) << kiln_last_error();
+      kiln_tensor *out = nullptr;
+      EXPECT_EQ(cpu_run(p, args.data(), &out), -1);
+      EXPECT_THAT(kiln_last_error(), HasSubstr("host_call: @wrong returned f32[5] for output 0, declared f32[3]"));
+      cpu_program_free(p);
+    }
+    ir_module_free(m);
+  }
+}
+
+// ---- threads ----
+
+TEST(CpuBackend, ManyThreadsRunOneProgram) {
+  Scoped scope;
+  std::mt19937 rng(9);
+  const char *text =
+      "func @f(%x: f32[300,257], %y: f32[257], %i: i64[4]) -> (f32[300,257], f32[300], f32[4,257]) {\n"
+      "  %a = mul %x, %y : f32[300,257]\n"
+      "  %t = tanh %a : f32[300,257]\n"
+      "  %s = reduce_sum %t {axes=[1]} : f32[300]\n"
+      "  %g = gather %t, %i {axis=0} : f32[4,257]\n"
+      "  return %t, %s, %g\n"
+      "}\n";
+  ir_module *m = ir_parse(text, "threads.kir");
+  ASSERT_NE(m, nullptr) << kiln_last_error();
+  std::vector<kiln_tensor *> args = {random_tensor(rng, KILN_F32, {300, 257}), random_tensor(rng, KILN_F32, {257}),
+                                     i64({4}, {0, 299, 7, 7})};
+  cpu_program *p = cpu_compile(m->funcs[0]);
+  ASSERT_NE(p, nullptr) << kiln_last_error();
+  kiln_tensor *want[3];
+  ASSERT_EQ(cpu_run(p, args.data(), want), 0) << kiln_last_error();
+  std::vector<std::thread> threads;
+  std::vector<int> bad(8, 0);
+  for (int t = 0; t < 8; t++)
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < 25; k++) {
+        kiln_scope_push();
+        kiln_tensor *got[3];
+        if (cpu_run(p, args.data(), got))
+          bad[t]++;
+        else
+          for (int r = 0; r < 3; r++) bad[t] += !same_bits(want[r], got[r]);
+        kiln_scope_pop();
+      }
+    });
+  for (auto &th : threads) th.join();
+  for (int t = 0; t < 8; t++) EXPECT_EQ(bad[t], 0) << "thread " << t;
+  cpu_program_free(p);
+  ir_module_free(m);
+}
+
+// ---- failures ----
+
+TEST(CpuBackend, BadArgumentsAreErrors) {
+  Scoped scope;
+  ir_module *m = ir_parse("func @f(%x: i32[2], %y: i32[2]) -> i32[2] {\n  %q = div %x, %y : i32[2]\n  return %q\n}\n",
+                          "bad.kir");
+  ASSERT_NE(m, nullptr) << kiln_last_error();
+  cpu_program *p = cpu_compile(m->funcs[0]);
+  ASSERT_NE(p, nullptr) << kiln_last_error();
+  kiln_tensor *ok[2] = {i32({2}, {6, 9}), i32({2}, {2, 3})}, *res = nullptr;
+  kiln_tensor *wrong_dtype[2] = {f32({2}, {1, 2}), ok[1]};
+  EXPECT_EQ(cpu_run(p, wrong_dtype, &res), -1);
+  EXPECT_THAT(kiln_last_error(), HasSubstr("cpu: @f: argument 0 is f32[2], the parameter is i32[2]"));
+  kiln_tensor *wrong_shape[2] = {ok[0], i32({3}, {1, 2, 3})};
+  EXPECT_EQ(cpu_run(p, wrong_shape, &res), -1);
+  EXPECT_THAT(kiln_last_error(), HasSubstr("argument 1 is i32[3], the parameter is i32[2]"));
+  kiln_tensor *null_arg[2] = {nullptr, ok[1]};
+  EXPECT_EQ(cpu_run(p, null_arg, &res), -1);
+  EXPECT_THAT(kiln_last_error(), HasSubstr("argument 0 is NULL"));
+  EXPECT_EQ(cpu_run(p, nullptr, &res), -1);
+  EXPECT_THAT(kiln_last_error(), HasSubstr("args or results is NULL"));
+  EXPECT_EQ(cpu_run(nullptr, ok, &res), -1);
+  EXPECT_EQ(res, nullptr);
+  // integer division by zero fails the call, as the eager op does
+  kiln_tensor *zero[2] = {ok[0], i32({2}, {1, 0})};
+  EXPECT_EQ(cpu_run(p, zero, &res), -1);
+  EXPECT_THAT(kiln_last_error(), HasSubstr("div: integer division by zero"));
+  EXPECT_EQ(res, nullptr);
+  ASSERT_EQ(cpu_run(p, ok, &res), 0) << kiln_last_error();
+  EXPECT_EQ(read<int32_t>(res), (std::vector<int32_t>{3, 3}));
+  cpu_program_free(p);
+  ir_module_free(m);
+  EXPECT_EQ(cpu_compile(nullptr), nullptr);
+  EXPECT_THAT(kiln_last_error(), HasSubstr("cpu: no function"));
+  cpu_program_free(nullptr);
+}
+
+TEST(CpuBackend, IndexErrorsFailTheCall) {
+  Scoped scope;
+  ir_module *m = ir_parse(
+      "func @f(%x: f32[3,2], %i: i64[2]) -> f32[2,2] {\n  %e = exp %x : f32[3,2]\n"
+      "  %g = gather %e, %i {axis=0} : f32[2,2]\n  return %g\n}\n",
+      "idx.kir");
+  ASSERT_NE(m, nullptr) << kiln_last_error();
+  cpu_program *p = cpu_compile(m->funcs[0]);
+  ASSERT_NE(p, nullptr) << kiln_last_error();
+  kiln_tensor *args[2] = {f32({3, 2}, {0, 1, 2, 3, 4, 5}), i64({2}, {1, 7})}, *res = nullptr;
+  EXPECT_EQ(cpu_run(p, args, &res), -1);
+  EXPECT_THAT(kiln_last_error(), HasSubstr("gather: indices[1] = 7 is not in [0, 3)"));
+  EXPECT_EQ(res, nullptr);
+  cpu_program_free(p);
+  ir_module_free(m);
+}
+
+// ---- text ----
+
+TEST(CpuBackend, TextStages) {
+  Scoped scope;
+  ir_module *m = ir_parse(
+      "func @f(%x: f32[1000], %y: f32[1000]) -> f32[1000] {\n  %a = add %x, %y : f32[1000]\n"
+      "  %e = exp %a : f32[1000]\n  return %e\n}\n",
+      "text.kir");
+  ASSERT_NE(m, nullptr) << kiln_last_error();
+  cpu_program *p = cpu_compile(m->funcs[0]);
+  ASSERT_NE(p, nullptr) << kiln_last_error();
+  EXPECT_EQ(cpu_program_kernels(p), 2);
+  EXPECT_GT(cpu_program_compile_ms(p), 0);
+  char *ll = cpu_program_text(p, "llvm");
+  ASSERT_NE(ll, nullptr) << kiln_last_error();
+  EXPECT_THAT(ll, HasSubstr("define"));
+  EXPECT_THAT(ll, HasSubstr("x float>"));  // vectorized
+  free(ll);
+  char *as = cpu_program_text(p, "asm");
+  ASSERT_NE(as, nullptr) << kiln_last_error();
+  EXPECT_THAT(as, HasSubstr("vfmadd"));  // the exp polynomial, in FMAs
+  free(as);
+  EXPECT_EQ(cpu_program_text(p, "ptx"), nullptr);
+  EXPECT_THAT(kiln_last_error(), HasSubstr("cpu: unknown stage \"ptx\""));
+  cpu_program_free(p);
+  ir_module_free(m);
+}
+
+#ifdef KILN_TEST_HAVE_IR_GEN
+// ---- random programs ----
+
+int program_count() {
+  const char *s = std::getenv("KILN_RANDOM_PROGRAMS");
+  long n = s ? std::strtol(s, nullptr, 10) : 0;
+  return n > 0 ? (int)n : 500;
+}
+
+uint64_t first_seed() {
+  const char *s = std::getenv("KILN_RANDOM_SEED");
+  return s && *s ? std::strtoull(s, nullptr, 10) : 1;
+}
+
+// Programs over integers and bools: compiled == interpreted, bit for bit.
+TEST(CpuBackend, RandomIntegerProgramsMatchExactly) {
+  Scoped scope;
+  ir_gen_options o = ir_gen_default_options();
+  o.dtypes = DT_BIT(KILN_I32) | DT_BIT(KILN_I64) | DT_BIT(KILN_BOOL);
+  int n = program_count();
+  for (uint64_t s = first_seed(); s < first_seed() + (uint64_t)n; s++) {
+    ir_module *m = ir_gen_program(s, &o);
+    ASSERT_NE(m, nullptr) << "seed " << s << ": " << kiln_last_error();
+    kiln_scope_push();
+    std::vector<kiln_tensor *> args(m->funcs[0]->n_params);
+    ASSERT_EQ(ir_gen_args(m->funcs[0], s, args.data()), 0) << kiln_last_error();
+    char *text = ir_print_module(m);
+    bool ok = same_as_interpreter(m->funcs[0], args, Tol{}, "seed " + std::to_string(s) + " (KILN_RANDOM_SEED=" +
+                                                                  std::to_string(s) + " KILN_RANDOM_PROGRAMS=1)\n" + text);
+    free(text);
+    kiln_scope_pop();
+    ir_module_free(m);
+    if (!ok) break;
+  }
+}
+#endif
+
+}  // namespace

@@ -1,0 +1,530 @@
+// ir_random_test.cc — differential tests over random well-typed programs
+// from the seeded generator of ir_gen.h: the text form round-trips, the
+// interpreter agrees bit for bit with calling the public ops one by one,
+// and the pass pipeline does not change what a program computes. Every
+// failure prints the seed and the program's .kir text.
+//
+// KILN_RANDOM_PROGRAMS=N runs N programs per test (default 500);
+// KILN_RANDOM_SEED=S starts at seed S (default 1), so
+// `KILN_RANDOM_SEED=S KILN_RANDOM_PROGRAMS=1` replays one failure.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ir_gen.h"
+#include "test_util.h"
+#if __has_include("passes.h")
+#include "passes.h"
+#define KILN_TEST_HAVE_PASSES 1
+#endif
+
+namespace {
+
+using namespace kiln_test;
+
+int program_count() {
+  const char *s = std::getenv("KILN_RANDOM_PROGRAMS");
+  long n = s ? std::strtol(s, nullptr, 10) : 0;
+  return n > 0 ? (int)n : 500;
+}
+
+uint64_t first_seed() {
+  const char *s = std::getenv("KILN_RANDOM_SEED");
+  return s && *s ? std::strtoull(s, nullptr, 10) : 1;
+}
+
+// A generated program and its text; frees the module.
+struct Program {
+  uint64_t seed;
+  bool special;
+  ir_module *m;
+  std::string text;
+  explicit Program(uint64_t s, const ir_gen_options *o = nullptr)
+      : seed(s), special(o && o->special_floats), m(ir_gen_program(s, o)) {
+    char *t = m ? ir_print_module(m) : nullptr;
+    text = t ? t : "";
+    free(t);
+  }
+  ~Program() { ir_module_free(m); }
+  Program(const Program &) = delete;
+  Program &operator=(const Program &) = delete;
+  ir_func *func() const { return m->funcs[0]; }
+  std::string where() const {
+    return "seed " + std::to_string(seed) + " (replay: KILN_RANDOM_SEED=" + std::to_string(seed) +
+           " KILN_RANDOM_PROGRAMS=1" + (special ? ", special floats" : "") + ")\n" + text;
+  }
+};
+
+// The instruction through the public API, as a user would call it.
+kiln_tensor *eager(const ir_instr &in, const std::vector<kiln_tensor *> &x) {
+  const op_attrs &a = in.attrs;
+  kiln_tensor *p = x.empty() ? nullptr : x[0], *q = x.size() > 1 ? x[1] : nullptr;
+  switch (in.op) {
+    case OP_NEG: return kiln_neg(p);
+    case OP_ABS: return kiln_abs(p);
+    case OP_SIGN: return kiln_sign(p);
+    case OP_EXP: return kiln_exp(p);
+    case OP_LOG: return kiln_log(p);
+    case OP_LOG1P: return kiln_log1p(p);
+    case OP_SQRT: return kiln_sqrt(p);
+    case OP_RSQRT: return kiln_rsqrt(p);
+    case OP_SIN: return kiln_sin(p);
+    case OP_COS: return kiln_cos(p);
+    case OP_TANH: return kiln_tanh(p);
+    case OP_SIGMOID: return kiln_sigmoid(p);
+    case OP_RELU: return kiln_relu(p);
+    case OP_FLOOR: return kiln_floor(p);
+    case OP_CEIL: return kiln_ceil(p);
+    case OP_NOT: return kiln_logical_not(p);
+    case OP_ADD: return kiln_add(p, q);
+    case OP_SUB: return kiln_sub(p, q);
+    case OP_MUL: return kiln_mul(p, q);
+    case OP_DIV: return kiln_div(p, q);
+    case OP_POW: return kiln_pow(p, q);
+    case OP_MAX: return kiln_maximum(p, q);
+    case OP_MIN: return kiln_minimum(p, q);
+    case OP_MOD: return kiln_mod(p, q);
+    case OP_AND: return kiln_logical_and(p, q);
+    case OP_OR: return kiln_logical_or(p, q);
+    case OP_EQ: return kiln_equal(p, q);
+    case OP_NE: return kiln_not_equal(p, q);
+    case OP_LT: return kiln_less(p, q);
+    case OP_LE: return kiln_less_equal(p, q);
+    case OP_GT: return kiln_greater(p, q);
+    case OP_GE: return kiln_greater_equal(p, q);
+    case OP_SELECT: return kiln_select(p, q, x[2]);
+    case OP_CONVERT: return kiln_cast(p, a.dtype);
+    case OP_IDENTITY: return kiln_identity(p);
+    case OP_STOP_GRADIENT: return kiln_stop_gradient(p);
+    case OP_RESHAPE: return kiln_reshape(p, a.rank, a.shape);
+    case OP_BROADCAST: return kiln_broadcast_to(p, a.rank, a.shape);
+    case OP_TRANSPOSE: return kiln_transpose(p, a.naxes, a.axes);
+    case OP_SLICE: return kiln_slice(p, a.begin, a.shape);
+    case OP_CONCAT: return kiln_concat((int)x.size(), x.data(), a.axis);
+    // axes is never NULL here: naxes == 0 reduces nothing, as in the IR
+    case OP_REDUCE_SUM: return kiln_reduce_sum(p, a.naxes, a.axes, a.keepdims);
+    case OP_REDUCE_PROD: return kiln_reduce_prod(p, a.naxes, a.axes, a.keepdims);
+    case OP_REDUCE_MAX: return kiln_reduce_max(p, a.naxes, a.axes, a.keepdims);
+    case OP_REDUCE_MIN: return kiln_reduce_min(p, a.naxes, a.axes, a.keepdims);
+    case OP_ARGMAX: return kiln_argmax(p, a.axis);
+    case OP_DOT: return kiln_matmul(p, q);
+    case OP_GATHER: return kiln_gather(p, q, a.axis);
+    case OP_SCATTER_ADD: return kiln_scatter_add(p, q, a.axis, a.rank, a.shape);
+    case OP_IOTA: {  // row-major 0, 1, 2, ... in any shape
+      int64_t n = 1;
+      for (int i = 0; i < a.rank; i++) n *= a.shape[i];
+      return kiln_reshape(kiln_arange(a.dtype, n), a.rank, a.shape);
+    }
+    case OP_CONSTANT: return kiln_identity(a.value);
+    default: ADD_FAILURE() << "eager: no public op for " << ir_op_info(in.op)->name; return nullptr;
+  }
+}
+
+std::string str(const kiln_tensor *t) {
+  char *c = t ? kiln_tensor_str(t) : nullptr;
+  std::string r = c ? c : "(null)";
+  free(c);
+  return r;
+}
+
+// The default options, or those with special floats (NaN, inf, -0.0, 1e30).
+ir_gen_options options(bool special) {
+  ir_gen_options o = ir_gen_default_options();
+  o.special_floats = special;
+  return o;
+}
+
+// The arguments of a program generated with or without special floats.
+int make_args(const ir_func *f, uint64_t seed, bool special, std::vector<kiln_tensor *> *args) {
+  args->assign((size_t)f->n_params, nullptr);
+  return special ? ir_gen_special_args(f, seed, args->data()) : ir_gen_args(f, seed, args->data());
+}
+
+// ---- the generator itself ----
+
+TEST(IrGen, DeterministicAndVaried) {
+  int n = program_count();
+  std::set<std::string> texts;
+  for (uint64_t s = first_seed(); s < first_seed() + (uint64_t)n; s++) {
+    Program p(s), again(s);
+    ASSERT_NE(p.m, nullptr) << "seed " << s << ": " << kiln_last_error();
+    ASSERT_EQ(p.text, again.text) << p.where();
+    texts.insert(p.text);
+  }
+  EXPECT_GE(texts.size(), (size_t)n * 98 / 100) << "seeds should give different programs";
+}
+
+TEST(IrGen, ShapesCountsAndOpCoverage) {
+  Scoped scope;
+  std::map<op_id, int> ops;
+  int n = program_count(), named_params = 0, hex_constants = 0, locs = 0;
+  for (uint64_t s = first_seed(); s < first_seed() + (uint64_t)n; s++) {
+    Program p(s);
+    ASSERT_NE(p.m, nullptr) << "seed " << s << ": " << kiln_last_error();
+    ASSERT_EQ(p.m->n_funcs, 1);
+    const ir_func *f = p.func();
+    ASSERT_EQ(ir_verify(f), 0) << kiln_last_error() << "\n" << p.where();
+    EXPECT_GE(f->n_params, 1) << p.where();
+    EXPECT_LE(f->n_params, 4) << p.where();
+    EXPECT_GE(f->n_instrs, 5) << p.where();
+    EXPECT_LE(f->n_instrs, 40) << p.where();
+    EXPECT_GE(f->n_results, 1) << p.where();
+    EXPECT_LE(f->n_results, 3) << p.where();
+    for (int i = 0; i < f->n_params; i++) {
+      EXPECT_LE(f->types[i].rank, 4) << p.where();
+      for (int k = 0; k < f->types[i].rank; k++) {
+        EXPECT_GE(f->types[i].shape[k], 1) << p.where();
+        EXPECT_LE(f->types[i].shape[k], 7) << p.where();
+      }
+      named_params += f->names[i] != nullptr;
+    }
+    for (int i = 0; i < f->n_instrs; i++) {
+      ops[f->instrs[i].op]++;
+      locs += f->instrs[i].loc.file != nullptr;
+    }
+    hex_constants += p.text.find("dense<0x") != std::string::npos;
+  }
+  // every op the generator knows shows up in a normal run
+  for (op_id op : {OP_NEG,  OP_ABS,   OP_SIGN, OP_EXP,     OP_LOG,        OP_LOG1P,  OP_SQRT,    OP_RSQRT,
+                   OP_SIN,  OP_COS,   OP_TANH, OP_SIGMOID, OP_RELU,       OP_FLOOR,  OP_CEIL,    OP_NOT,
+                   OP_ADD,  OP_SUB,   OP_MUL,  OP_DIV,     OP_POW,        OP_MAX,    OP_MIN,     OP_MOD,
+                   OP_AND,  OP_OR,    OP_EQ,   OP_NE,      OP_LT,         OP_LE,     OP_GT,      OP_GE,
+                   OP_SELECT, OP_CONVERT, OP_IDENTITY, OP_STOP_GRADIENT, OP_RESHAPE, OP_BROADCAST,
+                   OP_TRANSPOSE, OP_SLICE, OP_CONCAT, OP_REDUCE_SUM, OP_REDUCE_PROD, OP_REDUCE_MAX,
+                   OP_REDUCE_MIN, OP_ARGMAX, OP_DOT, OP_GATHER, OP_SCATTER_ADD, OP_IOTA, OP_CONSTANT})
+    EXPECT_GT(ops[op], 0) << ir_op_info(op)->name << " never generated in " << n << " programs";
+  if (n >= 200) {
+    EXPECT_GT(named_params, 0) << "no %idxN parameter";
+    EXPECT_GT(hex_constants, 0) << "no constant large enough to print as hex";
+    EXPECT_GT(locs, 0) << "no loc(...)";
+  }
+}
+
+TEST(IrGen, OptionsAreRespected) {
+  Scoped scope;
+  ir_gen_options o = ir_gen_default_options();
+  o.dtypes = DT_BIT(KILN_F32);
+  o.kinds = IR_GEN_UNARY | IR_GEN_BINARY | IR_GEN_REDUCE;
+  o.min_instrs = o.max_instrs = 12;
+  o.max_params = 2;
+  o.max_results = 1;
+  for (uint64_t s = 1; s <= 100; s++) {
+    Program p(s, &o);
+    ASSERT_NE(p.m, nullptr) << kiln_last_error();
+    const ir_func *f = p.func();
+    EXPECT_EQ(f->n_instrs, 12) << p.where();
+    EXPECT_LE(f->n_params, 2) << p.where();
+    EXPECT_EQ(f->n_results, 1) << p.where();
+    for (int v = 0; v < f->n_values; v++) EXPECT_EQ(f->types[v].dtype, KILN_F32) << p.where();
+    for (int i = 0; i < f->n_instrs; i++) {
+      op_kind k = ir_op_info(f->instrs[i].op)->kind;
+      EXPECT_TRUE(k == OPK_UNARY || k == OPK_BINARY || k == OPK_REDUCE || k == OPK_CONST) << p.where();
+    }
+  }
+  // storage dtypes come in through convert when asked for
+  o = ir_gen_default_options();
+  o.dtypes |= DT_BIT(KILN_F16) | DT_BIT(KILN_BF16);
+  int storage = 0;
+  for (uint64_t s = 1; s <= 200; s++) {
+    Program p(s, &o);
+    ASSERT_NE(p.m, nullptr) << kiln_last_error();
+    storage += p.text.find("f16[") != std::string::npos;
+  }
+  EXPECT_GT(storage, 0);
+  // bad options are refused with an error, not a crash
+  for (int bad = 0; bad < 4; bad++) {
+    o = ir_gen_default_options();
+    if (bad == 0) o.max_instrs = o.min_instrs - 1;
+    if (bad == 1) o.dtypes = DT_BIT(KILN_F16);
+    if (bad == 2) o.max_params = 0;
+    if (bad == 3) o.kinds = 0;
+    kiln_clear_error();
+    EXPECT_EQ(ir_gen_program(1, &o), nullptr) << bad;
+    EXPECT_NE(std::string(kiln_last_error()).find("ir_gen_program"), std::string::npos) << kiln_last_error();
+  }
+  kiln_clear_error();
+}
+
+TEST(IrGen, ArgumentsFitTheParameters) {
+  Scoped scope;
+  int index_params = 0;
+  for (uint64_t s = first_seed(); s < first_seed() + 200; s++) {
+    Program p(s);
+    ASSERT_NE(p.m, nullptr) << kiln_last_error();
+    const ir_func *f = p.func();
+    std::vector<kiln_tensor *> a((size_t)f->n_params), b((size_t)f->n_params);
+    ASSERT_EQ(ir_gen_args(f, s, a.data()), 0) << kiln_last_error();
+    ASSERT_EQ(ir_gen_args(f, s, b.data()), 0) << kiln_last_error();
+    for (int i = 0; i < f->n_params; i++) {
+      EXPECT_EQ(kiln_tensor_dtype(a[i]), f->types[i].dtype);
+      EXPECT_EQ(shape_of(a[i]), V64(f->types[i].shape, f->types[i].shape + f->types[i].rank));
+      EXPECT_TRUE(same_bits(a[i], b[i])) << "same seed, same arguments";
+      VD v = values(a[i]);
+      double lo = -2, hi = 2;
+      if (f->names[i] && !strncmp(f->names[i], "idx", 3)) {
+        lo = 0, hi = (double)std::strtol(f->names[i] + 3, nullptr, 10) - 1;
+        index_params++;
+      } else if (f->types[i].dtype == KILN_I32 || f->types[i].dtype == KILN_I64) {
+        lo = -5, hi = 5;
+      } else if (f->types[i].dtype == KILN_BOOL) {
+        lo = 0, hi = 1;
+      }
+      for (double x : v) {
+        EXPECT_GE(x, lo) << p.where();
+        EXPECT_LE(x, hi) << p.where();
+      }
+    }
+  }
+  EXPECT_GT(index_params, 0);
+  kiln_clear_error();
+  EXPECT_EQ(ir_gen_args(nullptr, 1, nullptr), -1);
+  EXPECT_NE(std::string(kiln_last_error()).find("ir_gen_args"), std::string::npos);
+  kiln_clear_error();
+}
+
+// ---- 1. the text form ----
+
+// print -> parse -> print is byte-identical, the parsed module verifies, and
+// it computes the same bits (constants, -0.0 and NaN included, read back exactly).
+void check_round_trip(bool special) {
+  Scoped scope;
+  ir_gen_options o = options(special);
+  for (uint64_t s = first_seed(); s < first_seed() + (uint64_t)program_count(); s++) {
+    Program p(s, &o);
+    ASSERT_NE(p.m, nullptr) << "seed " << s << ": " << kiln_last_error();
+    ir_module *back = ir_parse(p.text.c_str(), "gen.kir");
+    ASSERT_NE(back, nullptr) << kiln_last_error() << "\n" << p.where();
+    EXPECT_EQ(ir_verify_module(back), 0) << kiln_last_error() << "\n" << p.where();
+    char *again = ir_print_module(back);
+    ASSERT_NE(again, nullptr);
+    EXPECT_EQ(std::string(again), p.text) << p.where();
+    free(again);
+
+    const ir_func *f = p.func(), *g = back->funcs[0];
+    kiln_scope_push();
+    std::vector<kiln_tensor *> args((size_t)f->n_params), x((size_t)f->n_results), y((size_t)f->n_results);
+    EXPECT_EQ(make_args(f, s, special, &args), 0) << kiln_last_error();
+    EXPECT_EQ(ir_interpret(f, args.data(), x.data()), 0) << kiln_last_error() << "\n" << p.where();
+    EXPECT_EQ(ir_interpret(g, args.data(), y.data()), 0) << kiln_last_error() << "\n" << p.where();
+    for (size_t r = 0; !::testing::Test::HasFailure() && r < x.size(); r++)
+      EXPECT_TRUE(same_bits(x[r], y[r])) << "result " << r << ": built " << str(x[r]) << "\nparsed " << str(y[r])
+                                         << "\n" << p.where();
+    kiln_scope_pop();
+    ir_module_free(back);
+    if (::testing::Test::HasFailure()) break;  // one program's report is enough to read
+  }
+}
+
+TEST(IrRandom, PrintParsePrintIsIdentical) { check_round_trip(false); }
+TEST(IrRandom, PrintParsePrintIsIdenticalWithSpecialFloats) { check_round_trip(true); }
+
+// ---- 2. the interpreter against eager ops ----
+
+void check_interpreter(bool special) {
+  Scoped scope;
+  ir_gen_options o = options(special);
+  for (uint64_t s = first_seed(); s < first_seed() + (uint64_t)program_count(); s++) {
+    Program p(s, &o);
+    ASSERT_NE(p.m, nullptr) << "seed " << s << ": " << kiln_last_error();
+    const ir_func *f = p.func();
+    kiln_scope_push();
+    std::vector<kiln_tensor *> args((size_t)f->n_params), got((size_t)f->n_results);
+    ASSERT_EQ(make_args(f, s, special, &args), 0) << kiln_last_error();
+    ASSERT_EQ(ir_interpret(f, args.data(), got.data()), 0) << kiln_last_error() << "\n" << p.where();
+
+    std::vector<kiln_tensor *> vals((size_t)f->n_values, nullptr);
+    for (int i = 0; i < f->n_params; i++) vals[(size_t)i] = args[(size_t)i];
+    for (int i = 0; i < f->n_instrs; i++) {
+      const ir_instr &in = f->instrs[i];
+      std::vector<kiln_tensor *> x;
+      for (int k = 0; k < in.n_in; k++) x.push_back(vals[(size_t)in.in[k]]);
+      kiln_tensor *y = eager(in, x);
+      ASSERT_NE(y, nullptr) << "instruction " << i << ": " << kiln_last_error() << "\n" << p.where();
+      vals[(size_t)in.out] = y;
+    }
+    for (int r = 0; r < f->n_results; r++)
+      EXPECT_TRUE(same_bits(got[(size_t)r], vals[(size_t)f->results[r]]))
+          << "result " << r << ": interpreter " << str(got[(size_t)r]) << "\neager "
+          << str(vals[(size_t)f->results[r]]) << "\n" << p.where();
+    kiln_scope_pop();
+    if (::testing::Test::HasFailure()) break;
+  }
+}
+
+TEST(IrRandom, InterpreterMatchesEagerOps) { check_interpreter(false); }
+TEST(IrRandom, InterpreterMatchesEagerOpsWithSpecialFloats) { check_interpreter(true); }
+
+// ---- 3. the pass pipeline against the interpreter ----
+
+#ifdef KILN_TEST_HAVE_PASSES
+
+// Why a and b are not the same result ("" when they are): same dtype and
+// shape; integers and bools exactly equal; floats within a relative
+// tolerance (1e-5 f32, 1e-12 f64; f16/bf16 about an ulp), NaN matching NaN.
+// exact: floats bit for bit too, except that any NaN matches any NaN.
+std::string differ(const kiln_tensor *a, const kiln_tensor *b, bool exact = false) {
+  if (!a || !b) return "a result is NULL";
+  kiln_dtype dt = kiln_tensor_dtype(a);
+  if (dt != kiln_tensor_dtype(b) || shape_of(a) != shape_of(b)) return "dtype or shape differs";
+  if (dt == KILN_I32 || dt == KILN_I64 || dt == KILN_BOOL) return same_bits(a, b) ? "" : "integer values differ";
+  double tol = dt == KILN_F32 ? 1e-5 : dt == KILN_F64 ? 1e-12 : dt == KILN_F16 ? 1e-3 : 8e-3;
+  kiln_scope_push();
+  bool wide = dt == KILN_F16 || dt == KILN_BF16;  // compared as f32 (exactly: f32 holds them)
+  VD x = values(wide ? kiln_cast((kiln_tensor *)a, KILN_F32) : a);
+  VD y = values(wide ? kiln_cast((kiln_tensor *)b, KILN_F32) : b);
+  kiln_scope_pop();
+  for (size_t i = 0; i < x.size(); i++) {
+    if (std::isnan(x[i]) && std::isnan(y[i])) continue;
+    bool same = exact ? !std::memcmp(&x[i], &y[i], sizeof x[i])  // tells -0.0 from +0.0
+                      : x[i] == y[i] || std::fabs(x[i] - y[i]) <= tol * std::max(std::fabs(x[i]), std::fabs(y[i]));
+    if (!same) {
+      char buf[128];
+      std::snprintf(buf, sizeof buf, "element %zu: %.17g vs %.17g", i, x[i], y[i]);
+      return buf;
+    }
+  }
+  return "";
+}
+
+// The results of f on args, or a message saying why there are none.
+std::string run(const ir_func *f, const std::vector<kiln_tensor *> &args, std::vector<kiln_tensor *> *out) {
+  out->assign((size_t)f->n_results, nullptr);
+  if (ir_interpret(f, args.data(), out->data())) return std::string("interpreter: ") + kiln_last_error();
+  return "";
+}
+
+// For a failing seed: the first pass of the pipeline after which the
+// program computes something else, found by rerunning it pass by pass.
+std::string first_bad_pass(uint64_t seed, const ir_gen_options &o, const std::string &pipeline, bool exact) {
+  Program p(seed, &o);
+  ir_func *f = p.func();
+  kiln_scope_push();
+  std::vector<kiln_tensor *> args((size_t)f->n_params), want, got;
+  std::string why = "?";
+  if (!make_args(f, seed, o.special_floats, &args) && run(f, args, &want).empty()) {
+    size_t at = 0;
+    while (at <= pipeline.size()) {
+      size_t end = pipeline.find(',', at);
+      if (end == std::string::npos) end = pipeline.size();
+      std::string pass = pipeline.substr(at, end - at);
+      at = end + 1;
+      if (pass_run_pipeline(f, pass.c_str(), nullptr, nullptr, nullptr)) {
+        why = pass + " failed: " + kiln_last_error();
+        break;
+      }
+      std::string bad = run(f, args, &got);
+      for (size_t r = 0; bad.empty() && r < want.size(); r++) bad = differ(want[r], got[r], exact);
+      if (!bad.empty()) {
+        char *text = ir_print_func(f);
+        why = "first wrong after pass '" + pass + "' (" + bad + "):\n" + (text ? text : "");
+        free(text);
+        break;
+      }
+    }
+  }
+  kiln_scope_pop();
+  return why;
+}
+
+// Interprets each program before and after the pipeline on the same
+// arguments; also checks the optimized program keeps its signature and
+// round-trips through text. Returns the instruction counts before and after.
+std::pair<long, long> check_pipeline(bool special, const std::string &pipeline, bool exact = false) {
+  Scoped scope;
+  ir_gen_options o = options(special);
+  long before = 0, after = 0;
+  for (uint64_t s = first_seed(); s < first_seed() + (uint64_t)program_count(); s++) {
+    Program p(s, &o);
+    EXPECT_NE(p.m, nullptr) << "seed " << s << ": " << kiln_last_error();
+    if (!p.m) break;
+    ir_func *f = p.func();
+    kiln_scope_push();
+    std::vector<kiln_tensor *> args((size_t)f->n_params), want, got;
+    EXPECT_EQ(make_args(f, s, special, &args), 0) << kiln_last_error();
+    std::string err = run(f, args, &want);
+    EXPECT_EQ(err, "") << p.where();
+    std::vector<op_type> types;
+    for (int r = 0; r < f->n_results; r++) types.push_back(f->types[f->results[r]]);
+    before += f->n_instrs;
+
+    pass_report report;
+    int rc = err.empty() ? pass_run_pipeline(f, pipeline.c_str(), &report, nullptr, nullptr) : -1;
+    EXPECT_EQ(rc, 0) << kiln_last_error() << "\n" << p.where();
+    after += f->n_instrs;
+    char *c = ir_print_module(p.m);
+    std::string optimized = c ? c : "";
+    free(c);
+    // the signature is kept, and the optimized text round-trips too
+    EXPECT_EQ(f->n_results, (int)types.size()) << p.where() << "optimized:\n" << optimized;
+    for (int r = 0; rc == 0 && r < f->n_results && r < (int)types.size(); r++) {
+      char t1[256], t2[256];
+      EXPECT_STREQ(ir_type_str(t1, sizeof t1, &types[(size_t)r]), ir_type_str(t2, sizeof t2, &f->types[f->results[r]]))
+          << "result " << r << "\n" << p.where() << "optimized:\n" << optimized;
+    }
+    ir_module *back = rc == 0 ? ir_parse(optimized.c_str(), "optimized.kir") : nullptr;
+    EXPECT_TRUE(rc || back) << kiln_last_error() << "\n" << p.where() << "optimized:\n" << optimized;
+    if (back) {
+      c = ir_print_module(back);
+      EXPECT_EQ(std::string(c ? c : ""), optimized) << p.where();
+      free(c);
+      ir_module_free(back);
+    }
+
+    if (rc == 0) {
+      err = run(f, args, &got);
+      EXPECT_EQ(err, "") << p.where() << "optimized:\n" << optimized;
+      bool same = err.empty();
+      for (size_t r = 0; same && r < want.size(); r++) {
+        std::string why = differ(want[r], got[r], exact);
+        EXPECT_EQ(why, "") << "result " << r << ": before " << str(want[r]) << "\nafter " << str(got[r]) << "\n"
+                           << p.where() << "optimized:\n" << optimized;
+        same = why.empty();
+      }
+      if (!same) ADD_FAILURE() << "seed " << s << ": " << first_bad_pass(s, o, pipeline, exact);
+    }
+    kiln_scope_pop();
+    if (::testing::Test::HasFailure()) break;  // one program's report is enough to read
+  }
+  return {before, after};
+}
+
+TEST(IrRandom, PassPipelinePreservesResults) {
+  auto [before, after] = check_pipeline(false, PASS_DEFAULT_PIPELINE);
+  RecordProperty("instructions_before", (int)before);
+  RecordProperty("instructions_after", (int)after);
+  EXPECT_LT(after, before) << "the pipeline should remove something from " << program_count() << " programs";
+}
+
+TEST(IrRandom, PassPipelinePreservesResultsWithSpecialFloats) {
+  auto [before, after] = check_pipeline(true, PASS_DEFAULT_PIPELINE);
+  EXPECT_LT(after, before);
+}
+
+// The passes rewrite IR that the interpreter then runs with the same
+// kernels, and simplify promises that no rule changes a float result bit for
+// bit (NaN payloads aside): so here floats must match exactly, the sign of
+// zero included. (Compiled code is compared with the tolerance above.)
+TEST(IrRandom, PassPipelineIsBitExact) {
+  check_pipeline(false, PASS_DEFAULT_PIPELINE, true);
+  if (!HasFailure()) check_pipeline(true, PASS_DEFAULT_PIPELINE, true);
+}
+
+// Each pass alone, too: a pass must not rely on another having run first.
+TEST(IrRandom, EachPassAlonePreservesResults) {
+  for (const pass_info *p = pass_list(); p->name; p++) {
+    SCOPED_TRACE(p->name);
+    check_pipeline(false, p->name);
+    if (HasFailure()) break;
+  }
+}
+
+#endif  // KILN_TEST_HAVE_PASSES
+
+}  // namespace
