@@ -10,6 +10,7 @@
 
 #include "autodiff.h"
 #include "function.h"
+#include "../passes/buffers.h"
 
 typedef struct {
   uint8_t dtype, device;
@@ -468,14 +469,29 @@ int kiln_function_stats(kiln_function *f, int trace, kiln_stats *out) {
     memset(out, 0, sizeof *out);
     out->traced_ops = c->traced_ops;
     out->optimized_ops = c->fn.opt_func->n_instrs;
-    for (int i = 0; i < c->fn.opt_func->n_instrs; i++) /* a kernel: each fusion and each unfused op */
-      if (c->fn.opt_func->instrs[i].op != OP_CONSTANT) {
-        out->kernels++;
-        if (c->fn.opt_func->instrs[i].op == OP_FUSION) out->fused_ops += c->fn.opt_func->instrs[i].attrs.callee->n_instrs;
-      }
+    for (int i = 0; i < c->fn.opt_func->n_instrs; i++) { /* a kernel: each fusion and each unfused op */
+      const ir_instr *in = &c->fn.opt_func->instrs[i];
+      if (in->op == OP_CONSTANT) continue;
+      out->kernels++;
+      if (in->op == OP_FUSION) out->fused_ops += in->attrs.callee->n_instrs;
+    }
+    pass_buffer_stats bs;
+    if (pass_buffer_stats_of(c->fn.opt_func, &bs) == 0) {
+      out->kernels = bs.kernels;
+      out->peak_bytes = (size_t)bs.peak_bytes;
+      out->unshared_bytes = (size_t)bs.unshared_bytes;
+    } else {
+      kiln_clear_error();
+    }
     out->trace_ms = c->trace_ms;
     out->optimize_ms = c->fn.optimize_ms;
   }
   pthread_mutex_unlock(&f->lock);
   return c ? 0 : -1;
+}
+
+const ir_func *jit_optimized_func(kiln_function *f, int trace) {
+  if (!f) return NULL;
+  const cached_trace *c = trace_at("function_stats", f, trace);
+  return c ? c->fn.opt_func : NULL;
 }

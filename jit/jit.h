@@ -90,4 +90,8 @@ void traced_fn_free_locs(traced_fn *fn);
  * failure is a warning line on stderr and -1 (callers then stop dumping). */
 int jit_dump(const char *name, int trace, int step, const char *stage, const char *text);
 
+/* The optimized IR of f's trace (function.c), for benchmarks and tests;
+ * NULL with the error set. Lives as long as f. */
+KILN_EXPORT const ir_func *jit_optimized_func(kiln_function *f, int trace);
+
 #endif

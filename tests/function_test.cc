@@ -414,7 +414,7 @@ TEST(Staging, IrTextAndStats) {
   EXPECT_GE(st.kernels, 1);
   EXPECT_GE(st.trace_ms, 0);
   EXPECT_GE(st.optimize_ms, 0);
-  EXPECT_EQ(st.peak_bytes, 0u);
+  EXPECT_LE(st.peak_bytes, st.unshared_bytes);
   kiln_function_free(f);
 }
 
