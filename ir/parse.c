@@ -584,6 +584,8 @@ static int parse_callee(parser *ps, op_id op, op_attrs *a, int n_out, const op_t
   if (kiln_ops[op].kind == OPK_CALL) {
     if (!(a->callee = ir_module_find(ps->m, name)))
       rc = fail_at(ps, *name_at, "unknown function @%s (a callee must be defined before its caller)", name);
+    else if (a->callee == ps->f)
+      rc = fail_at(ps, *name_at, "@%s calls itself (recursion is not supported)", name);
   } else {
     kiln_host_fn fn = NULL;
     void *sym = dlsym(RTLD_DEFAULT, name);

@@ -37,15 +37,15 @@ out=${FUZZ_DIR:-build-fuzz-$target}
 mkdir -p "$out/obj" "$out/corpus" "$out/seeds"
 read -r -a ffi_cflags <<<"$(pkg-config --cflags libffi)"
 read -r -a ffi_libs <<<"$(pkg-config --libs libffi)"
-flags=(-std=c11 -O1 -g -D_GNU_SOURCE -Iinclude -Ilib -Iir -Ijit "${ffi_cflags[@]}"
+flags=(-std=c11 -O1 -g -D_GNU_SOURCE -Iinclude -Ilib -Iir -Ijit -Ipasses "${ffi_cflags[@]}"
        -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined)
 
 echo "fuzz.sh: building $target with $cc"
-srcs=(lib/*.c ir/*.c jit/*.c)
+srcs=(lib/*.c ir/*.c jit/*.c passes/*.c)
 stale() { # stale SRC OBJ: the object is missing or older than its source or any header
   local f
   [ -f "$2" ] || return 0
-  for f in "$1" lib/*.h ir/*.h jit/*.h include/kiln.h ir/ops.def; do [ "$f" -nt "$2" ] && return 0; done
+  for f in "$1" lib/*.h ir/*.h jit/*.h passes/*.h include/kiln.h ir/ops.def; do [ "$f" -nt "$2" ] && return 0; done
   return 1
 }
 objs=()

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ir.h"
+#include "test_util.h"
 
 namespace {
 
@@ -405,3 +406,68 @@ TEST(IR, MutationFuzzNeverCrashes) {
 }
 
 }  // namespace
+
+namespace {
+int add_one_host(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  ++*(int *)user;
+  out[0] = kiln_add(in[0], kiln_scalar_like(in[0], 1));
+  return out[0] ? 0 : -1;
+}
+}  // namespace
+
+TEST(IR, CallsAndHostCallsThroughTheBuilder) {
+  kiln_test::Scoped s;
+  ir_value zero[1] = {0};
+  ir_loc nl{nullptr, 0};
+  ir_module *m = ir_module_new();
+  op_type t{KILN_F32, 1, {2}};
+  ir_func *g = ir_func_new(m, "g", 1, &t);
+  ir_value gv = ir_append(g, OP_NEG, nullptr, 1, zero, nl);
+  ir_value gr[2] = {gv, 0};
+  ASSERT_EQ(ir_set_results(g, 2, gr), 0);
+  ir_func *f = ir_func_new(m, "f", 1, &t);
+  op_attrs a{};
+  a.callee = g;
+  ir_value c = ir_append(f, OP_CALL, &a, 1, zero, nl);
+  ASSERT_GE(c, 0) << kiln_last_error();
+  EXPECT_EQ(f->instrs[0].n_out, 2);
+  int calls = 0;
+  ir_host *h = ir_module_add_host(m, add_one_host, &calls, "add_one", 1, &t);
+  ASSERT_NE(h, nullptr);
+  op_attrs ha{};
+  ha.host = h;
+  ir_value hv = ir_append(f, OP_HOST_CALL, &ha, 1, &c, nl);
+  ASSERT_GE(hv, 0) << kiln_last_error();
+  ir_value fr[2] = {hv, c + 1};
+  ASSERT_EQ(ir_set_results(f, 2, fr), 0);
+  ASSERT_EQ(ir_verify_module(m), 0) << kiln_last_error();
+  kiln_tensor *x = kiln_test::f32({1, -2}), *r[2];
+  ASSERT_EQ(ir_interpret(f, &x, r), 0) << kiln_last_error();
+  EXPECT_EQ(kiln_test::values(r[0]), (kiln_test::VD{0, 3}));  // -x + 1
+  EXPECT_EQ(kiln_test::values(r[1]), (kiln_test::VD{1, -2})); // g's second result: its parameter
+  EXPECT_EQ(calls, 1);
+  // wrong argument type for a call, and a callee of another module
+  op_type t3{KILN_F32, 1, {3}};
+  ir_func *k = ir_func_new(m, "k", 1, &t3);
+  EXPECT_EQ(ir_append(k, OP_CALL, &a, 1, zero, nl), -1);
+  EXPECT_THAT(kiln_last_error(), HasSubstr("call: @g: argument 0 is f32[3], the parameter is f32[2]"));
+  ir_module *other = ir_module_new();
+  ir_func *o = ir_func_new(other, "o", 1, &t);
+  EXPECT_EQ(ir_append(o, OP_CALL, &a, 1, zero, nl), -1);
+  EXPECT_THAT(kiln_last_error(), HasSubstr("not a function of this module"));
+  ir_module_free(other);
+  // mutual recursion, which only the builder can make, fails verification
+  ir_func *p = ir_func_new(m, "p", 1, &t), *q = ir_func_new(m, "q", 1, &t);
+  op_attrs ap{}, aq{};
+  ap.callee = q;
+  aq.callee = p;
+  ASSERT_EQ(ir_set_results(p, 1, zero), 0);
+  ASSERT_EQ(ir_set_results(q, 1, zero), 0);
+  ir_value pv = ir_append(p, OP_CALL, &ap, 1, zero, nl);
+  ir_value qv = ir_append(q, OP_CALL, &aq, 1, zero, nl);
+  ASSERT_GE(pv, 0);
+  ASSERT_GE(qv, 0);
+  EXPECT_EQ(ir_verify(p), -1);
+  EXPECT_THAT(kiln_last_error(), HasSubstr("(recursion)"));
+  ir_module_free(m);
+}
