@@ -72,6 +72,7 @@ void kiln_function_free(kiln_function *f) {
     s = older;
   }
   function_free_gradients(f);
+  function_free_taped(f);
   pthread_mutex_destroy(&f->lock);
   free(f->name);
   free(f);
@@ -316,10 +317,9 @@ static void dump_step(void *ctx, int step, const char *pass, const ir_func *g) {
 
 /* The optimized copy of a new trace: the default pipeline over every
  * function of a copy of the traced module (callees first, as printed). */
-static int optimize(kiln_function *f, cached_trace *c, int trace_no) {
-  traced_fn *fn = &c->fn;
-  dump_ctx d = {f->name, trace_no, false, fn};
-  if (getenv("KILN_DUMP")) {
+static int optimize(kiln_function *f, traced_fn *fn, int trace_no) {
+  dump_ctx d = {f->name, trace_no, trace_no < 0, fn}; /* trace_no < 0: no dump */
+  if (!d.failed && getenv("KILN_DUMP")) {
     char *text = traced_fn_print(fn);
     d.failed = jit_dump(f->name, trace_no, 0, "traced", text) != 0;
     free(text);
@@ -366,7 +366,7 @@ static cached_trace *get_trace(kiln_function *f, kiln_tensor *const *in) {
     }
     pthread_mutex_lock(&f->lock);
     if (!(c = lookup(f, args, device_scope, h)) && (c = trace_body(f, in, args, device_scope, h))) {
-      if (optimize(f, c, n_traces(f)) || publish(f, c)) {
+      if (optimize(f, &c->fn, n_traces(f)) || publish(f, c)) {
         traced_fn_free(&c->fn);
         free(c->args);
         free(c);
@@ -386,6 +386,242 @@ done:
 int function_run_staged(kiln_function *f, kiln_tensor *const *in, kiln_tensor **out) {
   cached_trace *c = get_trace(f, in);
   return c ? run_trace(c, f->n_in, in, out) : -1;
+}
+
+/* ---- calls a tape watches ----
+ * A taped trace is two kinds of trace of the body, made together: the
+ * forward, which returns the outputs and then the residuals (the values the
+ * backward needs), and per float output k a backward trace (dy, residuals)
+ * -> d(sum(y_k * dy))/d(inputs), recorded by running the tape's gradient
+ * over the forward's symbolic values while the backward trace records. */
+struct taped_trace {
+  struct taped_trace *next;
+  arg_sig *args;
+  int device_scope;
+  uint64_t hash;
+  traced_fn fwd;
+  traced_fn *bwd;  /* per output; func NULL for outputs without gradients */
+  int **res_idx;   /* per output: its residual parameters, as indices of fwd's residual results */
+  taped_slot *slots;
+};
+
+static bool float_dtype(const kiln_tensor *t) { return t->dtype == KILN_F32 || t->dtype == KILN_F64; }
+
+static void taped_free(kiln_function *f, taped_trace *t) {
+  if (!t) return;
+  traced_fn_free(&t->fwd);
+  for (int k = 0; t->bwd && k < f->n_out; k++) traced_fn_free(&t->bwd[k]);
+  for (int k = 0; t->res_idx && k < f->n_out; k++) free(t->res_idx[k]);
+  free(t->bwd);
+  free(t->res_idx);
+  free(t->slots);
+  free(t->args);
+  free(t);
+}
+
+void function_free_taped(kiln_function *f) {
+  for (taped_trace *t = atomic_load(&f->taped), *next; t; t = next) {
+    next = t->next;
+    taped_free(f, t);
+  }
+}
+
+/* Traces the forward and backward traces of a taped call; NULL with the
+ * error set. Caller holds f->lock. */
+static taped_trace *trace_taped(kiln_function *f, kiln_tensor *const *in, const arg_sig *args, int device_scope,
+                                uint64_t hash) {
+  const char *who = "function_call";
+  int n_in = f->n_in, n_out = f->n_out;
+  taped_trace *t = calloc(1, sizeof *t);
+  kiln_tensor **sym_in = calloc((size_t)n_in + 1, sizeof *sym_in), **outs = calloc((size_t)n_out + 1, sizeof *outs);
+  kiln_tensor **grads = calloc((size_t)n_in + 1, sizeof *grads);
+  int *extras = NULL, n_extras = 0, rc = -1;
+  if (t) {
+    t->args = malloc(((size_t)n_in + 1) * sizeof *t->args);
+    t->bwd = calloc((size_t)n_out + 1, sizeof *t->bwd);
+    t->res_idx = calloc((size_t)n_out + 1, sizeof *t->res_idx);
+    t->slots = calloc((size_t)n_out + 1, sizeof *t->slots);
+  }
+  if (!t || !sym_in || !outs || !grads || !t->args || !t->bwd || !t->res_idx || !t->slots) {
+    kiln_set_error("%s: out of memory", who);
+    free(sym_in), free(outs), free(grads);
+    taped_free(f, t);
+    return NULL;
+  }
+  memcpy(t->args, args, (size_t)n_in * sizeof *args);
+  t->device_scope = device_scope;
+  t->hash = hash;
+  tape_state saved = tape_pause();
+  kiln_scope_push();
+  kiln_tape *tape = NULL;
+  trace *fwd = trace_begin(n_in, in, sym_in);
+  if (fwd) {
+    trace_set_owner(fwd, f);
+    tape = kiln_tape_begin(true);
+    for (int i = 0; i < n_in; i++)
+      if (float_dtype(sym_in[i])) kiln_tape_watch(tape, sym_in[i]);
+    rc = f->body(f->user, n_in, sym_in, n_out, outs);
+    kiln_tape_end(tape);
+    trace_end(fwd);
+    if (rc && !kiln_has_error()) kiln_set_error("%s: @%s: the body failed without an error", who, f->name);
+    for (int k = 0; k < n_out && !rc; k++)
+      if (!outs[k]) rc = kiln_set_error("%s: @%s: the body left output %d NULL", who, f->name, k);
+  }
+  for (int k = 0; k < n_out && !rc; k++) {
+    t->slots[k] = (taped_slot){f, t, k};
+    if (!float_dtype(outs[k])) continue;
+    kiln_tensor *dy = NULL;
+    trace *bwd = trace_begin(1, &outs[k], &dy);
+    if (!bwd) {
+      rc = -1;
+      break;
+    }
+    trace_set_forward(bwd, fwd);
+    trace_set_owner(bwd, f);
+    rc = tape_gradient_seeded(tape, outs[k], dy, n_in, sym_in, grads);
+    for (int i = 0; i < n_in && !rc; i++)
+      if (!grads[i] && !(grads[i] = kiln_zeros((kiln_dtype)in[i]->dtype, in[i]->rank, in[i]->shape))) rc = -1;
+    trace_end(bwd);
+    const int *nodes;
+    int nr = trace_residuals(bwd, &nodes);
+    if (!rc && !(t->res_idx[k] = malloc(((size_t)nr + 1) * sizeof **t->res_idx))) rc = kiln_set_error("%s: out of memory", who);
+    for (int j = 0; j < nr && !rc; j++) { /* the union of every backward's residuals */
+      int e = 0;
+      while (e < n_extras && extras[e] != nodes[j]) e++;
+      if (e == n_extras) {
+        int *q = realloc(extras, ((size_t)n_extras + 1) * sizeof *q);
+        if (!q) {
+          rc = kiln_set_error("%s: out of memory", who);
+          break;
+        }
+        extras = q;
+        extras[n_extras++] = nodes[j];
+      }
+      t->res_idx[k][j] = e;
+    }
+    char name[160];
+    snprintf(name, sizeof name, "%s.grad%d", f->name, k);
+    if (rc)
+      trace_free(bwd);
+    else
+      rc = trace_finish(bwd, name, n_in, grads, &t->bwd[k]);
+    if (!rc && (t->bwd[k].n_vars || t->bwd[k].n_writes))
+      rc = kiln_set_error("%s: @%s: its gradient reads variables; gradients through a staged call reach its "
+                          "explicit inputs only (pass the variable's value as an input)", who, f->name);
+  }
+  if (tape) kiln_tape_free(tape);
+  if (fwd) {
+    if (rc)
+      trace_free(fwd);
+    else
+      rc = trace_finish_ex(fwd, f->name, n_out, outs, n_extras, extras, &t->fwd);
+  }
+  kiln_scope_pop();
+  tape_resume(saved);
+  if (!rc && (t->fwd.n_vars || t->fwd.n_writes))
+    rc = kiln_set_error("%s: @%s: reads or assigns variables while a gradient tape watches its inputs; "
+                        "gradients through staged calls reach their explicit inputs only (pass the "
+                        "variable's value as an input, or kiln_function_set_eager)", who, f->name);
+  if (!rc) rc = optimize(f, &t->fwd, -1);
+  for (int k = 0; k < n_out && !rc; k++)
+    if (t->bwd[k].func) rc = optimize(f, &t->bwd[k], -1);
+  free(extras);
+  free(sym_in);
+  free(outs);
+  free(grads);
+  if (rc) {
+    taped_free(f, t);
+    return NULL;
+  }
+  return t;
+}
+
+static taped_trace *get_taped(kiln_function *f, kiln_tensor *const *in) {
+  arg_sig small[8], *args = f->n_in > 8 ? malloc((size_t)f->n_in * sizeof *args) : small;
+  if (!args) {
+    kiln_set_error("function_call: out of memory");
+    return NULL;
+  }
+  for (int i = 0; i < f->n_in; i++) sig_of(in[i], &args[i]);
+  int dev = device_current();
+  uint64_t h = sig_hash(f->n_in, args, dev);
+  taped_trace *t = NULL;
+  for (int pass = 0; pass < 2 && !t; pass++) {
+    if (pass) pthread_mutex_lock(&f->lock);
+    for (t = atomic_load(&f->taped); t; t = t->next) {
+      bool hit = t->hash == h && t->device_scope == dev;
+      for (int i = 0; hit && i < f->n_in; i++) hit = sig_eq(&t->args[i], &args[i]);
+      if (hit) break;
+    }
+    if (pass && !t && (t = trace_taped(f, in, args, dev, h))) {
+      t->next = atomic_load(&f->taped);
+      atomic_store(&f->taped, t);
+    }
+    if (pass) pthread_mutex_unlock(&f->lock);
+  }
+  if (args != small) free(args);
+  return t;
+}
+
+static _Thread_local kiln_tensor *pending_y;
+
+static kiln_tensor *forward_done(void *user, int n, kiln_tensor *const *xs) {
+  (void)user, (void)n, (void)xs;
+  return pending_y;
+}
+
+/* The backward of output k: the staged backward trace with the residuals
+ * the forward saved; where a tape records the gradient itself (higher
+ * order), the differentiable staged VJP (grad.c) instead. */
+static int backward(void *user, int n, kiln_tensor *const *xs, kiln_tensor *y, kiln_tensor *dy, kiln_tensor **dxs) {
+  (void)y;
+  taped_slot *s = user;
+  kiln_function *f = s->f;
+  int n_in = f->n_in;
+  for (int i = n_in; i < n; i++) dxs[i] = NULL; /* residuals: no gradient */
+  if (tape_active_count) return grad_recompute_vjp(f, s->k, xs, dy, dxs);
+  const traced_fn *b = &s->t->bwd[s->k];
+  int np = b->opt_func->n_params;
+  kiln_tensor *small[16], **args = np <= 16 ? small : malloc((size_t)np * sizeof *args);
+  if (!args) return kiln_set_error("function_call: out of memory");
+  args[0] = dy;
+  for (int i = 0; i < b->n_caps; i++) args[1 + i] = b->caps[i];
+  for (int j = 0; j < b->n_residuals; j++) args[1 + b->n_caps + j] = xs[n_in + j];
+  int rc = ir_run(b->opt_func, args, dxs);
+  for (int i = 0; i < n_in && !rc; i++)
+    if (!float_dtype(xs[i])) dxs[i] = NULL;
+  if (args != small) free(args);
+  return rc;
+}
+
+int function_call_taped(kiln_function *f, kiln_tensor *const *in, kiln_tensor **out) {
+  taped_trace *t = get_taped(f, in);
+  if (!t) return -1;
+  const traced_fn *fw = &t->fwd;
+  int np = fw->opt_func->n_params, nr = fw->opt_func->n_results, n_in = f->n_in, rc;
+  kiln_tensor **args = malloc(((size_t)np + nr + n_in + nr + 1) * sizeof *args);
+  if (!args) return kiln_set_error("function_call: out of memory");
+  kiln_tensor **res = args + np, **xs = res + nr;
+  for (int i = 0; i < n_in; i++) args[i] = in[i];
+  for (int i = 0; i < fw->n_caps; i++) args[n_in + i] = fw->caps[i];
+  tape_state saved = tape_pause();
+  rc = ir_run(fw->opt_func, args, res);
+  tape_resume(saved);
+  kiln_tensor **extras = res + f->n_out;
+  for (int k = 0; k < f->n_out && !rc; k++) {
+    if (!t->bwd[k].func) {
+      out[k] = res[k];
+      continue;
+    }
+    for (int i = 0; i < n_in; i++) xs[i] = in[i];
+    for (int j = 0; j < t->bwd[k].n_residuals; j++) xs[n_in + j] = extras[t->res_idx[k][j]];
+    pending_y = res[k];
+    out[k] = kiln_custom_gradient(forward_done, backward, &t->slots[k], n_in + t->bwd[k].n_residuals, xs);
+    pending_y = NULL;
+    if (!out[k]) rc = -1;
+  }
+  free(args);
+  return rc;
 }
 
 int kiln_function_call(kiln_function *f, kiln_tensor *const *in, kiln_tensor **out) {

@@ -1,10 +1,11 @@
 /* grad.c — gradients and staged functions: kiln_gradients /
  * kiln_value_and_gradients derive a new stageable function whose body runs
  * f's body under a tape; and a call of a staged function whose input a tape
- * watches runs the compiled forward and records one tape node per float
- * output, whose backward is itself a staged function (the vector-Jacobian
- * product, traced once per signature). That backward recomputes the forward
- * inside its own trace rather than reading saved intermediates. */
+ * watches (function.c) records one tape node per float output whose
+ * backward is a staged trace fed with the forward's residuals; where a tape
+ * records that backward itself (higher-order gradients), the node uses the
+ * staged vector-Jacobian product here instead, which recomputes the forward
+ * inside its own trace and so stays differentiable. */
 #include <stdlib.h>
 
 #include "autodiff.h"
@@ -135,16 +136,10 @@ static vjp_slot *slot_for(kiln_function *f, int k) {
   return s->vjp ? s : NULL;
 }
 
-static _Thread_local kiln_tensor *pending_y;
-
-static kiln_tensor *forward_done(void *user, int n, kiln_tensor *const *xs) {
-  (void)user, (void)n, (void)xs;
-  return pending_y;
-}
-
-static int backward(void *user, int n, kiln_tensor *const *xs, kiln_tensor *y, kiln_tensor *dy, kiln_tensor **dxs) {
-  (void)y;
-  vjp_slot *s = user;
+int grad_recompute_vjp(kiln_function *f, int k, kiln_tensor *const *xs, kiln_tensor *dy, kiln_tensor **dxs) {
+  vjp_slot *s = slot_for(f, k);
+  if (!s) return -1;
+  int n = f->n_in;
   kiln_tensor *small[9], **args = n + 1 <= 9 ? small : malloc((size_t)(n + 1) * sizeof *args);
   if (!args) return kiln_set_error("function_call: out of memory");
   for (int i = 0; i < n; i++) args[i] = xs[i];
@@ -153,30 +148,6 @@ static int backward(void *user, int n, kiln_tensor *const *xs, kiln_tensor *y, k
   for (int i = 0; i < n && !rc; i++)
     if (!is_float(xs[i])) dxs[i] = NULL;
   if (args != small) free(args);
-  return rc;
-}
-
-int function_call_taped(kiln_function *f, kiln_tensor *const *in, kiln_tensor **out) {
-  kiln_tensor **ys = calloc((size_t)f->n_out + 1, sizeof *ys);
-  if (!ys) return kiln_set_error("function_call: out of memory");
-  tape_state saved = tape_pause();
-  int rc = function_run_staged(f, in, ys);
-  tape_resume(saved);
-  for (int k = 0; k < f->n_out && !rc; k++) {
-    if (!is_float(ys[k])) continue;
-    vjp_slot *s = slot_for(f, k);
-    if (!s) {
-      rc = -1;
-      break;
-    }
-    pending_y = ys[k];
-    kiln_tensor *y = kiln_custom_gradient(forward_done, backward, s, f->n_in, in);
-    pending_y = NULL;
-    if (!y) rc = -1;
-    ys[k] = y;
-  }
-  if (!rc) memcpy(out, ys, (size_t)f->n_out * sizeof *ys);
-  free(ys);
   return rc;
 }
 

@@ -47,8 +47,9 @@ typedef struct traced_fn {
   int n_caps;
   kiln_variable **vars;
   int n_vars;
-  int *writes; /* the last n_writes results are the new values of vars[writes[i]] */
+  int *writes; /* results n_out .. n_out+n_writes-1 are the new values of vars[writes[i]] */
   int n_writes;
+  int n_residuals; /* the last parameters: values of a forward trace (a backward trace) */
   ir_module *opt_module; /* the IR after the pass pipeline: what calls run */
   ir_func *opt_func;
   double optimize_ms;
@@ -77,6 +78,15 @@ int trace_host_call(kiln_host_fn fn, void *user, int n_in, kiln_tensor *const *i
  * trace, or concrete tensors, captured). 0 / -1; tr is freed either way. */
 int trace_finish(trace *tr, const char *name, int n_out, kiln_tensor *const *outs, traced_fn *fn);
 void trace_free(trace *tr);
+/* A backward trace: symbolic tensors of fwd (ended, not finished) that tr's
+ * ops read become tr's residual parameters, after its variables. */
+void trace_set_forward(trace *tr, trace *fwd);
+/* tr's residuals so far, as node ids of its forward trace. */
+int trace_residuals(const trace *tr, const int **fwd_nodes);
+/* trace_finish with n_extra more results after the outputs and writes:
+ * nodes of tr (ids from trace_residuals of a backward trace). */
+int trace_finish_ex(trace *tr, const char *name, int n_out, kiln_tensor *const *outs, int n_extra,
+                    const int *extra_nodes, traced_fn *fn);
 void traced_fn_free(traced_fn *fn);
 
 /* loc.c. The return address of the innermost call from outside libkiln. */

@@ -11,7 +11,7 @@
 
 _Thread_local trace *trace_current KILN_TLS_FAST;
 
-enum { NODE_ARG, NODE_CAP, NODE_VAR, NODE_INSTR };
+enum { NODE_ARG, NODE_CAP, NODE_VAR, NODE_INSTR, NODE_RES };
 
 /* Each symbolic tensor's sym holds its node id + 1; the node remembers the
  * tensor (unretained) so that a stale symbolic tensor of another trace is
@@ -37,6 +37,10 @@ typedef struct {
 
 struct trace {
   trace *prev; /* the trace this one interrupted (a nested staged call) */
+  trace *fwd;  /* a forward trace whose values this one may read, as residual parameters */
+  int *res_fwd; /* per residual: its node in fwd */
+  op_type *res_types;
+  int n_res, cap_res;
   const void *owner;
   int n_in;
   node *nodes;
@@ -102,13 +106,35 @@ static void type_of(const kiln_tensor *t, op_type *ty) {
 
 /* The node of an input: its own for a symbolic tensor of this trace, a
  * (deduplicated) capture for a concrete one. -1 with the error set. */
+/* A value of tr->fwd read by tr: a residual parameter (deduplicated). */
+static int residual_node(trace *tr, int fwd_id, const kiln_tensor *t) {
+  for (int k = 0; k < tr->n_res; k++)
+    if (tr->res_fwd[k] == fwd_id) {
+      for (int id = 0; id < tr->n_nodes; id++)
+        if (tr->nodes[id].kind == NODE_RES && tr->nodes[id].index == k) return id;
+    }
+  if (tr->n_res == tr->cap_res) {
+    int cap = tr->cap_res;
+    if (grow((void **)&tr->res_fwd, &cap, tr->n_res + 1, sizeof *tr->res_fwd)) return -1;
+    op_type *q = realloc(tr->res_types, (size_t)cap * sizeof *q);
+    if (!q) return kiln_set_error("trace: out of memory");
+    tr->res_types = q;
+    tr->cap_res = cap;
+  }
+  int id = add_node(tr, NODE_RES, tr->n_res, 0, NULL);
+  if (id < 0) return -1;
+  tr->res_fwd[tr->n_res] = fwd_id;
+  type_of(t, &tr->res_types[tr->n_res++]);
+  return id;
+}
+
 static int node_of(trace *tr, const char *who, int i, kiln_tensor *t) {
   if (t->flags & TF_SYMBOLIC) {
     intptr_t id = (intptr_t)t->sym - 1;
-    if (id < 0 || id >= tr->n_nodes || tr->nodes[id].t != t)
-      return kiln_set_error("%s: input %d is a symbolic tensor of another trace (it escaped the body "
-                            "of a staged function)", who, i);
-    return (int)id;
+    if (id >= 0 && id < tr->n_nodes && tr->nodes[id].t == t) return (int)id;
+    if (tr->fwd && id >= 0 && id < tr->fwd->n_nodes && tr->fwd->nodes[id].t == t) return residual_node(tr, (int)id, t);
+    return kiln_set_error("%s: input %d is a symbolic tensor of another trace (it escaped the body "
+                          "of a staged function)", who, i);
   }
   for (int k = 0; k < tr->n_caps; k++)
     if (tr->caps[k] == t) return tr->cap_node[k];
@@ -338,6 +364,8 @@ void trace_free(trace *tr) {
   free(tr->vars);
   free(tr->var_types);
   free(tr->var_write);
+  free(tr->res_fwd);
+  free(tr->res_types);
   free(tr);
 }
 
@@ -378,12 +406,24 @@ static const char *host_name(kiln_host_fn fn, char *buf, size_t n) {
   return "host";
 }
 
+void trace_set_forward(trace *tr, trace *fwd) { tr->fwd = fwd; }
+
+int trace_residuals(const trace *tr, const int **fwd_nodes) {
+  *fwd_nodes = tr->res_fwd;
+  return tr->n_res;
+}
+
 int trace_finish(trace *tr, const char *name, int n_out, kiln_tensor *const *outs, traced_fn *fn) {
+  return trace_finish_ex(tr, name, n_out, outs, 0, NULL, fn);
+}
+
+int trace_finish_ex(trace *tr, const char *name, int n_out, kiln_tensor *const *outs, int n_extra,
+                    const int *extra_nodes, traced_fn *fn) {
   memset(fn, 0, sizeof *fn);
   trace_end(tr);
   int n_writes = 0;
   for (int k = 0; k < tr->n_vars; k++) n_writes += tr->var_write[k] >= 0;
-  int n_res = n_out + n_writes;
+  int n_res = n_out + n_writes + n_extra;
   int rc = -1, *out_ids = malloc((size_t)(n_res ? n_res : 1) * sizeof *out_ids);
   ir_value *res = NULL, *rec_val = NULL;
   op_type *params = NULL;
@@ -391,7 +431,8 @@ int trace_finish(trace *tr, const char *name, int n_out, kiln_tensor *const *out
   if (!out_ids) goto oom;
   for (int i = 0; i < n_out; i++) /* concrete outputs become captures */
     if ((out_ids[i] = node_of(tr, "function_call", i, outs[i])) < 0) goto done;
-  int np = tr->n_in + tr->n_caps + tr->n_vars;
+  for (int i = 0; i < n_extra; i++) out_ids[n_out + n_writes + i] = extra_nodes[i];
+  int np = tr->n_in + tr->n_caps + tr->n_vars + tr->n_res;
   params = malloc((size_t)(np ? np : 1) * sizeof *params);
   res = malloc((size_t)(n_res ? n_res : 1) * sizeof *res);
   rec_val = malloc((size_t)(tr->n_recs ? tr->n_recs : 1) * sizeof *rec_val);
@@ -406,6 +447,8 @@ int trace_finish(trace *tr, const char *name, int n_out, kiln_tensor *const *out
     if (tr->nodes[id].kind == NODE_ARG) type_of(tr->nodes[id].t, &params[tr->nodes[id].index]);
   for (int k = 0; k < tr->n_caps; k++) type_of(tr->caps[k], &params[tr->n_in + k]);
   for (int k = 0; k < tr->n_vars; k++) params[tr->n_in + tr->n_caps + k] = tr->var_types[k];
+  for (int k = 0; k < tr->n_res; k++) params[tr->n_in + tr->n_caps + tr->n_vars + k] = tr->res_types[k];
+  fn->n_residuals = tr->n_res;
   char fname[128];
   ir_name(fname, sizeof fname, name);
   if (!(fn->module = ir_module_new())) goto oom;
@@ -419,6 +462,7 @@ int trace_finish(trace *tr, const char *name, int n_out, kiln_tensor *const *out
   (tr->nodes[id].kind == NODE_ARG   ? tr->nodes[id].index                                          \
    : tr->nodes[id].kind == NODE_CAP ? tr->n_in + tr->nodes[id].index                               \
    : tr->nodes[id].kind == NODE_VAR ? tr->n_in + tr->n_caps + tr->nodes[id].index                  \
+   : tr->nodes[id].kind == NODE_RES ? tr->n_in + tr->n_caps + tr->n_vars + tr->nodes[id].index     \
                                     : rec_val[tr->nodes[id].index] + tr->nodes[id].sub)
   for (int r = 0; r < tr->n_recs; r++) {
     record *rec = &tr->recs[r];

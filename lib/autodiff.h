@@ -22,6 +22,10 @@ bool tape_tracks(const kiln_tensor *t);
 void tape_resume(tape_state saved);
 /* Every active tape watches t; variable reads remember (var, t). */
 void tape_watch_variable_read(kiln_variable *var, kiln_tensor *t);
+/* kiln_tape_gradient with dy (target's shape) as the target's gradient in
+ * place of ones: the vector-Jacobian product dy^T d(target)/d(sources). */
+int tape_gradient_seeded(kiln_tape *tape, kiln_tensor *target, kiln_tensor *dy, int n, kiln_tensor *const *sources,
+                         kiln_tensor **grads);
 
 /* ---- gradient rules (gradients.c) ----
  * A rule computes, with public ops, the gradient of each input from dout

@@ -397,6 +397,8 @@ static int gradient_setup(const char *who, kiln_tape *tape, kiln_tensor *target)
 
 /* out[i] = the sum of the gradients of flat[group_end[i-1] .. group_end[i]) (the
  * reads of one variable), NULL where none is connected */
+static _Thread_local kiln_tensor *seed_override; /* tape_gradient_seeded: the target's gradient */
+
 static int gradient(const char *who, kiln_tape *tape, kiln_tensor *target, int n,
                     kiln_tensor *const *flat, const int *group_end, kiln_tensor **out) {
   int64_t end = tape->n_nodes; /* the walk may record onto this very tape */
@@ -409,7 +411,8 @@ static int gradient(const char *who, kiln_tape *tape, kiln_tensor *target, int n
   ptr_map grads = {0}, useful = {0};
   int rc = mark_useful(tape, end, group_end[n > 0 ? n - 1 : 0] * (n > 0), flat, &useful);
   kiln_scope_push();
-  kiln_tensor *seed = kiln_ones((kiln_dtype)target->dtype, target->rank, target->shape);
+  kiln_tensor *seed = seed_override ? seed_override : kiln_ones((kiln_dtype)target->dtype, target->rank, target->shape);
+  seed_override = NULL;
   bool added;
   map_entry *e = seed ? map_insert(&grads, target, &added) : NULL;
   if (!e) {
@@ -456,6 +459,14 @@ int kiln_tape_gradient(kiln_tape *tape, kiln_tensor *target, int n, kiln_tensor 
   for (int i = 0; i < n; i++) ends[i] = i + 1;
   int rc = gradient(who, tape, target, n, sources, ends, grads);
   if (ends != small) free(ends);
+  return rc;
+}
+
+int tape_gradient_seeded(kiln_tape *tape, kiln_tensor *target, kiln_tensor *dy, int n, kiln_tensor *const *sources,
+                         kiln_tensor **grads) {
+  seed_override = dy;
+  int rc = kiln_tape_gradient(tape, target, n, sources, grads);
+  seed_override = NULL;
   return rc;
 }
 

@@ -312,7 +312,9 @@ TEST(HostCall, WrongOutputsFailAndTheFunctionStillWorks) {
 }
 
 // ---- gradients through staged calls ----
+std::atomic<int> cube_runs{0};
 int cube_sum(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  cube_runs++;
   out[0] = kiln_mul(kiln_mul(in[0], in[0]), kiln_mul(in[0], in[1]));  // x^3 * y
   return out[0] ? 0 : -1;
 }
@@ -320,6 +322,7 @@ int cube_sum(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
 TEST(Gradients, TapeThroughAStagedCallMatchesEager) {
   Scoped s;
   kiln_function *f = kiln_function_new("cube", cube_sum, nullptr, 2, 1);
+  cube_runs = 0;
   for (int rep = 0; rep < 2; rep++) {
     kiln_tensor *in[2] = {f64({1, 2, -3}), f64({0.5, 1, 2})}, *out = nullptr, *g[2];
     kiln_tape *tape = kiln_tape_begin(false);
@@ -333,7 +336,52 @@ TEST(Gradients, TapeThroughAStagedCallMatchesEager) {
     EXPECT_EQ(values(g[0]), (VD{1.5, 12, 54}));   // 3 x^2 y
     EXPECT_EQ(values(g[1]), (VD{1, 8, -27}));     // x^3
   }
+  // one trace of the body made the forward (with residuals) and backward
+  // traces, reused by the second taped call; an untaped call traces anew
+  EXPECT_EQ(cube_runs, 1);
+  kiln_tensor *in[2] = {f64({1, 2, -3}), f64({0.5, 1, 2})}, *out = nullptr;
+  ASSERT_EQ(kiln_function_call(f, in, &out), 0);
+  EXPECT_EQ(cube_runs, 2);
   EXPECT_EQ(kiln_function_trace_count(f), 1);
+  kiln_function_free(f);
+}
+
+int net(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *h = kiln_tanh(kiln_matmul(in[0], in[1]));
+  out[0] = kiln_add(kiln_exp(kiln_mul(h, h)), in[0]);  // reads x again: a residual and a direct path
+  out[1] = kiln_argmax(h, 1);                             // an integer output: no tape node
+  out[2] = in[1];                                         // an input handed back
+  return out[0] && out[1] ? 0 : -1;
+}
+
+TEST(Gradients, StagedCallWithSeveralOutputsMatchesEager) {
+  Scoped s;
+  kiln_function *f = kiln_function_new("net", net, nullptr, 2, 3);
+  kiln_tensor *x = f64({2, 2}, {0.1, -0.2, 0.3, 0.4}), *w = f64({2, 2}, {0.5, -1, 2, 0.25});
+  kiln_tensor *in[2] = {x, w};
+  auto grads = [&](bool staged, kiln_tensor **g) {
+    kiln_function_set_eager(f, !staged);
+    kiln_tensor *out[3];
+    kiln_tape *tape = kiln_tape_begin(false);
+    kiln_tape_watch(tape, x);
+    kiln_tape_watch(tape, w);
+    ASSERT_EQ(kiln_function_call(f, in, out), 0) << kiln_last_error();
+    // a target mixing outputs 0 and 2
+    kiln_tensor *t = kiln_add(kiln_reduce_sum(out[0], 0, nullptr, false),
+                              kiln_reduce_sum(kiln_mul(out[2], out[2]), 0, nullptr, false));
+    kiln_tape_end(tape);
+    ASSERT_EQ(kiln_tape_gradient(tape, t, 2, in, g), 0) << kiln_last_error();
+    kiln_tape_free(tape);
+  };
+  kiln_tensor *ge[2], *gs[2];
+  grads(false, ge);
+  grads(true, gs);
+  ASSERT_TRUE(ge[0] && ge[1] && gs[0] && gs[1]);
+  for (int i = 0; i < 2; i++) {
+    VD a = values(ge[i]), b = values(gs[i]);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t k = 0; k < a.size(); k++) EXPECT_NEAR(a[k], b[k], 1e-12) << i << " " << k;
+  }
   kiln_function_free(f);
 }
 
