@@ -15,6 +15,10 @@
 #endif
 /* A thread-local read on the eager hot path: one load instead of a call to
  * __tls_get_addr. Only for a few small variables: they take static TLS. */
+/* C++ spells C11's _Thread_local thread_local (tests include internal headers) */
+#if defined(__cplusplus) && !defined(_Thread_local)
+#define _Thread_local thread_local
+#endif
 #define KILN_TLS_FAST __attribute__((tls_model("initial-exec")))
 /* exports one internal function from the -fvisibility=hidden library (test hooks) */
 #define KILN_EXPORT __attribute__((visibility("default")))
