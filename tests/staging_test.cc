@@ -240,6 +240,11 @@ int host_wrong_shape(void *, int, kiln_tensor *const *in, int, kiln_tensor **out
   out[1] = kiln_reduce_sum(in[0], 0, nullptr, false);
   return 0;
 }
+bool flaky_fail = false;
+int host_flaky(void *user, int n, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  if (flaky_fail) return kiln_fail("flaky: asked to fail");
+  return host_scale(user, n, in, n_out, out);
+}
 struct HostUser {
   kiln_host_fn fn;
   double k;
@@ -297,8 +302,16 @@ TEST(HostCall, WrongOutputsFailAndTheFunctionStillWorks) {
   EXPECT_EQ(kiln_function_call(f, &x, &out), -1);
   EXPECT_THAT(kiln_last_error(), HasSubstr("host_call: @"));
   EXPECT_THAT(kiln_last_error(), HasSubstr("returned f32[6] for output 0, declared f32[3]"));
-  h.fn = host_scale; // the same trace, now with a callback that behaves? no: fn was captured at trace time
+  kiln_function_free(f);
+  // a callback that fails once: the staged function works again afterwards
+  HostUser flaky = {host_flaky, 2.0};
+  flaky_fail = true;
+  f = kiln_function_new("flaky", with_host, &flaky, 1, 1);
   EXPECT_EQ(kiln_function_call(f, &x, &out), -1);
+  EXPECT_THAT(kiln_last_error(), HasSubstr("flaky: asked to fail"));
+  flaky_fail = false;
+  ASSERT_EQ(kiln_function_call(f, &x, &out), 0) << kiln_last_error();
+  EXPECT_EQ(values(out), (VD{8, 10, 12}));
   EXPECT_EQ(kiln_function_trace_count(f), 1);
   kiln_function_free(f);
   // bad arguments
