@@ -401,7 +401,10 @@ typedef struct {
 int kiln_function_stats(kiln_function *, int trace, kiln_stats *out);
 
 /* ------------------------------------------------------------------------
- * 7. Devices. CPU is always present and listed first.
+ * 7. Devices. CPU is always present and listed first. GPUs ("gpu:0", ...)
+ * are found at first use through the CUDA driver, libcuda.so.1 (or the
+ * library KILN_CUDA_DRIVER names); with no driver or device there are none.
+ * An op whose inputs live on another device copies them to where it runs.
  * ---------------------------------------------------------------------- */
 
 int kiln_device_count(void);
@@ -409,7 +412,7 @@ const char *kiln_device_name(int i);           /* "cpu:0" first; NULL if out of 
 int kiln_device_push(const char *name);        /* ops run there until the pop; -1 if unknown */
 void kiln_device_pop(void);                    /* no-op when nothing was pushed */
 const char *kiln_device_current(void);         /* innermost device scope, "cpu:0" by default */
-kiln_tensor *kiln_to_device(kiln_tensor *t, const char *name);
+kiln_tensor *kiln_to_device(kiln_tensor *t, const char *name); /* a copy there; t itself if there */
 
 /* ------------------------------------------------------------------------
  * Debugging and tests

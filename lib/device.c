@@ -1,39 +1,68 @@
-/* device.c — the device list (cpu:0 first; GPUs join with the CUDA
- * backend) and the per-thread device-scope stack of API.md §7. */
+/* device.c — the device list (cpu:0 first, then the GPUs a registered
+ * backend finds at first use), the per-thread device-scope stack of API.md
+ * §7, and copies of tensors between devices. */
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "ops.h"
 
-static const char *const device_names[] = {"cpu:0"};
-static const int n_devices = 1;
+static const device_backend *gpu_backend;
+static pthread_once_t devices_once = PTHREAD_ONCE_INIT;
+static int n_devices = 1;
+static char device_names[KILN_MAX_DEVICES][12] = {"cpu:0"};
 
 enum { DEVICE_STACK = 64 };
 static _Thread_local int device_stack[DEVICE_STACK];
 static _Thread_local int device_depth;
+_Thread_local int device_now KILN_TLS_FAST;
 
-int kiln_device_count(void) { return n_devices; }
+void device_register(const device_backend *b) { gpu_backend = b; }
 
-const char *kiln_device_name(int i) { return i >= 0 && i < n_devices ? device_names[i] : NULL; }
+/* Asks the backend once (it loads the driver then): nothing about GPUs is
+ * decided at load time, so a process that never names a device never opens
+ * the driver. */
+static void devices_init(void) {
+  int g = gpu_backend ? gpu_backend->count() : 0;
+  if (g > KILN_MAX_DEVICES - 1) g = KILN_MAX_DEVICES - 1;
+  for (int i = 0; i < g; i++) snprintf(device_names[i + 1], sizeof device_names[0], "gpu:%d", i);
+  n_devices = 1 + g;
+}
+
+static int devices_ready(void) {
+  pthread_once(&devices_once, devices_init);
+  return n_devices;
+}
+
+int kiln_device_count(void) { return devices_ready(); }
+
+/* cpu:0 is known without asking the backend: CPU-only work never loads a driver */
+const char *kiln_device_name(int i) { return i == 0 || (i > 0 && i < devices_ready()) ? device_names[i] : NULL; }
 
 int device_find(const char *name) {
   if (!name) return -1;
-  for (int i = 0; i < n_devices; i++)
+  if (strcmp(name, "cpu:0") == 0 || strcmp(name, "cpu") == 0) return 0;
+  int n = devices_ready();
+  for (int i = 1; i < n; i++)
     if (strcmp(name, device_names[i]) == 0) return i;
-  if (strcmp(name, "cpu") == 0) return 0;
+  if (strcmp(name, "gpu") == 0 && n > 1) return 1;
   return -1;
 }
 
 static int unknown_device(const char *op, const char *name) {
   char list[256] = "";
   size_t used = 0;
-  for (int i = 0; i < n_devices && used < sizeof list; i++)
+  int n = devices_ready();
+  for (int i = 0; i < n && used < sizeof list; i++)
     used += (size_t)snprintf(list + used, sizeof list - used, i ? ", %s" : "%s", device_names[i]);
-  return kiln_set_error("%s: unknown device '%s' (devices: %s)", op, name ? name : "(null)", list);
+  const char *why = n == 1 && gpu_backend ? gpu_backend->status() : "";
+  return kiln_set_error("%s: unknown device '%s' (devices: %s%s%s)", op, name ? name : "(null)", list,
+                        *why ? "; no GPU: " : "", why);
 }
 
-int device_current(void) { return device_depth ? device_stack[device_depth - 1] : 0; }
+int device_current(void) { return device_now; }
 
-const char *kiln_device_current(void) { return device_names[device_current()]; }
+const char *kiln_device_current(void) { return device_names[device_now]; }
 
 int kiln_device_push(const char *name) {
   int d = device_find(name);
@@ -41,11 +70,43 @@ int kiln_device_push(const char *name) {
   if (device_depth == DEVICE_STACK)
     return kiln_set_error("device_push: device scopes nest deeper than %d", DEVICE_STACK);
   device_stack[device_depth++] = d;
+  device_now = d;
   return 0;
 }
 
 void kiln_device_pop(void) {
   if (device_depth > 0) device_depth--;
+  device_now = device_depth ? device_stack[device_depth - 1] : 0;
+}
+
+/* ---- device memory and copies: only GPU tensors get here ---- */
+
+void *device_alloc(const char *op, int device, size_t bytes, int32_t *cls) {
+  return gpu_backend->alloc(op, device - 1, bytes, cls);
+}
+
+void device_free(int device, void *p, int32_t cls) { gpu_backend->free(device - 1, p, cls); }
+
+kiln_tensor *tensor_to_device(const char *op, const kiln_tensor *t, int device) {
+  kiln_tensor *c = tensor_alloc_device(op, (kiln_dtype)t->dtype, t->rank, t->shape, device);
+  size_t bytes = c ? tensor_bytes(c) : 0;
+  if (!c || !bytes) return c;
+  if (t->device == 0 && device == 0) {
+    memcpy(c->data, t->data, bytes);
+  } else if (gpu_backend->copy(op, device - 1, c->data, t->device - 1, t->data, bytes)) {
+    kiln_release(c);
+    return NULL;
+  }
+  return c;
+}
+
+int device_read(const char *op, const kiln_tensor *t, void *dst, size_t bytes) {
+  if (!bytes) return 0;
+  if (t->device == 0) {
+    memcpy(dst, t->data, bytes);
+    return 0;
+  }
+  return gpu_backend->copy(op, -1, dst, t->device - 1, t->data, bytes);
 }
 
 kiln_tensor *kiln_to_device(kiln_tensor *t, const char *name) {
@@ -58,6 +119,7 @@ kiln_tensor *kiln_to_device(kiln_tensor *t, const char *name) {
     unknown_device("to_device", name);
     return NULL;
   }
-  /* one device so far: the tensor is already there; immutable, so share it */
-  return scope_own(kiln_retain(t));
+  /* already there (tensors are immutable, so share it), or symbolic */
+  if (d == t->device || (t->flags & TF_SYMBOLIC)) return scope_own(kiln_retain(t));
+  return scope_own(tensor_to_device("to_device", t, d));
 }

@@ -34,6 +34,41 @@ int axis_normalize(const char *op, int axis, int rank, int *out) {
   return 0;
 }
 
+/* An op with an input or its device scope off the CPU (API.md §7): inputs
+ * that live elsewhere are copied to the device it runs on, and it runs
+ * there. Apart from op_apply so that the CPU path stays one test. */
+static kiln_tensor *apply_on_device(op_id op, const op_attrs *attrs, int n, kiln_tensor *const *in,
+                                    const op_type *ty, kiln_dtype key, int device) {
+  const op_info *info = &kiln_ops[op];
+  kernel_fn kernel = kiln_kernels[op][device][key];
+  if (info->kind != OPK_VIEW && !kernel) { /* before copying anything */
+    kiln_set_error("%s: no kernel for %s on %s%s", info->api, kiln_dtype_name(key), kiln_device_name(device),
+                   device ? " yet" : "");
+    return NULL;
+  }
+  kiln_tensor *small[4], **moved = n > 4 ? malloc((size_t)n * sizeof *moved) : small, *out = NULL;
+  if (!moved) {
+    kiln_set_error("%s: out of memory", info->api);
+    return NULL;
+  }
+  int ok = 0;
+  for (; ok < n; ok++)
+    if (!(moved[ok] = in[ok]->device == device ? kiln_retain(in[ok]) : tensor_to_device(info->api, in[ok], device)))
+      break;
+  if (ok == n && info->kind == OPK_VIEW) {
+    out = tensor_view(moved[0], ty->rank, ty->shape);
+  } else if (ok == n && (out = tensor_alloc_device(info->api, ty->dtype, ty->rank, ty->shape, device))) {
+    op_call call = {op, attrs, n, moved, out};
+    if (kernel(&call)) {
+      kiln_release(out);
+      out = NULL;
+    }
+  }
+  for (int i = 0; i < ok; i++) kiln_release(moved[i]);
+  if (moved != small) free(moved);
+  return out;
+}
+
 kiln_tensor *op_apply(op_id op, const op_attrs *attrs, int n, kiln_tensor *const *in) {
   const op_info *info = &kiln_ops[op];
   op_type small[4] = {{0}}, *types = small, out_type; /* zeroed: gcc cannot see n bounds the reads */
@@ -48,9 +83,10 @@ kiln_tensor *op_apply(op_id op, const op_attrs *attrs, int n, kiln_tensor *const
     kiln_set_error("%s: out of memory", info->api);
     return NULL;
   }
-  unsigned flags = 0;
+  unsigned flags = 0, devices = 0;
   for (int i = 0; i < n; i++) {
     flags |= in[i]->flags;
+    devices |= in[i]->device;
     types[i].dtype = (kiln_dtype)in[i]->dtype;
     types[i].rank = in[i]->rank;
     memcpy(types[i].shape, in[i]->shape, (size_t)in[i]->rank * sizeof(int64_t));
@@ -66,7 +102,7 @@ kiln_tensor *op_apply(op_id op, const op_attrs *attrs, int n, kiln_tensor *const
   if (KILN_UNLIKELY(info->infer(op, attrs, n, types, &out_type))) goto done;
 
   /* Symbolic inputs (and random draws) go to the tracer while one records
-   * on this thread; every device is the CPU until the CUDA backend adds one. */
+   * on this thread, whatever their devices. */
   if (KILN_UNLIKELY(trace_current) && trace_routes(op, n, in)) {
     out = trace_apply(op, attrs, n, in);
     goto done;
@@ -76,7 +112,11 @@ kiln_tensor *op_apply(op_id op, const op_attrs *attrs, int n, kiln_tensor *const
                    "it has no value outside that trace", info->api);
     goto done;
   }
-  int device = 0;
+  int device = device_now;
+  if (KILN_UNLIKELY((devices | (unsigned)device) != 0)) { /* a GPU input or scope */
+    out = apply_on_device(op, attrs, n, in, &out_type, key, device);
+    goto done;
+  }
   if (info->kind == OPK_VIEW) {
     out = tensor_view(in[0], out_type.rank, out_type.shape);
     goto done;

@@ -174,9 +174,11 @@ static char *tensor_text(const char *op, const kiln_tensor *t) {
     kiln_set_error("%s: the tensor is symbolic (being traced) and has no value yet", op);
     return NULL;
   }
-  if (t->device != 0) {
-    kiln_set_error("%s: printing a tensor on %s is not supported", op, kiln_tensor_device(t));
-    return NULL;
+  if (t->device != 0) { /* a GPU tensor: print a host copy */
+    kiln_tensor *host = tensor_to_device(op, t, 0);
+    char *s = host ? tensor_text(op, host) : NULL;
+    kiln_release(host);
+    return s;
   }
   strbuf b = {0};
   sb_puts(&b, "kiln.Tensor(");

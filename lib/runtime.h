@@ -84,9 +84,32 @@ static inline size_t tensor_bytes(const kiln_tensor *t) {
   return (size_t)t->size * kiln_dtype_sizes[t->dtype];
 }
 
-/* ---- devices (device.c) ---- */
+/* ---- devices (device.c) ----
+ * Device 0 is cpu:0, device g + 1 is gpu:g. The GPU backend (backends/cuda)
+ * registers itself from a constructor; lib/ calls it only for tensors and
+ * device scopes on its devices, so CPU-only work never touches it. */
+typedef struct device_backend {
+  int (*count)(void);          /* its GPUs; loads the driver on the first call; 0 = none */
+  const char *(*status)(void); /* why there is none, for error messages */
+  void *(*alloc)(const char *op, int gpu, size_t bytes, int32_t *cls); /* NULL + error */
+  void (*free)(int gpu, void *p, int32_t cls);
+  /* gpu -1 = host; to the host it returns once dst holds the data. 0 / -1 */
+  int (*copy)(const char *op, int dst_gpu, void *dst, int src_gpu, const void *src, size_t bytes);
+} device_backend;
+void device_register(const device_backend *b);
+/* the innermost device scope of this thread (0 = cpu:0): read by op_apply */
+extern _Thread_local int device_now KILN_TLS_FAST;
 int device_current(void); /* index of the innermost device scope */
 int device_find(const char *name); /* -1 if unknown */
+/* Device memory for a tensor on device (> 0); NULL with the error set. */
+void *device_alloc(const char *op, int device, size_t bytes, int32_t *cls);
+void device_free(int device, void *p, int32_t cls);
+/* tensor_alloc on any device (tensor.c): data on device, uninitialised. */
+kiln_tensor *tensor_alloc_device(const char *op, kiln_dtype dt, int rank, const int64_t *shape, int device);
+/* A copy of t's value on device, owned by the caller (not in a scope). */
+kiln_tensor *tensor_to_device(const char *op, const kiln_tensor *t, int device);
+/* Copies the first bytes of t's data (any device) to host dst. 0 / -1. */
+int device_read(const char *op, const kiln_tensor *t, void *dst, size_t bytes);
 
 /* ---- random numbers (random.c) ----
  * Philox-4x32-10 keyed by the 64-bit seed; block c gives four 32-bit words.

@@ -74,6 +74,25 @@ kiln_tensor *tensor_alloc(const char *op, kiln_dtype dt, int rank, const int64_t
   return t;
 }
 
+/* A GPU tensor: a header block on the host, data from the device's allocator. */
+kiln_tensor *tensor_alloc_device(const char *op, kiln_dtype dt, int rank, const int64_t *shape, int device) {
+  if (device == 0) return tensor_alloc(op, dt, rank, shape);
+  kiln_tensor *t = tensor_alloc(op, dt, 0, NULL); /* a header with 8 inline bytes, unused */
+  if (!t) return NULL;
+  int64_t size = 0;
+  if (shape_check(op, rank, shape, &size) ||
+      (size && !(t->data_block = device_alloc(op, device, (size_t)size * kiln_dtype_sizes[dt], &t->data_class)))) {
+    kiln_release(t);
+    return NULL;
+  }
+  t->rank = (int8_t)rank;
+  for (int i = 0; i < rank; i++) t->shape[i] = shape[i];
+  t->size = size;
+  t->device = (uint8_t)device;
+  t->data = t->data_block;
+  return t;
+}
+
 kiln_tensor *tensor_view(kiln_tensor *base, int rank, const int64_t *shape) {
   int32_t cls;
   kiln_tensor *t = header_alloc(0, &cls);
@@ -102,7 +121,12 @@ void kiln_release(kiln_tensor *t) {
   while (t) {
     if (atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) != 1) return;
     kiln_tensor *base = t->base;
-    if (t->data_block) mem_free(t->data_block, t->data_class);
+    if (t->data_block) {
+      if (KILN_UNLIKELY(t->device))
+        device_free(t->device, t->data_block, t->data_class);
+      else
+        mem_free(t->data_block, t->data_class);
+    }
     mem_free(t, t->mem_class);
     atomic_fetch_sub_explicit(&live_tensors, 1, memory_order_relaxed);
     t = base; /* a view drops its owner: iterate instead of recursing */
@@ -259,9 +283,15 @@ kiln_tensor *kiln_scalar_like(const kiln_tensor *like, double value) {
     if (!kiln_has_error()) kiln_set_error("scalar_like: input is NULL");
     return NULL;
   }
-  kiln_tensor *t = kiln_scalar((kiln_dtype)like->dtype, value);
-  if (t) t->device = like->device;
-  return t;
+  if (like->device == 0) return kiln_scalar((kiln_dtype)like->dtype, value);
+  /* on a GPU (like may be symbolic, traced under a GPU scope): made on the host, copied there */
+  kiln_tensor *h = tensor_alloc("scalar_like", (kiln_dtype)like->dtype, 0, NULL), *t = NULL;
+  if (h) {
+    dtype_store((kiln_dtype)like->dtype, h->data, 0, value);
+    t = tensor_to_device("scalar_like", h, like->device);
+    kiln_release(h);
+  }
+  return scope_own(t);
 }
 
 kiln_tensor *kiln_zeros(kiln_dtype dt, int rank, const int64_t *shape) {
@@ -328,10 +358,7 @@ int kiln_tensor_read(const kiln_tensor *t, void *dst, size_t bytes) {
   if (bytes < need)
     return kiln_set_error("tensor_read: buffer of %zu bytes is too small for %lld %s elements (%zu bytes)",
                           bytes, (long long)t->size, kiln_dtype_name((kiln_dtype)t->dtype), need);
-  if (t->device != 0)
-    return kiln_set_error("tensor_read: reading from %s is not supported", kiln_tensor_device(t));
-  if (need) memcpy(dst, t->data, need);
-  return 0;
+  return device_read("tensor_read", t, dst, need); /* from a GPU: waits for its stream */
 }
 
 double kiln_tensor_item(const kiln_tensor *t) {
@@ -340,5 +367,8 @@ double kiln_tensor_item(const kiln_tensor *t) {
     kiln_set_error("item: tensor has %lld elements, not 1", (long long)t->size);
     return NAN;
   }
-  return dtype_load((kiln_dtype)t->dtype, t->data, 0);
+  if (t->device == 0) return dtype_load((kiln_dtype)t->dtype, t->data, 0);
+  uint64_t v; /* the one element, copied from the GPU */
+  if (device_read("item", t, &v, kiln_dtype_sizes[t->dtype])) return NAN;
+  return dtype_load((kiln_dtype)t->dtype, &v, 0);
 }

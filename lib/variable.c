@@ -18,11 +18,8 @@ static int check_var(const char *who, const kiln_variable *v) {
   return v ? 0 : kiln_set_error("%s: variable is NULL", who);
 }
 
-/* value must match v's dtype and shape exactly */
-static int check_value(const char *who, const kiln_variable *v, const kiln_tensor *t) {
-  if (!t) return kiln_has_error() ? -1 : kiln_set_error("%s: value is NULL", who);
-  if (t->flags & TF_SYMBOLIC)
-    return kiln_set_error("%s: the value is symbolic (being traced)", who);
+/* t (possibly symbolic) must match v's dtype and shape exactly */
+static int check_type(const char *who, const kiln_variable *v, const kiln_tensor *t) {
   const kiln_tensor *cur = v->value;
   bool same = t->dtype == cur->dtype && t->rank == cur->rank;
   for (int i = 0; same && i < t->rank; i++) same = t->shape[i] == cur->shape[i];
@@ -33,8 +30,17 @@ static int check_value(const char *who, const kiln_variable *v, const kiln_tenso
                         kiln_dtype_name((kiln_dtype)t->dtype), shape_str(b, sizeof b, t->rank, t->shape));
 }
 
+/* a concrete value for an eager assignment */
+static int check_value(const char *who, const kiln_variable *v, const kiln_tensor *t) {
+  if (!t) return kiln_has_error() ? -1 : kiln_set_error("%s: value is NULL", who);
+  if (t->flags & TF_SYMBOLIC)
+    return kiln_set_error("%s: the value is symbolic (being traced)", who);
+  return check_type(who, v, t);
+}
+
 /* a private copy, owned by the caller, never recorded */
 static kiln_tensor *copy_tensor(const char *who, const kiln_tensor *t) {
+  if (t->device) return tensor_to_device(who, t, t->device); /* device to device */
   kiln_tensor *c = tensor_alloc(who, (kiln_dtype)t->dtype, t->rank, t->shape);
   if (c) memcpy(c->data, t->data, tensor_bytes(t));
   return c;
@@ -96,18 +102,6 @@ static void replace(kiln_variable *v, kiln_tensor *value) {
 }
 
 void variable_set_value(kiln_variable *v, kiln_tensor *value) { replace(v, value); }
-
-/* check_value for a value that may be symbolic */
-static int check_type(const char *who, const kiln_variable *v, const kiln_tensor *t) {
-  const kiln_tensor *cur = v->value;
-  bool same = t->dtype == cur->dtype && t->rank == cur->rank;
-  for (int i = 0; same && i < t->rank; i++) same = t->shape[i] == cur->shape[i];
-  if (same) return 0;
-  char a[160], b[160];
-  return kiln_set_error("%s: variable '%s' is %s%s; the value is %s%s", who, v->name,
-                        kiln_dtype_name((kiln_dtype)cur->dtype), shape_str(a, sizeof a, cur->rank, cur->shape),
-                        kiln_dtype_name((kiln_dtype)t->dtype), shape_str(b, sizeof b, t->rank, t->shape));
-}
 
 int kiln_variable_assign(kiln_variable *v, const kiln_tensor *value) {
   const char *who = "variable_assign";

@@ -115,6 +115,7 @@ int kiln_pass_cse(ir_func *f) {
   table t = {calloc(cap, sizeof *t.slot), calloc(cap, sizeof *t.hash), cap - 1};
   ir_value small[8], *x = small;
   int xcap = 8, rc = 0;
+  bool changed = false;
   pass_builder b;
   if (!t.slot || !t.hash || pass_begin(&b, f)) {
     if (!t.slot || !t.hash) kiln_set_error("cse: out of memory");
@@ -153,6 +154,7 @@ int kiln_pass_cse(ir_func *f) {
     }
     if (same >= 0) {
       b.map[ins->out] = same;
+      changed = true;
       continue;
     }
     if (pass_copy(&b, ins) < 0) {
@@ -169,5 +171,5 @@ int kiln_pass_cse(ir_func *f) {
     pass_abort(&b);
     return pass_fail("cse");
   }
-  return pass_commit(&b) ? pass_fail("cse") : 0;
+  return pass_finish(&b, changed, "cse");
 }

@@ -46,6 +46,7 @@ int kiln_pass_fold(ir_func *f) {
   if (pass_begin(&b, f)) return pass_fail("fold");
   ir_value small[8], *x = small;
   int cap = 8, rc = 0;
+  bool changed = false;
   for (int i = 0; i < f->n_instrs && !rc; i++) {
     const ir_instr *ins = &f->instrs[i];
     if (ins->n_in > cap) {
@@ -63,6 +64,7 @@ int kiln_pass_fold(ir_func *f) {
       ir_value v = pass_emit_constant(&b, t, ins->loc);
       kiln_release(t);
       rc = v < 0 || pass_replace(&b, ins->out, v, true);
+      changed = true;
     } else {
       rc = pass_copy(&b, ins) < 0;
     }
@@ -72,5 +74,5 @@ int kiln_pass_fold(ir_func *f) {
     pass_abort(&b);
     return pass_fail("fold");
   }
-  return pass_commit(&b) ? pass_fail("fold") : 0;
+  return pass_finish(&b, changed, "fold");
 }

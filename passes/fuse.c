@@ -1,11 +1,14 @@
 /* fuse.c — groups instructions into kernels, in the manner of XLA's
- * instruction fusion: elementwise chains with the broadcasts, reshapes and
- * transposes that feed them; elementwise producers into the reductions that
- * consume them; bias and activation epilogues into the dot they follow; and
- * siblings that read one large input into one multi-output kernel. A group
- * of two or more instructions becomes a function of the module (@f.fusedN)
- * called by one fusion instruction. The refusals are the named predicates
- * below (is_expensive, would_recompute, makes_cycle, ...). */
+ * instruction fusion: each dot first takes its epilogue (bias add,
+ * activation); then, consumers first, each kernel takes in the producers of
+ * its operands (elementwise chains with the broadcasts, reshapes and
+ * transposes that feed them, elementwise producers into reductions); a
+ * kernel that reads another's result over the same domain joins it; and
+ * siblings that read one large input merge into one multi-output kernel.
+ * A group of two or more instructions becomes a function of the module
+ * (@f.fusedN) called by one fusion instruction. The refusals are the named
+ * predicates below (is_expensive, would_recompute, moves_expensive,
+ * makes_cycle, ...). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,7 +64,7 @@ typedef struct fz {
   bool *has_elem;
   op_type *dom; /* the loop domain: the root's shape, a reduction's input */
   /* graph walks */
-  int32_t *mark, *stack, *expmark, *scratch;
+  int32_t *mark, *stack, *expmark, *scratch, *work;
   int32_t stamp;
 } fz;
 
@@ -317,9 +320,10 @@ static int build(fz *z) {
   z->stack = malloc(((size_t)n + 1) * sizeof *z->stack);
   z->expmark = calloc((size_t)n + 1, sizeof *z->expmark);
   z->scratch = malloc(((size_t)n + 1) * sizeof *z->scratch);
+  z->work = malloc(((size_t)n + 1) * sizeof *z->work);
   if (!z->vdef || !z->ustart || !z->users || !z->parent || !z->head || !z->next || !z->tail || !z->gmin ||
       !z->gmax || !z->nred || !z->gdot || !z->gred || !z->has_elem || !z->dom || !z->mark || !z->stack ||
-      !z->expmark || !z->scratch)
+      !z->expmark || !z->scratch || !z->work)
     return kiln_set_error("fuse: out of memory");
   for (int v = 0; v < z->n_vals; v++) z->vdef[v] = -1;
   /* users by value, as a CSR over node indices */
@@ -375,6 +379,7 @@ static void fz_free(fz *z) {
   free(z->stack);
   free(z->expmark);
   free(z->scratch);
+  free(z->work);
 }
 
 /* ---- groups ---- */
@@ -421,7 +426,9 @@ static bool path(fz *z, int32_t a, int32_t b, bool through_others) {
             if (!first || !through_others) return true;
             continue;
           }
-          if (h == a || z->mark[h] == stamp || z->gmin[h] > z->gmax[b]) continue; /* h cannot reach b */
+          /* no pruning by index: a kernel that starts after b may still
+           * reach it through a kernel that spans it */
+          if (h == a || z->mark[h] == stamp) continue;
           z->mark[h] = stamp;
           z->stack[top++] = h;
         }
@@ -598,6 +605,48 @@ static bool should_merge_consumer(fz *z, int32_t g, int32_t c) {
 
 /* ---- the four steps of grouping ---- */
 
+/* Is operand v of an epilogue small next to the dot's result of n
+ * elements: a bias, a scale, a broadcast of one? */
+static bool small_operand(fz *z, int32_t v, int64_t n) {
+  if (pass_elems(&z->vtype[v]) < n) return true;
+  int32_t d = z->vdef[v];
+  return d >= 0 && z->nodes[d].ins->op == OP_BROADCAST && pass_elems(&z->vtype[z->nodes[d].in[0]]) < n;
+}
+
+/* Is node u a step of the epilogue of group g's dot: elementwise over the
+ * dot's result, reading the dot's kernel and small operands only (the
+ * bias add, the activation, a scale)? */
+static bool is_epilogue(fz *z, int32_t u, int32_t g) {
+  const fz_node *nd = &z->nodes[u], *dot = &z->nodes[z->gdot[g]];
+  if (nd->cls != CLS_ELEM || !single(z, u) || !same_shape(&z->vtype[nd->out], &z->vtype[dot->out])) return false;
+  int64_t n = pass_elems(&z->vtype[dot->out]);
+  for (int j = 0; j < nd->n_in; j++) {
+    int32_t d = z->vdef[nd->in[j]];
+    if (!(d >= 0 && find(z, d) == g) && !small_operand(z, nd->in[j], n)) return false;
+  }
+  return true;
+}
+
+/* Each dot takes in its epilogue first, before the consumers further down
+ * (a backward pass's reductions) claim the same instructions. */
+static void fuse_epilogues(fz *z) {
+  for (int32_t k = 0; k < z->n; k++) {
+    if (z->nodes[k].cls != CLS_DOT || !single(z, k)) continue;
+    int top = 0;
+    z->work[top++] = k;
+    while (top) {
+      const fz_node *nd = &z->nodes[z->work[--top]];
+      for (int r = 0; r < nd->n_out; r++)
+        for (int32_t j = z->ustart[nd->out + r]; j < z->ustart[nd->out + r + 1]; j++) {
+          int32_t u = z->users[j], g = find(z, k);
+          if (find(z, u) == g || !is_epilogue(z, u, g) || !should_merge_consumer(z, g, u)) continue;
+          merge(z, g, u);
+          z->work[top++] = u;
+        }
+    }
+  }
+}
+
 /* Consumers first (as XLA does): each takes in the producers of its
  * operands that may join it. */
 static void fuse_producers(fz *z) {
@@ -653,7 +702,7 @@ static int fuse_siblings(fz *z) {
 
 /* ---- writing the result ---- */
 
-/* a min-heap of group roots keyed by their first member */
+/* a min-heap of group roots by key */
 static void heap_push(int32_t *h, int *n, int32_t g, const int32_t *key) {
   int i = (*n)++;
   h[i] = g;
@@ -682,19 +731,27 @@ static int32_t heap_pop(int32_t *h, int *n, const int32_t *key) {
 }
 
 /* The groups in an order that respects every dependence and the order of
- * the instructions with effects, earliest first member first. Writes
- * the roots into order; their count, or -1. */
+ * the instructions with effects; otherwise as in f, by the first
+ * instruction of each group that is not cheap data movement (copies of a
+ * broadcast or a constant do not move their consumer up). Writes the roots
+ * into order; their count, or -1. */
 static int schedule(fz *z, int32_t *order) {
   int n = z->n, n_edges = 0;
+  int32_t *key = malloc(((size_t)n + 1) * sizeof *key);
   int32_t *indeg = calloc((size_t)n + 1, sizeof *indeg), *estart = calloc((size_t)n + 2, sizeof *estart);
   int32_t *heap = malloc(((size_t)n + 1) * sizeof *heap);
   size_t cap = 1;
   for (int k = 0; k < n; k++) cap += (size_t)z->nodes[k].n_in + 1;
   int32_t *efrom = malloc(cap * sizeof *efrom), *eto = malloc(cap * sizeof *eto), *edge = malloc(cap * sizeof *edge);
   int count = -1;
-  if (!indeg || !estart || !heap || !efrom || !eto || !edge) {
+  if (!key || !indeg || !estart || !heap || !efrom || !eto || !edge) {
     kiln_set_error("fuse: out of memory");
     goto done;
+  }
+  for (int k = 0; k < n; k++) key[k] = INT32_MAX;
+  for (int k = 0; k < n; k++) { /* instruction index * 2, +1 for data movement: real work first */
+    int32_t g = find(z, k), i = (int32_t)(z->nodes[k].ins - z->f->instrs) * 2 + (z->nodes[k].cls == CLS_MOVE);
+    if (i < key[g]) key[g] = i;
   }
   int32_t prev_effect = -1;
   for (int k = 0; k < n; k++) {
@@ -717,18 +774,19 @@ static int schedule(fz *z, int32_t *order) {
   int hn = 0;
   count = 0;
   for (int k = 0; k < n; k++)
-    if (find(z, k) == k && !indeg[k]) heap_push(heap, &hn, k, z->gmin);
+    if (find(z, k) == k && !indeg[k]) heap_push(heap, &hn, k, key);
   while (hn) {
-    int32_t g = heap_pop(heap, &hn, z->gmin);
+    int32_t g = heap_pop(heap, &hn, key);
     order[count++] = g;
     for (int32_t e = estart[g]; e < estart[g + 1]; e++)
-      if (!--indeg[edge[e]]) heap_push(heap, &hn, edge[e], z->gmin);
+      if (!--indeg[edge[e]]) heap_push(heap, &hn, edge[e], key);
   }
   int groups = 0;
   for (int k = 0; k < n; k++) groups += find(z, k) == k;
   if (count != groups) count = kiln_set_error("fuse: @%s: internal error: the kernels depend on each other in a cycle",
                                               z->f->name);
 done:
+  free(key);
   free(indeg);
   free(estart);
   free(heap);
@@ -771,6 +829,11 @@ typedef struct emitter {
 static int emit_plain(emitter *e, int32_t k) {
   fz *z = e->z;
   const fz_node *nd = &z->nodes[k];
+  int32_t orig = nd->ins->out;
+  if (nd->cls == CLS_MOVE && e->map[orig] >= 0) { /* copies that no kernel took are one instruction again */
+    e->map[nd->out] = e->map[orig];
+    return 0;
+  }
   for (int j = 0; j < nd->n_in; j++)
     if ((e->tmp[j] = e->map[nd->in[j]]) < 0)
       return kiln_set_error("fuse: @%s: internal error: an operand has no value", z->f->name);
@@ -779,6 +842,10 @@ static int emit_plain(emitter *e, int32_t k) {
   for (int r = 0; r < nd->n_out; r++) {
     e->map[nd->out + r] = first + r;
     if (!nd->clone && pass_replace(&e->b, nd->out + r, first + r, true)) return -1;
+  }
+  if (nd->clone) { /* the original, if it is emitted later, is this one */
+    e->map[orig] = first;
+    if (pass_replace(&e->b, orig, first, true)) return -1;
   }
   return 0;
 }
@@ -933,6 +1000,7 @@ int kiln_pass_fuse(ir_func *f) {
   fz z = {.f = f};
   int rc = build(&z);
   if (!rc) {
+    fuse_epilogues(&z);
     fuse_producers(&z);
     fuse_consumers(&z);
     rc = fuse_siblings(&z);

@@ -74,6 +74,7 @@ int kiln_pass_inline(ir_func *f) {
   inliner il = {&b, INLINE_BUDGET};
   ir_value *x = NULL;
   int cap = 0, rc = 0;
+  bool changed = false;
   for (int i = 0; i < f->n_instrs && !rc; i++) {
     const ir_instr *ins = &f->instrs[i];
     if (!should_inline(&il, ins, 0)) {
@@ -90,6 +91,7 @@ int kiln_pass_inline(ir_func *f) {
     }
     for (int k = 0; k < ins->n_in; k++) x[k] = pass_map(&b, ins->in[k]);
     ir_value mark = b.body.n_values, *res = b.map + ins->out;
+    changed = true;
     rc = inline_body(&il, ins->attrs.callee, x, res, ins->loc, 0);
     /* a result computed by the copied body keeps the call result's name */
     for (int k = 0; k < ins->n_out && !rc; k++) rc = pass_replace(&b, ins->out + k, res[k], res[k] >= mark);
@@ -99,5 +101,5 @@ int kiln_pass_inline(ir_func *f) {
     pass_abort(&b);
     return pass_fail("inline");
   }
-  return pass_commit(&b) ? pass_fail("inline") : 0;
+  return pass_finish(&b, changed, "inline");
 }

@@ -133,6 +133,14 @@ void pass_abort(pass_builder *b) {
   memset(b, 0, sizeof *b);
 }
 
+int pass_finish(pass_builder *b, bool changed, const char *pass) {
+  if (!changed) {
+    pass_abort(b);
+    return 0;
+  }
+  return pass_commit(b) ? pass_fail(pass) : 0;
+}
+
 int pass_fail(const char *pass) {
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", kiln_has_error() ? kiln_last_error() : "failed");

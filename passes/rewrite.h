@@ -39,6 +39,10 @@ static inline ir_value pass_map(const pass_builder *b, ir_value v) {
 int pass_commit(pass_builder *b);
 /* Frees the builder and the new body; f unchanged. */
 void pass_abort(pass_builder *b);
+/* The end of a pass: commits the new body if the pass changed anything, else
+ * drops it (f, its value numbers and any arena plan stay as they were).
+ * 0, or -1 with the error prefixed by pass. */
+int pass_finish(pass_builder *b, bool changed, const char *pass);
 
 /* Prefixes the current error with "<pass>: " unless it already starts so;
  * returns -1. */

@@ -245,6 +245,7 @@ static ir_value simplify_instr(ctx *c) {
 
 int kiln_pass_simplify(ir_func *f) {
   pass_builder b;
+  bool changed = false;
   if (pass_begin(&b, f)) return pass_fail("simplify");
   for (int i = 0; i < f->n_instrs; i++) {
     const ir_instr *ins = &f->instrs[i];
@@ -259,6 +260,7 @@ int kiln_pass_simplify(ir_func *f) {
       pass_abort(&b);
       return pass_fail("simplify");
     }
+    changed |= r >= 0;
   }
-  return pass_commit(&b) ? pass_fail("simplify") : 0;
+  return pass_finish(&b, changed, "simplify");
 }

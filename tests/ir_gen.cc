@@ -1,9 +1,13 @@
 // ir_gen.cc — the random-program generator of ir_gen.h. Each step picks an
-// op kind, operands from the values made so far (biased toward recent ones,
-// so programs grow deep as well as wide) and attributes, asks ir_check_op
-// whether the candidate is well typed and keeps it only then. Every value
-// carries a conservative interval of its elements, so that the generator can
-// refuse what would overflow, divide by zero or index out of range.
+// op kind, operands from the values made so far (biased toward recent and
+// unused ones, so programs grow deep and few values are left dead) and
+// attributes, asks ir_check_op whether the candidate is well typed and keeps
+// it only then. Every value carries a conservative interval of its elements,
+// so that the generator can refuse what would overflow, divide by zero or
+// index out of range. Besides plain random ops it emits what the passes
+// rewrite (x + 0, neg neg, transpose back, ...), near misses of it, and
+// repeats and near repeats of earlier instructions (cse); a last phase folds
+// surplus dead ends into the others, so most of a program reaches a result.
 #include "ir_gen.h"
 
 #include <algorithm>
@@ -74,9 +78,13 @@ struct Gen {
   Rng rng;
   ir_gen_options opt;
   ir_func *f = nullptr;
+  int cap = 0;                 // the instruction budget of the current phase (<= opt.max_instrs)
   std::vector<Range> range;    // per value
   std::vector<int> uses;       // per value
   std::vector<bool> integral;  // per value: every element an integer
+  // The program's dims: 2-3 sizes in 2..7 that shapes draw from, so that
+  // equal dims (square matrices, operands that broadcast) are common.
+  std::vector<int64_t> palette;
   int named = 0;
   bool broken = false;  // the builder refused what ir_check_op accepted
 
@@ -90,10 +98,6 @@ struct Gen {
     return n;
   }
   bool allowed(kiln_dtype d) const { return (opt.dtypes & DT_BIT(d)) != 0; }
-  int cap = 0;  // the program's instruction budget (<= opt.max_instrs)
-  // The program's dims: 2-3 sizes in 2..7 that shapes draw from, so that
-  // equal dims (square matrices, operands that broadcast) are common.
-  std::vector<int64_t> palette;
   int64_t dim() { return rng.of(palette); }
   int64_t dim_or_1() { return rng.chance(0.25) ? 1 : dim(); }
   bool room(int n) const { return f->n_instrs + n <= cap; }
@@ -330,7 +334,10 @@ struct Gen {
   ir_value emit(op_id op, const op_attrs &a, const std::vector<ir_value> &in) {
     if (broken || !room(1)) return -1;
     std::vector<op_type> t;
-    for (ir_value v : in) t.push_back(type(v));
+    for (ir_value v : in) {
+      if (v < 0) return -1;  // a helper before it was refused
+      t.push_back(type(v));
+    }
     op_type out{};
     if (ir_check_op(op, &a, (int)in.size(), t.data(), &out)) {
       kiln_clear_error();
@@ -476,14 +483,14 @@ struct Gen {
 
   // |y| + 1: never zero, for integers too (|INT_MIN| + 1 wraps to INT_MIN + 1)
   ir_value abs_plus_one(ir_value y) {
-    if (!room(3)) return -1;
+    if (y < 0 || !room(3)) return -1;
     ir_value a = emit1(OP_ABS, y);  // one statement each: C++ leaves argument order open
     return emit2(OP_ADD, a, scalar(dtype(y), 1));
   }
 
   // min(max(v, 0), hi): integer v clamped into [0, hi], for indices
   ir_value clamp(ir_value v, int64_t hi) {
-    if (!room(4)) return -1;
+    if (v < 0 || !room(4)) return -1;
     kiln_dtype dt = dtype(v);
     ir_value lo = emit2(OP_MAX, v, scalar(dt, 0));
     return emit2(OP_MIN, lo, scalar(dt, (double)hi));

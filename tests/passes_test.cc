@@ -50,11 +50,10 @@ struct Fn {
     EXPECT_GE(v, 0) << kiln_last_error();
     return v;
   }
-  // a constant; takes t
+  // a constant of t (owned by the test's scope; the IR takes a reference)
   ir_value constant(kiln_tensor *t) {
     ir_value v = ir_constant(f, t, kNoLoc);
     EXPECT_GE(v, 0) << kiln_last_error();
-    kiln_release(t);
     return v;
   }
   void results(std::vector<ir_value> r) { ASSERT_EQ(ir_set_results(f, (int)r.size(), r.data()), 0) << kiln_last_error(); }
@@ -141,7 +140,10 @@ TEST(PassManager, RegistryListsThePassesInPipelineOrder) {
     EXPECT_GT(std::strlen(p->summary), 10u);
     EXPECT_EQ(pass_find(p->name), p);
   }
-  EXPECT_EQ(names, (std::vector<std::string>{"inline", "simplify", "fold", "cse", "dce"}));
+  // the simple passes first, in this order (fuse and buffers follow them)
+  ASSERT_GE(names.size(), 5u);
+  EXPECT_EQ(std::vector<std::string>(names.begin(), names.begin() + 5),
+            (std::vector<std::string>{"inline", "simplify", "fold", "cse", "dce"}));
   EXPECT_EQ(pass_find("cse")->run, &kiln_pass_cse);
   EXPECT_EQ(pass_find("fuse_everything"), nullptr);
   EXPECT_EQ(pass_find(""), nullptr);
@@ -268,6 +270,7 @@ void observe(void *ctx, int step, const char *pass, const ir_func *f) {
 }
 
 TEST(PassManager, ReportsAndObservesEveryStep) {
+  Scoped scope;
   Fn fn("f", {T(KILN_F32, {2})});
   ir_value z = fn.constant(f32({}, {-0.0f}));
   ir_value a = fn.op(OP_ADD, {0, z});
@@ -385,7 +388,6 @@ void float_rules_keep_bits(kiln_dtype dt) {
   // the whole default pipeline keeps the bits too
   ASSERT_EQ(pass_run_pipeline(fn.f, PASS_DEFAULT_PIPELINE, nullptr, nullptr, nullptr), 0) << kiln_last_error();
   EXPECT_EQ(hex(run(fn.f, args)), hex(want));
-  for (kiln_tensor *a : args) kiln_release(a);
 }
 
 TEST(Simplify, FloatRulesKeepEveryBitF32) { float_rules_keep_bits<float>(KILN_F32); }
@@ -421,7 +423,6 @@ TEST(Simplify, IntegerRules) {
   EXPECT_EQ(ir_def(fn.f, fn.f->results[3])->op, OP_CONSTANT);
   EXPECT_EQ(ir_def(fn.f, fn.f->results[4])->op, OP_BROADCAST);
   EXPECT_EQ(run(fn.f, args), want);
-  for (kiln_tensor *x : args) kiln_release(x);
 }
 
 TEST(Simplify, LeavesUnknownAndMultiResultInstructionsAlone) {
@@ -605,7 +606,6 @@ TEST(Inline, InlinesNestedCallsAndKeepsResults) {
   EXPECT_EQ(run(top, args), want);
   EXPECT_EQ(m->n_funcs, 3);  // callees stay
   EXPECT_EQ(ir_module_find(m, "mid")->n_instrs, 2);  // and are not changed
-  kiln_release(args[0]);
   ir_module_free(m);
 }
 

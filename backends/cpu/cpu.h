@@ -17,6 +17,12 @@ typedef struct cpu_program cpu_program;
 /* Compiles f (a verified ir_func; constants are embedded, so f may be
  * freed afterwards) to native code. NULL with "cpu: ..." in the error. */
 KILN_EXPORT cpu_program *cpu_compile(const ir_func *f);
+/* How to compile; zero (or NULL) is cpu_compile's choice. */
+typedef struct cpu_options {
+  bool no_contract; /* no FMA contraction of a fused kernel's multiplies and adds:
+                       every op then rounds as its eager kernel does (tests) */
+} cpu_options;
+KILN_EXPORT cpu_program *cpu_compile_with(const ir_func *f, const cpu_options *opt);
 /* Runs it: args one per parameter (concrete CPU tensors of the parameter
  * types); writes one new tensor per result, owned as op results are (the
  * innermost scope, or the caller). 0, or -1 with the error set and results
@@ -61,8 +67,8 @@ typedef struct cpu_helper {
 enum { CPU_RES_OWN, CPU_RES_PARAM, CPU_RES_CONST, CPU_RES_SAME };
 typedef struct cpu_result {
   int kind;
-  int index;         /* parameter or earlier result */
-  kiln_tensor *cst;  /* CPU_RES_CONST (retained by the program) */
+  int index;        /* parameter or earlier result */
+  kiln_tensor *cst; /* CPU_RES_CONST (retained by the program) */
 } cpu_result;
 
 struct cpu_program {
@@ -78,8 +84,8 @@ struct cpu_program {
   int n_kernels;
   size_t arena_bytes;
   int (*entry)(void **params, void **results, void *arena, cpu_call *call);
-  void *jit_tracker;     /* the ORC resource tracker of its code */
-  char *bitcode;         /* the optimized module, for cpu_program_text */
+  void *jit_tracker; /* the ORC resource tracker of its code */
+  char *bitcode;     /* the optimized module, for cpu_program_text */
   size_t bitcode_len;
   double compile_ms;
 };

@@ -63,7 +63,7 @@ int cpu_run(cpu_program *p, kiln_tensor *const *args, kiln_tensor **results) {
     if (outs[r]) rp[r] = outs[r]->data;
   }
   int32_t cls = 0;
-  char none[KILN_ALIGN];
+  _Alignas(KILN_ALIGN) char none[KILN_ALIGN]; /* kernels may assume 64-byte alignment */
   void *arena = none;
   if (!rc && p->arena_bytes && !(arena = mem_alloc(p->arena_bytes, &cls)))
     rc = kiln_set_error("cpu: @%s: out of memory for a %zu-byte arena", p->name, p->arena_bytes);
@@ -109,8 +109,10 @@ static void header(kiln_tensor *h, const op_type *t, void *data) {
  * them), its outputs checked as the interpreter does and copied out. */
 static int run_host(const cpu_helper *h, void **bufs) {
   if (!h->host_fn)
-    return kiln_set_error("host_call: @%s: no callback is bound (IR read from text, and the process has no "
-                          "symbol of that name)", h->host_name);
+    return kiln_set_error(
+        "host_call: @%s: no callback is bound (IR read from text, and the process has no "
+        "symbol of that name)",
+        h->host_name);
   kiln_tensor **io = calloc((size_t)(h->n_in + h->n_out) + 1, sizeof *io);
   if (!io) return kiln_set_error("host_call: out of memory");
   kiln_tensor **ins = io, **outs = io + h->n_in;

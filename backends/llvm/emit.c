@@ -137,11 +137,18 @@ LLVMValueRef llvm_index_get_linear(llvm_emit *e, llvm_index *x) {
   LLVMValueRef lin = NULL;
   int64_t stride = 1;
   for (int i = x->rank - 1; i >= 0; i--) {
-    if (x->shape[i] != 1) {
-      LLVMValueRef term = stride == 1 ? x->dim[i] : LLVMBuildMul(e->b, x->dim[i], llvm_i64(e, stride), "");
-      if (LLVMIsAInstruction(term)) LLVMSetNUW(term, 1);
-      lin = lin ? LLVMBuildAdd(e->b, lin, term, "") : term;
-      if (LLVMIsAInstruction(lin)) LLVMSetNUW(lin, 1);
+    if (x->shape[i] != 1) { /* nuw on what is built here only (the flag bit means "exact" on a udiv) */
+      LLVMValueRef term = x->dim[i];
+      if (stride != 1) {
+        term = LLVMBuildMul(e->b, x->dim[i], llvm_i64(e, stride), "");
+        if (LLVMIsAInstruction(term)) LLVMSetNUW(term, 1);
+      }
+      if (lin) {
+        lin = LLVMBuildAdd(e->b, lin, term, "");
+        if (LLVMIsAInstruction(lin)) LLVMSetNUW(lin, 1);
+      } else {
+        lin = term;
+      }
     }
     stride *= x->shape[i];
   }
@@ -202,8 +209,7 @@ static void broadcast_index(llvm_emit *e, llvm_index *idx, const op_type *in, ll
   }
   llvm_index_get_dims(e, idx);
   LLVMValueRef dims[KILN_MAX_RANK];
-  for (int i = 0; i < in->rank; i++)
-    dims[i] = in->shape[i] == 1 ? llvm_i64(e, 0) : idx->dim[idx->rank - in->rank + i];
+  for (int i = 0; i < in->rank; i++) dims[i] = in->shape[i] == 1 ? llvm_i64(e, 0) : idx->dim[idx->rank - in->rank + i];
   llvm_index_dims(out, in, dims);
 }
 
@@ -276,12 +282,13 @@ LLVMValueRef llvm_emit_load(llvm_emit *e, kiln_dtype dt, LLVMValueRef p, LLVMVal
   return v;
 }
 
-void llvm_emit_store(llvm_emit *e, kiln_dtype dt, LLVMValueRef p, LLVMValueRef i, LLVMValueRef v) {
+LLVMValueRef llvm_emit_store(llvm_emit *e, kiln_dtype dt, LLVMValueRef p, LLVMValueRef i, LLVMValueRef v) {
   LLVMTypeRef mt = llvm_memory_type(e, dt);
   if (dt == KILN_BOOL) v = LLVMBuildZExt(e->b, v, e->t_i8, "");
   LLVMValueRef a = LLVMBuildGEP2(e->b, mt, p, &i, 1, "");
   LLVMValueRef s = LLVMBuildStore(e->b, v, a);
   LLVMSetAlignment(s, (unsigned)kiln_dtype_sizes[dt]);
+  return s;
 }
 
 /* element 0 of a constant tensor as an immediate of dtype dt */
@@ -346,12 +353,12 @@ static LLVMValueRef f32_to_f16(llvm_emit *e, LLVMValueRef f) {
   LLVMValueRef u = LLVMBuildBitCast(b, f, e->t_i32, "");
   LLVMValueRef sign = LLVMBuildAnd(b, LLVMBuildLShr(b, u, ci(u, 16), ""), ci(u, 0x8000), "");
   LLVMValueRef a = LLVMBuildAnd(b, u, ci(u, 0x7fffffff), "");
-  LLVMValueRef inf_nan = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntUGT, a, ci(u, 0x7f800000), ""),
-                                         ci(u, 0x7e00), ci(u, 0x7c00), "");
+  LLVMValueRef inf_nan =
+      LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntUGT, a, ci(u, 0x7f800000), ""), ci(u, 0x7e00), ci(u, 0x7c00), "");
   /* no contraction here: the rounding is the point */
   LLVMValueRef af = LLVMBuildBitCast(b, a, e->t_f32, "");
-  LLVMValueRef s = LLVMBuildFAdd(b, LLVMBuildFMul(b, af, LLVMConstReal(e->t_f32, 0x1p24), ""),
-                                 LLVMConstReal(e->t_f32, 0x1p23), "");
+  LLVMValueRef s =
+      LLVMBuildFAdd(b, LLVMBuildFMul(b, af, LLVMConstReal(e->t_f32, 0x1p24), ""), LLVMConstReal(e->t_f32, 0x1p23), "");
   LLVMValueRef subnormal = LLVMBuildSub(b, LLVMBuildBitCast(b, s, e->t_i32, ""), ci(u, 0x4b000000), "");
   LLVMValueRef odd = LLVMBuildAnd(b, LLVMBuildLShr(b, a, ci(u, 13), ""), ci(u, 1), "");
   LLVMValueRef normal = LLVMBuildLShr(
@@ -390,8 +397,9 @@ static LLVMValueRef convert(llvm_emit *e, LLVMValueRef x, kiln_dtype from, kiln_
     return convert(e, x, KILN_F32, to);
   }
   if (to == KILN_F16 || to == KILN_BF16) {
-    if (from == KILN_BOOL) return LLVMBuildSelect(b, x, ci(LLVMConstInt(e->t_i16, 0, 0), to == KILN_F16 ? 0x3c00 : 0x3f80),
-                                                  LLVMConstInt(e->t_i16, 0, 0), "");
+    if (from == KILN_BOOL)
+      return LLVMBuildSelect(b, x, ci(LLVMConstInt(e->t_i16, 0, 0), to == KILN_F16 ? 0x3c00 : 0x3f80),
+                             LLVMConstInt(e->t_i16, 0, 0), "");
     x = convert(e, x, from, KILN_F32);
     return to == KILN_F16 ? f32_to_f16(e, x) : f32_to_bf16(e, x);
   }
@@ -485,12 +493,9 @@ static LLVMValueRef binary(llvm_group *g, op_id op, kiln_dtype dt, LLVMValueRef 
   bool fl = dtype_is_float(dt);
   LLVMFastMathFlags fm = e->contract ? LLVMFastMathAllowContract : 0;
   switch (op) {
-    case OP_ADD:
-      return fl ? with_fmf(LLVMBuildFAdd(b, x, y, ""), fm) : LLVMBuildAdd(b, x, y, "");
-    case OP_SUB:
-      return fl ? with_fmf(LLVMBuildFSub(b, x, y, ""), fm) : LLVMBuildSub(b, x, y, "");
-    case OP_MUL:
-      return fl ? with_fmf(LLVMBuildFMul(b, x, y, ""), fm) : LLVMBuildMul(b, x, y, "");
+    case OP_ADD: return fl ? with_fmf(LLVMBuildFAdd(b, x, y, ""), fm) : LLVMBuildAdd(b, x, y, "");
+    case OP_SUB: return fl ? with_fmf(LLVMBuildFSub(b, x, y, ""), fm) : LLVMBuildSub(b, x, y, "");
+    case OP_MUL: return fl ? with_fmf(LLVMBuildFMul(b, x, y, ""), fm) : LLVMBuildMul(b, x, y, "");
     case OP_DIV:
     case OP_MOD: {
       if (fl) return op == OP_DIV ? LLVMBuildFDiv(b, x, y, "") : LLVMBuildFRem(b, x, y, "");
@@ -507,8 +512,8 @@ static LLVMValueRef binary(llvm_group *g, op_id op, kiln_dtype dt, LLVMValueRef 
     case OP_MIN:
       if (dt == KILN_BOOL) return op == OP_MAX ? LLVMBuildOr(b, x, y, "") : LLVMBuildAnd(b, x, y, "");
       if (fl) { /* NaN in either gives NaN, as NumPy's maximum does */
-        LLVMValueRef pick = LLVMBuildOr(b, fcmp(e, op == OP_MAX ? LLVMRealOGT : LLVMRealOLT, x, y),
-                                        fcmp(e, LLVMRealUNO, x, x), "");
+        LLVMValueRef pick =
+            LLVMBuildOr(b, fcmp(e, op == OP_MAX ? LLVMRealOGT : LLVMRealOLT, x, y), fcmp(e, LLVMRealUNO, x, x), "");
         return sel(e, pick, x, y);
       }
       return sel(e, icmp(e, op == OP_MAX ? LLVMIntSGT : LLVMIntSLT, x, y), x, y);
@@ -517,8 +522,7 @@ static LLVMValueRef binary(llvm_group *g, op_id op, kiln_dtype dt, LLVMValueRef 
     default: break;
   }
   /* compares */
-  static const LLVMRealPredicate fp[] = {LLVMRealOEQ, LLVMRealUNE, LLVMRealOLT,
-                                         LLVMRealOLE, LLVMRealOGT, LLVMRealOGE};
+  static const LLVMRealPredicate fp[] = {LLVMRealOEQ, LLVMRealUNE, LLVMRealOLT, LLVMRealOLE, LLVMRealOGT, LLVMRealOGE};
   static const LLVMIntPredicate sp[] = {LLVMIntEQ, LLVMIntNE, LLVMIntSLT, LLVMIntSLE, LLVMIntSGT, LLVMIntSGE};
   static const LLVMIntPredicate up[] = {LLVMIntEQ, LLVMIntNE, LLVMIntULT, LLVMIntULE, LLVMIntUGT, LLVMIntUGE};
   if (op < OP_EQ || op > OP_GE) return NULL;
@@ -562,6 +566,17 @@ static LLVMValueRef operand(llvm_group *g, const ir_instr *in, int k, const op_t
   return llvm_emit_value(g, in->in[k], &sub);
 }
 
+/* a transpose that moves only unit dims keeps the elements' order */
+static bool transpose_keeps_order(const ir_instr *in, const op_type *rt) {
+  int last = -1;
+  for (int i = 0; i < rt->rank; i++) {
+    if (rt->shape[i] == 1) continue;
+    if (in->attrs.axes[i] < last) return false;
+    last = in->attrs.axes[i];
+  }
+  return true;
+}
+
 static LLVMValueRef emit_instr(llvm_group *g, ir_value v, const ir_instr *in, llvm_index *idx) {
   llvm_emit *e = g->e;
   const ir_func *f = g->f;
@@ -591,6 +606,7 @@ static LLVMValueRef emit_instr(llvm_group *g, ir_value v, const ir_instr *in, ll
       return x ? convert(e, x, kdt, rt->dtype) : NULL;
     }
     case OPK_VIEW: /* identity, stop_gradient, reshape: the same elements in order */
+      if (same_shape(&f->types[in->in[0]], rt)) return llvm_emit_value(g, in->in[0], idx);
       llvm_index_linear(&sub, &f->types[in->in[0]], llvm_index_get_linear(e, idx));
       return llvm_emit_value(g, in->in[0], &sub);
     case OPK_CONST: {
@@ -611,14 +627,18 @@ static LLVMValueRef emit_instr(llvm_group *g, ir_value v, const ir_instr *in, ll
         broadcast_index(e, idx, it, &sub);
         return llvm_emit_value(g, in->in[0], &sub);
       }
+      if (type_size(it) == type_size(rt) && (in->op == OP_SLICE || transpose_keeps_order(in, rt))) {
+        llvm_index_linear(&sub, it, llvm_index_get_linear(e, idx)); /* the same order: no multi-index */
+        return llvm_emit_value(g, in->in[0], &sub);
+      }
       LLVMValueRef dims[KILN_MAX_RANK];
       llvm_index_get_dims(e, idx);
       if (in->op == OP_TRANSPOSE) {
         for (int i = 0; i < rt->rank; i++) dims[in->attrs.axes[i]] = idx->dim[i];
       } else if (in->op == OP_SLICE) {
         for (int i = 0; i < rt->rank; i++)
-          dims[i] = in->attrs.begin[i] ? LLVMBuildAdd(e->b, idx->dim[i], llvm_i64(e, in->attrs.begin[i]), "")
-                                       : idx->dim[i];
+          dims[i] =
+              in->attrs.begin[i] ? LLVMBuildAdd(e->b, idx->dim[i], llvm_i64(e, in->attrs.begin[i]), "") : idx->dim[i];
       } else {
         break;
       }
@@ -627,8 +647,7 @@ static LLVMValueRef emit_instr(llvm_group *g, ir_value v, const ir_instr *in, ll
     }
     default: break;
   }
-  fail(g, v, "its op cannot be part of a kernel");
-  kiln_set_error("llvm: @%s: %s cannot be emitted inside a kernel", f->name, info->name);
+  kiln_set_error("llvm: @%s: value %d: %s cannot be part of a kernel", f->name, (int)v, info->name);
   return NULL;
 }
 
@@ -676,13 +695,8 @@ bool llvm_group_is_flat(const ir_func *f, const bool *member, ir_value v) {
         if (type_size(&f->types[in->in[0]]) != type_size(rt)) return false;
         break;
       }
-      if (in->op == OP_TRANSPOSE) { /* only unit dims move */
-        int last = -1;
-        for (int i = 0; i < rt->rank; i++) {
-          if (rt->shape[i] == 1) continue;
-          if (in->attrs.axes[i] < last) return false;
-          last = in->attrs.axes[i];
-        }
+      if (in->op == OP_TRANSPOSE) {
+        if (!transpose_keeps_order(in, rt)) return false;
         break;
       }
       return false;

@@ -84,9 +84,10 @@ void llvm_group_forget(llvm_group *g);
  * llvm_value_type of v's dtype. NULL with "llvm: ..." in the error when an
  * instruction cannot be emitted. */
 LLVMValueRef llvm_emit_value(llvm_group *g, ir_value v, llvm_index *idx);
-/* Loads / stores one element of type dt at linear index i of buffer p. */
+/* Loads / stores one element of type dt at linear index i of buffer p
+ * (the store instruction is returned, for metadata). */
 LLVMValueRef llvm_emit_load(llvm_emit *e, kiln_dtype dt, LLVMValueRef p, LLVMValueRef i);
-void llvm_emit_store(llvm_emit *e, kiln_dtype dt, LLVMValueRef p, LLVMValueRef i, LLVMValueRef v);
+LLVMValueRef llvm_emit_store(llvm_emit *e, kiln_dtype dt, LLVMValueRef p, LLVMValueRef i, LLVMValueRef v);
 
 /* Whether every instruction of the group reads its inputs at the output's
  * own linear index (or at a single element): then the group can run as one

@@ -34,9 +34,7 @@ static vm vm_for(llvm_emit *e, LLVMTypeRef t) {
 }
 
 /* the same lanes in another scalar type */
-static vm vm_as(const vm *m, bool f64) {
-  return vm_for(m->e, with_lanes(m->t, f64 ? m->e->t_f64 : m->e->t_f32));
-}
+static vm vm_as(const vm *m, bool f64) { return vm_for(m->e, with_lanes(m->t, f64 ? m->e->t_f64 : m->e->t_f32)); }
 
 #define B (m->e->b)
 static LLVMValueRef K(const vm *m, double c) { return llvm_const_f(m->t, c); }
@@ -72,7 +70,9 @@ static LLVMValueRef isub(const vm *m, LLVMValueRef a, LLVMValueRef b) { return L
 static LLVMValueRef imul(const vm *m, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildMul(B, a, b, ""); }
 static LLVMValueRef iand(const vm *m, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildAnd(B, a, b, ""); }
 static LLVMValueRef ior(const vm *m, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildOr(B, a, b, ""); }
-static LLVMValueRef shl(const vm *m, LLVMValueRef a, int64_t n) { return LLVMBuildShl(B, a, llvm_const_i(LLVMTypeOf(a), n), ""); }
+static LLVMValueRef shl(const vm *m, LLVMValueRef a, int64_t n) {
+  return LLVMBuildShl(B, a, llvm_const_i(LLVMTypeOf(a), n), "");
+}
 static LLVMValueRef lshr(const vm *m, LLVMValueRef a, int64_t n) {
   return LLVMBuildLShr(B, a, llvm_const_i(LLVMTypeOf(a), n), "");
 }
@@ -160,9 +160,9 @@ static LLVMValueRef exp_reduced_f32(const vm *m, LLVMValueRef x, LLVMValueRef *k
 /* f64: e^r for |r| <= ln2/2 + a little: Taylor to r^13 (the next term is
  * below 2^-57 of the result) */
 static LLVMValueRef exp_core_f64(const vm *m, LLVMValueRef r) {
-  static const double c[] = {1.0 / 6227020800, 1.0 / 479001600, 1.0 / 39916800, 1.0 / 3628800, 1.0 / 362880,
-                             1.0 / 40320,      1.0 / 5040,      1.0 / 720,      1.0 / 120,     1.0 / 24,
-                             1.0 / 6,          0.5};
+  static const double c[] = {1.0 / 6227020800, 1.0 / 479001600, 1.0 / 39916800, 1.0 / 3628800,
+                             1.0 / 362880,     1.0 / 40320,     1.0 / 5040,     1.0 / 720,
+                             1.0 / 120,        1.0 / 24,        1.0 / 6,        0.5};
   LLVMValueRef p = horner(m, r, c, 12);
   return add(m, vfma(m, p, mul(m, r, r), r), K(m, 1));
 }
@@ -171,7 +171,7 @@ static LLVMValueRef exp_body(const vm *m, LLVMValueRef *a) {
   LLVMValueRef x = a[0], k, y;
   if (!m->f64) {
     LLVMValueRef xc = sel(m, fc(m, LLVMRealOGT, x, K(m, -104)), x, K(m, -104)); /* e^-104 is 0; NaN too, fixed below */
-    xc = sel(m, fc(m, LLVMRealOLT, xc, K(m, 89)), xc, K(m, 89));               /* e^89 overflows */
+    xc = sel(m, fc(m, LLVMRealOLT, xc, K(m, 89)), xc, K(m, 89));                /* e^89 overflows */
     y = exp_reduced_f32(m, xc, &k);
   } else {
     LLVMValueRef xc = sel(m, fc(m, LLVMRealOGT, x, K(m, -746)), x, K(m, -746));
@@ -194,11 +194,11 @@ static LLVMValueRef log_special(const vm *m, LLVMValueRef x, LLVMValueRef r) {
   LLVMValueRef ux = bits(m, x);
   int64_t sign = m->f64 ? INT64_MIN : INT32_MIN, absm = m->f64 ? INT64_MAX : INT32_MAX;
   int64_t inf = m->f64 ? 0x7ff0000000000000 : 0x7f800000, quiet = m->f64 ? 0x0008000000000000 : 0x00400000;
-  int64_t qnan = m->f64 ? 0x7ff8000000000000 : 0x7fc00000, ninf = m->f64 ? (int64_t)0xfff0000000000000 : (int32_t)0xff800000;
-  LLVMValueRef special =
-      sel(m, ic(m, LLVMIntEQ, iand(m, ux, KI(m, absm)), KI(m, 0)), KI(m, ninf),
-          sel(m, ic(m, LLVMIntUGT, ux, KI(m, sign)), KI(m, qnan),
-              sel(m, ic(m, LLVMIntEQ, ux, KI(m, inf)), ux, ior(m, ux, KI(m, quiet)))));
+  int64_t qnan = m->f64 ? 0x7ff8000000000000 : 0x7fc00000,
+          ninf = m->f64 ? (int64_t)0xfff0000000000000 : (int32_t)0xff800000;
+  LLVMValueRef special = sel(m, ic(m, LLVMIntEQ, iand(m, ux, KI(m, absm)), KI(m, 0)), KI(m, ninf),
+                             sel(m, ic(m, LLVMIntUGT, ux, KI(m, sign)), KI(m, qnan),
+                                 sel(m, ic(m, LLVMIntEQ, ux, KI(m, inf)), ux, ior(m, ux, KI(m, quiet)))));
   LLVMValueRef ok = ic(m, LLVMIntULT, isub(m, ux, KI(m, 1)), KI(m, inf - 1)); /* finite, > 0 */
   return sel(m, ok, r, fbits(m, special));
 }
@@ -215,8 +215,9 @@ static void log_split(const vm *m, LLVMValueRef x, LLVMValueRef *e, LLVMValueRef
   ex = isub(m, ex, KI(m, d ? 1023 : 127));
   ex = isub(m, ex, sel(m, sub1, KI(m, d ? 54 : 23), KI(m, 0)));
   *e = iadd(m, ex, LLVMBuildZExt(B, big, m->it, ""));
-  *mm = fbits(m, ior(m, mb, sel(m, big, KI(m, d ? 0x3fe0000000000000 : 0x3f000000),
-                                     KI(m, d ? 0x3ff0000000000000 : 0x3f800000))));
+  *mm = fbits(
+      m,
+      ior(m, mb, sel(m, big, KI(m, d ? 0x3fe0000000000000 : 0x3f000000), KI(m, d ? 0x3ff0000000000000 : 0x3f800000))));
 }
 
 static LLVMValueRef log_body(const vm *m, LLVMValueRef *a) {
@@ -224,9 +225,9 @@ static LLVMValueRef log_body(const vm *m, LLVMValueRef *a) {
   log_split(m, x, &e, &mm);
   LLVMValueRef f = sub(m, mm, K(m, 1)), fe = LLVMBuildSIToFP(B, e, m->t, "");
   if (!m->f64) { /* the eager kernel's log_f32 */
-    static const double c[] = {(double)6.971611471e-02f, (double)-1.147973385e-01f, (double)1.168541992e-01f,
-                               (double)-1.242568733e-01f, (double)1.424905765e-01f, (double)-1.666780232e-01f,
-                               (double)2.000071575e-01f, (double)-2.499999696e-01f, (double)3.333333118e-01f};
+    static const double c[] = {(double)6.971611471e-02f,  (double)-1.147973385e-01f, (double)1.168541992e-01f,
+                               (double)-1.242568733e-01f, (double)1.424905765e-01f,  (double)-1.666780232e-01f,
+                               (double)2.000071575e-01f,  (double)-2.499999696e-01f, (double)3.333333118e-01f};
     LLVMValueRef q = horner(m, f, c, 9);
     LLVMValueRef y = mul(m, mul(m, f, mul(m, f, f)), q);
     y = vfma(m, fe, K(m, (double)-2.12194440e-4f), y);
@@ -260,8 +261,8 @@ static LLVMValueRef log1p_body(const vm *m, LLVMValueRef *a) {
 static LLVMValueRef tanh_body(const vm *m, LLVMValueRef *a) {
   LLVMValueRef x = a[0], ax = fabs1(m, x), s = mul(m, ax, ax), small, big;
   if (!m->f64) { /* the eager kernel's tanh_f32 */
-    static const double c[] = {(double)2.292744816e-03f, (double)-8.343945516e-03f, (double)2.176891865e-02f,
-                               (double)-5.395925958e-02f, (double)1.333330356e-01f, (double)-3.333333317e-01f};
+    static const double c[] = {(double)2.292744816e-03f,  (double)-8.343945516e-03f, (double)2.176891865e-02f,
+                               (double)-5.395925958e-02f, (double)1.333330356e-01f,  (double)-3.333333317e-01f};
     small = vfma(m, mul(m, ax, s), horner(m, s, c, 6), ax);
     /* 2|x| in [0, 19] (tanh(9.5) rounds to 1): one scale factor, no clamps */
     LLVMValueRef k, t = mul(m, K(m, 2), sel(m, fc(m, LLVMRealOLT, ax, K(m, 9.5)), ax, K(m, 9.5)));
@@ -271,10 +272,10 @@ static LLVMValueRef tanh_body(const vm *m, LLVMValueRef *a) {
     big = sub(m, K(m, 1), vdiv(m, K(m, 2), add(m, ex, K(m, 1))));
   } else {
     /* x + x^3 g(x^2), g a Chebyshev fit on [0, 0.625^2] (error 1.4e-19) */
-    static const double c[] = {-0x1.47559de55bc91p-19, 0x1.99b26df70cccdp-17, -0x1.370efd62e9535p-15,
+    static const double c[] = {-0x1.47559de55bc91p-19, 0x1.99b26df70cccdp-17,  -0x1.370efd62e9535p-15,
                                0x1.92d3563b405ccp-14,  -0x1.f4fccb8116f0ap-13, 0x1.355204d5878bep-11,
-                               -0x1.7da2fd76a3cf1p-10, 0x1.d6d3cc561e69ap-9,  -0x1.226e354ddfe9ap-7,
-                               0x1.664f488279254p-6,   -0x1.ba1ba1ba1aff0p-5, 0x1.111111111110dp-3,
+                               -0x1.7da2fd76a3cf1p-10, 0x1.d6d3cc561e69ap-9,   -0x1.226e354ddfe9ap-7,
+                               0x1.664f488279254p-6,   -0x1.ba1ba1ba1aff0p-5,  0x1.111111111110dp-3,
                                -0x1.5555555555555p-2};
     small = vfma(m, mul(m, ax, s), horner(m, s, c, 13), ax);
     LLVMValueRef t = mul(m, K(m, 2), sel(m, fc(m, LLVMRealOLT, ax, K(m, 22)), ax, K(m, 22)));
@@ -299,13 +300,12 @@ static LLVMValueRef sigmoid_body(const vm *m, LLVMValueRef *a) {
 /* The bits of 2/pi after the binary point, 32 to a word, behind two words
  * of the zeros before it (computed with mpmath to 2400 bits). */
 static const uint32_t two_over_pi[50] = {
-    0,          0,          0xa2f9836e, 0x4e441529, 0xfc2757d1, 0xf534ddc0, 0xdb629599, 0x3c439041,
-    0xfe5163ab, 0xdebbc561, 0xb7246e3a, 0x424dd2e0, 0x06492eea, 0x09d1921c, 0xfe1deb1c, 0xb129a73e,
-    0xe88235f5, 0x2ebb4484, 0xe99c7026, 0xb45f7e41, 0x3991d639, 0x835339f4, 0x9c845f8b, 0xbdf9283b,
-    0x1ff897ff, 0xde05980f, 0xef2f118b, 0x5a0a6d1f, 0x6d367ecf, 0x27cb09b7, 0x4f463f66, 0x9e5fea2d,
-    0x7527bac7, 0xebe5f17b, 0x3d0739f7, 0x8a5292ea, 0x6bfb5fb1, 0x1f8d5d08, 0x56033046, 0xfc7b6bab,
-    0xf0cfbc20, 0x9af4361d, 0xa9e39161, 0x5ee61b08, 0x6599855f, 0x14a06840, 0x8dffd880, 0x4d732731,
-    0x06061556, 0xca73a8c9};
+    0,          0,          0xa2f9836e, 0x4e441529, 0xfc2757d1, 0xf534ddc0, 0xdb629599, 0x3c439041, 0xfe5163ab,
+    0xdebbc561, 0xb7246e3a, 0x424dd2e0, 0x06492eea, 0x09d1921c, 0xfe1deb1c, 0xb129a73e, 0xe88235f5, 0x2ebb4484,
+    0xe99c7026, 0xb45f7e41, 0x3991d639, 0x835339f4, 0x9c845f8b, 0xbdf9283b, 0x1ff897ff, 0xde05980f, 0xef2f118b,
+    0x5a0a6d1f, 0x6d367ecf, 0x27cb09b7, 0x4f463f66, 0x9e5fea2d, 0x7527bac7, 0xebe5f17b, 0x3d0739f7, 0x8a5292ea,
+    0x6bfb5fb1, 0x1f8d5d08, 0x56033046, 0xfc7b6bab, 0xf0cfbc20, 0x9af4361d, 0xa9e39161, 0x5ee61b08, 0x6599855f,
+    0x14a06840, 0x8dffd880, 0x4d732731, 0x06061556, 0xca73a8c9};
 
 static LLVMValueRef table_2opi(llvm_emit *e) {
   LLVMValueRef g = LLVMGetNamedGlobal(e->mod, "kiln.2opi");
@@ -371,8 +371,8 @@ static void reduce_pio2(const vm *m, LLVMValueRef x, LLVMValueRef *q, LLVMValueR
   LLVMValueRef quad = isub(m, lshr(m, Q[0], 30), ashr(m, X, 63));
   LLVMValueRef xh = iand(m, X, KI(m, ~(int64_t)0x7ff)), xl = iand(m, X, KI(m, 0x7ff));
   LLVMValueRef fh = mul(m, LLVMBuildSIToFP(B, xh, m->t, ""), K(m, 0x1p-64));
-  LLVMValueRef fl = vfma(m, LLVMBuildUIToFP(B, Y, m->t, ""), K(m, 0x1p-128),
-                         mul(m, LLVMBuildUIToFP(B, xl, m->t, ""), K(m, 0x1p-64)));
+  LLVMValueRef fl =
+      vfma(m, LLVMBuildUIToFP(B, Y, m->t, ""), K(m, 0x1p-128), mul(m, LLVMBuildUIToFP(B, xl, m->t, ""), K(m, 0x1p-64)));
   LLVMValueRef s = add(m, fh, fl);
   fl = sub(m, fl, sub(m, s, fh));
   fh = s;
@@ -392,12 +392,11 @@ static void reduce_pio2(const vm *m, LLVMValueRef x, LLVMValueRef *q, LLVMValueR
 /* sin and cos of rh + rl, |rh| <= pi/4: Taylor to r^17 and r^18 (next
  * terms below 2^-63), cos with fdlibm's care for 1 - r^2/2 */
 static void sincos_kernel(const vm *m, LLVMValueRef rh, LLVMValueRef rl, LLVMValueRef *s, LLVMValueRef *c) {
-  static const double sc[] = {1.0 / 355687428096000.0, -1.0 / 1307674368000.0, 1.0 / 6227020800.0,
-                              -1.0 / 39916800.0,       1.0 / 362880.0,         -1.0 / 5040.0,
-                              1.0 / 120.0,             -1.0 / 6.0};
-  static const double cc[] = {-1.0 / 6402373705728000.0, 1.0 / 20922789888000.0, -1.0 / 87178291200.0,
-                              1.0 / 479001600.0,          -1.0 / 3628800.0,       1.0 / 40320.0,
-                              -1.0 / 720.0,               1.0 / 24.0};
+  static const double sc[] = {1.0 / 355687428096000.0, -1.0 / 1307674368000.0, 1.0 / 6227020800.0, -1.0 / 39916800.0,
+                              1.0 / 362880.0,          -1.0 / 5040.0,          1.0 / 120.0,        -1.0 / 6.0};
+  static const double cc[] = {
+      -1.0 / 6402373705728000.0, 1.0 / 20922789888000.0, -1.0 / 87178291200.0, 1.0 / 479001600.0,
+      -1.0 / 3628800.0,          1.0 / 40320.0,          -1.0 / 720.0,         1.0 / 24.0};
   LLVMValueRef z = mul(m, rh, rh);
   LLVMValueRef sn = vfma(m, mul(m, rh, z), horner(m, z, sc, 8), rh);
   LLVMValueRef hz = mul(m, K(m, 0.5), z), w = sub(m, K(m, 1), hz);
@@ -499,8 +498,7 @@ static LLVMValueRef pow_special(const vm *m, LLVMValueRef x, LLVMValueRef y, LLV
   LLVMValueRef yodd = LLVMBuildAnd(B, yint, fc(m, LLVMRealONE, floor1(m, yh), yh), "");
   LLVMValueRef xneg = ic(m, LLVMIntSLT, bits(m, x), KI(m, 0)); /* -0 too */
   r = sel(m, LLVMBuildAnd(B, xneg, yodd, ""), neg(m, r), r);
-  LLVMValueRef finite_neg =
-      LLVMBuildAnd(B, fc(m, LLVMRealOLT, x, K(m, 0)), fc(m, LLVMRealOGT, x, K(m, -INFINITY)), "");
+  LLVMValueRef finite_neg = LLVMBuildAnd(B, fc(m, LLVMRealOLT, x, K(m, 0)), fc(m, LLVMRealOGT, x, K(m, -INFINITY)), "");
   r = sel(m, LLVMBuildAnd(B, finite_neg, LLVMBuildNot(B, yint, ""), ""), K(m, NAN), r);
   LLVMValueRef one_inf =
       LLVMBuildAnd(B, fc(m, LLVMRealOEQ, fabs1(m, x), K(m, 1)), fc(m, LLVMRealOEQ, fabs1(m, y), K(m, INFINITY)), "");
