@@ -173,6 +173,9 @@ fi
 section "sanitizer build (build-asan/)"
 export ASAN_OPTIONS=detect_leaks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+# the Release suite runs the full random-program corpus; under the sanitizers
+# (5-10x slower, the CPU backend compiling each program) a sample of it
+export KILN_RANDOM_PROGRAMS=${KILN_RANDOM_PROGRAMS_ASAN:-50}
 if configure build-asan -DKILN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug -DKILN_NATIVE=ON &&
    cmake --build build-asan; then
   section "ctest (build-asan/)"
