@@ -164,7 +164,7 @@ TEST(IrGen, DeterministicAndVaried) {
 TEST(IrGen, ShapesCountsAndOpCoverage) {
   Scoped scope;
   std::map<op_id, int> ops;
-  int n = program_count(), named_params = 0, hex_constants = 0, locs = 0;
+  int n = std::max(program_count(), 500), named_params = 0, hex_constants = 0, locs = 0;
   long live = 0, instrs = 0;
   for (uint64_t s = first_seed(); s < first_seed() + (uint64_t)n; s++) {
     Program p(s);
