@@ -171,8 +171,7 @@ ir_module *ir_module_new(void) {
   return m;
 }
 
-static void func_free(ir_func *f) {
-  if (!f) return;
+void ir_func_free_body(ir_func *f) {
   for (int i = 0; i < f->n_instrs; i++) {
     free(f->instrs[i].in);
     if (f->instrs[i].op == OP_CONSTANT) kiln_release(f->instrs[i].attrs.value);
@@ -183,9 +182,18 @@ static void func_free(ir_func *f) {
   free(f->types);
   free(f->def);
   free(f->results);
+}
+
+static void func_free(ir_func *f) {
+  if (!f) return;
+  ir_func_free_body(f);
   free(f->buf_offset);
   free(f->name);
   free(f);
+}
+
+void ir_module_truncate(ir_module *m, int keep) {
+  while (m->n_funcs > keep) func_free(m->funcs[--m->n_funcs]);
 }
 
 void ir_plan_drop(ir_func *f) {

@@ -84,6 +84,13 @@ KILN_EXPORT void ir_module_free(ir_module *); /* frees its functions; NULL is fi
  * the name is empty or already used, or a type is invalid. */
 KILN_EXPORT ir_func *ir_func_new(ir_module *, const char *name, int n_params, const op_type *params);
 KILN_EXPORT ir_func *ir_module_find(const ir_module *, const char *name);
+/* Frees the functions added to m after its first keep (undoing a failed
+ * rewrite that added some); nothing may call them. */
+KILN_EXPORT void ir_module_truncate(ir_module *m, int keep);
+/* Frees what f's body owns (operand lists, constant references, names, the
+ * value and instruction arrays) but not f itself, its name or its plan: for
+ * passes that swap a new body in. */
+KILN_EXPORT void ir_func_free_body(ir_func *f);
 /* Appends op(in) with attrs (NULL = none); checks arity, the op's dtypes and
  * attributes, and infers the result type with the op table's rule. A
  * constant's attrs->value is retained. loc.file is interned. Returns the

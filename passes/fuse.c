@@ -796,26 +796,6 @@ done:
   return count;
 }
 
-/* Frees functions added to m after the first keep (a failed pass adds none). */
-static void drop_funcs(ir_module *m, int keep) {
-  while (m->n_funcs > keep) {
-    ir_func *g = m->funcs[--m->n_funcs];
-    for (int i = 0; i < g->n_instrs; i++) {
-      free(g->instrs[i].in);
-      if (g->instrs[i].op == OP_CONSTANT) kiln_release(g->instrs[i].attrs.value);
-    }
-    for (int v = 0; v < g->n_values; v++) free(g->names[v]);
-    free(g->instrs);
-    free(g->names);
-    free(g->types);
-    free(g->def);
-    free(g->results);
-    free(g->buf_offset);
-    free(g->name);
-    free(g);
-  }
-}
-
 typedef struct emitter {
   fz *z;
   pass_builder b;
@@ -976,7 +956,7 @@ static int emit(fz *z) {
   else
     rc = pass_commit(&e.b);
 done:
-  if (rc) drop_funcs(f->module, keep);
+  if (rc) ir_module_truncate(f->module, keep);
   free(order);
   free(mem);
   free(e.map);

@@ -15,20 +15,6 @@ static char *dup(const char *s) {
   return d;
 }
 
-/* frees what a body owns: operand lists, constant references, names, arrays */
-static void body_free(ir_func *g) {
-  for (int i = 0; i < g->n_instrs; i++) {
-    free(g->instrs[i].in);
-    if (g->instrs[i].op == OP_CONSTANT) kiln_release(g->instrs[i].attrs.value);
-  }
-  for (int v = 0; v < g->n_values; v++) free(g->names[v]);
-  free(g->instrs);
-  free(g->names);
-  free(g->types);
-  free(g->def);
-  free(g->results);
-}
-
 int pass_begin(pass_builder *b, ir_func *f) {
   memset(b, 0, sizeof *b);
   b->old = f;
@@ -110,7 +96,7 @@ int pass_commit(pass_builder *b) {
     }
   }
   g->n_results = f->n_results;
-  body_free(f);
+  ir_func_free_body(f);
   ir_plan_drop(f); /* an arena plan names the old values */
   f->n_results = g->n_results;
   f->results = g->results;
@@ -128,7 +114,7 @@ int pass_commit(pass_builder *b) {
 }
 
 void pass_abort(pass_builder *b) {
-  body_free(&b->body);
+  ir_func_free_body(&b->body);
   free(b->map);
   memset(b, 0, sizeof *b);
 }
