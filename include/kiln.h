@@ -385,9 +385,16 @@ int kiln_host_call(kiln_host_fn fn, void *user, int n_in, kiln_tensor *const *in
  * after the first, with the input that changed, to stderr.
  * ---------------------------------------------------------------------- */
 
-/* stage: "traced" (as recorded) or "optimized" (after every pass: the same
-   text until passes exist); "llvm", "asm" and "ptx" fail as not available
-   yet. trace indexes the concrete traces, 0 = first. malloc'd text; free() it. */
+/* stage: "traced" (as recorded), "optimized" (after every pass, with fusion
+   groups and buffer assignment), "llvm" (the optimized LLVM module calls run)
+   or "asm" (its host assembly); "ptx" (the same IR cross-compiled for
+   NVIDIA GPUs) works without a GPU. "llvm"/"asm" fail for a trace that runs
+   interpreted (KILN_BACKEND=interp, or a GPU trace). trace indexes the
+   concrete traces, 0 = first. malloc'd text; free() it.
+   Staged calls run code compiled with LLVM for the host CPU. KILN_BACKEND=
+   interp runs the reference interpreter instead; KILN_BACKEND=cpu makes a
+   trace the CPU backend cannot compile an error instead of interpreting it;
+   KILN_LOG=compile prints each compile (kernels, ms) to stderr. */
 char *kiln_function_ir(kiln_function *, int trace, const char *stage);
 
 typedef struct {
@@ -396,8 +403,9 @@ typedef struct {
   size_t unshared_bytes;      /* temporaries if nothing were reused */
   double trace_ms, optimize_ms, compile_ms;
 } kiln_stats;
-/* For now optimized_ops = traced_ops, and kernels, fused_ops, the bytes and
-   optimize/compile times are 0 (no passes or backend yet). 0 / -1. */
+/* Ops before and after the pass pipeline, kernels of the schedule, ops
+   inside fusion groups, temporaries' bytes, and the milliseconds tracing,
+   the passes and LLVM (0 for an interpreted trace) took. 0 / -1. */
 int kiln_function_stats(kiln_function *, int trace, kiln_stats *out);
 
 /* ------------------------------------------------------------------------

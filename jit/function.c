@@ -1,8 +1,9 @@
 /* function.c — staged functions (API.md §5, §6): a trace cache keyed by the
  * inputs' dtypes, shapes and devices and the device scope. A miss traces the
  * body once with symbolic tensors (trace.c); every call then runs the
- * verified IR through the reference interpreter, with fresh random draws and
- * the variables' current values. There are no passes or backend yet. */
+ * verified IR, runs the pass pipeline and compiles the result (compile.c);
+ * every call then runs that code, with fresh random draws and the
+ * variables' current values. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -269,7 +270,7 @@ static int run_trace(const cached_trace *c, int n_in, kiln_tensor *const *in, ki
   for (int i = 0; i < fn->n_caps; i++) args[n_in + i] = fn->caps[i];
   for (int i = 0; i < fn->n_vars; i++) args[n_in + fn->n_caps + i] = kiln_retain(variable_value(fn->vars[i]));
   kiln_scope_push(); /* the results, until they are handed out */
-  rc = ir_run(fn->opt_func, args, res);
+  rc = jit_exec(fn, args, res);
   int n_out = nr - fn->n_writes;
   if (!rc) {
     for (int w = 0; w < fn->n_writes; w++) variable_set_value(fn->vars[fn->writes[w]], kiln_retain(res[n_out + w]));
@@ -344,7 +345,7 @@ static int optimize(kiln_function *f, traced_fn *fn, int trace_no) {
     jit_dump(f->name, trace_no, rep.n + 1, "optimized", text);
     free(text);
   }
-  return 0;
+  return jit_compile(fn, f->name, d.failed ? -1 : trace_no, rep.n + 2);
 }
 
 /* The cache entry for in's signature, traced on a miss. */
@@ -587,7 +588,7 @@ static int backward(void *user, int n, kiln_tensor *const *xs, kiln_tensor *y, k
   args[0] = dy;
   for (int i = 0; i < b->n_caps; i++) args[1 + i] = b->caps[i];
   for (int j = 0; j < b->n_residuals; j++) args[1 + b->n_caps + j] = xs[n_in + j];
-  int rc = ir_run(b->opt_func, args, dxs);
+  int rc = jit_exec(b, args, dxs);
   for (int i = 0; i < n_in && !rc; i++)
     if (!float_dtype(xs[i])) dxs[i] = NULL;
   if (args != small) free(args);
@@ -605,7 +606,7 @@ int function_call_taped(kiln_function *f, kiln_tensor *const *in, kiln_tensor **
   for (int i = 0; i < n_in; i++) args[i] = in[i];
   for (int i = 0; i < fw->n_caps; i++) args[n_in + i] = fw->caps[i];
   tape_state saved = tape_pause();
-  rc = ir_run(fw->opt_func, args, res);
+  rc = jit_exec(fw, args, res);
   tape_resume(saved);
   kiln_tensor **extras = res + f->n_out;
   for (int k = 0; k < f->n_out && !rc; k++) {
@@ -678,21 +679,19 @@ char *kiln_function_ir(kiln_function *f, int trace, const char *stage) {
     kiln_set_error("%s: %s is NULL", who, f ? "stage" : "function");
     return NULL;
   }
-  bool known = !strcmp(stage, "llvm") || !strcmp(stage, "asm") || !strcmp(stage, "ptx");
-  if (strcmp(stage, "traced") && strcmp(stage, "optimized")) {
-    if (known)
-      kiln_set_error("%s: stage '%s' is not available yet", who, stage);
-    else
-      kiln_set_error("%s: unknown stage '%s' (traced, optimized, llvm, asm, ptx)", who, stage);
+  bool ir = !strcmp(stage, "traced") || !strcmp(stage, "optimized");
+  if (!ir && strcmp(stage, "llvm") && strcmp(stage, "asm") && strcmp(stage, "ptx")) {
+    kiln_set_error("%s: unknown stage '%s' (traced, optimized, llvm, asm, ptx)", who, stage);
     return NULL;
   }
   pthread_mutex_lock(&f->lock);
-  const cached_trace *c = trace_at(who, f, trace);
-  char *text = !c ? NULL
-               : !strcmp(stage, "traced") ? traced_fn_print(&((cached_trace *)c)->fn)
-                                          : traced_fn_print_optimized(&((cached_trace *)c)->fn);
+  cached_trace *c = (cached_trace *)trace_at(who, f, trace);
+  char *text = !c                         ? NULL
+               : !strcmp(stage, "traced") ? traced_fn_print(&c->fn)
+               : ir                       ? traced_fn_print_optimized(&c->fn)
+                                          : jit_stage_text(&c->fn, f->name, stage);
   pthread_mutex_unlock(&f->lock);
-  if (c && !text) kiln_set_error("%s: out of memory", who);
+  if (c && ir && !text) kiln_set_error("%s: out of memory", who);
   return text;
 }
 
@@ -721,6 +720,7 @@ int kiln_function_stats(kiln_function *f, int trace, kiln_stats *out) {
     }
     out->trace_ms = c->trace_ms;
     out->optimize_ms = c->fn.optimize_ms;
+    out->compile_ms = c->fn.compile_ms;
   }
   pthread_mutex_unlock(&f->lock);
   return c ? 0 : -1;

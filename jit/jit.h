@@ -7,6 +7,8 @@
 #include "ir.h"
 #include "../passes/passes.h"
 
+struct cpu_program;
+
 typedef struct trace trace;
 
 /* The trace being recorded on this thread, NULL almost always: the eager
@@ -53,6 +55,8 @@ typedef struct traced_fn {
   ir_module *opt_module; /* the IR after the pass pipeline: what calls run */
   ir_func *opt_func;
   double optimize_ms;
+  struct cpu_program *cpu; /* opt_func compiled (compile.c); NULL: calls run the interpreter */
+  double compile_ms;
   void **pcs;   /* per instruction: the user's call that made it, or NULL */
   ir_loc *locs; /* pcs resolved (loc.c), on first print; files malloc'd */
 } traced_fn;
@@ -99,6 +103,19 @@ void traced_fn_free_locs(traced_fn *fn);
 /* KILN_DUMP=DIR: writes text as DIR/<name>.<trace>.<step>.<stage>.kir; a
  * failure is a warning line on stderr and -1 (callers then stop dumping). */
 int jit_dump(const char *name, int trace, int step, const char *stage, const char *text);
+
+/* compile.c: the last step of a new trace. Compiles fn->opt_func for the
+ * CPU unless KILN_BACKEND=interp or the trace runs on a GPU; where the
+ * backend cannot take it, calls run the interpreter (KILN_LOG=compile says
+ * why) unless KILN_BACKEND=cpu asked for compiled code: then -1. KILN_DUMP
+ * writes the LLVM IR and assembly (steps step and step + 1). */
+int jit_compile(traced_fn *fn, const char *name, int trace_no, int step);
+/* Runs fn's optimized IR: compiled code where there is some and every
+ * argument is on the CPU, else the interpreter. Results as ir_run's. */
+int jit_exec(const traced_fn *fn, kiln_tensor *const *args, kiln_tensor **res);
+/* "llvm", "asm" (compiled code) or "ptx" (cross-compiled) text of fn's
+ * optimized IR; malloc'd, NULL with the error set. */
+char *jit_stage_text(traced_fn *fn, const char *name, const char *stage);
 
 /* The optimized IR of f's trace (function.c), for benchmarks and tests;
  * NULL with the error set. Lives as long as f. */

@@ -195,7 +195,8 @@ int jit_dump(const char *name, int trace, int step, const char *stage, const cha
   for (; name[k] && k + 1 < sizeof safe; k++) safe[k] = name[k] == '/' ? '_' : name[k];
   safe[k] = '\0';
   char path[4096];
-  snprintf(path, sizeof path, "%s/%s.%d.%02d.%s.kir", dir, safe, trace, step, stage);
+  const char *ext = !strcmp(stage, "llvm") ? "ll" : !strcmp(stage, "asm") ? "s" : !strcmp(stage, "ptx") ? "ptx" : "kir";
+  snprintf(path, sizeof path, "%s/%s.%d.%02d.%s.%s", dir, safe, trace, step, stage, ext);
   FILE *out = fopen(path, "w");
   bool ok = out && fputs(text, out) >= 0;
   int err = errno;

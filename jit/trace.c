@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "jit.h"
+#include "cpu/cpu.h"
 
 _Thread_local trace *trace_current KILN_TLS_FAST;
 
@@ -374,6 +375,7 @@ void traced_fn_free(traced_fn *fn) {
   traced_fn_free_locs(fn);
   ir_module_free(fn->module);
   ir_module_free(fn->opt_module);
+  cpu_program_free(fn->cpu);
   for (int i = 0; i < fn->n_caps; i++) kiln_release(fn->caps[i]);
   free(fn->caps);
   free(fn->vars);

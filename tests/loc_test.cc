@@ -109,6 +109,19 @@ TEST(Loc, DumpWritesOneFilePerStage) {
       EXPECT_GE(steps, 5);
       std::string last = p + (steps + 1 < 10 ? "0" : "") + std::to_string(steps + 1) + ".optimized.kir";
       EXPECT_EQ(read_all(last), opt_ir) << last;
+      // then the compiled code: LLVM IR and host assembly, as kiln_function_ir gives them
+      auto numbered = [&](int step, const char *tail) {
+        return p + (step < 10 ? "0" : "") + std::to_string(step) + tail;
+      };
+      char *llvm = kiln_function_ir(f, t, "llvm"), *assembly = kiln_function_ir(f, t, "asm");
+      ASSERT_NE(llvm, nullptr) << kiln_last_error();
+      ASSERT_NE(assembly, nullptr) << kiln_last_error();
+      EXPECT_EQ(read_all(numbered(steps + 2, ".llvm.ll")), llvm);
+      EXPECT_EQ(read_all(numbered(steps + 3, ".asm.s")), assembly);
+      unlink(numbered(steps + 2, ".llvm.ll").c_str());
+      unlink(numbered(steps + 3, ".asm.s").c_str());
+      free(llvm);
+      free(assembly);
       free(ir);
       free(opt_ir);
       unlink((p + "00.traced.kir").c_str());

@@ -11,9 +11,12 @@
 #include <gtest/gtest.h>
 #include <kiln.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <vector>
 
 namespace kiln_test {
@@ -175,5 +178,80 @@ inline bool same_bits(const kiln_tensor *a, const kiln_tensor *b) {
   size_t bytes = (size_t)kiln_tensor_size(a) * kiln_dtype_size(kiln_tensor_dtype(a));
   return std::memcmp(kiln_tensor_data(a), kiln_tensor_data(b), bytes) == 0;
 }
+
+// Same dtype and shape, and every float element within max_ulps of the
+// other (NaN where the other is NaN, infinities equal); other dtypes must
+// match exactly. Compiled code may round differently from the eager kernels
+// (FMA contraction, its own vector math, other summation orders).
+inline bool within_ulps(const kiln_tensor *a, const kiln_tensor *b, int64_t max_ulps) {
+  if (!a || !b || kiln_tensor_dtype(a) != kiln_tensor_dtype(b) || shape_of(a) != shape_of(b)) return false;
+  kiln_dtype dt = kiln_tensor_dtype(a);
+  if (dt != KILN_F32 && dt != KILN_F64) return same_bits(a, b);
+  int64_t n = kiln_tensor_size(a);
+  for (int64_t i = 0; i < n; i++) {
+    double x, y;
+    int64_t ix, iy;
+    if (dt == KILN_F32) {
+      float fx = ((const float *)kiln_tensor_data(a))[i], fy = ((const float *)kiln_tensor_data(b))[i];
+      int32_t bx, by;
+      std::memcpy(&bx, &fx, 4);
+      std::memcpy(&by, &fy, 4);
+      x = fx, y = fy;
+      ix = bx < 0 ? INT32_MIN - (int64_t)bx : bx; // monotonic integer order
+      iy = by < 0 ? INT32_MIN - (int64_t)by : by;
+    } else {
+      x = ((const double *)kiln_tensor_data(a))[i], y = ((const double *)kiln_tensor_data(b))[i];
+      std::memcpy(&ix, &x, 8);
+      std::memcpy(&iy, &y, 8);
+      ix = ix < 0 ? INT64_MIN - ix : ix;
+      iy = iy < 0 ? INT64_MIN - iy : iy;
+    }
+    if (x != x || y != y) {
+      if ((x != x) != (y != y)) return false;
+      continue;
+    }
+    if (x == y) continue;
+    if ((ix > iy ? ix - iy : iy - ix) > max_ulps) return false;
+  }
+  return true;
+}
+
+// NumPy's allclose: same dtype and shape, |a - b| <= atol + rtol * |b|
+// elementwise (NaN matching NaN). For composed float expressions, where
+// last-bit differences of compiled code grow through cancellation.
+inline bool allclose(const kiln_tensor *a, const kiln_tensor *b, double rtol = 1e-5, double atol = 1e-6) {
+  if (!a || !b || kiln_tensor_dtype(a) != kiln_tensor_dtype(b) || shape_of(a) != shape_of(b)) return false;
+  VD x = values(a), y = values(b);
+  for (size_t i = 0; i < x.size(); i++) {
+    if (x[i] != x[i] || y[i] != y[i]) {
+      if ((x[i] != x[i]) != (y[i] != y[i])) return false;
+      continue;
+    }
+    if (x[i] == y[i]) continue;
+    if (!(std::fabs(x[i] - y[i]) <= atol + rtol * std::fabs(y[i]))) return false;
+  }
+  return true;
+}
+
+// Sets an environment variable for one test and restores it after.
+struct EnvGuard {
+  std::string name, saved;
+  bool had;
+  EnvGuard(const char *n, const char *value) : name(n) {
+    const char *old = getenv(n);
+    had = old != nullptr;
+    if (old) saved = old;
+    if (value)
+      setenv(n, value, 1);
+    else
+      unsetenv(n);
+  }
+  ~EnvGuard() {
+    if (had)
+      setenv(name.c_str(), saved.c_str(), 1);
+    else
+      unsetenv(name.c_str());
+  }
+};
 
 }  // namespace kiln_test

@@ -1,0 +1,85 @@
+/* compile.c — the last step of staging (DESIGN.md "Staging", step 3): the
+ * optimized IR of a trace becomes native code through the CPU backend, and
+ * calls run it. The reference interpreter stays the fallback: for traces on
+ * a GPU, for IR the backend cannot take, and with KILN_BACKEND=interp. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "jit.h"
+#include "cpu/cpu.h"
+
+typedef enum { BACKEND_AUTO, BACKEND_CPU, BACKEND_INTERP } backend_choice;
+
+static backend_choice backend_env(void) {
+  const char *env = getenv("KILN_BACKEND");
+  if (!env || !*env) return BACKEND_AUTO;
+  if (!strcmp(env, "interp")) return BACKEND_INTERP;
+  if (!strcmp(env, "cpu")) return BACKEND_CPU;
+  return BACKEND_AUTO;
+}
+
+static bool log_compile(void) {
+  const char *env = getenv("KILN_LOG");
+  return env && strstr(env, "compile");
+}
+
+static void dump_stage(traced_fn *fn, const char *name, int trace_no, int step, const char *stage) {
+  char *text = cpu_program_text(fn->cpu, stage);
+  if (!text) kiln_clear_error();
+  jit_dump(name, trace_no, step, stage, text);
+  free(text);
+}
+
+int jit_compile(traced_fn *fn, const char *name, int trace_no, int step) {
+  backend_choice choice = backend_env();
+  if (choice == BACKEND_INTERP || device_current() != 0) return 0;
+  fn->cpu = cpu_compile(fn->opt_func);
+  if (!fn->cpu) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", kiln_last_error());
+    if (choice == BACKEND_CPU) return kiln_set_error("function_call: @%s: compiling: %s", name, msg);
+    kiln_clear_error();
+    if (log_compile()) fprintf(stderr, "kiln: compile @%s: interpreted: %s\n", name, msg);
+    return 0;
+  }
+  fn->compile_ms = cpu_program_compile_ms(fn->cpu);
+  if (log_compile())
+    fprintf(stderr, "kiln: compile @%s: %d kernels in %.2f ms\n", name, cpu_program_kernels(fn->cpu),
+            fn->compile_ms);
+  if (trace_no >= 0 && getenv("KILN_DUMP")) {
+    dump_stage(fn, name, trace_no, step, "llvm");
+    dump_stage(fn, name, trace_no, step + 1, "asm");
+  }
+  return 0;
+}
+
+int jit_exec(const traced_fn *fn, kiln_tensor *const *args, kiln_tensor **res) {
+  if (KILN_LIKELY(fn->cpu != NULL)) {
+    int np = fn->opt_func->n_params;
+    bool host = true;
+    for (int i = 0; i < np; i++) host = host && args[i]->device == 0;
+    if (KILN_LIKELY(host)) return cpu_run(fn->cpu, args, res);
+  }
+  return ir_run(fn->opt_func, args, res);
+}
+
+char *jit_stage_text(traced_fn *fn, const char *name, const char *stage) {
+  const char *who = "function_ir";
+  if (!strcmp(stage, "ptx")) {
+    kiln_set_error("%s: stage 'ptx' is not available yet", who);
+    return NULL;
+  }
+  if (!fn->cpu) {
+    kiln_set_error("%s: @%s: this trace has no compiled code (interpreted: KILN_BACKEND=interp, a GPU trace, "
+                   "or IR the CPU backend cannot take; KILN_LOG=compile says why)",
+                   who, name);
+    return NULL;
+  }
+  char *text = cpu_program_text(fn->cpu, stage);
+  if (!text) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", kiln_last_error());
+    kiln_set_error("%s: @%s: %s", who, name, msg);
+  }
+  return text;
+}
