@@ -7,6 +7,7 @@
 
 #include "jit.h"
 #include "cpu/cpu.h"
+#include "cuda/ptx.h"
 
 typedef enum { BACKEND_AUTO, BACKEND_CPU, BACKEND_INTERP } backend_choice;
 
@@ -49,6 +50,10 @@ int jit_compile(traced_fn *fn, const char *name, int trace_no, int step) {
   if (trace_no >= 0 && getenv("KILN_DUMP")) {
     dump_stage(fn, name, trace_no, step, "llvm");
     dump_stage(fn, name, trace_no, step + 1, "asm");
+    char *ptx = jit_stage_text(fn, name, "ptx"); /* for inspection, as kiln_function_ir gives it */
+    if (ptx) jit_dump(name, trace_no, step + 2, "ptx", ptx);
+    else kiln_clear_error();
+    free(ptx);
   }
   return 0;
 }
@@ -65,9 +70,15 @@ int jit_exec(const traced_fn *fn, kiln_tensor *const *args, kiln_tensor **res) {
 
 char *jit_stage_text(traced_fn *fn, const char *name, const char *stage) {
   const char *who = "function_ir";
-  if (!strcmp(stage, "ptx")) {
-    kiln_set_error("%s: stage 'ptx' is not available yet", who);
-    return NULL;
+  if (!strcmp(stage, "ptx")) { /* cross-compiled: no GPU needed */
+    const char *arch = getenv("KILN_CUDA_ARCH");
+    char *text = cuda_ptx_text(fn->opt_func, arch && *arch ? arch : "sm_80");
+    if (!text) {
+      char msg[1024];
+      snprintf(msg, sizeof msg, "%s", kiln_last_error());
+      kiln_set_error("%s: @%s: %s", who, name, msg);
+    }
+    return text;
   }
   if (!fn->cpu) {
     kiln_set_error("%s: @%s: this trace has no compiled code (interpreted: KILN_BACKEND=interp, a GPU trace, "

@@ -108,7 +108,7 @@ int jit_dump(const char *name, int trace, int step, const char *stage, const cha
  * CPU unless KILN_BACKEND=interp or the trace runs on a GPU; where the
  * backend cannot take it, calls run the interpreter (KILN_LOG=compile says
  * why) unless KILN_BACKEND=cpu asked for compiled code: then -1. KILN_DUMP
- * writes the LLVM IR and assembly (steps step and step + 1). */
+ * writes the LLVM IR, assembly and PTX (steps step .. step + 2). */
 int jit_compile(traced_fn *fn, const char *name, int trace_no, int step);
 /* Runs fn's optimized IR: compiled code where there is some and every
  * argument is on the CPU, else the interpreter. Results as ir_run's. */

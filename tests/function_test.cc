@@ -409,6 +409,11 @@ TEST(Staging, IrTextAndStats) {
   EXPECT_THAT(assembly, HasSubstr("ret"));
   free(llvm);
   free(assembly);
+  char *ptx = kiln_function_ir(f, 0, "ptx"); // cross-compiled, GPU or not
+  ASSERT_NE(ptx, nullptr) << kiln_last_error();
+  EXPECT_THAT(ptx, HasSubstr(".target sm_80"));
+  EXPECT_THAT(ptx, HasSubstr(".entry"));
+  free(ptx);
   EXPECT_EQ(kiln_function_ir(f, 1, "llvm"), nullptr);
   EXPECT_THAT(kiln_last_error(), StartsWith("function_ir: @chain: trace 1 does not exist"));
   EXPECT_EQ(kiln_function_ir(f, 0, "bogus"), nullptr);

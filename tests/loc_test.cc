@@ -118,8 +118,13 @@ TEST(Loc, DumpWritesOneFilePerStage) {
       ASSERT_NE(assembly, nullptr) << kiln_last_error();
       EXPECT_EQ(read_all(numbered(steps + 2, ".llvm.ll")), llvm);
       EXPECT_EQ(read_all(numbered(steps + 3, ".asm.s")), assembly);
+      char *ptx = kiln_function_ir(f, t, "ptx");
+      ASSERT_NE(ptx, nullptr) << kiln_last_error();
+      EXPECT_EQ(read_all(numbered(steps + 4, ".ptx.ptx")), ptx);
+      free(ptx);
       unlink(numbered(steps + 2, ".llvm.ll").c_str());
       unlink(numbered(steps + 3, ".asm.s").c_str());
+      unlink(numbered(steps + 4, ".ptx.ptx").c_str());
       free(llvm);
       free(assembly);
       free(ir);

@@ -1,19 +1,26 @@
 /* kiln-opt — reads .kir text, verifies it, runs named passes and prints the
  * result, as mlir-opt and opt do; the driver of the FileCheck tests.
- *   kiln-opt [--passes=a,b] [--print-after-all] [--emit=kir|dot|llvm|asm|ptx] file.kir|-
+ *   kiln-opt [--passes=a,b] [--print-after-all] [--emit=kir|dot|llvm|asm|ptx] [--arch=sm_80|sm_90] file.kir|-
  * Passes (passes/passes.h) run on every function of the module, callees
- * included, one pass over all functions before the next.
+ * included, one pass over all functions before the next. llvm and asm
+ * compile each function that no other calls with the CPU backend, ptx with
+ * the CUDA code generator (no GPU needed); without --passes they run the
+ * default pipeline first.
  * Exit codes: 0 ok, 1 parse/verify/pass error (on stderr), 2 usage. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "passes.h"
+/* the backends' exported entry points (tools see lib/, ir/ and passes/) */
+#include "../backends/cpu/cpu.h"
+#include "../backends/cuda/ptx.h"
 
 static int usage(const char *why) {
   if (why) fprintf(stderr, "kiln-opt: %s\n", why);
-  fprintf(stderr, "usage: kiln-opt [--passes=a,b,...] [--print-after-all] [--emit=kir|dot|llvm|asm|ptx] "
-                  "FILE.kir (- for stdin)\npasses (default pipeline: " PASS_DEFAULT_PIPELINE "):\n");
+  fprintf(stderr,
+          "usage: kiln-opt [--passes=a,b,...] [--print-after-all] [--emit=kir|dot|llvm|asm|ptx] "
+          "[--arch=sm_80|sm_90] FILE.kir (- for stdin)\npasses (default pipeline: " PASS_DEFAULT_PIPELINE "):\n");
   for (const pass_info *p = pass_list(); p->name; p++) fprintf(stderr, "  %-10s %s\n", p->name, p->summary);
   return 2;
 }
@@ -37,13 +44,63 @@ static char *read_all(FILE *in, size_t *n) {
   return s;
 }
 
+/* whether some function of m calls (or fuses) f */
+static bool is_called(const ir_module *m, const ir_func *f) {
+  for (int i = 0; i < m->n_funcs; i++)
+    for (int k = 0; k < m->funcs[i]->n_instrs; k++) {
+      const ir_instr *in = &m->funcs[i]->instrs[k];
+      if ((in->op == OP_CALL || in->op == OP_FUSION) && in->attrs.callee == f) return true;
+    }
+  return false;
+}
+
+/* The code of every function no other calls, one after the other. */
+static char *emit_code(const ir_module *m, const char *emit, const char *arch) {
+  char *all = NULL;
+  size_t len = 0;
+  for (int i = 0; i < m->n_funcs; i++) {
+    const ir_func *f = m->funcs[i];
+    if (is_called(m, f)) continue;
+    char *text = NULL;
+    if (!strcmp(emit, "ptx")) {
+      text = cuda_ptx_text(f, arch);
+    } else {
+      cpu_program *p = cpu_compile(f);
+      text = p ? cpu_program_text(p, emit) : NULL;
+      cpu_program_free(p);
+    }
+    if (!text) {
+      free(all);
+      return NULL;
+    }
+    size_t n = strlen(text);
+    char *q = realloc(all, len + n + 1);
+    if (!q) {
+      free(text);
+      free(all);
+      return NULL;
+    }
+    all = q;
+    memcpy(all + len, text, n + 1);
+    len += n;
+    free(text);
+  }
+  return all ? all : calloc(1, 1);
+}
+
 int main(int argc, char **argv) {
-  const char *file = NULL, *pipeline = "", *emit = "kir";
+  const char *file = NULL, *pipeline = NULL, *emit = "kir", *arch = NULL;
   bool print_after_all = false;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strncmp(a, "--passes=", 9)) {
       pipeline = a + 9;
+    } else if (!strncmp(a, "--arch=", 7)) {
+      arch = a + 7;
+      if (strcmp(arch, "sm_80") && strcmp(arch, "sm_90")) {
+        fprintf(stderr, "kiln-opt: unknown --arch '%s' (sm_80, sm_90)\n", arch);
+        return 2;
+      }
     } else if (!strcmp(a, "--print-after-all")) {
       print_after_all = true;
     } else if (!strncmp(a, "--emit=", 7)) {
@@ -61,6 +118,14 @@ int main(int argc, char **argv) {
     }
   }
   if (!file) return usage("no input file");
+  bool dot = !strcmp(emit, "dot");
+  bool code = !strcmp(emit, "llvm") || !strcmp(emit, "asm") || !strcmp(emit, "ptx");
+  if (strcmp(emit, "kir") && !dot && !code) {
+    fprintf(stderr, "kiln-opt: unknown --emit kind '%s'\n", emit);
+    return usage(NULL);
+  }
+  if (arch && strcmp(emit, "ptx")) return usage("--arch goes with --emit=ptx");
+  if (!pipeline) pipeline = code ? PASS_DEFAULT_PIPELINE : "";
   /* check the pass names before reading anything */
   char name[64];
   for (const char *p = pipeline; *p;) {
@@ -72,15 +137,6 @@ int main(int argc, char **argv) {
       return 2;
     }
     p = e ? e + 1 : p + n;
-  }
-  bool dot = !strcmp(emit, "dot");
-  if (strcmp(emit, "kir") && !dot) {
-    if (!strcmp(emit, "llvm") || !strcmp(emit, "asm") || !strcmp(emit, "ptx")) {
-      fprintf(stderr, "kiln-opt: --emit=%s is not available yet\n", emit);
-      return 2;
-    }
-    fprintf(stderr, "kiln-opt: unknown --emit kind '%s'\n", emit);
-    return usage(NULL);
   }
 
   FILE *in = strcmp(file, "-") ? fopen(file, "rb") : stdin;
@@ -131,7 +187,7 @@ int main(int argc, char **argv) {
     }
     p = e ? e + 1 : p + n;
   }
-  char *out = dot ? ir_print_dot(m) : ir_print_module(m);
+  char *out = code ? emit_code(m, emit, arch) : dot ? ir_print_dot(m) : ir_print_module(m);
   ir_module_free(m);
   if (!out) {
     fprintf(stderr, "kiln-opt: %s\n", kiln_last_error());

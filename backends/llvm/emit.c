@@ -498,6 +498,7 @@ static LLVMValueRef binary(llvm_group *g, op_id op, kiln_dtype dt, LLVMValueRef 
     case OP_MUL: return fl ? with_fmf(LLVMBuildFMul(b, x, y, ""), fm) : LLVMBuildMul(b, x, y, "");
     case OP_DIV:
     case OP_MOD: {
+      if (fl && op == OP_MOD && e->exact_fmod) return llvm_vm_fmod(e, x, y);
       if (fl) return op == OP_DIV ? LLVMBuildFDiv(b, x, y, "") : LLVMBuildFRem(b, x, y, "");
       /* a zero divisor fails the call; -1 is negation (INT_MIN / -1 would
        * trap), so the division itself only ever sees safe divisors */

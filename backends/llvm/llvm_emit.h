@@ -26,6 +26,9 @@ typedef struct llvm_emit {
    * backend its device copy. NULL: such constants are an error. */
   LLVMValueRef (*const_data)(void *user, const kiln_tensor *t);
   void *user;
+  /* Float mod as llvm_vm_fmod instead of frem: for targets whose frem is
+   * not C's fmod (NVPTX lowers it to x - trunc(x / y) * y). */
+  bool exact_fmod;
 } llvm_emit;
 
 /* Fills e for module mod of context ctx (a builder of its own). */
@@ -139,5 +142,7 @@ LLVMValueRef llvm_vm_sigmoid(llvm_emit *e, LLVMValueRef x);
 LLVMValueRef llvm_vm_sin(llvm_emit *e, LLVMValueRef x);
 LLVMValueRef llvm_vm_cos(llvm_emit *e, LLVMValueRef x);
 LLVMValueRef llvm_vm_pow(llvm_emit *e, LLVMValueRef x, LLVMValueRef y);
+/* C's fmod, exact, in integer arithmetic (scalars only; it loops) */
+LLVMValueRef llvm_vm_fmod(llvm_emit *e, LLVMValueRef x, LLVMValueRef y);
 
 #endif

@@ -541,3 +541,92 @@ LLVMValueRef llvm_vm_pow(llvm_emit *e, LLVMValueRef x, LLVMValueRef y) {
   LLVMValueRef a[2] = {x, y};
   return vm_call(e, "pow", pow_body, a, 2);
 }
+
+/* ---- fmod, exact, in integer arithmetic (musl's fmod) ----
+ * For targets that lower frem inexactly (NVPTX: x - trunc(x / y) * y):
+ * the magnitudes' significands are reduced by shift-and-subtract, one step
+ * per binade between x and y, so the result is fmod's to the bit. Scalars
+ * only; it loops, so the vectorizer leaves it alone. */
+
+/* the significand of a finite nonzero magnitude u (bits, sign cleared) with
+ * its leading one at bit mant, and the exponent that goes with it */
+static void fmod_unpack(const vm *m, LLVMValueRef u, LLVMValueRef *sig, LLVMValueRef *ex) {
+  int w = m->f64 ? 64 : 32, mant = m->f64 ? 52 : 23;
+  LLVMValueRef e = lshr(m, u, mant), frac = iand(m, u, KI(m, ((int64_t)1 << mant) - 1));
+  LLVMValueRef args[2] = {frac, LLVMConstInt(m->e->t_i1, 0, 0)};
+  LLVMValueRef s = isub(m, llvm_intr(m->e, "llvm.ctlz", args, 2), KI(m, w - 1 - mant)); /* subnormals: shift up */
+  LLVMValueRef sub = ic(m, LLVMIntEQ, e, KI(m, 0));
+  *sig = sel(m, sub, LLVMBuildShl(B, frac, s, ""), ior(m, frac, KI(m, (int64_t)1 << mant)));
+  *ex = sel(m, sub, isub(m, KI(m, 1), s), e);
+}
+
+static LLVMValueRef fmod_body(const vm *m, LLVMValueRef *a) {
+  llvm_emit *e = m->e;
+  int w = m->f64 ? 64 : 32, mant = m->f64 ? 52 : 23;
+  int64_t emax = m->f64 ? 0x7ff : 0xff;
+  LLVMValueRef x = a[0], y = a[1], fn = LLVMGetBasicBlockParent(LLVMGetInsertBlock(B));
+  LLVMValueRef ux = bits(m, x), uy = bits(m, y);
+  LLVMValueRef sign = iand(m, ux, shl(m, KI(m, 1), w - 1)), abs_mask = lshr(m, KI(m, -1), 1);
+  LLVMValueRef ax = iand(m, ux, abs_mask), ay = iand(m, uy, abs_mask);
+  /* NaN for y = 0, y NaN, x infinite or NaN; x itself when |x| < |y|; a
+   * signed zero when |x| = |y| */
+  LLVMValueRef nan = LLVMBuildOr(B, ic(m, LLVMIntEQ, ay, KI(m, 0)),
+                                 LLVMBuildOr(B, isnan1(m, y), ic(m, LLVMIntUGE, ax, KI(m, emax << mant)), ""), "");
+  LLVMValueRef xy = mul(m, x, y);
+  LLVMValueRef zero = mul(m, K(m, 0), x);
+  LLVMValueRef easy = sel(m, nan, vdiv(m, xy, xy), sel(m, ic(m, LLVMIntEQ, ax, ay), zero, x));
+  LLVMBasicBlockRef entry = LLVMGetInsertBlock(B);
+  LLVMBasicBlockRef work = LLVMAppendBasicBlockInContext(e->ctx, fn, "work");
+  LLVMBasicBlockRef head = LLVMAppendBasicBlockInContext(e->ctx, fn, "step");
+  LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(e->ctx, fn, "sub");
+  LLVMBasicBlockRef last = LLVMAppendBasicBlockInContext(e->ctx, fn, "last");
+  LLVMBasicBlockRef pack = LLVMAppendBasicBlockInContext(e->ctx, fn, "pack");
+  LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(e->ctx, fn, "done");
+  LLVMBuildCondBr(B, LLVMBuildOr(B, nan, ic(m, LLVMIntULE, ax, ay), ""), done, work);
+  LLVMPositionBuilderAtEnd(B, work);
+  LLVMValueRef mx, ex, my, ey;
+  fmod_unpack(m, ax, &mx, &ex);
+  fmod_unpack(m, ay, &my, &ey);
+  LLVMBuildBr(B, head);
+  /* for (; ex > ey; ex--) { i = mx - my; if (i >= 0) { if (!i) return 0; mx = i; } mx <<= 1; } */
+  LLVMPositionBuilderAtEnd(B, head);
+  LLVMValueRef pm = LLVMBuildPhi(B, m->it, "mx"), pe = LLVMBuildPhi(B, m->it, "ex");
+  LLVMAddIncoming(pm, &mx, &work, 1);
+  LLVMAddIncoming(pe, &ex, &work, 1);
+  LLVMBuildCondBr(B, ic(m, LLVMIntSGT, pe, ey), body, last);
+  LLVMPositionBuilderAtEnd(B, body);
+  LLVMValueRef i = isub(m, pm, my);
+  LLVMValueRef ge = ic(m, LLVMIntSGE, i, KI(m, 0));
+  LLVMValueRef nm = shl(m, sel(m, ge, i, pm), 1), ne = isub(m, pe, KI(m, 1));
+  LLVMAddIncoming(pm, &nm, &body, 1);
+  LLVMAddIncoming(pe, &ne, &body, 1);
+  LLVMBasicBlockRef exact_zero = LLVMAppendBasicBlockInContext(e->ctx, fn, "zero");
+  LLVMBuildCondBr(B, ic(m, LLVMIntEQ, i, KI(m, 0)), exact_zero, head);
+  LLVMPositionBuilderAtEnd(B, last);
+  i = isub(m, pm, my);
+  LLVMValueRef r = sel(m, ic(m, LLVMIntSGE, i, KI(m, 0)), i, pm);
+  LLVMBuildCondBr(B, ic(m, LLVMIntEQ, r, KI(m, 0)), exact_zero, pack);
+  /* renormalize, then a normal or subnormal result with x's sign */
+  LLVMPositionBuilderAtEnd(B, pack);
+  LLVMValueRef args[2] = {r, LLVMConstInt(e->t_i1, 0, 0)};
+  LLVMValueRef s = isub(m, llvm_intr(e, "llvm.ctlz", args, 2), KI(m, w - 1 - mant));
+  r = LLVMBuildShl(B, r, s, "");
+  LLVMValueRef re = isub(m, pe, s);
+  LLVMValueRef normal = ior(m, isub(m, r, KI(m, (int64_t)1 << mant)), LLVMBuildShl(B, re, KI(m, mant), ""));
+  LLVMValueRef subn = LLVMBuildLShr(B, r, isub(m, KI(m, 1), re), "");
+  LLVMValueRef packed = fbits(m, ior(m, sign, sel(m, ic(m, LLVMIntSGT, re, KI(m, 0)), normal, subn)));
+  LLVMBuildBr(B, done);
+  LLVMPositionBuilderAtEnd(B, exact_zero);
+  LLVMBuildBr(B, done);
+  LLVMPositionBuilderAtEnd(B, done);
+  LLVMValueRef res = LLVMBuildPhi(B, m->t, "fmod");
+  LLVMValueRef vals[3] = {easy, packed, zero};
+  LLVMBasicBlockRef from[3] = {entry, pack, exact_zero};
+  LLVMAddIncoming(res, vals, from, 3);
+  return res;
+}
+
+LLVMValueRef llvm_vm_fmod(llvm_emit *e, LLVMValueRef x, LLVMValueRef y) {
+  LLVMValueRef a[2] = {x, y};
+  return vm_call(e, "fmod", fmod_body, a, 2);
+}

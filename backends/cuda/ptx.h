@@ -1,0 +1,99 @@
+/* ptx.h — the CUDA code generator: plans a verified IR function as the CPU
+ * backend does (a kernel per fusion group or elementwise op, views free,
+ * calls inlined), emits every kernel through the shared LLVM emitter for
+ * nvptx64-nvidia-cuda, and compiles the module to PTX text with a launch
+ * plan beside it. It needs no GPU: the PTX can be inspected (and checked
+ * with ptxas) anywhere. Internal to the library; the entry points are
+ * exported for the tests and tools. */
+#ifndef KILN_CUDA_PTX_H
+#define KILN_CUDA_PTX_H
+
+#include "ir.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A device buffer a step reads or writes. */
+enum { CUDA_REF_PARAM, CUDA_REF_RESULT, CUDA_REF_ARENA, CUDA_REF_CONST };
+typedef struct cuda_ref {
+  int kind;
+  int index;              /* parameter or result */
+  int64_t offset;         /* arena: byte offset */
+  const kiln_tensor *cst; /* constant (the program retains it): uploaded by the runtime */
+} cuda_ref;
+
+/* One step of the launch plan, in schedule order. */
+enum {
+  CUDA_STEP_KERNEL, /* launch the kernel `name` */
+  CUDA_STEP_COPY,   /* device copy of bytes from bufs[1] to bufs[0] */
+  CUDA_STEP_HOST    /* an op the GPU cannot run yet (random draws, host callbacks) */
+};
+typedef struct cuda_step {
+  int kind;
+  char name[24];              /* kernel: its .entry */
+  unsigned grid[3], block[3]; /* kernel: grid[0] == 0 when there is nothing to do */
+  unsigned shared_bytes;      /* kernel: dynamic shared memory (0: all static) */
+  /* kernel: its pointer parameters in order (the error word's pointer, an
+   * i32, comes after them); copy: destination, source; host: outputs, then
+   * inputs */
+  int n_bufs;
+  cuda_ref *bufs;
+  int n_out;     /* host: how many of bufs are outputs */
+  op_id op;      /* host: the op; kernel: the op whose check can fail it, or OP_COUNT */
+  int64_t bytes; /* copy */
+  /* kernel of gather / scatter_add: bufs[index_buf] holds index_count
+   * indices of index_dtype that must lie in [0, index_dim); the host finds
+   * the bad one for the message after a failed launch */
+  int index_buf;
+  int64_t index_count, index_dim;
+  kiln_dtype index_dtype;
+} cuda_step;
+
+/* How each result is produced (as cpu.h's cpu_result). */
+enum { CUDA_RES_OWN, CUDA_RES_PARAM, CUDA_RES_CONST, CUDA_RES_SAME };
+typedef struct cuda_result {
+  int kind;
+  int index;        /* parameter or earlier result */
+  kiln_tensor *cst; /* CUDA_RES_CONST (retained) */
+} cuda_result;
+
+typedef struct cuda_program {
+  char *name;
+  char arch[8]; /* "sm_80", "sm_90" */
+  char *ptx;    /* the whole module: one .entry per kernel step */
+  int n_params, n_results;
+  op_type *param_types, *result_types;
+  cuda_result *results;
+  int n_steps, n_kernels;
+  cuda_step *steps;
+  size_t arena_bytes;
+  kiln_tensor **consts; /* retained */
+  int n_consts;
+  double compile_ms;
+} cuda_program;
+
+/* Compiles f (a verified ir_func; constants are copied into the PTX or
+ * retained) for arch "sm_80" or "sm_90" (NULL = "sm_80"). NULL with
+ * "cuda: ..." in the error. Steps the GPU cannot run yet are kept in the plan
+ * as CUDA_STEP_HOST (see cuda_program_unsupported). Thread-safe. */
+KILN_EXPORT cuda_program *cuda_compile(const ir_func *f, const char *arch);
+/* The PTX of f for arch (NULL = "sm_80"): malloc'd; NULL with "cuda: ...". */
+KILN_EXPORT char *cuda_ptx_text(const ir_func *f, const char *arch);
+KILN_EXPORT const char *cuda_program_ptx(const cuda_program *p);
+/* Kernel steps (= .entry functions in the PTX). */
+KILN_EXPORT int cuda_program_kernels(const cuda_program *p);
+/* 0 when every step runs on the GPU; else -1 with "cuda: @f: <op> is not
+ * supported on the GPU yet" for the first that does not. */
+KILN_EXPORT int cuda_program_unsupported(const cuda_program *p);
+KILN_EXPORT void cuda_program_free(cuda_program *p); /* NULL is fine */
+
+/* fmod as the GPU code computes it (the emitter's llvm_vm_fmod, run by
+ * LLVM's interpreter on the host), for n pairs of f32 (rounded from x, y)
+ * or f64 values: the tests' check of it without a GPU. 0 / -1. */
+KILN_EXPORT int kiln_debug_cuda_fmod(kiln_dtype dt, int64_t n, const double *x, const double *y, double *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
