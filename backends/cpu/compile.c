@@ -4,8 +4,11 @@
  * (a group of fusible instructions, one LLVM function with its loops) or a
  * runtime helper (dot, gather, ... through the eager kernels). One entry
  * function runs the steps in order. The module is optimised with O3 and
- * compiled to an object file for the host CPU on the calling thread; one
- * process-wide ORC LLJIT links it. */
+ * compiled to an object file for the host CPU on the calling thread (or the
+ * object file is read from the disk cache, cache.c); one process-wide ORC
+ * LLJIT links it into a JITDylib of the program's own. The object code holds
+ * no address of this process: constants and the runtime's functions are
+ * symbols that each program's JITDylib defines, so it can be cached. */
 #include <llvm-c/Analysis.h>
 #include <llvm-c/BitReader.h>
 #include <llvm-c/BitWriter.h>
@@ -43,7 +46,12 @@ static LLVMOrcLLJITRef cpu_jit;
 static char jit_error[512];
 static char *host_cpu, *host_features;
 static pthread_once_t jit_once = PTHREAD_ONCE_INIT;
-static _Atomic uint64_t next_program_id;
+/* JITDylibs of freed programs, emptied, for the next ones (ORC's C API
+ * cannot remove a JITDylib from its session) */
+static pthread_mutex_t free_libs_mu = PTHREAD_MUTEX_INITIALIZER;
+static LLVMOrcJITDylibRef *free_libs;
+static int n_free_libs, cap_free_libs;
+static _Atomic uint64_t next_lib_id;
 
 static void error_text(LLVMErrorRef err, char *buf, size_t n) {
   char *m = LLVMGetErrorMessage(err);
@@ -80,28 +88,6 @@ static void jit_init(void) {
   if (err) {
     error_text(err, jit_error, sizeof jit_error);
     cpu_jit = NULL;
-    return;
-  }
-  /* the runtime's hidden functions, by name */
-  struct {
-    const char *name;
-    uintptr_t addr;
-  } syms[] = {{"kiln_rt_parallel_for", (uintptr_t)parallel_for},
-              {"kiln_rt_helper", (uintptr_t)cpu_rt_helper},
-              {"kiln_rt_kernel_fail", (uintptr_t)cpu_rt_kernel_fail}};
-  enum { NSYMS = sizeof syms / sizeof *syms };
-  LLVMOrcCSymbolMapPair pairs[NSYMS];
-  for (int i = 0; i < NSYMS; i++) {
-    pairs[i].Name = LLVMOrcLLJITMangleAndIntern(cpu_jit, syms[i].name);
-    pairs[i].Sym.Address = syms[i].addr;
-    pairs[i].Sym.Flags.GenericFlags = LLVMJITSymbolGenericFlagsExported | LLVMJITSymbolGenericFlagsCallable;
-    pairs[i].Sym.Flags.TargetFlags = 0;
-  }
-  err = LLVMOrcJITDylibDefine(LLVMOrcLLJITGetMainJITDylib(cpu_jit), LLVMOrcAbsoluteSymbols(pairs, NSYMS));
-  if (err) {
-    error_text(err, jit_error, sizeof jit_error);
-    LLVMOrcDisposeLLJIT(cpu_jit);
-    cpu_jit = NULL;
   }
 }
 
@@ -111,12 +97,51 @@ static LLVMOrcLLJITRef jit_get(void) {
   return cpu_jit;
 }
 
-void cpu_jit_forget(void *tracker) {
-  if (!tracker) return;
-  LLVMOrcResourceTrackerRef rt = tracker;
-  LLVMErrorRef err = LLVMOrcResourceTrackerRemove(rt);
-  if (err) LLVMConsumeError(err);
-  LLVMOrcReleaseResourceTracker(rt);
+/* An empty JITDylib for a program, finding the process's symbols (libm,
+ * memcpy, ...) by itself; NULL with the error set. */
+static LLVMOrcJITDylibRef lib_get(LLVMOrcLLJITRef jit) {
+  LLVMOrcJITDylibRef jd = NULL;
+  pthread_mutex_lock(&free_libs_mu);
+  if (n_free_libs > 0) jd = free_libs[--n_free_libs];
+  pthread_mutex_unlock(&free_libs_mu);
+  if (jd) return jd;
+  char name[64];
+  snprintf(name, sizeof name, "kiln.program.%llu", (unsigned long long)atomic_fetch_add(&next_lib_id, 1));
+  LLVMOrcDefinitionGeneratorRef gen = NULL;
+  LLVMErrorRef err =
+      LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(&gen, LLVMOrcLLJITGetGlobalPrefix(jit), NULL, NULL);
+  if (err) {
+    char msg[512];
+    error_text(err, msg, sizeof msg);
+    kiln_set_error("cpu: cannot search the process for symbols: %s", msg);
+    return NULL;
+  }
+  jd = LLVMOrcExecutionSessionCreateBareJITDylib(LLVMOrcLLJITGetExecutionSession(jit), name);
+  if (!jd) {
+    LLVMOrcDisposeDefinitionGenerator(gen);
+    kiln_set_error("cpu: cannot create a JITDylib");
+    return NULL;
+  }
+  LLVMOrcJITDylibAddGenerator(jd, gen);
+  return jd;
+}
+
+void cpu_jit_forget(void *lib) {
+  if (!lib) return;
+  LLVMOrcJITDylibRef jd = lib;
+  LLVMErrorRef err = LLVMOrcJITDylibClear(jd); /* the code, and the symbols defined for it */
+  if (err) {
+    LLVMConsumeError(err);
+    return; /* not reused */
+  }
+  pthread_mutex_lock(&free_libs_mu);
+  if (n_free_libs == cap_free_libs) {
+    int cap = cap_free_libs ? 2 * cap_free_libs : 16;
+    LLVMOrcJITDylibRef *q = realloc(free_libs, (size_t)cap * sizeof *q);
+    if (q) free_libs = q, cap_free_libs = cap;
+  }
+  if (n_free_libs < cap_free_libs) free_libs[n_free_libs++] = jd;
+  pthread_mutex_unlock(&free_libs_mu);
 }
 
 static double now_ms(void) {
@@ -154,9 +179,20 @@ typedef struct {
   int64_t bytes; /* copy */
 } step;
 
+/* Every constant instruction the plan meets, in order (a tensor met twice
+ * is listed twice): the code reads constant i through the symbol
+ * kiln_const<i>, which the program's JITDylib defines as its data. The same
+ * IR in another process lists the same contents in the same order, so its
+ * cached code reads the right ones whichever tensors are shared. */
+typedef struct {
+  const kiln_tensor **t;
+  int n, cap;
+} const_list;
+
 typedef struct {
   const ir_func *f;
   cpu_program *p;
+  const_list *consts;
   slot *slots;
   int n_slots, cap_slots;
   int *vslot;        /* per value of f */
@@ -229,7 +265,17 @@ static int add_step(cpu_build *cb, step st) {
   return 0;
 }
 
-static int retain_const(cpu_program *p, kiln_tensor *t) {
+static int retain_const(cpu_build *cb, kiln_tensor *t) {
+  const_list *l = cb->consts;
+  if (l->n == l->cap) {
+    int cap = l->cap ? 2 * l->cap : 16;
+    const kiln_tensor **q = realloc(l->t, (size_t)cap * sizeof *q);
+    if (!q) return oom();
+    l->t = q;
+    l->cap = cap;
+  }
+  l->t[l->n++] = t;
+  cpu_program *p = cb->p;
   for (int i = 0; i < p->n_consts; i++)
     if (p->consts[i] == t) return 0;
   kiln_tensor **q = realloc(p->consts, (size_t)(p->n_consts + 1) * sizeof *q);
@@ -334,7 +380,7 @@ static int plan_fusion(cpu_build *cb, const ir_func *f, const ir_instr *in, int 
   if (!g) return -1;
   for (int i = 0; i < c->n_instrs; i++) {
     g->member[i] = true;
-    if (c->instrs[i].op == OP_CONSTANT && retain_const(cb->p, c->instrs[i].attrs.value)) return -1;
+    if (c->instrs[i].op == OP_CONSTANT && retain_const(cb, c->instrs[i].attrs.value)) return -1;
   }
   for (int k = 0; k < in->n_in; k++) g->leaf[k] = vs[in->in[k]];
   for (int r = 0; r < c->n_results; r++) {
@@ -405,7 +451,7 @@ static int plan_func(cpu_build *cb, const ir_func *f, int *vs, const int *param_
     op_kind kind = kiln_ops[op].kind;
     int rc = 0;
     if (op == OP_CONSTANT) {
-      if (retain_const(cb->p, in->attrs.value)) return -1;
+      if (retain_const(cb, in->attrs.value)) return -1;
       rc = vs[v] = add_slot(cb, (slot){SLOT_CONST, 0, 0, in->attrs.value});
     } else if (kind == OPK_VIEW) {
       vs[v] = vs[in->in[0]]; /* the same bytes, read with another shape */
@@ -502,10 +548,29 @@ static void add_target_attrs(LLVMContextRef ctx, LLVMValueRef fn) {
       LLVMCreateStringAttribute(ctx, "target-features", 15, host_features, (unsigned)strlen(host_features)));
 }
 
+/* the alignment the code may assume of a constant's data (part of the key) */
+static unsigned const_align(const kiln_tensor *t) {
+  unsigned a = 1;
+  while (a < KILN_ALIGN && (uintptr_t)t->data % (2 * a) == 0) a *= 2;
+  return a;
+}
+
+/* The symbol kiln_const<i> of t's first listing (the program retains every
+ * constant, so its data stays put while the code lives). */
 static LLVMValueRef const_data(void *user, const kiln_tensor *t) {
-  llvm_emit *e = user;
-  /* the program retains every constant, so its data stays put */
-  return LLVMConstIntToPtr(LLVMConstInt(e->t_i64, (uintptr_t)t->data, 0), e->t_ptr);
+  cpu_build *cb = user;
+  llvm_emit *e = &cb->e;
+  int i = 0;
+  while (i < cb->consts->n && cb->consts->t[i] != t) i++;
+  if (i == cb->consts->n) return NULL;
+  char name[32];
+  snprintf(name, sizeof name, "kiln_const%d", i);
+  LLVMValueRef g = LLVMGetNamedGlobal(e->mod, name);
+  if (!g) { /* a declaration: the JITDylib has its address, the code loads it from the GOT */
+    g = LLVMAddGlobal(e->mod, LLVMArrayType2(e->t_i8, 0), name);
+    LLVMSetAlignment(g, const_align(t));
+  }
+  return g;
 }
 
 /* What the entry needs to know about an emitted kernel. */
@@ -1019,7 +1084,7 @@ static void emit_slot_ptrs(cpu_build *cb, LLVMValueRef params, LLVMValueRef resu
         ix = llvm_i64(e, sl->offset);
         cb->slot_ptr[s] = LLVMBuildGEP2(b, e->t_i8, arena, &ix, 1, "");
         break;
-      default: cb->slot_ptr[s] = const_data(e, sl->cst); break;
+      default: cb->slot_ptr[s] = const_data(cb, sl->cst); break;
     }
   }
 }
@@ -1204,6 +1269,186 @@ static LLVMMemoryBufferRef optimize(cpu_program *p, LLVMModuleRef mod, const cha
   return obj;
 }
 
+/* ---- loading ---- */
+
+typedef struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool done;
+  LLVMErrorRef err;
+  LLVMOrcExecutorAddress addr;
+} lookup_wait;
+
+static void lookup_done(LLVMErrorRef err, LLVMOrcCSymbolMapPairs res, size_t n, void *ctx) {
+  lookup_wait *w = ctx;
+  pthread_mutex_lock(&w->mu);
+  w->err = err;
+  if (!err && n > 0) w->addr = res[0].Sym.Address;
+  w->done = true;
+  pthread_cond_signal(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+/* The address of name in jd (links the code); 0 with the error set. */
+static LLVMOrcExecutorAddress lib_lookup(LLVMOrcLLJITRef jit, LLVMOrcJITDylibRef jd, const char *name, const char *f) {
+  lookup_wait w = {.done = false};
+  pthread_mutex_init(&w.mu, NULL);
+  pthread_cond_init(&w.cv, NULL);
+  LLVMOrcCJITDylibSearchOrderElement order = {jd, LLVMOrcJITDylibLookupFlagsMatchAllSymbols};
+  LLVMOrcCLookupSetElement sym = {LLVMOrcLLJITMangleAndIntern(jit, name), LLVMOrcSymbolLookupFlagsRequiredSymbol};
+  LLVMOrcExecutionSessionLookup(LLVMOrcLLJITGetExecutionSession(jit), LLVMOrcLookupKindStatic, &order, 1, &sym, 1,
+                                lookup_done, &w);
+  pthread_mutex_lock(&w.mu);
+  while (!w.done) pthread_cond_wait(&w.cv, &w.mu);
+  pthread_mutex_unlock(&w.mu);
+  pthread_mutex_destroy(&w.mu);
+  pthread_cond_destroy(&w.cv);
+  if (w.err) return llvm_fail(f, "linking failed", w.err), 0;
+  if (!w.addr) return kiln_set_error("cpu: @%s: linking failed: no %s", f, name), 0;
+  return w.addr;
+}
+
+/* Links object code obj (taken) into a JITDylib of p's own, with the
+ * runtime's functions and p's constants as its symbols. */
+static int load_code(cpu_program *p, const const_list *consts, LLVMOrcLLJITRef jit, LLVMMemoryBufferRef obj) {
+  LLVMOrcJITDylibRef jd = lib_get(jit);
+  if (!jd) {
+    LLVMDisposeMemoryBuffer(obj);
+    return -1;
+  }
+  p->jit_lib = jd;
+  struct {
+    const char *name;
+    uintptr_t addr;
+  } rt[] = {{"kiln_rt_parallel_for", (uintptr_t)parallel_for},
+            {"kiln_rt_helper", (uintptr_t)cpu_rt_helper},
+            {"kiln_rt_kernel_fail", (uintptr_t)cpu_rt_kernel_fail}};
+  enum { NRT = sizeof rt / sizeof *rt };
+  int n = NRT + consts->n;
+  LLVMOrcCSymbolMapPair *pairs = malloc((size_t)n * sizeof *pairs);
+  if (!pairs) {
+    LLVMDisposeMemoryBuffer(obj);
+    return oom();
+  }
+  for (int i = 0; i < n; i++) {
+    char name[32];
+    if (i >= NRT) snprintf(name, sizeof name, "kiln_const%d", i - NRT);
+    pairs[i].Name = LLVMOrcLLJITMangleAndIntern(jit, i < NRT ? rt[i].name : name);
+    pairs[i].Sym.Address = i < NRT ? rt[i].addr : (uintptr_t)consts->t[i - NRT]->data;
+    pairs[i].Sym.Flags.GenericFlags =
+        LLVMJITSymbolGenericFlagsExported | (i < NRT ? LLVMJITSymbolGenericFlagsCallable : 0);
+    pairs[i].Sym.Flags.TargetFlags = 0;
+  }
+  LLVMOrcMaterializationUnitRef mu = LLVMOrcAbsoluteSymbols(pairs, (size_t)n); /* takes the names */
+  free(pairs);
+  LLVMErrorRef err = LLVMOrcJITDylibDefine(jd, mu);
+  if (err) {
+    LLVMOrcDisposeMaterializationUnit(mu);
+    LLVMDisposeMemoryBuffer(obj);
+    return llvm_fail(p->name, "cannot define the program's symbols", err);
+  }
+  err = LLVMOrcLLJITAddObjectFile(jit, jd, obj); /* takes the buffer */
+  if (err) return llvm_fail(p->name, "the JIT refused the object code", err);
+  LLVMOrcExecutorAddress addr = lib_lookup(jit, jd, "kiln_entry", p->name);
+  if (!addr) return -1;
+  p->entry = (int (*)(void **, void **, void *, cpu_call *))(uintptr_t)addr;
+  return 0;
+}
+
+/* ---- the disk cache ---- */
+
+/* What the key holds besides the IR: everything else the code depends on.
+ * malloc'd; NULL out of memory. */
+static char *cache_meta(const cpu_build *cb, const cpu_options *opt, LLVMOrcLLJITRef jit) {
+  unsigned maj, min, pat;
+  LLVMGetVersion(&maj, &min, &pat);
+  const ir_func *f = cb->f;
+  size_t n = 1024 + strlen(host_cpu) + strlen(host_features) + 4 * (size_t)cb->consts->n;
+  n += strlen(LLVMOrcLLJITGetTripleString(jit)) + strlen(LLVMOrcLLJITGetDataLayoutStr(jit));
+  char *m = malloc(n);
+  if (!m) return NULL;
+  int k = snprintf(m, n,
+                   "kiln cpu program 1\nllvm %u.%u.%u\ntriple %s\nlayout %s\ncpu %s\nfeatures %s\n%s\n"
+                   "contract %d\narena %lld\nconsts",
+                   maj, min, pat, LLVMOrcLLJITGetTripleString(jit), LLVMOrcLLJITGetDataLayoutStr(jit), host_cpu,
+                   host_features, cpu_cache_build_id(), !opt->no_contract,
+                   (long long)(f->buf_offset ? f->arena_bytes : -1));
+  for (int i = 0; i < cb->consts->n && k > 0 && (size_t)k < n; i++)
+    k += snprintf(m + k, n - (size_t)k, " %u", const_align(cb->consts->t[i]));
+  if (k <= 0 || (size_t)k >= n) {
+    free(m);
+    return NULL;
+  }
+  return m;
+}
+
+/* The program's kernel info in an entry: kernels, groups, each group's
+ * failing op (int32 each). */
+static int32_t *kernel_info(const cpu_build *cb, size_t *len) {
+  int ng = cb->n_groups;
+  int32_t *v = malloc(((size_t)ng + 2) * sizeof *v);
+  if (!v) return NULL;
+  v[0] = cb->p->n_kernels;
+  v[1] = ng;
+  for (int g = 0; g < ng; g++) v[2 + g] = (int32_t)cb->p->kernel_fail_op[g];
+  *len = ((size_t)ng + 2) * sizeof *v;
+  return v;
+}
+
+static int take_kernel_info(cpu_program *p, const cpu_build *cb, const void *info, size_t len) {
+  int32_t head[2];
+  if (len < sizeof head) return -1;
+  memcpy(head, info, sizeof head);
+  if (head[1] != cb->n_groups || head[0] < 0 || head[0] > cb->n_groups ||
+      len != ((size_t)cb->n_groups + 2) * sizeof(int32_t))
+    return -1;
+  p->kernel_fail_op = calloc((size_t)cb->n_groups + 1, sizeof *p->kernel_fail_op);
+  if (!p->kernel_fail_op) return -1;
+  for (int g = 0; g < cb->n_groups; g++) {
+    int32_t op;
+    memcpy(&op, (const char *)info + (2 + (size_t)g) * sizeof op, sizeof op);
+    if (op < 0 || op > OP_COUNT) return -1;
+    p->kernel_fail_op[g] = (op_id)op;
+  }
+  p->n_kernels = head[0];
+  return 0;
+}
+
+/* what compiling made, dropped before compiling again */
+static void forget_code(cpu_program *p) {
+  cpu_jit_forget(p->jit_lib);
+  p->jit_lib = NULL;
+  p->entry = NULL;
+  free(p->kernel_fail_op);
+  p->kernel_fail_op = NULL;
+  p->n_kernels = 0;
+  free(p->bitcode);
+  p->bitcode = NULL;
+  p->bitcode_len = 0;
+}
+
+/* A cache hit: the entry's code linked, its info and bitcode taken. 0, or
+ * -1 when the entry does not fit (nothing kept; no error). */
+static int load_cached(cpu_program *p, const cpu_build *cb, LLVMOrcLLJITRef jit, const cpu_cache_entry *e) {
+  int rc = take_kernel_info(p, cb, e->info, e->info_len);
+  if (!rc && !(p->bitcode = malloc(e->bc_len + 1))) rc = -1;
+  if (!rc) {
+    memcpy(p->bitcode, e->bc, e->bc_len);
+    p->bitcode_len = e->bc_len;
+    rc = load_code(p, cb->consts, jit, LLVMCreateMemoryBufferWithMemoryRangeCopy(e->obj, e->obj_len, "kiln"));
+  }
+  if (rc) {
+    if (cpu_cache_log())
+      fprintf(stderr, "kiln: cache: @%s: a cached entry does not load (%s); recompiling\n", p->name,
+              kiln_has_error() ? kiln_last_error() : "its kernel info differs");
+    kiln_clear_error();
+    forget_code(p);
+  }
+  return rc;
+}
+
+/* ---- compiling ---- */
+
 cpu_program *cpu_compile(const ir_func *f) { return cpu_compile_with(f, NULL); }
 
 cpu_program *cpu_compile_with(const ir_func *f, const cpu_options *opt) {
@@ -1227,7 +1472,10 @@ cpu_program *cpu_compile_with(const ir_func *f, const cpu_options *opt) {
     kiln_set_error("cpu: out of memory");
     return NULL;
   }
-  cpu_build cb = {.f = f, .p = p};
+  const_list consts = {0};
+  cpu_build cb = {.f = f, .p = p, .consts = &consts};
+  char *meta = NULL, dir[4096];
+  uint8_t key[16];
   p->name = malloc(strlen(f->name) + 1);
   p->param_types = malloc(((size_t)f->n_params + 1) * sizeof *p->param_types);
   p->result_types = malloc(((size_t)f->n_results + 1) * sizeof *p->result_types);
@@ -1242,9 +1490,17 @@ cpu_program *cpu_compile_with(const ir_func *f, const cpu_options *opt) {
   for (int r = 0; r < f->n_results; r++) p->result_types[r] = f->types[f->results[r]];
   if (plan(&cb)) goto fail;
 
+  /* the disk cache: the plan is cheap and always made; LLVM is skipped */
+  bool cache = cpu_cache_dir(dir, sizeof dir);
+  if (cache) cache = (meta = cache_meta(&cb, opt, jit)) && !cpu_cache_key(f, meta, key);
+  if (cache) {
+    cpu_cache_entry e;
+    if (cpu_cache_load(dir, key, meta, &e) == 1 && !load_cached(p, &cb, jit, &e)) p->from_cache = true;
+    cpu_cache_entry_free(&e);
+    if (p->from_cache) goto done;
+  }
+
   LLVMContextRef ctx = LLVMContextCreate(); /* a context of its own: programs compile in parallel */
-  char entry_name[64];
-  snprintf(entry_name, sizeof entry_name, "kiln_entry_%llu", (unsigned long long)atomic_fetch_add(&next_program_id, 1));
   LLVMModuleRef mod = LLVMModuleCreateWithNameInContext(f->name, ctx);
   LLVMSetTarget(mod, LLVMOrcLLJITGetTripleString(jit));
   LLVMSetDataLayout(mod, LLVMOrcLLJITGetDataLayoutStr(jit));
@@ -1252,33 +1508,48 @@ cpu_program *cpu_compile_with(const ir_func *f, const cpu_options *opt) {
   llvm_emit_init(&cb.e, ctx, mod);
   cb.e.contract = !opt->no_contract;
   cb.e.const_data = const_data;
-  cb.e.user = &cb.e;
-  int erc = emit_program(&cb, entry_name);
+  cb.e.user = &cb;
+  int erc = emit_program(&cb, "kiln_entry");
   const char *pipeline = cb.max_work < SMALL_WORK ? "default<O1>" : "default<O3>";
   LLVMMemoryBufferRef obj = erc ? NULL : optimize(p, mod, pipeline);
+  size_t info_len = 0;
+  int32_t *info = obj && cache ? kernel_info(&cb, &info_len) : NULL;
   build_free(&cb); /* its builders first, then what they built */
   LLVMDisposeModule(mod);
   LLVMContextDispose(ctx);
-  if (!obj) goto fail;
-  LLVMOrcResourceTrackerRef rt = LLVMOrcJITDylibCreateResourceTracker(LLVMOrcLLJITGetMainJITDylib(jit));
-  p->jit_tracker = rt;
-  LLVMErrorRef err = LLVMOrcLLJITAddObjectFileWithRT(jit, rt, obj); /* takes the buffer */
-  if (err) {
-    llvm_fail(f->name, "the JIT refused the object code", err);
+  if (!obj) {
+    free(info);
     goto fail;
   }
-  LLVMOrcExecutorAddress addr = 0;
-  err = LLVMOrcLLJITLookup(jit, &addr, entry_name); /* links it */
-  if (err) {
-    llvm_fail(f->name, "linking failed", err);
-    goto fail;
+  if (!info) {
+    if (load_code(p, &consts, jit, obj)) goto fail;
+  } else { /* cached once it links */
+    LLVMMemoryBufferRef copy =
+        LLVMCreateMemoryBufferWithMemoryRangeCopy(LLVMGetBufferStart(obj), LLVMGetBufferSize(obj), "kiln");
+    int lrc = load_code(p, &consts, jit, copy);
+    cpu_cache_entry e = {.info = info,
+                         .info_len = info_len,
+                         .obj = LLVMGetBufferStart(obj),
+                         .obj_len = LLVMGetBufferSize(obj),
+                         .bc = p->bitcode,
+                         .bc_len = p->bitcode_len};
+    if (!lrc) cpu_cache_store(dir, key, meta, &e);
+    free(info);
+    LLVMDisposeMemoryBuffer(obj);
+    if (lrc) goto fail;
   }
-  p->entry = (int (*)(void **, void **, void *, cpu_call *))(uintptr_t)addr;
+done:
   p->compile_ms = now_ms() - t0;
+  if (cpu_cache_log() && cache)
+    fprintf(stderr, "kiln: cache: @%s: %s, %.1f ms\n", f->name, p->from_cache ? "hit" : "miss", p->compile_ms);
   build_free(&cb);
+  free(consts.t);
+  free(meta);
   return p;
 fail:
   build_free(&cb);
+  free(consts.t);
+  free(meta);
   cpu_program_free(p);
   return NULL;
 }

@@ -14,8 +14,9 @@ extern "C" {
 
 typedef struct cpu_program cpu_program;
 
-/* Compiles f (a verified ir_func; constants are embedded, so f may be
- * freed afterwards) to native code. NULL with "cpu: ..." in the error. */
+/* Compiles f (a verified ir_func; the program retains its constants, so f
+ * may be freed afterwards) to native code, or loads it from the disk cache
+ * (below). NULL with "cpu: ..." in the error. */
 KILN_EXPORT cpu_program *cpu_compile(const ir_func *f);
 /* How to compile; zero (or NULL) is cpu_compile's choice. */
 typedef struct cpu_options {
@@ -34,8 +35,19 @@ KILN_EXPORT char *cpu_program_text(cpu_program *p, const char *stage);
 KILN_EXPORT void cpu_program_free(cpu_program *p); /* NULL is fine */
 /* Compiled kernels (LLVM functions) in the program. */
 KILN_EXPORT int cpu_program_kernels(const cpu_program *p);
-/* Milliseconds cpu_compile took (emission, optimisation, code generation). */
+/* Milliseconds cpu_compile took (emission, optimisation, code generation;
+ * on a disk cache hit, reading and linking the cached code). */
 KILN_EXPORT double cpu_program_compile_ms(const cpu_program *p);
+/* Whether its code came from the disk cache rather than from LLVM.
+ *
+ * The cache: with KILN_CACHE_DIR (default $XDG_CACHE_HOME/kiln, else
+ * ~/.cache/kiln; "" or "off" turns it off), cpu_compile keeps each program's
+ * object code in <dir>/<key>.kco, keyed by a hash of the IR (callees
+ * included), the options, the LLVM version, the host CPU and its features and
+ * the build of the library, so another process compiling the same IR skips
+ * LLVM. Corrupt or stale entries are rebuilt; a cache that cannot be written
+ * is skipped (KILN_LOG=cache says what it does). */
+KILN_EXPORT bool cpu_program_from_cache(const cpu_program *p);
 
 /* ---- shared by compile.c and run.c ---- */
 
@@ -84,17 +96,48 @@ struct cpu_program {
   int n_kernels;
   size_t arena_bytes;
   int (*entry)(void **params, void **results, void *arena, cpu_call *call);
-  void *jit_tracker; /* the ORC resource tracker of its code */
-  char *bitcode;     /* the optimized module, for cpu_program_text */
+  void *jit_lib;  /* the ORC JITDylib holding its code and its symbols */
+  char *bitcode;  /* the optimized module, for cpu_program_text */
   size_t bitcode_len;
   double compile_ms;
+  bool from_cache; /* its code was read from the disk cache */
 };
 
 /* The runtime helpers the generated code calls (run.c). */
 int cpu_rt_helper(cpu_call *call, int32_t helper, void **bufs);
 void cpu_rt_kernel_fail(cpu_call *call, int32_t kernel);
 /* Drops a program's code from the JIT (compile.c). */
-void cpu_jit_forget(void *tracker);
+void cpu_jit_forget(void *lib);
+
+/* The disk cache (cache.c). An entry's parts; on a load they point into
+ * file, which cpu_cache_entry_free frees. */
+typedef struct cpu_cache_entry {
+  const void *info; /* the program's kernel info (compile.c's layout) */
+  size_t info_len;
+  const void *obj; /* object code */
+  size_t obj_len;
+  const void *bc; /* the optimized module's bitcode */
+  size_t bc_len;
+  void *file;
+} cpu_cache_entry;
+/* The cache directory into buf; false when the cache is off. */
+bool cpu_cache_dir(char *buf, size_t n);
+/* KILN_LOG names "cache". */
+bool cpu_cache_log(void);
+/* Identifies the build of this library (a line of text). */
+const char *cpu_cache_build_id(void);
+/* A strong 128-bit hash (MurmurHash3 x64-128). */
+void cpu_hash128(const void *data, size_t len, uint8_t out[16]);
+/* The key of f (printed with every function it calls) under meta, the
+ * text of everything else the code depends on. 0, or -1 out of memory. */
+int cpu_cache_key(const ir_func *f, const char *meta, uint8_t key[16]);
+/* 1: a valid entry for key and meta, in e; 0: none; -1: a corrupt or stale
+ * one (to be rebuilt). Never an error. */
+int cpu_cache_load(const char *dir, const uint8_t key[16], const char *meta, cpu_cache_entry *e);
+void cpu_cache_entry_free(cpu_cache_entry *e);
+/* Writes an entry atomically (a temporary file renamed into place),
+ * creating dir as needed. 0, or -1 when it could not (never an error). */
+int cpu_cache_store(const char *dir, const uint8_t key[16], const char *meta, const cpu_cache_entry *e);
 
 #ifdef __cplusplus
 }

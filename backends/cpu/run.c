@@ -196,10 +196,11 @@ void cpu_rt_kernel_fail(cpu_call *call, int32_t kernel) {
 
 int cpu_program_kernels(const cpu_program *p) { return p ? p->n_kernels : 0; }
 double cpu_program_compile_ms(const cpu_program *p) { return p ? p->compile_ms : 0; }
+bool cpu_program_from_cache(const cpu_program *p) { return p && p->from_cache; }
 
 void cpu_program_free(cpu_program *p) {
   if (!p) return;
-  cpu_jit_forget(p->jit_tracker);
+  cpu_jit_forget(p->jit_lib);
   for (int i = 0; i < p->n_consts; i++) kiln_release(p->consts[i]);
   for (int i = 0; i < p->n_helpers; i++) {
     free(p->helpers[i].in_types);

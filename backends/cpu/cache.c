@@ -1,0 +1,387 @@
+/* cache.c — the on-disk cache of compiled CPU programs: object code (and the
+ * optimized module's bitcode, for the text stages) keyed by a 128-bit hash of
+ * the IR with its callees, the LLVM version, the host CPU and features, the
+ * options and the build of the library itself, so that a second process
+ * skips LLVM. An entry is one file, written to a temporary name and renamed
+ * into place (readers never see half an entry); a reader checks its magic,
+ * version, key and checksum and treats anything else as a miss. Nothing here
+ * fails a compile: an unreadable, corrupt or unwritable cache is no cache. */
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#undef DT_NUM /* elf.h's (link.h); ops.h has its own */
+
+#include "cpu/cpu.h"
+
+/* ---- hashing: MurmurHash3 x64-128 (Austin Appleby, public domain) ---- */
+
+static uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+static uint64_t fmix64(uint64_t k) {
+  k ^= k >> 33;
+  k *= 0xff51afd7ed558ccdULL;
+  k ^= k >> 33;
+  k *= 0xc4ceb9fe1a85ec53ULL;
+  k ^= k >> 33;
+  return k;
+}
+
+void cpu_hash128(const void *data, size_t len, uint8_t out[16]) {
+  const unsigned char *p = data;
+  const uint64_t c1 = 0x87c37b91114253d5ULL, c2 = 0x4cf5ad432745937fULL;
+  uint64_t h1 = 0x6b696c6e, h2 = 0x6b696c6e; /* the seed: "kiln" */
+  size_t nblocks = len / 16;
+  for (size_t i = 0; i < nblocks; i++) {
+    uint64_t k1, k2;
+    memcpy(&k1, p + 16 * i, 8);
+    memcpy(&k2, p + 16 * i + 8, 8);
+    k1 *= c1, k1 = rotl64(k1, 31), k1 *= c2, h1 ^= k1;
+    h1 = rotl64(h1, 27), h1 += h2, h1 = h1 * 5 + 0x52dce729;
+    k2 *= c2, k2 = rotl64(k2, 33), k2 *= c1, h2 ^= k2;
+    h2 = rotl64(h2, 31), h2 += h1, h2 = h2 * 5 + 0x38495ab5;
+  }
+  const unsigned char *tail = p + 16 * nblocks;
+  size_t rest = len & 15;
+  uint64_t k1 = 0, k2 = 0; /* the tail's bytes, little-endian */
+  for (size_t i = rest; i > 8; i--) k2 = (k2 << 8) | tail[i - 1];
+  for (size_t i = rest < 8 ? rest : 8; i > 0; i--) k1 = (k1 << 8) | tail[i - 1];
+  if (rest > 8) k2 *= c2, k2 = rotl64(k2, 33), k2 *= c1, h2 ^= k2;
+  if (rest > 0) k1 *= c1, k1 = rotl64(k1, 31), k1 *= c2, h1 ^= k1;
+  h1 ^= (uint64_t)len, h2 ^= (uint64_t)len;
+  h1 += h2, h2 += h1;
+  h1 = fmix64(h1), h2 = fmix64(h2);
+  h1 += h2, h2 += h1;
+  memcpy(out, &h1, 8);
+  memcpy(out + 8, &h2, 8);
+}
+
+/* ---- the build of this library ----
+ * Generated code calls the runtime by helper index and ABI, so an entry
+ * written by another build of Kiln is stale even for the same IR and LLVM:
+ * the key holds the library's GNU build id (or, without one, its file's
+ * size and modification time). */
+
+typedef struct {
+  uintptr_t addr;
+  char id[80];
+} build_query;
+
+static int find_build_id(struct dl_phdr_info *info, size_t size, void *data) {
+  build_query *q = data;
+  (void)size;
+  bool mine = false;
+  for (int i = 0; i < info->dlpi_phnum && !mine; i++) {
+    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+    uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
+    mine = ph->p_type == PT_LOAD && q->addr >= lo && q->addr < lo + ph->p_memsz;
+  }
+  if (!mine) return 0;
+  for (int i = 0; i < info->dlpi_phnum; i++) {
+    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+    if (ph->p_type != PT_NOTE) continue;
+    const unsigned char *n = (const unsigned char *)(info->dlpi_addr + ph->p_vaddr), *end = n + ph->p_memsz;
+    while (n + sizeof(ElfW(Nhdr)) <= end) {
+      ElfW(Nhdr) h;
+      memcpy(&h, n, sizeof h);
+      const unsigned char *name = n + sizeof h, *desc = name + ((h.n_namesz + 3) & ~3u);
+      if (desc + h.n_descsz > end) break;
+      if (h.n_type == NT_GNU_BUILD_ID && h.n_namesz == 4 && !memcmp(name, "GNU", 4) && h.n_descsz > 0) {
+        size_t k = 0;
+        for (unsigned j = 0; j < h.n_descsz && k + 3 < sizeof q->id; j++)
+          k += (size_t)snprintf(q->id + k, sizeof q->id - k, "%02x", desc[j]);
+        return 1;
+      }
+      n = desc + ((h.n_descsz + 3) & ~3u);
+    }
+  }
+  return 1;
+}
+
+static char build_id[128];
+static pthread_once_t build_once = PTHREAD_ONCE_INIT;
+
+static void build_init(void) {
+  build_query q = {(uintptr_t)cpu_compile_with, ""};
+  dl_iterate_phdr(find_build_id, &q);
+  if (q.id[0]) {
+    snprintf(build_id, sizeof build_id, "build-id %s", q.id);
+    return;
+  }
+  Dl_info di;
+  struct stat st;
+  if (dladdr((void *)(uintptr_t)cpu_compile_with, &di) && di.dli_fname && !stat(di.dli_fname, &st))
+    snprintf(build_id, sizeof build_id, "file %lld %lld.%09ld %llu", (long long)st.st_size,
+             (long long)st.st_mtim.tv_sec, (long)st.st_mtim.tv_nsec, (unsigned long long)st.st_ino);
+  else
+    snprintf(build_id, sizeof build_id, "unknown build %s %s", __DATE__, __TIME__);
+}
+
+const char *cpu_cache_build_id(void) {
+  pthread_once(&build_once, build_init);
+  return build_id;
+}
+
+/* ---- where ---- */
+
+bool cpu_cache_log(void) {
+  const char *env = getenv("KILN_LOG");
+  return env && strstr(env, "cache");
+}
+
+bool cpu_cache_dir(char *buf, size_t n) {
+  const char *dir = getenv("KILN_CACHE_DIR");
+  int len;
+  if (dir) {
+    if (!*dir || !strcmp(dir, "off")) return false;
+    len = snprintf(buf, n, "%s", dir);
+  } else if ((dir = getenv("XDG_CACHE_HOME")) && *dir == '/') {
+    len = snprintf(buf, n, "%s/kiln", dir);
+  } else if ((dir = getenv("HOME")) && *dir) {
+    len = snprintf(buf, n, "%s/.cache/kiln", dir);
+  } else {
+    return false;
+  }
+  return len > 0 && (size_t)len < n;
+}
+
+/* mkdir -p, private as XDG asks of ~/.cache */
+static int make_dirs(const char *dir) {
+  char path[4096];
+  size_t n = strlen(dir);
+  if (n == 0 || n >= sizeof path) return -1;
+  memcpy(path, dir, n + 1);
+  for (size_t i = 1; i <= n; i++) {
+    if (path[i] != '/' && path[i] != 0) continue;
+    char c = path[i];
+    path[i] = 0;
+    if (mkdir(path, 0700) && errno != EEXIST) return -1;
+    path[i] = c;
+  }
+  struct stat st;
+  return !stat(dir, &st) && S_ISDIR(st.st_mode) ? 0 : -1;
+}
+
+/* ---- the key ---- */
+
+static int add_callees(const ir_func *f, const ir_func ***list, int *n, int *cap, int depth) {
+  if (depth > 100) return -1;
+  for (int i = 0; i < f->n_instrs; i++) {
+    const ir_func *c = f->instrs[i].attrs.callee;
+    if (!c) continue;
+    bool seen = false;
+    for (int k = 0; k < *n && !seen; k++) seen = (*list)[k] == c;
+    if (seen) continue;
+    if (*n == *cap) {
+      int nc = *cap ? 2 * *cap : 8;
+      const ir_func **q = realloc(*list, (size_t)nc * sizeof *q);
+      if (!q) return -1;
+      *list = q;
+      *cap = nc;
+    }
+    (*list)[(*n)++] = c;
+    if (add_callees(c, list, n, cap, depth + 1)) return -1;
+  }
+  return 0;
+}
+
+int cpu_cache_key(const ir_func *f, const char *meta, uint8_t key[16]) {
+  const ir_func **funcs = NULL;
+  int n = 0, cap = 0;
+  if (add_callees(f, &funcs, &n, &cap, 0)) {
+    free(funcs);
+    return -1;
+  }
+  size_t meta_len = strlen(meta), len = meta_len + 1, used = 0;
+  char **texts = calloc((size_t)n + 1, sizeof *texts);
+  int rc = texts ? 0 : -1;
+  for (int i = 0; !rc && i <= n; i++) {
+    texts[i] = ir_print_func(i == 0 ? f : funcs[i - 1]);
+    if (!texts[i])
+      rc = -1;
+    else
+      len += strlen(texts[i]) + 1;
+  }
+  char *all = rc ? NULL : malloc(len + 1);
+  if (all) {
+    memcpy(all, meta, meta_len);
+    all[meta_len] = '\n';
+    used = meta_len + 1;
+    for (int i = 0; i <= n; i++) {
+      size_t k = strlen(texts[i]);
+      memcpy(all + used, texts[i], k);
+      all[used + k] = '\n';
+      used += k + 1;
+    }
+    cpu_hash128(all, used, key);
+  } else {
+    rc = -1;
+  }
+  for (int i = 0; texts && i <= n; i++) free(texts[i]);
+  free(texts);
+  free(funcs);
+  free(all);
+  return rc;
+}
+
+/* ---- entries ----
+ * <dir>/<32 hex digits of the key>.kco: a header, then the payload: the key
+ * text (meta), the program's kernel info, the object code, the bitcode. */
+
+#define CACHE_MAGIC "KILNCPU\x1a"
+enum { CACHE_FORMAT = 1 };
+typedef struct {
+  char magic[8];
+  uint32_t format, header_bytes;
+  uint8_t key[16];
+  uint64_t len[4]; /* meta, info, object, bitcode */
+  uint8_t sum[16]; /* cpu_hash128 of the payload */
+} cache_header;
+
+static void entry_path(char *buf, size_t n, const char *dir, const uint8_t key[16]) {
+  char hex[33];
+  for (int i = 0; i < 16; i++) snprintf(hex + 2 * i, 3, "%02x", key[i]);
+  snprintf(buf, n, "%s/%s.kco", dir, hex);
+}
+
+static int read_all(int fd, void *buf, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = read(fd, (char *)buf + got, n - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    got += (size_t)r;
+  }
+  return 0;
+}
+
+static int write_all(int fd, const void *buf, size_t n) {
+  size_t put = 0;
+  while (put < n) {
+    ssize_t r = write(fd, (const char *)buf + put, n - put);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    put += (size_t)r;
+  }
+  return 0;
+}
+
+int cpu_cache_load(const char *dir, const uint8_t key[16], const char *meta, cpu_cache_entry *e) {
+  char path[4200];
+  memset(e, 0, sizeof *e);
+  entry_path(path, sizeof path, dir, key);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  struct stat st;
+  const char *why = NULL;
+  cache_header h;
+  memset(&h, 0, sizeof h);
+  unsigned char *file = NULL;
+  if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+    why = "not a file";
+  } else if ((uint64_t)st.st_size < sizeof h || (uint64_t)st.st_size > ((uint64_t)1 << 32)) {
+    why = "truncated or oversized";
+  } else if (!(file = malloc((size_t)st.st_size))) {
+    why = "out of memory";
+  } else if (read_all(fd, file, (size_t)st.st_size)) {
+    why = "unreadable";
+  } else {
+    memcpy(&h, file, sizeof h);
+    uint64_t total = sizeof h;
+    bool fits = true;
+    for (int k = 0; k < 4; k++) {
+      fits = fits && h.len[k] <= (uint64_t)st.st_size;
+      total += fits ? h.len[k] : 0;
+    }
+    size_t meta_len = strlen(meta);
+    uint8_t sum[16] = {0};
+    if (fits && total == (uint64_t)st.st_size) cpu_hash128(file + sizeof h, (size_t)(total - sizeof h), sum);
+    if (memcmp(h.magic, CACHE_MAGIC, 8))
+      why = "bad magic";
+    else if (h.format != CACHE_FORMAT || h.header_bytes != sizeof h)
+      why = "another format";
+    else if (memcmp(h.key, key, 16))
+      why = "another key";
+    else if (!fits || total != (uint64_t)st.st_size)
+      why = "truncated";
+    else if (memcmp(sum, h.sum, 16))
+      why = "bad checksum";
+    else if (h.len[0] != meta_len || memcmp(file + sizeof h, meta, meta_len))
+      why = "another key text";
+    else if (h.len[2] == 0 || h.len[3] == 0)
+      why = "empty";
+  }
+  close(fd);
+  if (why) {
+    if (cpu_cache_log()) fprintf(stderr, "kiln: cache: %s: %s; rebuilding it\n", path, why);
+    free(file);
+    return -1;
+  }
+  unsigned char *at = file + sizeof h + h.len[0];
+  e->file = file;
+  e->info = at, e->info_len = (size_t)h.len[1], at += h.len[1];
+  e->obj = at, e->obj_len = (size_t)h.len[2], at += h.len[2];
+  e->bc = at, e->bc_len = (size_t)h.len[3];
+  return 1;
+}
+
+void cpu_cache_entry_free(cpu_cache_entry *e) {
+  free(e->file);
+  memset(e, 0, sizeof *e);
+}
+
+static _Atomic uint64_t tmp_counter;
+
+int cpu_cache_store(const char *dir, const uint8_t key[16], const char *meta, const cpu_cache_entry *e) {
+  cache_header h;
+  memset(&h, 0, sizeof h);
+  memcpy(h.magic, CACHE_MAGIC, 8);
+  h.format = CACHE_FORMAT;
+  h.header_bytes = sizeof h;
+  memcpy(h.key, key, 16);
+  h.len[0] = strlen(meta), h.len[1] = e->info_len, h.len[2] = e->obj_len, h.len[3] = e->bc_len;
+  size_t total = sizeof h + (size_t)(h.len[0] + h.len[1] + h.len[2] + h.len[3]);
+  unsigned char *file = malloc(total);
+  if (!file) return -1;
+  unsigned char *at = file + sizeof h;
+  memcpy(at, meta, (size_t)h.len[0]), at += h.len[0];
+  if (e->info_len) memcpy(at, e->info, e->info_len), at += e->info_len;
+  memcpy(at, e->obj, e->obj_len), at += e->obj_len;
+  memcpy(at, e->bc, e->bc_len);
+  cpu_hash128(file + sizeof h, total - sizeof h, h.sum);
+  memcpy(file, &h, sizeof h);
+
+  char path[4200], tmp[4300];
+  entry_path(path, sizeof path, dir, key);
+  int fd = -1;
+  const char *why = make_dirs(dir) ? "cannot create the directory" : NULL;
+  for (int tries = 0; !why && fd < 0 && tries < 8; tries++) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t r = fmix64((uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32) ^ atomic_fetch_add(&tmp_counter, 1));
+    snprintf(tmp, sizeof tmp, "%s.tmp-%ld-%016llx", path, (long)getpid(), (unsigned long long)r);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0 && errno != EEXIST) why = "cannot create a file";
+  }
+  if (!why && fd < 0) why = "cannot create a file";
+  if (!why) {
+    if (write_all(fd, file, total)) why = "cannot write";
+    if (close(fd) && !why) why = "cannot write";
+    if (!why && rename(tmp, path)) why = "cannot rename";
+    if (why) unlink(tmp);
+  }
+  int err = errno;
+  free(file);
+  if (why) {
+    if (cpu_cache_log()) fprintf(stderr, "kiln: cache: %s: %s (%s); not cached\n", dir, why, strerror(err));
+    return -1;
+  }
+  if (cpu_cache_log()) fprintf(stderr, "kiln: cache: stored %s\n", path);
+  return 0;
+}

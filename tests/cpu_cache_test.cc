@@ -1,0 +1,624 @@
+// cpu_cache_test.cc — the CPU backend's disk cache of compiled programs
+// (backends/cpu/cache.c): a second compile, in this process or a fresh one,
+// loads the code instead of running LLVM and gives the same results; large
+// constants work from a hit; corrupt and stale entries are rebuilt; an
+// unwritable or disabled cache only costs the caching; processes compiling
+// into one directory at once all succeed and leave valid entries. Processes
+// are fresh: the test binary re-executes itself with KILN_CACHE_TEST_ROLE set.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/cpu.h"
+#include "ir.h"
+#include "test_util.h"
+
+extern char **environ;
+
+namespace {
+
+using namespace kiln_test;
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+// The suite never writes into the user's cache: run by hand (not by ctest,
+// which sets KILN_CACHE_DIR), the whole test binary gets a private one.
+struct DefaultCacheDir {
+  std::string dir;
+  DefaultCacheDir() {
+    if (getenv("KILN_CACHE_DIR")) return;
+    char tmpl[] = "/tmp/kiln-test-cache-XXXXXX";
+    if (mkdtemp(tmpl)) {
+      dir = tmpl;
+      setenv("KILN_CACHE_DIR", tmpl, 0);
+    } else {
+      setenv("KILN_CACHE_DIR", "off", 0);
+    }
+  }
+  ~DefaultCacheDir() {
+    std::error_code ec;
+    if (!dir.empty() && getenv("KILN_CACHE_TEST_ROLE") == nullptr) fs::remove_all(dir, ec);
+  }
+} default_cache_dir;
+
+// A fresh directory, removed at the end.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/kiln-cache-test-XXXXXX";
+    EXPECT_NE(mkdtemp(tmpl), nullptr);
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::vector<std::string> files() const {
+    std::vector<std::string> v;
+    std::error_code ec;
+    if (!fs::is_directory(path, ec)) return v;
+    for (const auto &e : fs::directory_iterator(path)) v.push_back(e.path().filename().string());
+    return v;
+  }
+  std::vector<std::string> entries() const {
+    std::vector<std::string> v;
+    for (const std::string &f : files())
+      if (f.size() == 36 && f.substr(32) == ".kco") v.push_back(path + "/" + f);
+    return v;
+  }
+};
+
+// KILN_CACHE_DIR (and XDG_CACHE_HOME) set for the test, restored after.
+struct CacheEnv {
+  std::string old, old_xdg;
+  bool had, had_xdg;
+  explicit CacheEnv(const char *dir) {
+    const char *o = getenv("KILN_CACHE_DIR"), *x = getenv("XDG_CACHE_HOME");
+    had = o != nullptr, had_xdg = x != nullptr;
+    if (o) old = o;
+    if (x) old_xdg = x;
+    if (dir)
+      setenv("KILN_CACHE_DIR", dir, 1);
+    else
+      unsetenv("KILN_CACHE_DIR");
+  }
+  ~CacheEnv() {
+    if (had)
+      setenv("KILN_CACHE_DIR", old.c_str(), 1);
+    else
+      unsetenv("KILN_CACHE_DIR");
+    if (had_xdg)
+      setenv("XDG_CACHE_HOME", old_xdg.c_str(), 1);
+    else
+      unsetenv("XDG_CACHE_HOME");
+  }
+};
+
+// ---- the programs (the same in every process) ----
+
+// 0: a dense layer (dot, then a fused bias + relu) and a row sum
+const char *kDense =
+    "func @k(%d: f32[64,96], %b: f32[96]) -> f32[64,96] {\n"
+    "  %z = constant dense<0.0> : f32[]\n"
+    "  %1 = add %d, %b : f32[64,96]\n"
+    "  %2 = max %1, %z : f32[64,96]\n"
+    "  return %2\n"
+    "}\n"
+    "func @f(%x: f32[64,128], %w: f32[128,96], %b: f32[96]) -> (f32[64,96], f32[64]) {\n"
+    "  %d = dot %x, %w : f32[64,96]\n"
+    "  %h = fusion @k(%d, %b) : f32[64,96]\n"
+    "  %s = reduce_sum %h {axes=[1]} : f32[64]\n"
+    "  return %h, %s\n"
+    "}\n";
+
+// 1: elementwise math into two reductions, an integer division that can fail
+const char *kSoftmax =
+    "func @k(%x: f32[31,67], %y: f32[67]) -> (f32[31], f32[31]) {\n"
+    "  %d = sub %x, %y : f32[31,67]\n"
+    "  %e = exp %d : f32[31,67]\n"
+    "  %s = reduce_sum %e {axes=[1]} : f32[31]\n"
+    "  %m = reduce_max %d {axes=[1]} : f32[31]\n"
+    "  return %s, %m\n"
+    "}\n"
+    "func @f(%x: f32[31,67], %y: f32[67], %i: i32[40], %j: i32[40]) -> (f32[31], f32[31], i32[40]) {\n"
+    "  %s, %m = fusion @k(%x, %y) : f32[31], f32[31]\n"
+    "  %q = div %i, %j : i32[40]\n"
+    "  return %s, %m, %q\n"
+    "}\n";
+
+struct Program {
+  ir_module *m = nullptr;
+  ir_func *f = nullptr;
+  std::vector<kiln_tensor *> args;  // owned by the test's scope
+  ~Program() { ir_module_free(m); }
+};
+
+kiln_tensor *random_f32(std::mt19937 &rng, V64 shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::uniform_real_distribution<float> u(-2, 2);
+  std::vector<float> v((size_t)n);
+  for (float &x : v) x = u(rng);
+  return f32(shape, v);
+}
+
+kiln_tensor *random_i32(std::mt19937 &rng, V64 shape, bool nonzero) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::uniform_int_distribution<int> u(-50, 50);
+  std::vector<int32_t> v((size_t)n);
+  for (int32_t &x : v) {
+    x = u(rng);
+    if (nonzero && x == 0) x = 7;
+  }
+  return i32(shape, v);
+}
+
+// 2: large constants (read in place by the code), one read twice: shared
+// says whether the two reads are one tensor or two equal ones (the IR text,
+// and so the key, is the same either way).
+bool constants_program(Program &p, bool shared, int variant = 0) {
+  p.m = ir_module_new();
+  op_type t{};
+  t.dtype = KILN_F32;
+  t.rank = 1;
+  t.shape[0] = 4099;
+  p.f = ir_func_new(p.m, "consts", 1, &t);
+  if (!p.f) return false;
+  std::vector<float> a(4099), b(4099);
+  for (int i = 0; i < 4099; i++) a[(size_t)i] = (float)(i % 97) * 0.25f + (float)variant, b[(size_t)i] = 1.0f / (1 + i);
+  kiln_tensor *ca = f32({4099}, a), *cb = f32({4099}, b), *ca2 = shared ? ca : f32({4099}, a);
+  ir_value va = ir_constant(p.f, ca, ir_loc{}), vb = ir_constant(p.f, cb, ir_loc{});
+  ir_value in1[2] = {0, va};
+  ir_value m1 = ir_append(p.f, OP_MUL, nullptr, 2, in1, ir_loc{});
+  ir_value in2[2] = {m1, vb};
+  ir_value s1 = ir_append(p.f, OP_ADD, nullptr, 2, in2, ir_loc{});
+  ir_value va2 = ir_constant(p.f, ca2, ir_loc{});
+  ir_value in3[2] = {s1, va2};
+  ir_value s2 = ir_append(p.f, OP_SUB, nullptr, 2, in3, ir_loc{});
+  ir_value res[2] = {s2, va2};
+  if (s2 < 0 || ir_set_results(p.f, 2, res)) return false;
+  std::mt19937 rng(5);
+  p.args = {random_f32(rng, {4099})};
+  return true;
+}
+
+bool make_program(Program &p, int which, bool shared = true) {
+  std::mt19937 rng(11 + which);
+  if (which == 2) return constants_program(p, shared);
+  p.m = ir_parse(which == 0 ? kDense : kSoftmax, "cache.kir");
+  if (!p.m) return false;
+  p.f = ir_module_find(p.m, "f");
+  if (which == 0) {
+    p.args = {random_f32(rng, {64, 128}), random_f32(rng, {128, 96}), random_f32(rng, {96})};
+  } else {
+    p.args = {random_f32(rng, {31, 67}), random_f32(rng, {67}), random_i32(rng, {40}, false),
+              random_i32(rng, {40}, true)};
+  }
+  return true;
+}
+
+// within float rounding of another order of sums or FMA contraction
+std::string mismatch(const kiln_tensor *want, const kiln_tensor *got) {
+  if (!want || !got) return "missing result";
+  if (kiln_tensor_dtype(want) != kiln_tensor_dtype(got) || shape_of(want) != shape_of(got)) return "another type";
+  VD w = values(want), g = values(got);
+  for (size_t i = 0; i < w.size(); i++)
+    if (std::fabs(w[i] - g[i]) > 1e-4 * (1 + std::fabs(w[i])))
+      return "element " + std::to_string(i) + ": want " + std::to_string(w[i]) + ", got " + std::to_string(g[i]);
+  return "";
+}
+
+// Runs p's program compiled as c; the results against the interpreter's.
+std::string check_results(const Program &p, cpu_program *c, std::vector<kiln_tensor *> *out = nullptr) {
+  int n = p.f->n_results;
+  std::vector<kiln_tensor *> want((size_t)n), got((size_t)n);
+  if (ir_interpret(p.f, p.args.data(), want.data())) return std::string("interpreter: ") + kiln_last_error();
+  if (cpu_run(c, p.args.data(), got.data())) return std::string("run: ") + kiln_last_error();
+  for (int r = 0; r < n; r++) {
+    std::string m = mismatch(want[(size_t)r], got[(size_t)r]);
+    if (!m.empty()) return "result " + std::to_string(r) + ": " + m;
+  }
+  if (out) *out = got;
+  return "";
+}
+
+// Compiles (expecting success), checks the results; whether it was a hit.
+bool compile_check(const Program &p, const char *what, cpu_program **keep = nullptr) {
+  cpu_program *c = cpu_compile(p.f);
+  EXPECT_NE(c, nullptr) << what << ": " << kiln_last_error();
+  if (!c) return false;
+  EXPECT_EQ(check_results(p, c), "") << what;
+  bool hit = cpu_program_from_cache(c);
+  if (keep)
+    *keep = c;
+  else
+    cpu_program_free(c);
+  return hit;
+}
+
+// ---- child processes ----
+
+enum { CHILD_MISS = 10, CHILD_HIT = 11 };
+
+// Runs this test binary as a child (child_role) compiling program `which` into
+// dir; returns its pid.
+pid_t spawn_child(const std::string &dir, int which) {
+  static std::string self = fs::read_symlink("/proc/self/exe").string();
+  std::vector<std::string> env_s;
+  for (char **e = environ; *e; e++)
+    if (strncmp(*e, "KILN_CACHE_DIR=", 15) && strncmp(*e, "KILN_CACHE_TEST_ROLE=", 21)) env_s.push_back(*e);
+  env_s.push_back("KILN_CACHE_DIR=" + dir);
+  env_s.push_back("KILN_CACHE_TEST_ROLE=" + std::to_string(which));
+  std::vector<char *> envp;
+  for (std::string &s : env_s) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::string filter = "--gtest_filter=-*"; // child_role exits before main
+  char *argv[] = {self.data(), filter.data(), nullptr};
+  pid_t pid = fork();
+  if (pid == 0) {
+    int null = open("/dev/null", O_WRONLY);
+    if (null >= 0) dup2(null, 1);
+    execve(self.c_str(), argv, envp.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+int wait_child(pid_t pid) {
+  int status = 0;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
+// The child's side: compile, check, report through the exit status.
+// It runs before main (a static initializer below), so a child is never a
+// test of its own.
+int child_role() {
+  const char *role = getenv("KILN_CACHE_TEST_ROLE");
+  if (!role) return 0;
+  int code;
+  {
+    kiln_scope_push();
+    Program p;
+    // the constants are separate tensors here, one in the parent
+    if (!make_program(p, atoi(role), false)) {
+      fprintf(stderr, "child: no program: %s\n", kiln_last_error());
+      code = 2;
+    } else if (cpu_program *c = cpu_compile(p.f); !c) {
+      fprintf(stderr, "child: compile: %s\n", kiln_last_error());
+      code = 3;
+    } else {
+      std::string m = check_results(p, c);
+      if (!m.empty()) fprintf(stderr, "child: %s\n", m.c_str());
+      code = !m.empty() ? 4 : cpu_program_from_cache(c) ? CHILD_HIT : CHILD_MISS;
+      cpu_program_free(c);
+    }
+    kiln_scope_pop();
+  }
+  fflush(stderr);
+  _exit(code);
+}
+const int child_hook = child_role();
+
+// ---- the tests ----
+
+TEST(CpuCache, ASecondCompileLoadsTheSameCode) {
+  Scoped scope;
+  TempDir dir;
+  CacheEnv env(dir.path.c_str());
+  for (int which = 0; which < 3; which++) {
+    Program p;
+    ASSERT_TRUE(make_program(p, which)) << kiln_last_error();
+    cpu_program *cold = nullptr, *warm = nullptr;
+    EXPECT_FALSE(compile_check(p, "cold", &cold));
+    EXPECT_EQ(dir.entries().size(), (size_t)which + 1);
+    EXPECT_TRUE(compile_check(p, "warm", &warm));
+    ASSERT_TRUE(cold && warm);
+    EXPECT_EQ(cpu_program_kernels(cold), cpu_program_kernels(warm));
+    EXPECT_GT(cpu_program_compile_ms(warm), 0);
+    // the same code: the same bits
+    std::vector<kiln_tensor *> a, b;
+    EXPECT_EQ(check_results(p, cold, &a), "");
+    EXPECT_EQ(check_results(p, warm, &b), "");
+    for (size_t r = 0; r < a.size() && r < b.size(); r++) EXPECT_TRUE(same_bits(a[r], b[r])) << which << " " << r;
+    // both loaded at once, then one freed: the other still runs
+    cpu_program_free(cold);
+    EXPECT_EQ(check_results(p, warm), "");
+    cpu_program_free(warm);
+  }
+  for (const std::string &f : dir.files()) EXPECT_EQ(f.find(".tmp"), std::string::npos) << f;
+}
+
+TEST(CpuCache, ManyProgramsOfOneEntryInOneProcess) {
+  Scoped scope;
+  TempDir dir;
+  CacheEnv env(dir.path.c_str());
+  Program p;
+  ASSERT_TRUE(make_program(p, 0)) << kiln_last_error();
+  std::vector<cpu_program *> ps;
+  for (int i = 0; i < 6; i++) {
+    cpu_program *c = nullptr;
+    EXPECT_EQ(compile_check(p, "one of many", &c), i > 0);
+    ps.push_back(c);
+    if (i == 2) {  // freed JITDylibs are reused
+      cpu_program_free(ps[0]);
+      ps[0] = nullptr;
+    }
+  }
+  for (cpu_program *c : ps) {
+    if (c) {
+      EXPECT_EQ(check_results(p, c), "");
+    }
+  }
+  for (cpu_program *c : ps) cpu_program_free(c);
+}
+
+TEST(CpuCache, AFreshProcessLoadsTheCode) {
+  Scoped scope;
+  TempDir dir;
+  CacheEnv env(dir.path.c_str());
+  for (int which = 0; which < 3; which++) {
+    Program p;
+    ASSERT_TRUE(make_program(p, which)) << kiln_last_error();
+    EXPECT_FALSE(compile_check(p, "parent"));
+    // the child's constants are other tensors, at other addresses
+    EXPECT_EQ(wait_child(spawn_child(dir.path, which)), CHILD_HIT) << "program " << which;
+  }
+  // and the other way round: the child writes, the parent reads
+  TempDir dir2;
+  EXPECT_EQ(wait_child(spawn_child(dir2.path, 2)), CHILD_MISS);
+  CacheEnv env2(dir2.path.c_str());
+  Program p;
+  ASSERT_TRUE(make_program(p, 2, true)) << kiln_last_error();
+  EXPECT_TRUE(compile_check(p, "after the child"));
+}
+
+TEST(CpuCache, ConstantsAreNotPartOfTheCode) {
+  Scoped scope;
+  TempDir dir;
+  CacheEnv env(dir.path.c_str());
+  Program a, b, c;
+  ASSERT_TRUE(constants_program(a, true)) << kiln_last_error();
+  ASSERT_TRUE(constants_program(b, false)) << kiln_last_error();
+  ASSERT_TRUE(constants_program(c, false, 1)) << kiln_last_error();
+  cpu_program *pa = nullptr, *pb = nullptr, *pc = nullptr;
+  EXPECT_FALSE(compile_check(a, "shared", &pa));
+  EXPECT_TRUE(compile_check(b, "separate", &pb));  // the same IR text
+  EXPECT_FALSE(compile_check(c, "other values", &pc));
+  // each reads its own constants, in place
+  EXPECT_EQ(check_results(a, pa), "");
+  EXPECT_EQ(check_results(b, pb), "");
+  EXPECT_EQ(check_results(c, pc), "");
+  cpu_program_free(pa);
+  cpu_program_free(pb);
+  cpu_program_free(pc);
+}
+
+void write_file(const std::string &path, const std::vector<char> &bytes) {
+  std::ofstream o(path, std::ios::binary | std::ios::trunc);
+  o.write(bytes.data(), (std::streamsize)bytes.size());
+}
+
+std::vector<char> read_file(const std::string &path) {
+  std::ifstream i(path, std::ios::binary);
+  return std::vector<char>(std::istreambuf_iterator<char>(i), std::istreambuf_iterator<char>());
+}
+
+TEST(CpuCache, CorruptEntriesAreRebuilt) {
+  Scoped scope;
+  TempDir dir;
+  CacheEnv env(dir.path.c_str());
+  Program p;
+  ASSERT_TRUE(make_program(p, 1)) << kiln_last_error();
+  EXPECT_FALSE(compile_check(p, "first"));
+  ASSERT_EQ(dir.entries().size(), 1u);
+  const std::string entry = dir.entries()[0];
+  const std::vector<char> good = read_file(entry);
+  ASSERT_GT(good.size(), 200u);
+  struct Damage {
+    const char *what;
+    std::vector<char> bytes;
+  };
+  std::vector<Damage> damages;
+  damages.push_back({"empty", {}});
+  damages.push_back({"truncated", std::vector<char>(good.begin(), good.begin() + (long)good.size() / 2)});
+  damages.push_back({"header only", std::vector<char>(good.begin(), good.begin() + 80)});
+  std::vector<char> v = good;
+  v[v.size() - 100] ^= 0x10;  // the bitcode
+  damages.push_back({"a byte of the payload", v});
+  v = good;
+  v[v.size() / 2] ^= 0x01;  // the object code
+  damages.push_back({"a byte of the object", v});
+  v = good;
+  v[0] = 'X';
+  damages.push_back({"magic", v});
+  v = good;
+  v[8] ^= 0x7f;  // the format
+  damages.push_back({"format", v});
+  v = good;
+  v.push_back(0);
+  damages.push_back({"trailing byte", v});
+  v = good;
+  for (size_t i = 40; i < 48; i++) v[i] = (char)0xff;  // a length
+  damages.push_back({"length", v});
+  damages.push_back({"garbage", std::vector<char>(good.size(), 'k')});
+  for (const Damage &d : damages) {
+    write_file(entry, d.bytes);
+    EXPECT_FALSE(compile_check(p, d.what)) << d.what;  // detected: compiled again
+    EXPECT_EQ(read_file(entry), good) << d.what << ": rebuilt";
+    EXPECT_TRUE(compile_check(p, d.what)) << d.what << ": a hit again";
+  }
+  // a directory where the entry should be: compiles, caches nothing
+  fs::remove(entry);
+  fs::create_directory(entry);
+  EXPECT_FALSE(compile_check(p, "a directory"));
+  EXPECT_FALSE(compile_check(p, "a directory"));
+}
+
+TEST(CpuCache, AnotherKeysEntryIsStale) {
+  Scoped scope;
+  TempDir dir;
+  CacheEnv env(dir.path.c_str());
+  Program a, b;
+  ASSERT_TRUE(make_program(a, 0)) << kiln_last_error();
+  ASSERT_TRUE(make_program(b, 1)) << kiln_last_error();
+  EXPECT_FALSE(compile_check(a, "a"));
+  std::string ea = dir.entries()[0];
+  EXPECT_FALSE(compile_check(b, "b"));
+  ASSERT_EQ(dir.entries().size(), 2u);
+  std::string eb = dir.entries()[0] == ea ? dir.entries()[1] : dir.entries()[0];
+  // a's entry under b's name (as if two keys collided): not taken
+  fs::copy_file(ea, eb, fs::copy_options::overwrite_existing);
+  EXPECT_FALSE(compile_check(b, "b over a"));
+  EXPECT_TRUE(compile_check(b, "b again"));
+  EXPECT_TRUE(compile_check(a, "a again"));
+}
+
+TEST(CpuCache, OptionsAreInTheKey) {
+  Scoped scope;
+  TempDir dir;
+  CacheEnv env(dir.path.c_str());
+  Program p;
+  ASSERT_TRUE(make_program(p, 0)) << kiln_last_error();
+  EXPECT_FALSE(compile_check(p, "contract"));
+  cpu_options strict{};
+  strict.no_contract = true;
+  cpu_program *c = cpu_compile_with(p.f, &strict);
+  ASSERT_NE(c, nullptr) << kiln_last_error();
+  EXPECT_FALSE(cpu_program_from_cache(c));
+  cpu_program_free(c);
+  c = cpu_compile_with(p.f, &strict);
+  ASSERT_NE(c, nullptr) << kiln_last_error();
+  EXPECT_TRUE(cpu_program_from_cache(c));
+  EXPECT_EQ(check_results(p, c), "");
+  cpu_program_free(c);
+  EXPECT_EQ(dir.entries().size(), 2u);
+}
+
+TEST(CpuCache, AnUnwritableDirectoryOnlyCostsTheCaching) {
+  Scoped scope;
+  TempDir dir;
+  // a directory that cannot be made, even by root: under a plain file
+  std::string file = dir.path + "/file";
+  write_file(file, {'x'});
+  std::string sub = file + "/cache/kiln";
+  CacheEnv env(sub.c_str());
+  Program p;
+  ASSERT_TRUE(make_program(p, 0)) << kiln_last_error();
+  kiln_clear_error();
+  EXPECT_FALSE(compile_check(p, "unwritable"));
+  EXPECT_FALSE(compile_check(p, "unwritable"));
+  EXPECT_STREQ(kiln_last_error(), "");
+  EXPECT_EQ(dir.files(), std::vector<std::string>{"file"});
+  // read-only for its owner (root ignores the mode: then it caches)
+  std::string ro = dir.path + "/ro";
+  fs::create_directory(ro);
+  chmod(ro.c_str(), 0500);
+  CacheEnv env2(ro.c_str());
+  EXPECT_FALSE(compile_check(p, "read-only"));
+  bool root = geteuid() == 0;
+  EXPECT_EQ(compile_check(p, "read-only"), root);
+  chmod(ro.c_str(), 0700);
+}
+
+TEST(CpuCache, OffOrEmptyDisablesIt) {
+  Scoped scope;
+  TempDir dir;
+  std::string cwd = fs::current_path().string();
+  ASSERT_EQ(chdir(dir.path.c_str()), 0);
+  Program p;
+  ASSERT_TRUE(make_program(p, 1)) << kiln_last_error();
+  for (const char *v : {"off", ""}) {
+    CacheEnv env(v);
+    EXPECT_FALSE(compile_check(p, v));
+    EXPECT_FALSE(compile_check(p, v));
+  }
+  EXPECT_TRUE(dir.files().empty());
+  ASSERT_EQ(chdir(cwd.c_str()), 0);
+}
+
+TEST(CpuCache, TheDefaultIsUnderXdgCacheHome) {
+  Scoped scope;
+  TempDir dir;
+  CacheEnv env(nullptr);
+  setenv("XDG_CACHE_HOME", dir.path.c_str(), 1);
+  Program p;
+  ASSERT_TRUE(make_program(p, 1)) << kiln_last_error();
+  EXPECT_FALSE(compile_check(p, "default"));
+  EXPECT_TRUE(compile_check(p, "default"));
+  std::error_code ec;
+  int n = 0;
+  for (const auto &e : fs::directory_iterator(dir.path + "/kiln", ec)) n += e.path().extension() == ".kco";
+  EXPECT_EQ(n, 1);
+}
+
+TEST(CpuCache, TextStagesFromAHit) {
+  Scoped scope;
+  TempDir dir;
+  CacheEnv env(dir.path.c_str());
+  ir_module *m = ir_parse(
+      "func @f(%x: f32[1000], %y: f32[1000]) -> f32[1000] {\n  %a = add %x, %y : f32[1000]\n"
+      "  %e = exp %a : f32[1000]\n  return %e\n}\n",
+      "text.kir");
+  ASSERT_NE(m, nullptr) << kiln_last_error();
+  std::string text[2][2];
+  for (int i = 0; i < 2; i++) {
+    cpu_program *p = cpu_compile(m->funcs[0]);
+    ASSERT_NE(p, nullptr) << kiln_last_error();
+    EXPECT_EQ(cpu_program_from_cache(p), i == 1);
+    EXPECT_EQ(cpu_program_kernels(p), 2);
+    for (int s = 0; s < 2; s++) {
+      char *t = cpu_program_text(p, s ? "asm" : "llvm");
+      ASSERT_NE(t, nullptr) << kiln_last_error();
+      text[i][s] = t;
+      free(t);
+    }
+    cpu_program_free(p);
+  }
+  EXPECT_THAT(text[1][0], HasSubstr("x float>"));  // vectorized
+  EXPECT_THAT(text[1][1], HasSubstr("vfmadd"));
+  EXPECT_EQ(text[0][0], text[1][0]);
+  EXPECT_EQ(text[0][1], text[1][1]);
+  ir_module_free(m);
+}
+
+TEST(CpuCache, ProcessesCompilingAtOnce) {
+  Scoped scope;
+  TempDir dir;
+  // eight fresh processes, three programs, one empty directory
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 8; i++) pids.push_back(spawn_child(dir.path, i % 3));
+  for (size_t i = 0; i < pids.size(); i++) {
+    int code = wait_child(pids[i]);
+    EXPECT_TRUE(code == CHILD_HIT || code == CHILD_MISS) << "child " << i << " exited with " << code;
+  }
+  for (const std::string &f : dir.files()) EXPECT_EQ(f.find(".tmp"), std::string::npos) << "left over: " << f;
+  EXPECT_EQ(dir.entries().size(), 3u);
+  // every entry is whole: this process and new ones hit
+  CacheEnv env(dir.path.c_str());
+  for (int which = 0; which < 3; which++) {
+    Program p;
+    ASSERT_TRUE(make_program(p, which)) << kiln_last_error();
+    EXPECT_TRUE(compile_check(p, "after the children")) << which;
+  }
+  pids.clear();
+  for (int i = 0; i < 6; i++) pids.push_back(spawn_child(dir.path, i % 3));
+  for (pid_t pid : pids) EXPECT_EQ(wait_child(pid), CHILD_HIT);
+  EXPECT_EQ(dir.entries().size(), 3u);
+}
+
+}  // namespace
