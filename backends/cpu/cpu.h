@@ -100,6 +100,7 @@ struct cpu_program {
   char *bitcode;  /* the optimized module, for cpu_program_text */
   size_t bitcode_len;
   double compile_ms;
+  double opt_ms, codegen_ms; /* of compile_ms: LLVM's pass pipeline, and code generation */
   bool from_cache; /* its code was read from the disk cache */
 };
 
