@@ -553,6 +553,67 @@ TEST(CpuBackend, FusionBodiesCompileToOneKernel) {
        "  return %r\n"
        "}\n",
        1},
+      // dot epilogues. A short inner dimension is summed in the kernel: the
+      // batch-1 weight gradient (an outer product) fused into its SGD update
+      {"func @k(%h: f32[64,1], %dy: f32[1,48], %lr: f32[], %w: f32[64,48]) -> f32[64,48] {\n"
+       "  %g = dot %h, %dy : f32[64,48]\n"
+       "  %s = mul %g, %lr : f32[64,48]\n"
+       "  %n = sub %w, %s : f32[64,48]\n"
+       "  return %n\n"
+       "}\n"
+       "func @f(%h: f32[64,1], %dy: f32[1,48], %lr: f32[], %w: f32[64,48]) -> f32[64,48] {\n"
+       "  %r = fusion @k(%h, %dy, %lr, %w) : f32[64,48]\n"
+       "  return %r\n"
+       "}\n",
+       1},
+      // ... batched, batch dims broadcast, integers, the dot itself a result,
+      // an operand transposed inside the kernel
+      {"func @k(%a: i64[2,1,5,3], %b: i64[4,7,3]) -> (i64[2,4,5,7], i64[2,4,5,7]) {\n"
+       "  %t = transpose %b {perm=[0,2,1]} : i64[4,3,7]\n"
+       "  %d = dot %a, %t : i64[2,4,5,7]\n"
+       "  %r = mul %d, %d : i64[2,4,5,7]\n"
+       "  return %d, %r\n"
+       "}\n"
+       "func @f(%a: i64[2,1,5,3], %b: i64[4,7,3]) -> (i64[2,4,5,7], i64[2,4,5,7]) {\n"
+       "  %d, %r = fusion @k(%a, %b) : i64[2,4,5,7], i64[2,4,5,7]\n"
+       "  return %d, %r\n"
+       "}\n",
+       1},
+      {"func @k(%a: f64[3,8], %b: f64[8,5], %c: f64[3,5]) -> f64[3,5] {\n"
+       "  %d = dot %a, %b : f64[3,5]\n"
+       "  %r = add %d, %c : f64[3,5]\n"
+       "  return %r\n"
+       "}\n"
+       "func @f(%a: f64[3,8], %b: f64[8,5], %c: f64[3,5]) -> f64[3,5] {\n"
+       "  %r = fusion @k(%a, %b, %c) : f64[3,5]\n"
+       "  return %r\n"
+       "}\n",
+       1},
+      // a long inner dimension: the packed matmul first, then bias and relu
+      // as one kernel
+      {"func @k(%x: f32[33,100], %w: f32[100,29], %b: f32[29]) -> f32[33,29] {\n"
+       "  %d = dot %x, %w : f32[33,29]\n"
+       "  %a = add %d, %b : f32[33,29]\n"
+       "  %z = relu %a : f32[33,29]\n"
+       "  return %z\n"
+       "}\n"
+       "func @f(%x: f32[33,100], %w: f32[100,29], %b: f32[29]) -> f32[33,29] {\n"
+       "  %r = fusion @k(%x, %w, %b) : f32[33,29]\n"
+       "  return %r\n"
+       "}\n",
+       1},
+      // ... but not when the dot reads a value the body computes: inlined
+      {"func @k(%x: f32[100,33], %w: f32[100,29], %b: f32[29]) -> f32[33,29] {\n"
+       "  %t = transpose %x {perm=[1,0]} : f32[33,100]\n"
+       "  %d = dot %t, %w : f32[33,29]\n"
+       "  %a = add %d, %b : f32[33,29]\n"
+       "  return %a\n"
+       "}\n"
+       "func @f(%x: f32[100,33], %w: f32[100,29], %b: f32[29]) -> f32[33,29] {\n"
+       "  %r = fusion @k(%x, %w, %b) : f32[33,29]\n"
+       "  return %r\n"
+       "}\n",
+       2},
       // a body that is not one kernel (a reduction read inside it): inlined,
       // one kernel per instruction
       {"func @k(%x: f32[4,6]) -> f32[4,6] {\n"

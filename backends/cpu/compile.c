@@ -337,7 +337,22 @@ static int plan_kernel(cpu_build *cb, const ir_func *f, int i, const int *vs, in
   return group_step(cb, g);
 }
 
-/* Whether a fusion's body can be one kernel: fusible ops only; results
+/* A dot of a fusion body that runs just before the body's kernel, as a
+ * packed matmul (a runtime helper) into a temporary that the kernel reads:
+ * its inner dimension is too long to sum per element, its operands are the
+ * body's parameters, and only the body reads it. The rest of the body (a
+ * bias, an activation, an SGD update) is then one kernel, not one per op. */
+static bool dot_before_kernel(const ir_func *c, const ir_instr *in) {
+  if (in->op != OP_DOT || llvm_dot_inline(c, in)) return false;
+  for (int k = 0; k < in->n_in; k++)
+    if (ir_def(c, in->in[k])) return false;
+  for (int r = 0; r < c->n_results; r++)
+    if (c->results[r] == in->out) return false;
+  return true;
+}
+
+/* Whether a fusion's body can be one kernel: fusible ops only (and dots,
+ * summed in the kernel or run just before it); results
  * computed in it, distinct, all of one shape, or all reductions of one
  * input shape and axes that nothing in the body reads. */
 static bool fusion_ok(const ir_func *c) {
@@ -345,7 +360,11 @@ static bool fusion_ok(const ir_func *c) {
   const ir_instr *red = NULL;
   for (int i = 0; i < c->n_instrs; i++) {
     const ir_instr *in = &c->instrs[i];
-    if (!llvm_op_fusible(in->op) || in->n_out != 1) return false;
+    if (in->op == OP_DOT) {
+      if (!llvm_dot_inline(c, in) && !dot_before_kernel(c, in)) return false;
+    } else if (!llvm_op_fusible(in->op) || in->n_out != 1) {
+      return false;
+    }
     for (int k = 0; k < in->n_in; k++) {
       const ir_instr *d = ir_def(c, in->in[k]);
       if (d && llvm_op_is_reduce(d->op)) return false; /* a reduction must end the kernel */
@@ -381,14 +400,36 @@ static bool fusion_ok(const ir_func *c) {
   return true;
 }
 
+static int plan_helper(cpu_build *cb, const ir_func *f, const ir_instr *in, int *vs, bool top);
+
 static int plan_fusion(cpu_build *cb, const ir_func *f, const ir_instr *in, int *vs, bool top) {
   const ir_func *c = in->attrs.callee;
+  /* the body's slots, for the dots that run before its kernel */
+  int *cvs = malloc(((size_t)c->n_values + 1) * sizeof *cvs);
+  if (!cvs) return oom();
+  for (int k = 0; k < in->n_in; k++) cvs[k] = vs[in->in[k]];
+  for (int i = 0; i < c->n_instrs; i++)
+    if (dot_before_kernel(c, &c->instrs[i]) && plan_helper(cb, c, &c->instrs[i], cvs, false)) {
+      free(cvs);
+      return -1;
+    }
   kgroup *g = new_group(cb, c, c->n_results);
-  if (!g) return -1;
-  for (int i = 0; i < c->n_instrs; i++) {
-    g->member[i] = true;
-    if (c->instrs[i].op == OP_CONSTANT && retain_const(cb, c->instrs[i].attrs.value)) return -1;
+  if (!g) {
+    free(cvs);
+    return -1;
   }
+  for (int i = 0; i < c->n_instrs; i++) {
+    if (dot_before_kernel(c, &c->instrs[i])) {
+      g->leaf[c->instrs[i].out] = cvs[c->instrs[i].out];
+      continue;
+    }
+    g->member[i] = true;
+    if (c->instrs[i].op == OP_CONSTANT && retain_const(cb, c->instrs[i].attrs.value)) {
+      free(cvs);
+      return -1;
+    }
+  }
+  free(cvs);
   for (int k = 0; k < in->n_in; k++) g->leaf[k] = vs[in->in[k]];
   for (int r = 0; r < c->n_results; r++) {
     int s = value_slot(cb, f, in->out + r, top);

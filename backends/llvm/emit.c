@@ -534,6 +534,14 @@ static LLVMValueRef binary(llvm_group *g, op_id op, kiln_dtype dt, LLVMValueRef 
 
 /* ---- the recursive emitter ---- */
 
+bool llvm_dot_inline(const ir_func *f, const ir_instr *in) {
+  if (in->op != OP_DOT) return false;
+  const op_type *at = &f->types[in->in[0]];
+  int64_t k = at->shape[at->rank - 1];
+  bool dtype_ok = at->dtype == KILN_F32 || at->dtype == KILN_F64 || at->dtype == KILN_I32 || at->dtype == KILN_I64;
+  return dtype_ok && k >= 1 && k <= LLVM_DOT_INLINE_K;
+}
+
 bool llvm_op_is_reduce(op_id op) {
   return op == OP_REDUCE_SUM || op == OP_REDUCE_PROD || op == OP_REDUCE_MAX || op == OP_REDUCE_MIN;
 }
@@ -645,6 +653,32 @@ static LLVMValueRef emit_instr(llvm_group *g, ir_value v, const ir_instr *in, ll
       }
       llvm_index_dims(&sub, it, dims);
       return llvm_emit_value(g, in->in[0], &sub);
+    }
+    case OPK_DOT: { /* sum over k of a[batch, i, k] * b[batch, k, j], unrolled, k ascending */
+      if (!llvm_dot_inline(f, in)) break;
+      const op_type *at = &f->types[in->in[0]], *bt = &f->types[in->in[1]];
+      int r = rt->rank;
+      llvm_index_get_dims(e, idx);
+      LLVMValueRef acc = NULL;
+      for (int64_t k = 0; k < at->shape[at->rank - 1]; k++) {
+        LLVMValueRef ad[KILN_MAX_RANK], bd[KILN_MAX_RANK];
+        for (int d = 0; d < at->rank - 2; d++) /* batch dims broadcast, aligned right */
+          ad[d] = at->shape[d] == 1 ? llvm_i64(e, 0) : idx->dim[r - at->rank + d];
+        for (int d = 0; d < bt->rank - 2; d++) bd[d] = bt->shape[d] == 1 ? llvm_i64(e, 0) : idx->dim[r - bt->rank + d];
+        ad[at->rank - 2] = idx->dim[r - 2];
+        ad[at->rank - 1] = llvm_i64(e, k);
+        bd[bt->rank - 2] = llvm_i64(e, k);
+        bd[bt->rank - 1] = idx->dim[r - 1];
+        llvm_index ai, bi;
+        llvm_index_dims(&ai, at, ad);
+        llvm_index_dims(&bi, bt, bd);
+        LLVMValueRef x = llvm_emit_value(g, in->in[0], &ai);
+        LLVMValueRef y = x ? llvm_emit_value(g, in->in[1], &bi) : NULL;
+        if (!y) return NULL;
+        LLVMValueRef prod = binary(g, OP_MUL, rt->dtype, x, y);
+        acc = acc ? binary(g, OP_ADD, rt->dtype, acc, prod) : prod;
+      }
+      return acc;
     }
     default: break;
   }

@@ -100,6 +100,13 @@ bool llvm_group_is_flat(const ir_func *f, const bool *member, ir_value v);
  * transpose, slice, constants; reductions as the group's result). */
 bool llvm_op_fusible(op_id op);
 bool llvm_op_is_reduce(op_id op);
+/* Whether dot instruction in of f can be computed per output element inside
+ * a kernel: a short inner dimension (K <= LLVM_DOT_INLINE_K, such as the
+ * outer products of a batch-1 weight gradient), summed unrolled, so that a
+ * fused epilogue (an SGD update, a bias, an activation) reads and writes
+ * each output once. Longer dots go to the packed matmul kernels. */
+#define LLVM_DOT_INLINE_K 8
+bool llvm_dot_inline(const ir_func *f, const ir_instr *in);
 
 /* ---- reductions: the accumulator, in a type wide enough (f64 for f32
  * sums and products, as the eager kernels do) ---- */
