@@ -1,12 +1,14 @@
 /* compile.c — the last step of staging (DESIGN.md "Staging", step 3): the
- * optimized IR of a trace becomes native code through the CPU backend, and
- * calls run it. The reference interpreter stays the fallback: for traces on
- * a GPU, for IR the backend cannot take, and with KILN_BACKEND=interp. */
+ * optimized IR of a trace becomes native code through the CPU backend, or
+ * PTX through the CUDA backend for a trace under a GPU's device scope, and
+ * calls run it. The reference interpreter stays the fallback: for IR a
+ * backend cannot take, and with KILN_BACKEND=interp. */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "jit.h"
 #include "cpu/cpu.h"
+#include "cuda/cuda_rt.h"
 #include "cuda/ptx.h"
 
 typedef enum { BACKEND_AUTO, BACKEND_CPU, BACKEND_INTERP } backend_choice;
@@ -31,8 +33,29 @@ static void dump_stage(traced_fn *fn, const char *name, int trace_no, int step, 
   free(text);
 }
 
+/* A trace under gpu:N's scope: compiled for that GPU's architecture; where
+ * the CUDA backend cannot take it, calls run the interpreter (whose ops
+ * are the eager GPU kernels). */
+static int compile_gpu(traced_fn *fn, const char *name, int trace_no, int step) {
+  int gpu = device_current() - 1;
+  const char *arch = cuda_arch_of(gpu);
+  fn->cuda = cuda_compile(fn->opt_func, arch);
+  if (!fn->cuda) {
+    if (log_compile()) fprintf(stderr, "kiln: compile @%s: interpreted on gpu:%d: %s\n", name, gpu, kiln_last_error());
+    kiln_clear_error();
+    return 0;
+  }
+  fn->compile_ms = fn->cuda->compile_ms;
+  if (log_compile())
+    fprintf(stderr, "kiln: compile @%s: %d kernels for %s (gpu:%d) in %.2f ms\n", name,
+            cuda_program_kernels(fn->cuda), arch, gpu, fn->compile_ms);
+  if (trace_no >= 0 && getenv("KILN_DUMP")) jit_dump(name, trace_no, step + 2, "ptx", fn->cuda->ptx);
+  return 0;
+}
+
 int jit_compile(traced_fn *fn, const char *name, int trace_no, int step) {
   backend_choice choice = backend_env();
+  if (choice != BACKEND_INTERP && device_current() != 0) return compile_gpu(fn, name, trace_no, step);
   if (choice == BACKEND_INTERP || device_current() != 0) return 0;
   fn->cpu = cpu_compile(fn->opt_func);
   if (!fn->cpu) {
@@ -58,7 +81,18 @@ int jit_compile(traced_fn *fn, const char *name, int trace_no, int step) {
   return 0;
 }
 
+/* The GPU a GPU trace runs on: the device scope's, else where its first
+ * GPU argument lives (a backward pass run outside the scope); the
+ * interpreter where that GPU is not of the architecture compiled for. */
+static int exec_gpu(const traced_fn *fn, kiln_tensor *const *args, kiln_tensor **res) {
+  int dev = device_current();
+  for (int i = 0; dev == 0 && i < fn->opt_func->n_params; i++) dev = args[i] ? args[i]->device : 0;
+  if (dev == 0 || strcmp(cuda_arch_of(dev - 1), fn->cuda->arch)) return ir_run(fn->opt_func, args, res);
+  return cuda_program_run(fn->cuda, dev - 1, args, res);
+}
+
 int jit_exec(const traced_fn *fn, kiln_tensor *const *args, kiln_tensor **res) {
+  if (KILN_UNLIKELY(fn->cuda != NULL)) return exec_gpu(fn, args, res);
   if (KILN_LIKELY(fn->cpu != NULL)) {
     int np = fn->opt_func->n_params;
     bool host = true;

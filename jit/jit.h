@@ -56,6 +56,7 @@ typedef struct traced_fn {
   ir_func *opt_func;
   double optimize_ms;
   struct cpu_program *cpu; /* opt_func compiled (compile.c); NULL: calls run the interpreter */
+  struct cuda_program *cuda; /* opt_func compiled for the GPU of a trace's device scope (compile.c), or NULL */
   double compile_ms;
   void **pcs;   /* per instruction: the user's call that made it, or NULL */
   ir_loc *locs; /* pcs resolved (loc.c), on first print; files malloc'd */

@@ -9,6 +9,7 @@
 
 #include "jit.h"
 #include "cpu/cpu.h"
+#include "cuda/ptx.h"
 
 _Thread_local trace *trace_current KILN_TLS_FAST;
 
@@ -376,6 +377,7 @@ void traced_fn_free(traced_fn *fn) {
   ir_module_free(fn->module);
   ir_module_free(fn->opt_module);
   cpu_program_free(fn->cpu);
+  cuda_program_free(fn->cuda);
   for (int i = 0; i < fn->n_caps; i++) kiln_release(fn->caps[i]);
   free(fn->caps);
   free(fn->vars);

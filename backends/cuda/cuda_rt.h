@@ -32,10 +32,14 @@ enum {
   CUDA_ERROR_STUB_LIBRARY = 34,
   CUDA_ERROR_NO_DEVICE = 100,
   CUDA_ERROR_INVALID_DEVICE = 101,
+  CUDA_ERROR_INVALID_IMAGE = 200,
   CUDA_ERROR_INVALID_CONTEXT = 201,
+  CUDA_ERROR_INVALID_PTX = 218,
   CUDA_ERROR_INVALID_HANDLE = 400,
   CUDA_ERROR_NOT_FOUND = 500,
   CUDA_ERROR_ILLEGAL_ADDRESS = 700,
+  CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
+  CUDA_ERROR_LAUNCH_FAILED = 719,
   CUDA_ERROR_NOT_SUPPORTED = 801,
   CUDA_ERROR_UNKNOWN = 999,
 };
@@ -81,7 +85,8 @@ enum { CU_STREAM_NON_BLOCKING = 1 };
   X(0, cuModuleUnload, cuModuleUnload, (CUmodule))                                                \
   X(0, cuLaunchKernel, cuLaunchKernel,                                                            \
     (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,  \
-     void **, void **))
+     void **, void **))                                                                           \
+  X(0, cuMemsetD8Async, cuMemsetD8Async, (CUdeviceptr, unsigned char, size_t, CUstream))
 
 typedef struct cuda_api {
 #define CUDA_FIELD(req, name, sym, params) CUresult (*name) params;
@@ -151,6 +156,36 @@ KILN_EXPORT int kiln_debug_cuda_memory(int gpu, cuda_mem_stats *out);
 /* Returns gpu's cached blocks to the driver (after its stream drains). 0 / -1. */
 KILN_EXPORT int kiln_debug_cuda_trim(int gpu);
 int cuda_trim(const char *op, int gpu);
+
+/* ---- running compiled programs (launch.c, eager.c) ---- */
+struct cuda_program;
+struct kiln_tensor;
+
+/* "sm_90" for a GPU of compute capability 9.x, else "sm_80". */
+KILN_EXPORT const char *cuda_arch_of(int gpu);
+/* Runs p (from cuda_compile, for gpu's architecture) on gpu: arguments on
+ * other devices are copied there, results are new tensors on gpu owned as
+ * op results are. The PTX is loaded on the GPU's first run (module and
+ * functions kept in p); kernels are queued on the GPU's stream in schedule
+ * order over a device arena, and the call returns before they end unless a
+ * kernel can fail (gather, scatter_add, integer division), a host step
+ * (random draws, host callbacks) runs, or a check needs the data: then the
+ * error word is read back and turned into the eager op's message. Driver
+ * failures read "cuda: @f: kernel3 (add): CUDA_ERROR_...". 0 / -1. */
+KILN_EXPORT int cuda_program_run(struct cuda_program *p, int gpu, struct kiln_tensor *const *args,
+                                 struct kiln_tensor **results);
+/* cuda_program_run over device pointers on gpu (params, results: one per
+ * parameter and result of p; results must be CUDA_RES_OWN). 0 / -1. */
+int cuda_program_launch(struct cuda_program *p, int gpu, void *const *params, void *const *results);
+
+/* The eager GPU kernels' cache (eager.c): single-op programs compiled once
+ * per (op, attributes, input types, architecture). */
+typedef struct cuda_eager_stats {
+  int64_t compiles; /* programs compiled (cache misses) */
+  int64_t hits;     /* calls served from the cache */
+  int64_t entries;
+} cuda_eager_stats;
+KILN_EXPORT void kiln_debug_cuda_eager_stats(cuda_eager_stats *out);
 
 #ifdef __cplusplus
 }

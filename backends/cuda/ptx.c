@@ -168,6 +168,7 @@ static cuda_step *add_step(cuda_build *cb, int kind, int n_bufs, int group) {
   memset(st, 0, sizeof *st);
   st->kind = kind;
   st->op = OP_COUNT;
+  st->kernel_op = OP_COUNT;
   st->index_buf = -1;
   st->n_bufs = n_bufs;
   st->bufs = calloc((size_t)n_bufs + 1, sizeof *st->bufs);
@@ -217,7 +218,9 @@ static int plan_kernel(cuda_build *cb, const ir_func *f, int i, const int *vs, i
   }
   g->out[0] = in->out;
   g->out_slot[0] = dst;
-  return group_step(cb);
+  if (group_step(cb)) return -1;
+  cb->p->steps[cb->p->n_steps - 1].kernel_op = in->op;
+  return 0;
 }
 
 /* Whether a fusion's body can be one kernel (the CPU backend's rule):
@@ -277,7 +280,9 @@ static int plan_fusion(cuda_build *cb, const ir_func *f, const ir_instr *in, int
     g->out[r] = c->results[r];
     g->out_slot[r] = s;
   }
-  return group_step(cb);
+  if (group_step(cb)) return -1;
+  cb->p->steps[cb->p->n_steps - 1].kernel_op = in->op;
+  return 0;
 }
 
 /* dot, argmax, concat, gather, scatter_add: a kernel of its own */
@@ -290,7 +295,9 @@ static int plan_special(cuda_build *cb, const ir_func *f, const ir_instr *in, in
   if (s < 0) return -1;
   g->out[0] = in->out;
   g->out_slot[0] = s;
-  return group_step(cb);
+  if (group_step(cb)) return -1;
+  cb->p->steps[cb->p->n_steps - 1].kernel_op = in->op;
+  return 0;
 }
 
 /* random draws and host callbacks: kept in the plan for the host */
@@ -299,6 +306,10 @@ static int plan_host(cuda_build *cb, const ir_func *f, const ir_instr *in, int *
   if (!st) return -1;
   st->op = in->op;
   st->n_out = in->n_out;
+  st->attrs = in->attrs;
+  if (!(st->types = malloc(((size_t)in->n_out + (size_t)in->n_in) * sizeof *st->types))) return oom();
+  for (int k = 0; k < in->n_out; k++) st->types[k] = f->types[in->out + k];
+  for (int k = 0; k < in->n_in; k++) st->types[in->n_out + k] = f->types[in->in[k]];
   for (int k = 0; k < in->n_out; k++) {
     int s = vs[in->out + k] = value_slot(cb, f, in->out + k, top);
     if (s < 0) return -1;
@@ -1361,7 +1372,8 @@ int cuda_program_unsupported(const cuda_program *p) {
 
 void cuda_program_free(cuda_program *p) {
   if (!p) return;
-  for (int s = 0; s < p->n_steps; s++) free(p->steps[s].bufs);
+  cuda_program_rt_free(p);
+  for (int s = 0; s < p->n_steps; s++) free(p->steps[s].bufs), free(p->steps[s].types);
   free(p->steps);
   for (int i = 0; i < p->n_consts; i++) kiln_release(p->consts[i]);
   free(p->consts);

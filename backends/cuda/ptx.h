@@ -48,6 +48,12 @@ typedef struct cuda_step {
   int index_buf;
   int64_t index_count, index_dim;
   kiln_dtype index_dtype;
+  op_id kernel_op; /* kernel: the instruction it computes (fusion for a fusion group), for messages */
+  /* host: the instruction's attributes (attrs.host points into the IR's
+   * module, which must outlive the program when it is run) and the type of
+   * each of bufs */
+  op_attrs attrs;
+  op_type *types;
 } cuda_step;
 
 /* How each result is produced (as cpu.h's cpu_result). */
@@ -71,6 +77,7 @@ typedef struct cuda_program {
   kiln_tensor **consts; /* retained */
   int n_consts;
   double compile_ms;
+  void *rt; /* the runtime's modules per GPU (launch.c); NULL until first run */
 } cuda_program;
 
 /* Compiles f (a verified ir_func; constants are copied into the PTX or
@@ -87,6 +94,8 @@ KILN_EXPORT int cuda_program_kernels(const cuda_program *p);
  * supported on the GPU yet" for the first that does not. */
 KILN_EXPORT int cuda_program_unsupported(const cuda_program *p);
 KILN_EXPORT void cuda_program_free(cuda_program *p); /* NULL is fine */
+/* Unloads what cuda_program_run loaded for p (launch.c); for cuda_program_free. */
+void cuda_program_rt_free(cuda_program *p);
 
 /* fmod as the GPU code computes it (the emitter's llvm_vm_fmod, run by
  * LLVM's interpreter on the host), for n pairs of f32 (rounded from x, y)

@@ -13,7 +13,15 @@
  *   FAKE_CUDA_FAIL=name[=code],...  those entry points fail (cuMemAlloc with
  *                              CUDA_ERROR_OUT_OF_MEMORY, others CUDA_ERROR_UNKNOWN)
  * and for the tests, fake_cuda_calls(name), fake_cuda_live_bytes(dev) and
- * fake_cuda_ctx_depth(). */
+ * fake_cuda_ctx_depth().
+ *
+ * Modules: cuModuleLoadData takes PTX text (.version, .target and .entry
+ * lines) and records each kernel's name and parameter count; it refuses a
+ * .target newer than the device. Kernels cannot run here: cuLaunchKernel
+ * checks its arguments (the function's module on the current context's
+ * device, the stream, the launch shape, every pointer parameter 0 or memory
+ * of that device) and records the launch; fake_cuda.h lists what tests can
+ * read and inject. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdbool.h>
@@ -22,6 +30,7 @@
 #include <string.h>
 
 #include "cuda/cuda_rt.h"
+#include "fake_cuda.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define FAKE_BASE 0xdead00000000ull /* above the 47-bit user space: never a host address */
@@ -33,7 +42,7 @@ typedef struct fake_ctx {
 
 typedef struct op {
   struct op *next;
-  int kind; /* 0 to device from staging, 1 to host, 2 device to device */
+  int kind; /* 0 to device from staging, 1 to host, 2 device to device, 3 memset to bytes[0]'s value */
   CUdeviceptr dst_dev, src_dev;
   void *dst_host;
   unsigned char *staging;
@@ -72,6 +81,7 @@ static const char *const names[] = {
     "cuDeviceTotalMem", "cuDevicePrimaryCtxRetain", "cuCtxPushCurrent", "cuCtxPopCurrent",
     "cuStreamCreate", "cuStreamSynchronize", "cuMemAlloc", "cuMemFree", "cuMemcpyHtoDAsync",
     "cuMemcpyDtoHAsync", "cuMemcpyDtoDAsync", "cuMemcpyPeerAsync", "cuGetProcAddress",
+    "cuModuleLoadData", "cuModuleGetFunction", "cuModuleUnload", "cuLaunchKernel", "cuMemsetD8Async",
 };
 enum { N_NAMES = sizeof names / sizeof names[0] };
 static long calls[N_NAMES];
@@ -160,6 +170,9 @@ static void drain(fake_stream *s) {
     } else if (o->kind == 1) {
       unsigned char *src = translate(o->src_dev, o->bytes, dev);
       if (src) memcpy(o->dst_host, src, o->bytes);
+    } else if (o->kind == 3) {
+      unsigned char *d = translate(o->dst_dev, o->bytes, dev);
+      if (d) memset(d, o->staging[0], o->bytes);
     } else { /* on a device or between two (peer) */
       unsigned char *d = translate(o->dst_dev, o->bytes, -1), *src = translate(o->src_dev, o->bytes, -1);
       if (d && src) memmove(d, src, o->bytes);
@@ -207,6 +220,10 @@ static const struct {
     {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
     {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
     {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
+    {CUDA_ERROR_INVALID_PTX, "CUDA_ERROR_INVALID_PTX", "a PTX JIT compilation failed"},
+    {CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"},
+    {CUDA_ERROR_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
     {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
     {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
@@ -445,6 +462,233 @@ EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dst_ctx, CUdevicept
   return leave(r);
 }
 
+EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t bytes, CUstream s) {
+  CUresult r = enter("cuMemsetD8Async", true);
+  fake_ctx *c = current();
+  if (r == CUDA_SUCCESS && (!c || !translate(dst, bytes, c->dev))) r = CUDA_ERROR_INVALID_VALUE;
+  op *o = NULL;
+  if (r == CUDA_SUCCESS && (!(o = calloc(1, sizeof *o)) || !(o->staging = malloc(1)))) {
+    free(o);
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (r == CUDA_SUCCESS) {
+    o->kind = 3;
+    o->staging[0] = value;
+    o->dst_dev = dst;
+    o->bytes = bytes;
+    r = enqueue(s, o);
+  }
+  return leave(r);
+}
+
+/* ---- modules and launches ---- */
+
+typedef struct CUfunc_st {
+  struct CUmod_st *mod;
+  char name[64];
+  int n_params;
+} fake_func;
+
+typedef struct CUmod_st {
+  int dev;
+  bool live;
+  int n_fns;
+  fake_func *fns;
+  struct CUmod_st *next_mod; /* every module ever loaded: handles stay checkable */
+} fake_module;
+
+static fake_module *modules;
+static fake_launch *launch_log;
+static int n_launches, cap_launches;
+static char fail_name[64], write_name[64];
+static bool fail_any;
+static CUresult fail_code;
+static int write_value;
+
+EXPORT int fake_cuda_launch_count(void) {
+  pthread_mutex_lock(&lock);
+  int n = n_launches;
+  pthread_mutex_unlock(&lock);
+  return n;
+}
+
+EXPORT int fake_cuda_launch_get(int i, fake_launch *out) {
+  pthread_mutex_lock(&lock);
+  int rc = i >= 0 && i < n_launches ? 0 : -1;
+  if (!rc) *out = launch_log[i];
+  pthread_mutex_unlock(&lock);
+  return rc;
+}
+
+EXPORT void fake_cuda_launch_clear(void) {
+  pthread_mutex_lock(&lock);
+  n_launches = 0;
+  pthread_mutex_unlock(&lock);
+}
+
+EXPORT void fake_cuda_fail_launch(const char *name, int code) {
+  pthread_mutex_lock(&lock);
+  fail_code = (CUresult)code;
+  fail_any = !name;
+  snprintf(fail_name, sizeof fail_name, "%s", name ? name : "");
+  pthread_mutex_unlock(&lock);
+}
+
+EXPORT void fake_cuda_launch_write(const char *name, int value) {
+  pthread_mutex_lock(&lock);
+  snprintf(write_name, sizeof write_name, "%s", name ? name : "");
+  write_value = value;
+  pthread_mutex_unlock(&lock);
+}
+
+EXPORT int fake_cuda_modules_live(void) {
+  pthread_mutex_lock(&lock);
+  int n = 0;
+  for (fake_module *m = modules; m; m = m->next_mod) n += m->live;
+  pthread_mutex_unlock(&lock);
+  return n;
+}
+
+/* The sm number of a ".target sm_XY" line, or -1. */
+static int ptx_target(const char *text) {
+  const char *t = strstr(text, ".target");
+  if (!t) return -1;
+  t += 7;
+  while (*t == ' ' || *t == '\t') t++;
+  return strncmp(t, "sm_", 3) == 0 ? atoi(t + 3) : -1;
+}
+
+/* The .entry functions of PTX text: names and parameter counts. */
+static CUresult ptx_entries(const char *text, fake_module *m) {
+  for (const char *e = strstr(text, ".entry"); e; e = strstr(e + 6, ".entry")) {
+    const char *p = e + 6;
+    while (*p == ' ' || *p == '\t') p++;
+    size_t len = strcspn(p, " \t\n(");
+    if (!len || len >= sizeof m->fns[0].name) return CUDA_ERROR_INVALID_PTX;
+    const char *open = strchr(p, '('), *close = open ? strchr(open, ')') : NULL;
+    if (!close) return CUDA_ERROR_INVALID_PTX;
+    fake_func *q = realloc(m->fns, (size_t)(m->n_fns + 1) * sizeof *q);
+    if (!q) return CUDA_ERROR_OUT_OF_MEMORY;
+    m->fns = q;
+    fake_func *f = &m->fns[m->n_fns++];
+    memset(f, 0, sizeof *f);
+    memcpy(f->name, p, len);
+    for (const char *a = strstr(open, ".param"); a && a < close; a = strstr(a + 6, ".param")) f->n_params++;
+  }
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuModuleLoadData(CUmodule *mod, const void *image) {
+  CUresult r = enter("cuModuleLoadData", true);
+  fake_ctx *c = current();
+  if (r == CUDA_SUCCESS && !c) r = CUDA_ERROR_INVALID_CONTEXT;
+  const char *text = image;
+  if (r == CUDA_SUCCESS && (!mod || !text)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && (!strstr(text, ".version") || ptx_target(text) < 0)) r = CUDA_ERROR_INVALID_IMAGE;
+  /* device 0 is 9.0, the others 8.0 (cuDeviceGetAttribute) */
+  if (r == CUDA_SUCCESS && ptx_target(text) > (c->dev == 0 ? 90 : 80)) r = CUDA_ERROR_INVALID_PTX;
+  fake_module *m = NULL;
+  if (r == CUDA_SUCCESS && !(m = calloc(1, sizeof *m))) r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (r == CUDA_SUCCESS && (r = ptx_entries(text, m)) != CUDA_SUCCESS) {
+    free(m->fns);
+    free(m);
+  }
+  if (r == CUDA_SUCCESS) {
+    for (int i = 0; i < m->n_fns; i++) m->fns[i].mod = m;
+    m->dev = c->dev;
+    m->live = true;
+    m->next_mod = modules;
+    modules = m;
+    *mod = m;
+  }
+  return leave(r);
+}
+
+static bool module_ok(const fake_module *m) {
+  for (fake_module *q = modules; q; q = q->next_mod)
+    if (q == m) return q->live;
+  return false;
+}
+
+EXPORT CUresult cuModuleGetFunction(CUfunction *fn, CUmodule mod, const char *name) {
+  CUresult r = enter("cuModuleGetFunction", true);
+  if (r == CUDA_SUCCESS && (!fn || !name || !module_ok(mod))) r = CUDA_ERROR_INVALID_HANDLE;
+  if (r == CUDA_SUCCESS) {
+    r = CUDA_ERROR_NOT_FOUND;
+    for (int i = 0; i < mod->n_fns; i++)
+      if (strcmp(mod->fns[i].name, name) == 0) {
+        *fn = &mod->fns[i];
+        r = CUDA_SUCCESS;
+      }
+  }
+  return leave(r);
+}
+
+EXPORT CUresult cuModuleUnload(CUmodule mod) {
+  CUresult r = enter("cuModuleUnload", true);
+  fake_ctx *c = current();
+  if (r == CUDA_SUCCESS && !c) r = CUDA_ERROR_INVALID_CONTEXT;
+  if (r == CUDA_SUCCESS && !module_ok(mod)) r = CUDA_ERROR_INVALID_HANDLE;
+  if (r == CUDA_SUCCESS && mod->dev != c->dev) r = CUDA_ERROR_INVALID_CONTEXT;
+  if (r == CUDA_SUCCESS) mod->live = false; /* the record stays: a stale handle is then caught */
+  return leave(r);
+}
+
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                               unsigned bz, unsigned shared, CUstream s, void **params, void **extra) {
+  CUresult r = enter("cuLaunchKernel", true);
+  fake_ctx *c = current();
+  if (r == CUDA_SUCCESS && !c) r = CUDA_ERROR_INVALID_CONTEXT;
+  if (r == CUDA_SUCCESS && (!f || !module_ok(f->mod))) r = CUDA_ERROR_INVALID_HANDLE;
+  if (r == CUDA_SUCCESS && f->mod->dev != c->dev) r = CUDA_ERROR_INVALID_CONTEXT;
+  if (r == CUDA_SUCCESS && (!s || s->ctx != c)) r = CUDA_ERROR_INVALID_HANDLE;
+  if (r == CUDA_SUCCESS && (!gx || !gy || !gz || !bx || !by || !bz || gy > 65535 || gz > 65535))
+    r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && ((unsigned long)bx * by * bz > 1024 || shared > 48 * 1024))
+    r = CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
+  if (r == CUDA_SUCCESS && ((f->n_params && !params) || extra)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && (fail_any || (fail_name[0] && strcmp(fail_name, f->name) == 0)) && fail_code)
+    r = fail_code;
+  if (r == CUDA_SUCCESS && n_launches == cap_launches) {
+    int cap = cap_launches ? 2 * cap_launches : 64;
+    fake_launch *q = realloc(launch_log, (size_t)cap * sizeof *q);
+    if (!q) r = CUDA_ERROR_OUT_OF_MEMORY;
+    else launch_log = q, cap_launches = cap;
+  }
+  if (r == CUDA_SUCCESS) {
+    fake_launch *l = &launch_log[n_launches++];
+    memset(l, 0, sizeof *l);
+    snprintf(l->name, sizeof l->name, "%s", f->name);
+    l->dev = c->dev;
+    l->grid[0] = gx, l->grid[1] = gy, l->grid[2] = gz;
+    l->block[0] = bx, l->block[1] = by, l->block[2] = bz;
+    l->shared_bytes = shared;
+    l->n_params = f->n_params;
+    for (int i = 0; i < f->n_params; i++) { /* every Kiln kernel parameter is a pointer */
+      CUdeviceptr p = *(const CUdeviceptr *)params[i];
+      if (p && !translate(p, 1, c->dev)) l->bad_params++;
+    }
+    if (write_name[0] && strcmp(write_name, f->name) == 0 && f->n_params) {
+      op *o = calloc(1, sizeof *o);
+      unsigned char *v = o ? malloc(sizeof(int)) : NULL;
+      CUdeviceptr dst = *(const CUdeviceptr *)params[f->n_params - 1];
+      if (!o || !v || !translate(dst, sizeof(int), c->dev)) {
+        free(o);
+        free(v);
+        r = CUDA_ERROR_ILLEGAL_ADDRESS;
+      } else { /* stream ordered, as the kernel's own store would be */
+        memcpy(v, &write_value, sizeof(int));
+        o->kind = 0;
+        o->staging = v;
+        o->dst_dev = dst;
+        o->bytes = sizeof(int);
+        r = enqueue(s, o);
+      }
+    }
+  }
+  return leave(r);
+}
+
 /* ---- cuGetProcAddress: base names to the versions above ---- */
 
 static const struct {
@@ -470,6 +714,11 @@ static const struct {
     {"cuMemcpyDtoHAsync", (void *)cuMemcpyDtoHAsync_v2},
     {"cuMemcpyDtoDAsync", (void *)cuMemcpyDtoDAsync_v2},
     {"cuMemcpyPeerAsync", (void *)cuMemcpyPeerAsync},
+    {"cuMemsetD8Async", (void *)cuMemsetD8Async},
+    {"cuModuleLoadData", (void *)cuModuleLoadData},
+    {"cuModuleGetFunction", (void *)cuModuleGetFunction},
+    {"cuModuleUnload", (void *)cuModuleUnload},
+    {"cuLaunchKernel", (void *)cuLaunchKernel},
 };
 
 EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **fn, int version, unsigned long long flags,

@@ -1,0 +1,490 @@
+// cuda_launch_test.cc — running compiled code on a GPU (backends/cuda/launch.c,
+// eager.c, the GPU branch of jit/compile.c) against tests/fake_cuda. The fake
+// loads PTX and records launches but cannot execute a kernel, so what a
+// kernel computes is NOT checked here (tests/cuda/cuda_gpu_test.cc does that
+// on a real GPU); checked is all the plumbing: which kernels are launched, in
+// which order, with which launch shape and device pointers, module loading
+// and caching, the error word, host steps, and driver errors.
+//
+// Part of the cuda_runtime_test executable (its main points the runtime at
+// the fake driver).
+#include <dlfcn.h>
+#include <gmock/gmock.h>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../test_util.h"
+#include "cuda/cuda_rt.h"
+#include "cuda/ptx.h"
+#include "fake_cuda.h"
+
+extern "C" const ir_func *jit_optimized_func(kiln_function *f, int trace);
+
+using namespace kiln_test;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+namespace {
+
+void *fake(const char *name) {
+  kiln_device_count(); // loads the driver (the fake, through KILN_CUDA_DRIVER) if nothing has yet
+  static void *h = dlopen(FAKE_CUDA_PATH, RTLD_NOW | RTLD_NOLOAD);
+  void *f = h ? dlsym(h, name) : nullptr;
+  EXPECT_NE(f, nullptr) << "the fake driver has no " << name;
+  return f;
+}
+
+long calls(const char *name) { return ((long (*)(const char *))fake("fake_cuda_calls"))(name); }
+int ctx_depth() { return ((int (*)())fake("fake_cuda_ctx_depth"))(); }
+int modules_live() { return ((int (*)())fake("fake_cuda_modules_live"))(); }
+void clear_launches() { ((void (*)())fake("fake_cuda_launch_clear"))(); }
+void fail_launch(const char *name, int code) { ((void (*)(const char *, int))fake("fake_cuda_fail_launch"))(name, code); }
+void launch_write(const char *name, int v) { ((void (*)(const char *, int))fake("fake_cuda_launch_write"))(name, v); }
+
+std::vector<fake_launch> launches() {
+  int n = ((int (*)())fake("fake_cuda_launch_count"))();
+  auto get = (int (*)(int, fake_launch *))fake("fake_cuda_launch_get");
+  std::vector<fake_launch> v((size_t)n);
+  for (int i = 0; i < n; i++) EXPECT_EQ(get(i, &v[(size_t)i]), 0);
+  return v;
+}
+
+cuda_eager_stats eager() {
+  cuda_eager_stats s{};
+  kiln_debug_cuda_eager_stats(&s);
+  return s;
+}
+
+cuda_mem_stats mem(int gpu) {
+  cuda_mem_stats s{};
+  EXPECT_EQ(kiln_debug_cuda_memory(gpu, &s), 0);
+  return s;
+}
+
+std::string error() { return kiln_last_error(); }
+
+struct Env_ {
+  std::string name;
+  Env_(const char *n, const char *v) : name(n) { setenv(n, v, 1); }
+  ~Env_() { unsetenv(name.c_str()); }
+};
+
+kiln_tensor *on(const char *dev, kiln_tensor *t) {
+  kiln_tensor *g = kiln_to_device(t, dev);
+  EXPECT_NE(g, nullptr) << error();
+  return g;
+}
+
+// Pushes a device scope for one block.
+struct OnDevice {
+  explicit OnDevice(const char *d) { EXPECT_EQ(kiln_device_push(d), 0) << error(); }
+  ~OnDevice() { kiln_device_pop(); }
+};
+
+// Fake state reset around each test; no context left pushed.
+struct GpuTest : Scoped {
+  GpuTest() {
+    clear_launches();
+    fail_launch(nullptr, 0);
+    launch_write(nullptr, 0);
+  }
+  ~GpuTest() {
+    fail_launch(nullptr, 0);
+    launch_write(nullptr, 0);
+    EXPECT_EQ(ctx_depth(), 0) << "a CUDA context was left current";
+  }
+};
+
+// out0 = reduce_sum(exp(x) * y, axis 1), out1 = matmul(x, w) + 1
+int two_outputs(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  int axis = 1;
+  out[0] = kiln_reduce_sum(kiln_mul(kiln_exp(in[0]), in[1]), 1, &axis, false);
+  out[1] = kiln_add(kiln_matmul(in[0], in[2]), kiln_scalar_like(in[0], 1));
+  return out[0] && out[1] ? 0 : -1;
+}
+
+struct Fn {
+  kiln_function *f;
+  Fn(const char *name, kiln_body_fn body, int n_in, int n_out) : f(kiln_function_new(name, body, nullptr, n_in, n_out)) {}
+  ~Fn() { kiln_function_free(f); }
+};
+
+}  // namespace
+
+// ---- staged calls ----
+
+TEST(CudaStaged, KernelsLaunchInScheduleOrderWithThePlansShapes) {
+  GpuTest s;
+  Fn fn("two", two_outputs, 3, 2);
+  std::vector<float> xv(64 * 40, 0.5f), wv(40 * 24, 0.25f);
+  kiln_tensor *x = on("gpu:0", f32({64, 40}, xv)), *y = on("gpu:0", f32({64, 40}, xv)),
+              *w = on("gpu:0", f32({40, 24}, wv));
+  kiln_tensor *in[3] = {x, y, w}, *out[2] = {nullptr, nullptr};
+  long loads = calls("cuModuleLoadData"), live = modules_live();
+  {
+    OnDevice d("gpu:0");
+    ASSERT_EQ(kiln_function_call(fn.f, in, out), 0) << error();
+  }
+  EXPECT_EQ(calls("cuModuleLoadData"), loads + 1) << "the trace's PTX is loaded once";
+  EXPECT_EQ(modules_live(), live + 1);
+  ASSERT_NE(out[0], nullptr);
+  EXPECT_STREQ(kiln_tensor_device(out[0]), "gpu:0");
+  EXPECT_STREQ(kiln_tensor_device(out[1]), "gpu:0");
+  EXPECT_EQ(shape_of(out[0]), (V64{64}));
+  EXPECT_EQ(shape_of(out[1]), (V64{64, 24}));
+
+  // the plan of the optimized trace, as compile.c compiled it for gpu:0 (9.0)
+  const ir_func *opt = jit_optimized_func(fn.f, 0);
+  ASSERT_NE(opt, nullptr) << error();
+  cuda_program *p = cuda_compile(opt, "sm_90");
+  ASSERT_NE(p, nullptr) << error();
+  std::vector<const cuda_step *> want;
+  for (int i = 0; i < p->n_steps; i++)
+    if (p->steps[i].kind == CUDA_STEP_KERNEL && p->steps[i].grid[0]) want.push_back(&p->steps[i]);
+  ASSERT_GE(want.size(), 2u) << "a reduction and a dot at least";
+  std::vector<fake_launch> got = launches();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); i++) {
+    SCOPED_TRACE(want[i]->name);
+    EXPECT_STREQ(got[i].name, want[i]->name) << "schedule order";
+    EXPECT_EQ(got[i].dev, 0);
+    for (int k = 0; k < 3; k++) {
+      EXPECT_EQ(got[i].grid[k], want[i]->grid[k]);
+      EXPECT_EQ(got[i].block[k], want[i]->block[k]);
+    }
+    EXPECT_EQ(got[i].shared_bytes, want[i]->shared_bytes);
+    EXPECT_EQ(got[i].n_params, want[i]->n_bufs + 1) << "its buffers, then the error word";
+    EXPECT_EQ(got[i].bad_params, 0) << "every buffer is memory of gpu:0";
+  }
+  cuda_program_free(p);
+
+  // a second call: no new module, the same launches again
+  clear_launches();
+  {
+    OnDevice d("gpu:0");
+    ASSERT_EQ(kiln_function_call(fn.f, in, out), 0) << error();
+  }
+  EXPECT_EQ(calls("cuModuleLoadData"), loads + 1);
+  EXPECT_EQ(launches().size(), want.size());
+  EXPECT_EQ(kiln_function_trace_count(fn.f), 1);
+  kiln_stats st;
+  ASSERT_EQ(kiln_function_stats(fn.f, 0, &st), 0) << error();
+  EXPECT_GT(st.compile_ms, 0.0);
+
+  // CPU inputs under gpu:0: copied there, and the call runs there
+  long htod = calls("cuMemcpyHtoDAsync");
+  kiln_tensor *cin[3] = {f32({64, 40}, xv), f32({64, 40}, xv), f32({40, 24}, wv)};
+  {
+    OnDevice d("gpu:0");
+    ASSERT_EQ(kiln_function_call(fn.f, cin, out), 0) << error();
+  }
+  EXPECT_STREQ(kiln_tensor_device(out[1]), "gpu:0");
+  EXPECT_GE(calls("cuMemcpyHtoDAsync"), htod + 3);
+}
+
+TEST(CudaStaged, Gpu1IsAnAmpereAndGetsSm80) {
+  GpuTest s;
+  Fn fn("two1", two_outputs, 3, 2);
+  kiln_tensor *in[3] = {kiln_ones(KILN_F32, KILN_SHAPE(8, 4)), kiln_ones(KILN_F32, KILN_SHAPE(8, 4)),
+                        kiln_ones(KILN_F32, KILN_SHAPE(4, 2))};
+  kiln_tensor *out[2];
+  {
+    // the fake refuses PTX for a newer .target than the device's
+    OnDevice d("gpu:1");
+    ASSERT_EQ(kiln_function_call(fn.f, in, out), 0) << error();
+  }
+  for (const fake_launch &l : launches()) EXPECT_EQ(l.dev, 1) << l.name;
+  EXPECT_STREQ(kiln_tensor_device(out[0]), "gpu:1");
+  char *ptx = kiln_function_ir(fn.f, 0, "ptx");
+  ASSERT_NE(ptx, nullptr) << error();
+  free(ptx);
+}
+
+TEST(CudaStaged, AFailingLaunchIsAnErrorNamingTheKernelsOp) {
+  GpuTest s;
+  Fn fn("fails", two_outputs, 3, 2);
+  kiln_tensor *in[3] = {on("gpu:0", kiln_ones(KILN_F32, KILN_SHAPE(5, 3))),
+                        on("gpu:0", kiln_ones(KILN_F32, KILN_SHAPE(5, 3))),
+                        on("gpu:0", kiln_ones(KILN_F32, KILN_SHAPE(3, 2)))};
+  kiln_tensor *out[2] = {nullptr, nullptr};
+  {
+    OnDevice d("gpu:0");
+    ASSERT_EQ(kiln_function_call(fn.f, in, out), 0) << error();  // traced, compiled, loaded
+  }
+  size_t in_use = mem(0).in_use;
+  fail_launch(nullptr, CUDA_ERROR_LAUNCH_FAILED);
+  {
+    OnDevice d("gpu:0");
+    EXPECT_EQ(kiln_function_call(fn.f, in, out), -1);
+  }
+  EXPECT_THAT(error(), HasSubstr("cuda: @fails"));
+  EXPECT_THAT(error(), HasSubstr(": kernel0 ("));
+  EXPECT_THAT(error(), HasSubstr("): CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure (cuLaunchKernel)"));
+  EXPECT_EQ(mem(0).in_use, in_use) << "results and arena went back";
+  fail_launch(nullptr, 0);
+  kiln_clear_error();
+  OnDevice d("gpu:0");
+  EXPECT_EQ(kiln_function_call(fn.f, in, out), 0) << error();
+}
+
+// A host callback inside a GPU trace: its input comes from the GPU, its
+// output goes back there. Values can be checked: no kernel computes them.
+int twice_on_host(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  ++*(int *)user;
+  std::vector<float> v((size_t)kiln_tensor_size(in[0]));
+  if (kiln_tensor_read(in[0], v.data(), v.size() * 4)) return -1;
+  for (float &x : v) x *= 2;
+  int64_t shape[1] = {(int64_t)v.size()};
+  out[0] = kiln_tensor_new(KILN_F32, 1, shape, v.data());
+  return out[0] ? 0 : -1;
+}
+
+int with_host_call(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_spec spec = {KILN_F32, 1, {3}};
+  if (kiln_host_call(twice_on_host, user, 1, in, 1, &spec, &out[0])) return -1;
+  out[1] = kiln_exp(out[0]);
+  return out[1] ? 0 : -1;
+}
+
+TEST(CudaStaged, HostCallsRunOnTheHostBetweenKernels) {
+  GpuTest s;
+  int ran = 0;
+  kiln_function *f = kiln_function_new("hosted", with_host_call, &ran, 1, 2);
+  kiln_tensor *x = on("gpu:0", f32({3}, {1, 2, 3})), *out[2];
+  {
+    OnDevice d("gpu:0");
+    ASSERT_EQ(kiln_function_call(f, &x, out), 0) << error();
+  }
+  EXPECT_EQ(ran, 1);
+  EXPECT_STREQ(kiln_tensor_device(out[0]), "gpu:0");
+  EXPECT_EQ(values(out[0]), (VD{2, 4, 6})) << "the callback's output, copied to the GPU";
+  EXPECT_STREQ(kiln_tensor_device(out[1]), "gpu:0");
+  ASSERT_EQ(launches().size(), 1u) << "exp after the callback";
+  kiln_function_free(f);
+}
+
+int draw(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_random_uniform(KILN_F32, kiln_tensor_rank(in[0]), kiln_tensor_shape(in[0]), -1, 1);
+  return out[0] ? 0 : -1;
+}
+
+TEST(CudaStaged, RandomDrawsMatchTheCpus) {
+  GpuTest s;
+  Fn fn("draw", draw, 1, 1);
+  kiln_tensor *shape = kiln_zeros(KILN_F32, KILN_SHAPE(5, 3)), *cpu = nullptr, *gpu = nullptr;
+  kiln_random_seed(42);
+  ASSERT_EQ(kiln_function_call(fn.f, &shape, &cpu), 0) << error();
+  kiln_random_seed(42);
+  {
+    OnDevice d("gpu:0");
+    ASSERT_EQ(kiln_function_call(fn.f, &shape, &gpu), 0) << error();
+  }
+  EXPECT_STREQ(kiln_tensor_device(gpu), "gpu:0");
+  EXPECT_TRUE(same_bits(kiln_to_device(gpu, "cpu:0"), cpu));
+
+  // eagerly too
+  kiln_random_seed(7);
+  kiln_tensor *c = kiln_random_uniform(KILN_F64, KILN_SHAPE(4, 4), 0, 1);
+  kiln_random_seed(7);
+  kiln_tensor *g;
+  {
+    OnDevice d("gpu:0");
+    g = kiln_random_uniform(KILN_F64, KILN_SHAPE(4, 4), 0, 1);
+  }
+  ASSERT_NE(g, nullptr) << error();
+  EXPECT_STREQ(kiln_tensor_device(g), "gpu:0");
+  EXPECT_TRUE(same_bits(kiln_to_device(g, "cpu:0"), c));
+}
+
+// ---- eager ops ----
+
+TEST(CudaEager, AnOpCompilesOncePerShape) {
+  GpuTest s;
+  kiln_tensor *a = on("gpu:0", kiln_ones(KILN_F32, KILN_SHAPE(17, 3)));
+  cuda_eager_stats e0 = eager();
+  long loads = calls("cuModuleLoadData");
+  OnDevice d("gpu:0");
+  kiln_tensor *r = kiln_add(a, a);
+  ASSERT_NE(r, nullptr) << error();
+  EXPECT_STREQ(kiln_tensor_device(r), "gpu:0");
+  EXPECT_EQ(shape_of(r), (V64{17, 3}));
+  EXPECT_EQ(eager().compiles, e0.compiles + 1);
+  EXPECT_EQ(calls("cuModuleLoadData"), loads + 1);
+  std::vector<fake_launch> l = launches();
+  ASSERT_EQ(l.size(), 1u);
+  EXPECT_STREQ(l[0].name, "kernel0");
+  EXPECT_EQ(l[0].grid[0], 1u);
+  EXPECT_EQ(l[0].block[0], 256u);
+  EXPECT_EQ(l[0].n_params, 4) << "out, both operands, the error word";
+  EXPECT_EQ(l[0].bad_params, 0);
+
+  // the same op and types: a cache hit, no new module
+  kiln_tensor *r2 = kiln_add(r, a);
+  ASSERT_NE(r2, nullptr) << error();
+  EXPECT_EQ(eager().compiles, e0.compiles + 1);
+  EXPECT_EQ(eager().hits, e0.hits + 1);
+  EXPECT_EQ(calls("cuModuleLoadData"), loads + 1);
+  EXPECT_EQ(launches().size(), 2u);
+
+  // another shape, another op, another attribute: compiled
+  kiln_add(on("gpu:0", kiln_ones(KILN_F32, KILN_SHAPE(18, 3))), a);  // broadcast fails: checked first
+  kiln_clear_error();
+  ASSERT_NE(kiln_add(on("gpu:0", kiln_ones(KILN_F32, KILN_SHAPE(3))), a), nullptr) << error();
+  ASSERT_NE(kiln_mul(a, a), nullptr) << error();
+  int ax0 = 0, ax1 = 1;
+  ASSERT_NE(kiln_reduce_sum(a, 1, &ax0, false), nullptr) << error();
+  ASSERT_NE(kiln_reduce_sum(a, 1, &ax1, false), nullptr) << error();
+  ASSERT_NE(kiln_reduce_sum(a, 1, &ax1, false), nullptr) << error();
+  EXPECT_EQ(eager().compiles, e0.compiles + 5);
+  EXPECT_EQ(calls("cuModuleLoadData"), loads + 5);
+
+  // a CPU input is copied to the GPU first
+  long htod = calls("cuMemcpyHtoDAsync");
+  kiln_tensor *m = kiln_matmul(kiln_ones(KILN_F32, KILN_SHAPE(2, 17)), a);
+  ASSERT_NE(m, nullptr) << error();
+  EXPECT_STREQ(kiln_tensor_device(m), "gpu:0");
+  EXPECT_EQ(shape_of(m), (V64{2, 3}));
+  EXPECT_EQ(calls("cuMemcpyHtoDAsync"), htod + 1);
+}
+
+TEST(CudaEager, EachGpuLoadsItsOwnModuleForItsArchitecture) {
+  GpuTest s;
+  kiln_tensor *a0 = on("gpu:0", kiln_ones(KILN_F64, KILN_SHAPE(9))), *a1 = on("gpu:1", kiln_ones(KILN_F64, KILN_SHAPE(9)));
+  cuda_eager_stats e0 = eager();
+  long loads = calls("cuModuleLoadData");
+  {
+    OnDevice d("gpu:0");
+    ASSERT_NE(kiln_exp(a0), nullptr) << error();
+  }
+  {
+    OnDevice d("gpu:1");
+    ASSERT_NE(kiln_exp(a1), nullptr) << error();  // sm_80: the fake refuses sm_90 PTX on gpu:1
+    ASSERT_NE(kiln_exp(a0), nullptr) << error();  // a gpu:0 input is copied to gpu:1
+  }
+  EXPECT_EQ(eager().compiles, e0.compiles + 2) << "one program per architecture";
+  EXPECT_EQ(calls("cuModuleLoadData"), loads + 2);
+  std::vector<fake_launch> l = launches();
+  ASSERT_EQ(l.size(), 3u);
+  EXPECT_EQ(l[0].dev, 0);
+  EXPECT_EQ(l[1].dev, 1);
+  EXPECT_EQ(l[2].dev, 1);
+  for (auto &x : l) EXPECT_EQ(x.bad_params, 0);
+}
+
+TEST(CudaEager, EveryOpKindRunsOnAGpu) {
+  GpuTest s;
+  kiln_tensor *x = on("gpu:0", kiln_ones(KILN_F32, KILN_SHAPE(4, 6)));
+  kiln_tensor *i = on("gpu:0", i64({3}, {0, 2, 1}));
+  kiln_tensor *b = on("gpu:0", kiln_scalar(KILN_BOOL, 1));
+  OnDevice d("gpu:0");
+  int perm[2] = {1, 0};
+  int axes[1] = {1};
+  kiln_tensor *parts[2] = {x, x};
+  std::vector<std::pair<const char *, kiln_tensor *>> r = {
+      {"neg", kiln_neg(x)},
+      {"sub", kiln_sub(x, x)},
+      {"less", kiln_less(x, x)},
+      {"select", kiln_select(b, x, x)},
+      {"cast", kiln_cast(x, KILN_BF16)},
+      {"broadcast_to", kiln_broadcast_to(x, KILN_SHAPE(2, 4, 6))},
+      {"transpose", kiln_transpose(x, 2, perm)},
+      {"concat", kiln_concat(2, parts, 0)},
+      {"reduce_max", kiln_reduce_max(x, 1, axes, true)},
+      {"argmax", kiln_argmax(x, 1)},
+      {"matmul", kiln_matmul(x, kiln_transpose(x, 2, perm))},
+      {"gather", kiln_gather(x, i, 0)},
+      {"arange", kiln_arange(KILN_I32, 10)},
+  };
+  for (auto &[name, t] : r) {
+    EXPECT_NE(t, nullptr) << name << ": " << error();
+    if (t) {
+      EXPECT_STREQ(kiln_tensor_device(t), "gpu:0") << name;
+    }
+  }
+  for (const fake_launch &l : launches()) EXPECT_EQ(l.bad_params, 0) << l.name;
+}
+
+TEST(CudaEager, AFailingLaunchNamesTheOp) {
+  GpuTest s;
+  kiln_tensor *a = on("gpu:0", kiln_ones(KILN_F32, KILN_SHAPE(5)));
+  size_t in_use;
+  {
+    OnDevice d("gpu:0");
+    ASSERT_NE(kiln_add(a, a), nullptr) << error();  // compiled and loaded
+    in_use = mem(0).in_use;
+    fail_launch("kernel0", CUDA_ERROR_LAUNCH_FAILED);
+    EXPECT_EQ(kiln_add(a, a), nullptr);
+  }
+  EXPECT_EQ(error(), "add: cuda: @add: kernel0 (add): CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure "
+                     "(cuLaunchKernel)");
+  EXPECT_EQ(mem(0).in_use, in_use) << "the result's block went back";
+  fail_launch(nullptr, 0);
+  {
+    Env_ fail("FAKE_CUDA_FAIL", "cuModuleLoadData=218");
+    OnDevice d("gpu:0");
+    EXPECT_EQ(kiln_sub(a, a), nullptr);
+    EXPECT_EQ(error(), "sub: cuda: @sub: loading its PTX on gpu:0: CUDA_ERROR_INVALID_PTX: a PTX JIT compilation "
+                       "failed (cuModuleLoadData)");
+  }
+  OnDevice d("gpu:0");
+  EXPECT_NE(kiln_sub(a, a), nullptr) << "a failed load is retried: " << error();
+}
+
+// The fake writes the error word as a failing kernel would; the host finds
+// the bad index and reports it as the eager op does.
+TEST(CudaEager, TheErrorWordBecomesTheEagerMessage) {
+  GpuTest s;
+  kiln_tensor *x = on("gpu:0", f32({3, 2}, {0, 1, 2, 3, 4, 5}));
+  kiln_tensor *idx = on("gpu:0", i64({2}, {1, 7}));
+  OnDevice d("gpu:0");
+  launch_write("kernel0", 1);  // step 0 failed
+  EXPECT_EQ(kiln_gather(x, idx, 0), nullptr);
+  EXPECT_EQ(error(), "gather: indices[1] = 7 is not in [0, 3)");
+  kiln_tensor *idx32 = on("gpu:0", i32({3}, {0, -2, 9}));
+  EXPECT_EQ(kiln_gather(x, idx32, 0), nullptr);
+  EXPECT_EQ(error(), "gather: indices[1] = -2 is not in [0, 3)");
+  kiln_tensor *n = on("gpu:0", i32({2}, {4, 5})), *z = on("gpu:0", i32({2}, {1, 0}));
+  EXPECT_EQ(kiln_div(n, z), nullptr);
+  EXPECT_EQ(error(), "div: integer division by zero");
+  EXPECT_EQ(kiln_mod(n, z), nullptr);
+  EXPECT_EQ(error(), "mod: integer division by zero");
+  launch_write("kernel0", 99);
+  EXPECT_EQ(kiln_gather(x, idx, 0), nullptr);
+  EXPECT_THAT(error(), HasSubstr("raised the error word 99, which names no step"));
+  launch_write(nullptr, 0);
+  long syncs = calls("cuStreamSynchronize");
+  EXPECT_NE(kiln_gather(x, idx, 0), nullptr) << "the word stayed 0: " << error();
+  EXPECT_EQ(calls("cuStreamSynchronize"), syncs + 1) << "a kernel that can fail is waited for";
+  syncs = calls("cuStreamSynchronize");
+  EXPECT_NE(kiln_add(n, z), nullptr) << error();
+  EXPECT_EQ(calls("cuStreamSynchronize"), syncs) << "one that cannot is not";
+}
+
+TEST(CudaEager, ManyThreadsShareTheCache) {
+  GpuTest s;
+  cuda_eager_stats e0 = eager();
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < 4; t++)
+    threads.emplace_back([&bad] {
+      kiln_scope_push();
+      if (kiln_device_push("gpu:0")) bad++;
+      for (int i = 0; i < 20; i++) {
+        int64_t shape[2] = {31, 1 + i % 4};
+        kiln_tensor *a = kiln_to_device(kiln_ones(KILN_I64, 2, shape), "gpu:0");
+        kiln_tensor *r = kiln_maximum(a, a);
+        if (!r || strcmp(kiln_tensor_device(r), "gpu:0")) bad++;
+      }
+      kiln_device_pop();
+      kiln_scope_pop();
+    });
+  for (auto &th : threads) th.join();
+  EXPECT_EQ(bad.load(), 0) << error();
+  cuda_eager_stats e1 = eager();
+  EXPECT_EQ(e1.entries, e0.entries + 4) << "four shapes";
+  EXPECT_EQ(e1.compiles - e0.compiles + e1.hits - e0.hits, 80);
+}

@@ -1,0 +1,36 @@
+/* fake_cuda.h — what tests read of the fake driver's launches (fake_cuda.c),
+ * through dlsym on the handle Kiln opened. */
+#ifndef FAKE_CUDA_H
+#define FAKE_CUDA_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fake_launch {
+  char name[64];            /* the kernel's .entry */
+  int dev;                  /* the device of the context it was launched in */
+  unsigned grid[3], block[3];
+  unsigned shared_bytes;
+  int n_params;             /* from the .entry's parameter list in the PTX */
+  int bad_params;           /* pointer parameters that are neither 0 nor memory of dev */
+} fake_launch;
+
+/* Launches recorded since the last clear, in call order. */
+int fake_cuda_launch_count(void);
+/* The i-th launch; 0, or -1 when i is out of range. */
+int fake_cuda_launch_get(int i, fake_launch *out);
+void fake_cuda_launch_clear(void);
+/* Launches of kernel `name` (NULL: any) fail with code (0: stop failing). */
+void fake_cuda_fail_launch(const char *name, int code);
+/* Launches of kernel `name` (NULL: stop) write the int value into the
+ * memory their last parameter points at, in stream order: a kernel raising
+ * Kiln's error word. */
+void fake_cuda_launch_write(const char *name, int value);
+/* Modules loaded and not unloaded. */
+int fake_cuda_modules_live(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
