@@ -515,7 +515,7 @@ static int plan_func(cpu_build *cb, const ir_func *f, int *vs, const int *param_
       for (int k = 0; !rc && k < in->n_out; k++) vs[v + k] = cvs[c->results[k]];
       free(cvs);
       free(ps);
-    } else if (llvm_op_fusible(op)) {
+    } else if (llvm_op_fusible(op) || llvm_dot_inline(f, in)) {
       int dst = vs[v] = value_slot(cb, f, v, top);
       rc = dst < 0 ? -1 : plan_kernel(cb, f, i, vs, dst);
     } else if (kind == OPK_DOT || kind == OPK_INDEX || kind == OPK_RANDOM || kind == OPK_SOURCE || kind == OPK_HOST ||

@@ -654,7 +654,8 @@ static LLVMValueRef emit_instr(llvm_group *g, ir_value v, const ir_instr *in, ll
       llvm_index_dims(&sub, it, dims);
       return llvm_emit_value(g, in->in[0], &sub);
     }
-    case OPK_DOT: { /* sum over k of a[batch, i, k] * b[batch, k, j], unrolled, k ascending */
+    case OPK_DOT: { /* sum over k of a[batch, i, k] * b[batch, k, j], unrolled, k ascending, with FMAs:
+                       the eager kernels' rounding */
       if (!llvm_dot_inline(f, in)) break;
       const op_type *at = &f->types[in->in[0]], *bt = &f->types[in->in[1]];
       int r = rt->rank;
@@ -675,8 +676,14 @@ static LLVMValueRef emit_instr(llvm_group *g, ir_value v, const ir_instr *in, ll
         LLVMValueRef x = llvm_emit_value(g, in->in[0], &ai);
         LLVMValueRef y = x ? llvm_emit_value(g, in->in[1], &bi) : NULL;
         if (!y) return NULL;
-        LLVMValueRef prod = binary(g, OP_MUL, rt->dtype, x, y);
-        acc = acc ? binary(g, OP_ADD, rt->dtype, acc, prod) : prod;
+        if (!acc) {
+          acc = binary(g, OP_MUL, rt->dtype, x, y);
+        } else if (dtype_is_float(rt->dtype)) { /* fused, as the eager matmul kernels accumulate */
+          LLVMValueRef args[3] = {x, y, acc};
+          acc = llvm_intr(e, "llvm.fma", args, 3);
+        } else {
+          acc = binary(g, OP_ADD, rt->dtype, acc, binary(g, OP_MUL, rt->dtype, x, y));
+        }
       }
       return acc;
     }

@@ -105,7 +105,7 @@ bool llvm_op_is_reduce(op_id op);
  * outer products of a batch-1 weight gradient), summed unrolled, so that a
  * fused epilogue (an SGD update, a bias, an activation) reads and writes
  * each output once. Longer dots go to the packed matmul kernels. */
-#define LLVM_DOT_INLINE_K 8
+#define LLVM_DOT_INLINE_K 16
 bool llvm_dot_inline(const ir_func *f, const ir_instr *in);
 
 /* ---- reductions: the accumulator, in a type wide enough (f64 for f32
