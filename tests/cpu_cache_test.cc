@@ -622,3 +622,72 @@ TEST(CpuCache, ProcessesCompilingAtOnce) {
 }
 
 }  // namespace
+
+namespace {
+
+void write_file(const std::string &path, size_t bytes, int age_seconds) {
+  std::ofstream(path, std::ios::binary) << std::string(bytes, 'x');
+  struct timespec t[2];
+  clock_gettime(CLOCK_REALTIME, &t[0]);
+  t[0].tv_sec -= age_seconds;
+  t[1] = t[0];
+  EXPECT_EQ(utimensat(AT_FDCWD, path.c_str(), t, 0), 0) << path;
+}
+
+bool exists(const std::string &path) { return access(path.c_str(), F_OK) == 0; }
+
+// Beyond the limit, the least recently used entries go first, down to 90%
+// of it; a writer's temporary file goes once it is an hour old; other files
+// stay.
+TEST(CpuCache, TrimmingDropsTheLeastRecentlyUsed) {
+  TempDir dir;
+  std::string d = dir.path + "/";
+  write_file(d + "a.kco", 1000, 300);
+  write_file(d + "b.kco", 1000, 200);
+  write_file(d + "c.kco", 1000, 100);
+  write_file(d + "a.kco.tmp-1-00ff", 10, 7200); // a crashed writer's
+  write_file(d + "b.kco.tmp-2-00ff", 10, 5);    // a writer at work
+  write_file(d + "notes.txt", 5000, 9000);
+  cpu_cache_trim(dir.path.c_str(), 4000); // under the limit: only the old temporary file goes
+  EXPECT_TRUE(exists(d + "a.kco") && exists(d + "b.kco") && exists(d + "c.kco"));
+  EXPECT_FALSE(exists(d + "a.kco.tmp-1-00ff"));
+  EXPECT_TRUE(exists(d + "b.kco.tmp-2-00ff"));
+  cpu_cache_trim(dir.path.c_str(), 2500); // 3000 bytes > 2500: down to 2250, oldest first
+  EXPECT_FALSE(exists(d + "a.kco"));
+  EXPECT_TRUE(exists(d + "b.kco") && exists(d + "c.kco"));
+  cpu_cache_trim(dir.path.c_str(), 1000); // 2000 > 1000: down to 900
+  EXPECT_FALSE(exists(d + "b.kco") || exists(d + "c.kco"));
+  EXPECT_TRUE(exists(d + "notes.txt") && exists(d + "b.kco.tmp-2-00ff"));
+  cpu_cache_trim((dir.path + "/missing").c_str(), 1); // no directory: nothing to do
+}
+
+// A hit marks its entry recently used; KILN_CACHE_MAX_MB bounds what
+// stores leave behind, and a program whose entry was trimmed still runs.
+TEST(CpuCache, HitsAreRecentAndStoresKeepTheLimit) {
+  Scoped scope;
+  TempDir dir;
+  CacheEnv env(dir.path.c_str());
+  Program p;
+  ASSERT_TRUE(make_program(p, 0)) << kiln_last_error();
+  EXPECT_FALSE(compile_check(p, "cold"));
+  std::vector<std::string> es = dir.entries();
+  ASSERT_EQ(es.size(), 1u);
+  struct timespec old[2];
+  clock_gettime(CLOCK_REALTIME, &old[0]);
+  old[0].tv_sec -= 86400;
+  old[1] = old[0];
+  ASSERT_EQ(utimensat(AT_FDCWD, es[0].c_str(), old, 0), 0);
+  EXPECT_TRUE(compile_check(p, "warm"));
+  struct stat st;
+  ASSERT_EQ(stat(es[0].c_str(), &st), 0);
+  EXPECT_GT(st.st_mtime, old[0].tv_sec + 3600) << "a hit touches its entry";
+
+  EnvGuard limit("KILN_CACHE_MAX_MB", "0.000001"); // about one byte: every store trims everything
+  EXPECT_EQ(cpu_cache_limit_bytes(), 1);
+  Program q;
+  ASSERT_TRUE(make_program(q, 1)) << kiln_last_error();
+  EXPECT_FALSE(compile_check(q, "cold, then trimmed"));
+  EXPECT_TRUE(dir.entries().empty());
+}
+
+}  // namespace

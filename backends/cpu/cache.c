@@ -5,7 +5,10 @@
  * skips LLVM. An entry is one file, written to a temporary name and renamed
  * into place (readers never see half an entry); a reader checks its magic,
  * version, key and checksum and treats anything else as a miss. Nothing here
- * fails a compile: an unreadable, corrupt or unwritable cache is no cache. */
+ * fails a compile: an unreadable, corrupt or unwritable cache is no cache.
+ * KILN_CACHE_MAX_MB (default 1024) bounds the directory: each store trims
+ * the least recently used entries beyond it. */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -323,6 +326,7 @@ int cpu_cache_load(const char *dir, const uint8_t key[16], const char *meta, cpu
     free(file);
     return -1;
   }
+  utimensat(AT_FDCWD, path, NULL, 0); /* recently used: the trimming keeps it longest */
   unsigned char *at = file + sizeof h + h.len[0];
   e->file = file;
   e->info = at, e->info_len = (size_t)h.len[1], at += h.len[1];
@@ -337,6 +341,70 @@ void cpu_cache_entry_free(cpu_cache_entry *e) {
 }
 
 static _Atomic uint64_t tmp_counter;
+
+/* ---- trimming: entries beyond the size limit go, least recently used
+ * first (a hit touches its entry), and temporary files that a writer left
+ * more than an hour ago (it crashed) are swept ---- */
+
+typedef struct {
+  char name[80];
+  time_t mtime;
+  off_t size;
+} entry_stat;
+
+static int by_mtime(const void *a, const void *b) {
+  const entry_stat *x = a, *y = b;
+  return (x->mtime > y->mtime) - (x->mtime < y->mtime);
+}
+
+int64_t cpu_cache_limit_bytes(void) {
+  const char *env = getenv("KILN_CACHE_MAX_MB");
+  double mb = env && *env ? strtod(env, NULL) : 1024;
+  return mb > 0 ? (int64_t)(mb * 1024 * 1024) : (int64_t)1024 << 20;
+}
+
+void cpu_cache_trim(const char *dir, int64_t limit) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  entry_stat *es = NULL;
+  int n = 0, cap = 0;
+  int64_t total = 0;
+  time_t now = time(NULL);
+  char path[4400];
+  for (struct dirent *de; (de = readdir(d));) {
+    const char *nm = de->d_name;
+    size_t len = strlen(nm);
+    bool tmp = strstr(nm, ".kco.tmp-") != NULL, entry = len > 4 && !strcmp(nm + len - 4, ".kco");
+    struct stat st;
+    if ((!tmp && !entry) || len >= sizeof es->name) continue;
+    snprintf(path, sizeof path, "%s/%s", dir, nm);
+    if (lstat(path, &st) || !S_ISREG(st.st_mode)) continue;
+    if (tmp) {
+      if (now - st.st_mtime > 3600) unlink(path);
+      continue;
+    }
+    if (n == cap) {
+      entry_stat *q = realloc(es, (size_t)(cap = cap ? 2 * cap : 64) * sizeof *q);
+      if (!q) break;
+      es = q;
+    }
+    snprintf(es[n].name, sizeof es[n].name, "%s", nm);
+    es[n].mtime = st.st_mtime;
+    es[n].size = st.st_size;
+    total += st.st_size;
+    n++;
+  }
+  closedir(d);
+  if (total > limit) {
+    qsort(es, (size_t)n, sizeof *es, by_mtime);
+    for (int i = 0; i < n && total > limit - limit / 10; i++) { /* down to 90%: not again at the next store */
+      snprintf(path, sizeof path, "%s/%s", dir, es[i].name);
+      if (!unlink(path)) total -= es[i].size;
+      if (cpu_cache_log()) fprintf(stderr, "kiln: cache: trimmed %s\n", path);
+    }
+  }
+  free(es);
+}
 
 int cpu_cache_store(const char *dir, const uint8_t key[16], const char *meta, const cpu_cache_entry *e) {
   cache_header h;
@@ -383,5 +451,6 @@ int cpu_cache_store(const char *dir, const uint8_t key[16], const char *meta, co
     return -1;
   }
   if (cpu_cache_log()) fprintf(stderr, "kiln: cache: stored %s\n", path);
+  cpu_cache_trim(dir, cpu_cache_limit_bytes());
   return 0;
 }

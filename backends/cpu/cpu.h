@@ -139,6 +139,11 @@ void cpu_cache_entry_free(cpu_cache_entry *e);
 /* Writes an entry atomically (a temporary file renamed into place),
  * creating dir as needed. 0, or -1 when it could not (never an error). */
 int cpu_cache_store(const char *dir, const uint8_t key[16], const char *meta, const cpu_cache_entry *e);
+/* Deletes the least recently used entries of dir until they total at most
+ * 90% of limit bytes (when they exceed limit), and temporary files older
+ * than an hour. cpu_cache_store calls it with cpu_cache_limit_bytes(). */
+KILN_EXPORT void cpu_cache_trim(const char *dir, int64_t limit);
+KILN_EXPORT int64_t cpu_cache_limit_bytes(void); /* KILN_CACHE_MAX_MB, default 1024 MB */
 
 #ifdef __cplusplus
 }
