@@ -394,7 +394,9 @@ int kiln_host_call(kiln_host_fn fn, void *user, int n_in, kiln_tensor *const *in
    Staged calls run code compiled with LLVM for the host CPU. KILN_BACKEND=
    interp runs the reference interpreter instead; KILN_BACKEND=cpu makes a
    trace the CPU backend cannot compile an error instead of interpreting it;
-   KILN_LOG=compile prints each compile (kernels, ms) to stderr. */
+   KILN_LOG=compile prints each compile (kernels, ms) to stderr. Compiled
+   code is cached on disk in KILN_CACHE_DIR (default $XDG_CACHE_HOME/kiln or
+   ~/.cache/kiln; "off" disables it), at most KILN_CACHE_MAX_MB (default 1024). */
 char *kiln_function_ir(kiln_function *, int trace, const char *stage);
 
 typedef struct {
