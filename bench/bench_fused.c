@@ -1,24 +1,38 @@
 /* bench_fused.c — the CPU backend's fused kernels against memory bandwidth:
- * tanh(x*a + b)*c + x over 16M f32, built with the IR builder as one fusion
- * (one compiled kernel, read x once, write once), run through cpu_run; beside
- * a STREAM-style triad a[i] = b[i] + s*c[i] measured in the same run, and the
- * same expression as five eager ops. GB/s counts the bytes the expression
- * must move (x read, result written; the triad: two reads, one write),
- * medians of several runs; first on one thread (a child process with
- * KILN_NUM_THREADS=1), then on kiln_num_threads(). */
+ * tanh(x*a + b)*c + x over 16M f32 (a, b, c f32 scalars). Measured in one
+ * run, interleaved run by run:
+ *   staged  the expression as a kiln_function body, called through the public
+ *           API (whatever kiln_function_call runs: the interpreter before
+ *           compiled calls, the LLVM code after);
+ *   cpu-opt cpu_compile/cpu_run of that function's optimized IR
+ *           (jit_optimized_func), the code compiled calls run;
+ *   cpu-ir  the same expression built with the IR builder as one fusion;
+ *   eager   five eager ops;
+ *   triad   a STREAM-style a[i] = b[i] + s*c[i] on 16M floats in pthreads;
+ * and on one thread, as a compute ceiling, the staged expression on 32K
+ * elements that stay in cache (a trace of its own), in the GB/s it would
+ * reach if memory cost nothing (below the triad: compute-bound).
+ * GB/s counts the bytes the expression must move (x read, result written;
+ * the triad: two reads, one write); medians of RUNS runs; first on one
+ * thread (a child process with KILN_NUM_THREADS=1), then on
+ * kiln_num_threads(). bench/fused_torch.py is PyTorch eager's peer. Lines
+ * starting with "@" are for scripts/bench_issue6.sh (keys fused.t1.* and
+ * fused.tall.*). */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, setenv */
 #include <kiln.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "bench_util.h"
 #include "cpu/cpu.h"
 #include "ir.h"
+#include "jit.h"
 
-enum { N = 16 * 1024 * 1024, RUNS = 11, MAX_THREADS = 64 };
+enum { N = 16 * 1024 * 1024, RUNS = 9, MAX_THREADS = 64, SMALL = 32 * 1024, SMALL_CALLS = 1000 };
 
 /* ---- the triad peer ---- */
 static float *ta, *tb, *tc;
@@ -80,50 +94,116 @@ static ir_func *build(ir_module *m) {
   return f;
 }
 
+/* the staged body: in = x, a, b, c */
+static int expr(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  (void)user, (void)n_in, (void)n_out;
+  out[0] = kiln_add(kiln_mul(kiln_tanh(kiln_add(kiln_mul(in[0], in[1]), in[2])), in[3]), in[0]);
+  return out[0] ? 0 : -1;
+}
+
+enum { I_TRIAD, I_STAGED, I_CPU_OPT, I_CPU_IR, I_EAGER, N_IMPL };
+static const char *impl_names[N_IMPL] = {"triad", "staged", "cpu-opt", "cpu-ir", "eager"};
+
+static int fail(const char *what) {
+  fprintf(stderr, "bench_fused: %s: %s\n", what, kiln_last_error());
+  return 1;
+}
+
 static int run(bool child) {
   int threads = kiln_num_threads();
+  const char *cfg = child || threads == 1 ? "t1" : "tall";
   ta = aligned_alloc(64, (size_t)N * 4), tb = aligned_alloc(64, (size_t)N * 4), tc = aligned_alloc(64, (size_t)N * 4);
   float *xd = aligned_alloc(64, (size_t)N * 4);
   for (int64_t i = 0; i < N; i++) tb[i] = 1, tc[i] = 2, ta[i] = 0, xd[i] = (float)(i % 1000) * 0.002f - 1;
   kiln_tensor *x = kiln_tensor_new(KILN_F32, KILN_SHAPE(N), xd);
   kiln_tensor *a = kiln_scalar(KILN_F32, 0.5), *b = kiln_scalar(KILN_F32, 0.25), *c = kiln_scalar(KILN_F32, 2);
-  ir_module *m = ir_module_new();
-  ir_func *f = build(m);
-  cpu_program *p = f ? cpu_compile(f) : NULL;
-  if (!p) {
-    fprintf(stderr, "bench_fused: %s\n", kiln_last_error());
-    return 1;
-  }
   kiln_tensor *args[4] = {x, a, b, c}, *out = NULL;
-  double s[RUNS], e[RUNS];
-  triad_seconds(threads); /* warm-up */
-  for (int r = 0; r < RUNS; r++) s[r] = triad_seconds(threads);
-  double triad = 3.0 * N * 4 / median(s, RUNS) / 1e9;
-  cpu_run(p, args, &out); /* warm-up: the result's pages */
+
+  /* the staged function: its first call traces (and compiles, once calls are compiled) */
+  kiln_function *f = kiln_function_new("fused_expr", expr, NULL, 4, 1);
+  double t0 = now_s();
+  if (!f || kiln_function_call(f, args, &out)) return fail("staged");
+  double first_ms = (now_s() - t0) * 1e3;
   kiln_release(out);
-  for (int r = 0; r < RUNS; r++) {
-    double t0 = now_s();
-    if (cpu_run(p, args, &out)) {
-      fprintf(stderr, "bench_fused: %s\n", kiln_last_error());
-      return 1;
+  kiln_stats st = {0};
+  if (kiln_function_stats(f, 0, &st)) return fail("stats");
+  /* its optimized IR compiled directly, and the hand-built fusion */
+  const ir_func *opt = jit_optimized_func(f, 0);
+  cpu_program *po = opt ? cpu_compile(opt) : NULL;
+  if (!po) return fail("cpu_compile of the optimized IR");
+  ir_module *m = ir_module_new();
+  ir_func *hand = build(m);
+  cpu_program *ph = hand ? cpu_compile(hand) : NULL;
+  if (!ph) return fail("cpu_compile of the hand-built IR");
+
+  double s[N_IMPL][RUNS];
+  for (int r = -1; r < RUNS; r++) { /* run -1 warms up (the results' pages) */
+    for (int k = 0; k < N_IMPL; k++) {
+      kiln_scope_push();
+      int rc = 0;
+      t0 = now_s();
+      switch (k) {
+      case I_TRIAD: triad_seconds(threads); break;
+      case I_STAGED: rc = kiln_function_call(f, args, &out); break;
+      case I_CPU_OPT: rc = cpu_run(po, args, &out); break;
+      case I_CPU_IR: rc = cpu_run(ph, args, &out); break;
+      case I_EAGER: rc = kiln_add(kiln_mul(kiln_tanh(kiln_add(kiln_mul(x, a), b)), c), x) ? 0 : -1; break;
+      }
+      double dt = now_s() - t0;
+      kiln_scope_pop();
+      if (rc) return fail(impl_names[k]);
+      if (r >= 0) s[k][r] = dt;
     }
-    s[r] = now_s() - t0;
-    kiln_release(out);
-    /* the same expression op by op, eagerly */
-    kiln_scope_push();
-    t0 = now_s();
-    kiln_tensor *y = kiln_add(kiln_mul(kiln_tanh(kiln_add(kiln_mul(x, a), b)), c), x);
-    e[r] = now_s() - t0;
-    if (!y) fprintf(stderr, "bench_fused: eager: %s\n", kiln_last_error());
-    kiln_scope_pop();
   }
-  double fused = 2.0 * N * 4 / median(s, RUNS) / 1e9, eager = 2.0 * N * 4 / median(e, RUNS) / 1e9;
-  printf("%-9s fused tanh(x*a+b)*c+x  %6.2f GB/s  (%5.1f ms, %3.0f%% of triad)   eager %6.2f GB/s   triad %6.2f GB/s\n",
-         child ? "1 thread" : (threads == 1 ? "1 thread" : "threads"), fused, median(s, RUNS) * 1e3,
-         100 * fused / triad, eager, triad);
+  double gbs[N_IMPL];
+  for (int k = 0; k < N_IMPL; k++) gbs[k] = (k == I_TRIAD ? 3.0 : 2.0) * N * 4 / median(s[k], RUNS) / 1e9;
+  /* The compute ceiling: the same staged expression on SMALL elements that
+   * stay in cache, as the GB/s it would reach if memory were free. Below
+   * the triad, the kernel is compute-bound and cannot reach it. */
+  double ceiling = 0;
+  if (!strcmp(cfg, "t1")) { /* one thread: 32K elements may not be split over the pool */
+    kiln_tensor *xs = kiln_slice(x, (const int64_t[]){0}, (const int64_t[]){SMALL});
+    kiln_tensor *sargs[4] = {xs, a, b, c};
+    double cs[RUNS];
+    for (int r = -1; xs && r < RUNS; r++) {
+      t0 = now_s();
+      for (int i = 0; i < SMALL_CALLS; i++) {
+        kiln_scope_push();
+        int rc = kiln_function_call(f, sargs, &out);
+        kiln_scope_pop();
+        if (rc) return fail("staged in cache");
+      }
+      if (r >= 0) cs[r] = (now_s() - t0) / SMALL_CALLS;
+    }
+    if (xs) ceiling = 2.0 * SMALL * 4 / median(cs, RUNS) / 1e9;
+    kiln_release(xs);
+  }
+  const char *engine = st.compile_ms > 0 ? "compiled" : "interpreter?";
+  printf("%s (%d thread%s): triad %6.2f GB/s | staged (%s) %6.2f GB/s = %3.0f%% of triad | cpu-opt %6.2f (%3.0f%%)"
+         " | cpu-ir %6.2f (%3.0f%%) | eager %6.2f (%3.0f%%)   staged/eager %.2f\n",
+         cfg, child ? 1 : threads, child || threads == 1 ? "" : "s", gbs[I_TRIAD], engine, gbs[I_STAGED],
+         100 * gbs[I_STAGED] / gbs[I_TRIAD], gbs[I_CPU_OPT], 100 * gbs[I_CPU_OPT] / gbs[I_TRIAD], gbs[I_CPU_IR],
+         100 * gbs[I_CPU_IR] / gbs[I_TRIAD], gbs[I_EAGER], 100 * gbs[I_EAGER] / gbs[I_TRIAD],
+         gbs[I_STAGED] / gbs[I_EAGER]);
+  if (ceiling > 0) {
+    printf("%s compute ceiling: the staged expression on %d in-cache elements (its own trace) %6.2f GB/s-equivalent"
+           " (%.3f ns/element) = %3.0f%% of triad\n",
+           cfg, SMALL, ceiling, 8 / ceiling, 100 * ceiling / gbs[I_TRIAD]);
+    bench_figure("fused.t1.ceiling", ceiling, "GB/s");
+  }
+  char key[64];
+  for (int k = 0; k < N_IMPL; k++) {
+    snprintf(key, sizeof key, "fused.%s.%s", cfg, impl_names[k]);
+    bench_figure(key, gbs[k], "GB/s");
+  }
   if (!child)
-    printf("compile %.1f ms, %d kernel(s); threads: %d\n", cpu_program_compile_ms(p), cpu_program_kernels(p), threads);
-  cpu_program_free(p);
+    printf("staged: first call %.1f ms (trace %.2f, passes %.2f, compile %.2f ms), %d kernel(s), %d ops -> %d; "
+           "cpu_compile: optimized IR %.1f ms, %d kernel(s); hand-built %.1f ms; threads: %d\n",
+           first_ms, st.trace_ms, st.optimize_ms, st.compile_ms, st.kernels, st.traced_ops, st.optimized_ops,
+           cpu_program_compile_ms(po), cpu_program_kernels(po), cpu_program_compile_ms(ph), threads);
+  kiln_function_free(f);
+  cpu_program_free(po);
+  cpu_program_free(ph);
   ir_module_free(m);
   kiln_release(x), kiln_release(a), kiln_release(b), kiln_release(c);
   free(ta), free(tb), free(tc), free(xd);
@@ -131,7 +211,7 @@ static int run(bool child) {
 }
 
 int main(void) {
-  printf("bench_fused: N = %d f32 (16M), medians of %d runs\n", N, RUNS);
+  printf("bench_fused: tanh(x*a+b)*c+x, N = %d f32 (16M), GB/s, medians of %d runs\n", N, RUNS);
   fflush(stdout);
   pid_t pid = fork();
   if (pid == 0) { /* before any thread exists: one thread for the child */
@@ -140,5 +220,6 @@ int main(void) {
   }
   int status = 0;
   if (pid > 0) waitpid(pid, &status, 0);
-  return run(false);
+  int rc = run(false);
+  return rc || !WIFEXITED(status) || WEXITSTATUS(status) ? 1 : 0;
 }

@@ -3,6 +3,7 @@
 #ifndef KILN_BENCH_UTIL_H
 #define KILN_BENCH_UTIL_H
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -23,6 +24,14 @@ static inline int cmp_double(const void *x, const void *y) {
 static inline double median(double *v, int n) {
   qsort(v, (size_t)n, sizeof v[0], cmp_double);
   return v[n / 2];
+}
+
+/* One machine-readable figure, for scripts/bench_issue6.sh: "@ KEY VALUE UNIT"
+ * where KEY is dotted (bench.config.impl), e.g. "@ fused.t2.staged 14.1 GB/s".
+ * The Python peers print the same format. */
+static inline void bench_figure(const char *key, double value, const char *unit) {
+  printf("@ %s %.6g %s\n", key, value, unit);
+  fflush(stdout);
 }
 
 #endif

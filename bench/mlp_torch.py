@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """mlp_torch.py: PyTorch eager's peer of bench/bench_mlp.c: one training step of
 an MLP 784-256-256-10 (relu, softmax cross-entropy on integer labels, SGD lr
-0.01) in ms per step, printed in bench_mlp's format. --init FILE starts from
+0.01) in ms per step, printed in bench_mlp's format, and as an
+"@ mlp.bB.torch MS ms/step" line for scripts/bench_issue6.sh. --init FILE starts from
 the numbers `bench_mlp --dump FILE` wrote, so the two losses can be compared."""
 import argparse
 import statistics
@@ -89,7 +90,8 @@ def main():
         print(f"mlp 784-256-256-10 batch {batch:2d}  torch  {statistics.median_low(times) * 1e3:8.4f} ms/step"
               f"  (median of {args.runs} runs x {steps} steps; min {times[0] * 1e3:.4f}"
               f" max {times[-1] * 1e3:.4f})  loss {loss0:.6f} -> {loss:.6f} at step {done - 1}"
-              f"  [{torch.get_num_threads()} thread(s), torch {torch.__version__}]", flush=True)
+              f"  [{torch.get_num_threads()} thread(s), torch {torch.__version__}]")
+        print(f"@ mlp.b{batch}.torch {statistics.median_low(times) * 1e3:.6g} ms/step", flush=True)
 
     if args.batch in (0, 64):
         bench(64, args.steps or 50)

@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # bench.sh — builds Release in build/ and runs every benchmark in bench/.
-# Speed is measured here, never asserted by tests.
+# Speed is measured here, never asserted by tests. `bench.sh --peers` runs
+# scripts/bench_issue6.sh instead: the CPU backend's figures beside their
+# PyTorch and OpenBLAS peers over several rounds, with medians and ratios.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = --peers ]; then
+  exec ./scripts/bench_issue6.sh
+fi
 
 ./scripts/setup.sh
 gen=()

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# bench_mlp.sh — builds Release in build/ and times one eager training step of
-# the MLP 784-256-256-10 in Kiln (build/bench_mlp) and in PyTorch eager
+# bench_mlp.sh — builds Release in build/ and times one training step of
+# the MLP 784-256-256-10 in Kiln (build/bench_mlp: eager, and staged as one
+# kiln_function) and in PyTorch eager
 # (bench/mlp_torch.py) at batch 64 and 1, alternating the two peers over
 # ROUNDS rounds (default 3) because this machine's timings are noisy; prints
 # the median of the rounds' medians and torch/kiln (> 1: Kiln is faster),
-# and the best single run of each as a less noise-prone second figure. Both
+# (torch/staged too), and the best single run of each as a less noise-prone
+# second figure. All
 # start from the same weights and data (bench_mlp --dump), so their final
 # losses should agree to about 6 digits: a check of Kiln's gradients.
 # Extra arguments (--steps N, --runs R, --batch B, --train N) go to both;
@@ -32,9 +34,9 @@ done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # Kiln's worker count, which torch is given too
-threads=$(build/bench_mlp --batch 1 --runs 1 --steps 1 --train 1 | sed -n 's/.*\[\([0-9]*\) thread.*/\1/p')
+threads=$(build/bench_mlp --batch 1 --runs 1 --steps 1 --train 1 --no-staged | sed -n 's/.*\[\([0-9]*\) thread.*/\1/p')
 [ -n "$threads" ] || { echo "bench_mlp.sh: build/bench_mlp failed" >&2; exit 1; }
-build/bench_mlp --dump "$tmp/init.bin" --batch 1 --runs 1 --steps 1 --train 1 >/dev/null
+build/bench_mlp --dump "$tmp/init.bin" --batch 1 --runs 1 --steps 1 --train 1 --no-staged >/dev/null
 
 run_kiln() { build/bench_mlp "$@" | tee -a "$tmp/all"; }
 run_torch() {
@@ -77,14 +79,19 @@ awk '
   END {
     for (b = 64; b >= 1; b--) {
       if (!(b in batches)) continue
-      k = b SUBSEP "kiln"; p = b SUBSEP "torch"
+      k = b SUBSEP "kiln"; p = b SUBSEP "torch"; st = b SUBSEP "staged"
       if (!n[k]) continue
-      line = sprintf("batch %2d: kiln %8.4f ms/step (best %.4f)", b, median(k), best[k])
+      line = sprintf("batch %2d: kiln eager %8.4f ms/step (best %.4f)", b, median(k), best[k])
+      if (n[st])
+        line = line sprintf("   staged %8.4f ms/step (best %.4f)   eager/staged %.2f", median(st), best[st],
+                            median(k) / median(st))
       if (n[p]) {
         line = line sprintf("   torch %8.4f ms/step (best %.4f)   torch/kiln %.2f (best %.2f)",
                             median(p), best[p], median(p) / median(k), best[p] / best[k])
+        if (n[st]) line = line sprintf("   torch/staged %.2f", median(p) / median(st))
         line = line sprintf("   final loss kiln %s torch %s", loss[k], loss[p])
       }
+      if (n[st]) line = line sprintf(" staged %s", loss[st])
       print line
     }
   }' "$tmp/all"
