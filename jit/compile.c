@@ -26,6 +26,13 @@ static bool log_compile(void) {
   return env && strstr(env, "compile");
 }
 
+/* Puts "who: @name: " before the current error; -1. */
+static int rename_error(const char *who, const char *name) {
+  char msg[1024];
+  snprintf(msg, sizeof msg, "%s", kiln_last_error());
+  return kiln_set_error("%s: @%s: %s", who, name, msg);
+}
+
 static void dump_stage(traced_fn *fn, const char *name, int trace_no, int step, const char *stage) {
   char *text = cpu_program_text(fn->cpu, stage);
   if (!text) kiln_clear_error();
@@ -55,15 +62,13 @@ static int compile_gpu(traced_fn *fn, const char *name, int trace_no, int step) 
 
 int jit_compile(traced_fn *fn, const char *name, int trace_no, int step) {
   backend_choice choice = backend_env();
-  if (choice != BACKEND_INTERP && device_current() != 0) return compile_gpu(fn, name, trace_no, step);
-  if (choice == BACKEND_INTERP || device_current() != 0) return 0;
+  if (choice == BACKEND_INTERP) return 0;
+  if (device_current() != 0) return compile_gpu(fn, name, trace_no, step);
   fn->cpu = cpu_compile(fn->opt_func);
   if (!fn->cpu) {
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", kiln_last_error());
-    if (choice == BACKEND_CPU) return kiln_set_error("function_call: @%s: compiling: %s", name, msg);
+    if (choice == BACKEND_CPU) return rename_error("function_call", name);
+    if (log_compile()) fprintf(stderr, "kiln: compile @%s: interpreted: %s\n", name, kiln_last_error());
     kiln_clear_error();
-    if (log_compile()) fprintf(stderr, "kiln: compile @%s: interpreted: %s\n", name, msg);
     return 0;
   }
   fn->compile_ms = cpu_program_compile_ms(fn->cpu);
@@ -107,11 +112,7 @@ char *jit_stage_text(traced_fn *fn, const char *name, const char *stage) {
   if (!strcmp(stage, "ptx")) { /* cross-compiled: no GPU needed */
     const char *arch = getenv("KILN_CUDA_ARCH");
     char *text = cuda_ptx_text(fn->opt_func, arch && *arch ? arch : "sm_80");
-    if (!text) {
-      char msg[1024];
-      snprintf(msg, sizeof msg, "%s", kiln_last_error());
-      kiln_set_error("%s: @%s: %s", who, name, msg);
-    }
+    if (!text) rename_error(who, name);
     return text;
   }
   if (!fn->cpu) {
@@ -121,10 +122,6 @@ char *jit_stage_text(traced_fn *fn, const char *name, const char *stage) {
     return NULL;
   }
   char *text = cpu_program_text(fn->cpu, stage);
-  if (!text) {
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", kiln_last_error());
-    kiln_set_error("%s: @%s: %s", who, name, msg);
-  }
+  if (!text) rename_error(who, name);
   return text;
 }

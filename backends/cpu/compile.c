@@ -351,54 +351,13 @@ static bool dot_before_kernel(const ir_func *c, const ir_instr *in) {
   return true;
 }
 
-/* Whether a fusion's body can be one kernel: fusible ops only (and dots,
- * summed in the kernel or run just before it); results
- * computed in it, distinct, all of one shape, or all reductions of one
- * input shape and axes that nothing in the body reads. */
-static bool fusion_ok(const ir_func *c) {
-  if (c->n_results < 1) return false;
-  const ir_instr *red = NULL;
-  for (int i = 0; i < c->n_instrs; i++) {
-    const ir_instr *in = &c->instrs[i];
-    if (in->op == OP_DOT) {
-      if (!llvm_dot_inline(c, in) && !dot_before_kernel(c, in)) return false;
-    } else if (!llvm_op_fusible(in->op) || in->n_out != 1) {
-      return false;
-    }
-    for (int k = 0; k < in->n_in; k++) {
-      const ir_instr *d = ir_def(c, in->in[k]);
-      if (d && llvm_op_is_reduce(d->op)) return false; /* a reduction must end the kernel */
-    }
-    if (llvm_op_is_reduce(in->op)) {
-      bool is_result = false;
-      for (int r = 0; r < c->n_results; r++) is_result = is_result || c->results[r] == in->out;
-      if (!is_result) return false;
-      if (red) {
-        const op_type *a = &c->types[red->in[0]], *b = &c->types[in->in[0]];
-        bool same =
-            a->rank == b->rank && red->attrs.naxes == in->attrs.naxes && red->attrs.keepdims == in->attrs.keepdims;
-        for (int d = 0; same && d < a->rank; d++) same = a->shape[d] == b->shape[d];
-        for (int k = 0; same && k < in->attrs.naxes; k++) same = red->attrs.axes[k] == in->attrs.axes[k];
-        if (!same) return false;
-      }
-      red = in;
-    }
-  }
-  const op_type *t0 = &c->types[c->results[0]];
-  for (int r = 0; r < c->n_results; r++) {
-    ir_value v = c->results[r];
-    const ir_instr *d = ir_def(c, v);
-    if (!d) return false;
-    for (int q = 0; q < r; q++)
-      if (c->results[q] == v) return false;
-    if (red && !llvm_op_is_reduce(d->op)) return false;
-    const op_type *t = &c->types[v];
-    if (t->rank != t0->rank) return false;
-    for (int k = 0; k < t->rank; k++)
-      if (t->shape[k] != t0->shape[k]) return false;
-  }
-  return true;
+/* a dot a kernel can take: summed in it, or run just before it */
+static bool dot_in_fusion(const ir_func *c, const ir_instr *in) {
+  return llvm_dot_inline(c, in) || dot_before_kernel(c, in);
 }
+
+/* Whether a fusion's body can be one kernel (the shared rule) */
+static bool fusion_ok(const ir_func *c) { return llvm_fusion_one_kernel(c, dot_in_fusion); }
 
 static int plan_helper(cpu_build *cb, const ir_func *f, const ir_instr *in, int *vs, bool top);
 

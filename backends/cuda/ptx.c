@@ -223,49 +223,9 @@ static int plan_kernel(cuda_build *cb, const ir_func *f, int i, const int *vs, i
   return 0;
 }
 
-/* Whether a fusion's body can be one kernel (the CPU backend's rule):
- * fusible ops; distinct results of one shape, or reductions of one input
- * shape and axes that nothing in the body reads. */
-static bool fusion_ok(const ir_func *c) {
-  if (c->n_results < 1) return false;
-  const ir_instr *red = NULL;
-  for (int i = 0; i < c->n_instrs; i++) {
-    const ir_instr *in = &c->instrs[i];
-    if (!llvm_op_fusible(in->op) || in->n_out != 1) return false;
-    for (int k = 0; k < in->n_in; k++) {
-      const ir_instr *d = ir_def(c, in->in[k]);
-      if (d && llvm_op_is_reduce(d->op)) return false;
-    }
-    if (llvm_op_is_reduce(in->op)) {
-      bool is_result = false;
-      for (int r = 0; r < c->n_results; r++) is_result = is_result || c->results[r] == in->out;
-      if (!is_result) return false;
-      if (red) {
-        const op_type *a = &c->types[red->in[0]], *b = &c->types[in->in[0]];
-        bool same =
-            a->rank == b->rank && red->attrs.naxes == in->attrs.naxes && red->attrs.keepdims == in->attrs.keepdims;
-        for (int d = 0; same && d < a->rank; d++) same = a->shape[d] == b->shape[d];
-        for (int k = 0; same && k < in->attrs.naxes; k++) same = red->attrs.axes[k] == in->attrs.axes[k];
-        if (!same) return false;
-      }
-      red = in;
-    }
-  }
-  const op_type *t0 = &c->types[c->results[0]];
-  for (int r = 0; r < c->n_results; r++) {
-    ir_value v = c->results[r];
-    const ir_instr *d = ir_def(c, v);
-    if (!d) return false;
-    for (int q = 0; q < r; q++)
-      if (c->results[q] == v) return false;
-    if (red && !llvm_op_is_reduce(d->op)) return false;
-    const op_type *t = &c->types[v];
-    if (t->rank != t0->rank) return false;
-    for (int k = 0; k < t->rank; k++)
-      if (t->shape[k] != t0->shape[k]) return false;
-  }
-  return true;
-}
+/* Whether a fusion's body can be one kernel: the CPU backend's rule, with
+ * no dots (a dot is a kernel of its own here) */
+static bool fusion_ok(const ir_func *c) { return llvm_fusion_one_kernel(c, NULL); }
 
 static int plan_fusion(cuda_build *cb, const ir_func *f, const ir_instr *in, int *vs, bool top) {
   const ir_func *c = in->attrs.callee;

@@ -107,6 +107,11 @@ bool llvm_op_is_reduce(op_id op);
  * each output once. Longer dots go to the packed matmul kernels. */
 #define LLVM_DOT_INLINE_K 16
 bool llvm_dot_inline(const ir_func *f, const ir_instr *in);
+/* Whether a fusion's body c can be one kernel, the rule both backends plan
+ * by: fusible ops (and the dots dot_ok accepts; NULL: none); distinct
+ * results of one shape, or reductions of one input shape and axes that
+ * nothing in the body reads. */
+bool llvm_fusion_one_kernel(const ir_func *c, bool (*dot_ok)(const ir_func *c, const ir_instr *in));
 
 /* ---- reductions: the accumulator, in a type wide enough (f64 for f32
  * sums and products, as the eager kernels do) ---- */
