@@ -333,8 +333,10 @@ TEST(Ptx, EveryOpEveryDtypeAssembles) {
             std::string(info->name) + " " + kiln_dtype_name((kiln_dtype)dt) + " case " + std::to_string(k);
         ASSERT_TRUE(one_op(fn, (op_id)op, cases[k])) << what << ": " << kiln_last_error();
         // sm_90 for every case, sm_80 for the first of each op and dtype
-        check_ptx(fn.f, "sm_90", kernels_of((op_id)op), what + " sm_90");
-        if (k == 0) check_ptx(fn.f, "sm_80", kernels_of((op_id)op), what + " sm_80");
+        // a column reduction split over blocks is two kernels (the partials, then their sum)
+        int want = ir_op_info((op_id)op)->kind == OPK_REDUCE ? -1 : kernels_of((op_id)op);
+        check_ptx(fn.f, "sm_90", want, what + " sm_90");
+        if (k == 0) check_ptx(fn.f, "sm_80", want, what + " sm_80");
         checked++;
       }
     }
@@ -648,3 +650,187 @@ TEST(Ptx, FmodIsExact) {
 }
 
 }  // namespace
+
+// ---- column reductions: few outputs, long columns ----
+
+namespace {
+
+struct Parsed {
+  ir_module *m;
+  explicit Parsed(const std::string &text) : m(ir_parse(text.c_str(), "col.kir")) {
+    EXPECT_NE(m, nullptr) << kiln_last_error() << "\n" << text;
+  }
+  ~Parsed() { ir_module_free(m); }
+  const ir_func *f() const { return m ? ir_module_find(m, "f") : nullptr; }
+};
+
+std::vector<const cuda_step *> kernel_steps(const cuda_program *p) {
+  std::vector<const cuda_step *> v;
+  for (int i = 0; i < p->n_steps; i++)
+    if (p->steps[i].kind == CUDA_STEP_KERNEL) v.push_back(&p->steps[i]);
+  return v;
+}
+
+}  // namespace
+
+// sum over axis 0 of [100000, 4]: blocks of 4 columns x 64 rows, many blocks
+// down the column, then a kernel that adds each column's partials
+TEST(Ptx, AColumnSumIsSplitOverBlocks) {
+  Scoped scope;
+  Parsed p("func @f(%x: f32[100000,4]) -> f32[4] {\n"
+           "  %s = reduce_sum %x {axes=[0]} : f32[4]\n"
+           "  return %s\n"
+           "}\n");
+  ASSERT_NE(p.f(), nullptr);
+  for (const char *arch : {"sm_90", "sm_80"}) {
+    SCOPED_TRACE(arch);
+    std::string ptx = check_ptx(p.f(), arch, 2, "column sum");
+    EXPECT_THAT(ptx, HasSubstr("bar.sync"));
+    EXPECT_THAT(ptx, HasSubstr(".shared"));
+    cuda_program *c = cuda_compile(p.f(), arch);
+    ASSERT_NE(c, nullptr) << kiln_last_error();
+    auto ks = kernel_steps(c);
+    ASSERT_EQ(ks.size(), 2u);
+    const cuda_step &part = *ks[0], &sum = *ks[1];
+    EXPECT_EQ(part.grid[0], 1u) << "one tile of 4 columns";
+    EXPECT_GE(part.grid[1], 64u) << "the 100000 rows over many blocks";
+    EXPECT_LE(part.grid[1], 512u);
+    EXPECT_EQ(part.grid[2], 1u);
+    EXPECT_EQ(part.block[0], 256u);
+    EXPECT_EQ(part.kernel_op, OP_REDUCE_SUM);
+    ASSERT_EQ(part.n_bufs, 2);
+    EXPECT_EQ(part.bufs[0].kind, CUDA_REF_ARENA) << "the partials";
+    EXPECT_EQ(part.bufs[1].kind, CUDA_REF_PARAM);
+    EXPECT_GE((int64_t)c->arena_bytes, (int64_t)part.grid[1] * 4 * 8) << "f64 partials, one per block and column";
+    EXPECT_EQ(sum.grid[0], 1u);
+    EXPECT_EQ(sum.block[0], 256u);
+    ASSERT_EQ(sum.n_bufs, 2);
+    EXPECT_EQ(sum.bufs[0].kind, CUDA_REF_RESULT);
+    EXPECT_EQ(sum.bufs[1].kind, CUDA_REF_ARENA);
+    EXPECT_EQ(sum.bufs[1].offset, part.bufs[0].offset) << "the second kernel reads what the first wrote";
+    cuda_program_free(c);
+  }
+  if (!have_ptxas()) GTEST_SKIP() << "ptxas not installed: PTX generated but not assembled";
+}
+
+// the forms a reduction over leading axes takes: short columns keep a thread
+// per output, many outputs keep a thread per output, a tile of 32 columns
+// with few blocks is one kernel, a fused producer with two reductions
+TEST(Ptx, ColumnReductionForms) {
+  Scoped scope;
+  struct C {
+    std::string text;
+    int kernels;
+    unsigned grid0, grid1;  // of the first kernel
+  };
+  const std::vector<C> cs = {
+      {"func @f(%x: f32[40,6]) -> f32[6] {\n  %s = reduce_sum %x {axes=[0]} : f32[6]\n  return %s\n}\n", 1, 1, 1},
+      {"func @f(%x: f32[300,70000]) -> f32[70000] {\n  %s = reduce_max %x {axes=[0]} : f32[70000]\n  return %s\n}\n",
+       1, 274, 1},
+      // 257 columns: 9 tiles of 32, 300 rows of 8 threads: 2 splits
+      {"func @f(%x: f64[300,257]) -> f64[257] {\n  %s = reduce_sum %x {axes=[0]} : f64[257]\n  return %s\n}\n", 2,
+       9, 2},
+      // 20 x 30 rows of 8 columns, no split: one kernel writes the outputs
+      {"func @f(%x: i32[20,30,8]) -> i32[8] {\n  %s = reduce_min %x {axes=[0,1]} : i32[8]\n  return %s\n}\n", 1, 1,
+       1},
+      {"func @k(%x: f32[50,60,8], %y: f32[8]) -> (f32[8], f32[8]) {\n"
+       "  %m = mul %x, %y : f32[50,60,8]\n"
+       "  %s = reduce_sum %m {axes=[0,1]} : f32[8]\n"
+       "  %t = reduce_max %m {axes=[0,1]} : f32[8]\n"
+       "  return %s, %t\n"
+       "}\n"
+       "func @f(%x: f32[50,60,8], %y: f32[8]) -> (f32[8], f32[8]) {\n"
+       "  %s, %t = fusion @k(%x, %y) : f32[8], f32[8]\n"
+       "  return %s, %t\n"
+       "}\n",
+       2, 1, 0},
+      {"func @f(%x: f64[9,1000,3]) -> f64[1,3] {\n  %s = reduce_prod %x {axes=[0,1], keepdims=true} : f64[1,1,3]\n"
+       "  %r = reshape %s {shape=[1,3]} : f64[1,3]\n  return %r\n}\n",
+       2, 1, 0},
+  };
+  for (const C &c : cs) {
+    SCOPED_TRACE(c.text);
+    Parsed p(c.text);
+    if (!p.f()) continue;
+    check_ptx(p.f(), "sm_90", c.kernels, c.text);
+    check_ptx(p.f(), "sm_80", c.kernels, c.text);
+    cuda_program *prog = cuda_compile(p.f(), "sm_90");
+    ASSERT_NE(prog, nullptr) << kiln_last_error();
+    auto ks = kernel_steps(prog);
+    ASSERT_FALSE(ks.empty());
+    EXPECT_EQ(ks[0]->grid[0], c.grid0);
+    if (c.grid1)
+      EXPECT_EQ(ks[0]->grid[1], c.grid1);
+    else
+      EXPECT_GT(ks[0]->grid[1], 1u);
+    cuda_program_free(prog);
+  }
+  if (!have_ptxas()) GTEST_SKIP() << "ptxas not installed: PTX generated but not assembled";
+}
+
+// ---- TF32 tensor cores (KILN_CUDA_TF32=1) ----
+
+namespace {
+
+struct Tf32Env {
+  std::string old;
+  bool had;
+  explicit Tf32Env(const char *v) : had(getenv("KILN_CUDA_TF32") != nullptr) {
+    if (had) old = getenv("KILN_CUDA_TF32");
+    if (v)
+      setenv("KILN_CUDA_TF32", v, 1);
+    else
+      unsetenv("KILN_CUDA_TF32");
+  }
+  ~Tf32Env() {
+    if (had)
+      setenv("KILN_CUDA_TF32", old.c_str(), 1);
+    else
+      unsetenv("KILN_CUDA_TF32");
+  }
+};
+
+}  // namespace
+
+// f32 dot through mma.sync m16n8k8 TF32 only when asked; the launch shape is
+// the same; f64 and integer dots never; off by default, so results match the CPU
+TEST(Ptx, Tf32DotOnlyWhenAsked) {
+  Scoped scope;
+  Parsed p("func @f(%a: f32[3,70,33], %b: f32[33,90], %c: f64[5,7], %d: f64[7,3], %i: i32[4,9], %j: i32[9,6]) -> "
+           "(f32[3,70,90], f64[5,3], i32[4,6]) {\n"
+           "  %0 = dot %a, %b : f32[3,70,90]\n"
+           "  %1 = dot %c, %d : f64[5,3]\n"
+           "  %2 = dot %i, %j : i32[4,6]\n"
+           "  return %0, %1, %2\n"
+           "}\n");
+  ASSERT_NE(p.f(), nullptr);
+  const char *mma = "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32";
+  std::string plain;
+  {
+    Tf32Env env(nullptr);
+    plain = check_ptx(p.f(), "sm_90", 3, "default");
+    EXPECT_EQ(plain.find("mma.sync"), std::string::npos) << "off by default";
+  }
+  {
+    Tf32Env env("0");
+    EXPECT_EQ(check_ptx(p.f(), "sm_80", 3, "KILN_CUDA_TF32=0").find("mma.sync"), std::string::npos);
+  }
+  Tf32Env env("1");
+  for (const char *arch : {"sm_90", "sm_80"}) {
+    SCOPED_TRACE(arch);
+    std::string ptx = check_ptx(p.f(), arch, 3, std::string("tf32 ") + arch);
+    size_t n = 0;
+    for (size_t at = ptx.find(mma); at != std::string::npos; at = ptx.find(mma, at + 1)) n++;
+    EXPECT_EQ(n, 8u) << "two k-steps of four n-tiles, in the f32 dot alone\n" << ptx;
+    EXPECT_THAT(ptx, HasSubstr("cvt.rna.tf32.f32"));
+    EXPECT_THAT(ptx, HasSubstr("fma.rn.f64")) << "the f64 dot keeps its FMAs";
+    cuda_program *c = cuda_compile(p.f(), arch);
+    ASSERT_NE(c, nullptr) << kiln_last_error();
+    EXPECT_EQ(c->steps[0].grid[0], 2u);
+    EXPECT_EQ(c->steps[0].grid[1], 2u);
+    EXPECT_EQ(c->steps[0].grid[2], 3u);
+    EXPECT_EQ(c->steps[0].block[0], 256u);
+    cuda_program_free(c);
+  }
+  if (!have_ptxas()) GTEST_SKIP() << "ptxas not installed: PTX generated but not assembled";
+}

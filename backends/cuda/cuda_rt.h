@@ -129,6 +129,13 @@ int cuda_sync(const char *op, int gpu);
  * the source); to the host it returns once dst holds the data. 0 / -1. */
 int cuda_copy(const char *op, int dst_gpu, void *dst, int src_gpu, const void *src, size_t bytes);
 
+/* For benchmarks: waits for gpu's stream (what timing needs), and a
+ * device-to-device copy of bytes on gpu (cuMemcpyDtoDAsync on its stream,
+ * as tensors' copies are queued). 0, or -1 with "cuda_sync: ..." /
+ * "cuda_copy: ...". */
+KILN_EXPORT int kiln_debug_cuda_sync(int gpu);
+KILN_EXPORT int kiln_debug_cuda_copy(int gpu, void *dst, const void *src, size_t bytes);
+
 /* ---- the caching allocator (alloc.c) ----
  * Blocks come in size classes (four per power of two from 512 bytes); a
  * freed block goes back to its class's list and the next allocation of that
@@ -184,6 +191,7 @@ typedef struct cuda_eager_stats {
   int64_t compiles; /* programs compiled (cache misses) */
   int64_t hits;     /* calls served from the cache */
   int64_t entries;
+  int64_t disk_hits; /* of the compiles: PTX read from the disk cache (ptx.h) */
 } cuda_eager_stats;
 KILN_EXPORT void kiln_debug_cuda_eager_stats(cuda_eager_stats *out);
 

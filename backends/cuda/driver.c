@@ -178,6 +178,17 @@ int cuda_sync(const char *op, int gpu) {
   return r == CUDA_SUCCESS ? 0 : cuda_fail(op, r, "cuStreamSynchronize");
 }
 
+int kiln_debug_cuda_sync(int gpu) {
+  if (gpu < 0 || gpu >= cuda_device_count()) return kiln_set_error("cuda_sync: no gpu:%d", gpu);
+  return cuda_sync("cuda_sync", gpu);
+}
+
+int kiln_debug_cuda_copy(int gpu, void *dst, const void *src, size_t bytes) {
+  if (gpu < 0 || gpu >= cuda_device_count()) return kiln_set_error("cuda_copy: no gpu:%d", gpu);
+  if (bytes && (!dst || !src)) return kiln_set_error("cuda_copy: a NULL buffer");
+  return cuda_copy("cuda_copy", gpu, dst, gpu, src, bytes);
+}
+
 /* Between two GPUs: the source's stream has drained first, and the copy
  * has ended before return, so neither side's cache can hand its block to
  * new work while the other stream still uses it. */

@@ -1,6 +1,6 @@
 /* eager.c — the eager GPU kernels (DESIGN.md "Backends"): an op on gpu:N is
  * a one-instruction IR function compiled by the CUDA code generator once per
- * (op, attributes, input types, architecture), cached, and run with
+ * (op, attributes, input types, architecture, TF32 mode), cached, and run with
  * cuda_program_launch over the op's tensors. Random draws run the CPU
  * kernel and copy the values to the GPU (the generator is the host's). */
 #include <pthread.h>
@@ -16,6 +16,7 @@ typedef struct {
   op_id op;
   int n;
   char arch[8];
+  bool tf32; /* cuda_use_tf32(): f32 dot on tensor cores */
   op_attrs attrs; /* the fields ops read, copied into zeroed storage (pointers NULL) */
 } key_head;
 
@@ -50,6 +51,7 @@ static unsigned char *make_key(const op_call *c, const char *arch, size_t *len) 
   h.op = c->op;
   h.n = c->n;
   snprintf(h.arch, sizeof h.arch, "%s", arch);
+  h.tf32 = cuda_use_tf32();
   const op_attrs *a = c->attrs;
   h.attrs.rank = a->rank;
   for (int d = 0; d < clamp_rank(a->rank); d++) h.attrs.shape[d] = a->shape[d], h.attrs.begin[d] = a->begin[d];
@@ -137,6 +139,7 @@ static cuda_program *eager_program(const op_call *c, const char *arch) {
   }
   pthread_mutex_lock(&cache_lock);
   stats.compiles++;
+  if (p->from_cache) stats.disk_hits++;
   if ((e = find(hash, key, len))) { /* another thread was first */
     pthread_mutex_unlock(&cache_lock);
     free(fresh);

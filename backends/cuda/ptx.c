@@ -4,11 +4,15 @@
  * and every instruction a step. Fusion groups and elementwise ops become
  * grid-stride kernels whose element is emitted by the shared emitter
  * (backends/llvm); reductions run a thread, a warp or a block per output row
- * (warp shuffles and shared memory); dot is a shared-memory tiled kernel
- * with 4x4 register blocking; argmax, concat, gather and scatter_add have
+ * (warp shuffles and shared memory), and reductions over leading axes with
+ * few outputs a block per tile of columns and range of rows (a shared-memory
+ * tree), their partials summed by a second kernel; dot is a shared-memory
+ * tiled kernel with 4x4 register blocking (or, with KILN_CUDA_TF32=1, f32
+ * on TF32 tensor cores); argmax, concat, gather and scatter_add have
  * kernels of their own. Index checks raise an error word in device memory
  * that the host turns into the eager message. The module is optimised with
- * O3 for nvptx64-nvidia-cuda and printed as PTX. */
+ * O3 for nvptx64-nvidia-cuda and printed as PTX, which the disk cache keeps
+ * (ptx_cache.c): a process compiling IR another one compiled skips LLVM. */
 #include "cuda/ptx.h"
 
 #include <llvm-c/Analysis.h>
@@ -22,6 +26,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "cpu/cpu.h"
 #include "llvm/llvm_emit.h"
 
 enum {
@@ -78,6 +83,54 @@ static double now_ms(void) {
 /* A value's place: a cuda_ref plus, for constants, the tensor. */
 typedef cuda_ref slot;
 
+/* Column reductions (the last axis kept, e.g. a sum over axis 0 of
+ * [100000, 4]) with few outputs: instead of a thread per output walking its
+ * whole column, a block reduces a tile of tx adjacent outputs (adjacent in
+ * memory) over a range of rows, ty = THREADS / tx threads per output
+ * striding the rows and a shared-memory tree at the end; `split` blocks
+ * share each tile of columns, and then their partial results (in the
+ * accumulator type) go through the arena to a second kernel that combines
+ * them in a fixed order. Results do not depend on timing: every sum is
+ * taken in one order, run after run. */
+enum {
+  COL_MIN_LEN = 64,        /* shorter columns: a thread per output */
+  COL_MAX_OUT = 1 << 16,   /* more outputs: a thread per output has the GPU busy */
+  COL_BLOCKS = 512,        /* blocks to aim for (a few per SM of an H100) */
+  COL_ROWS_PER_THREAD = 16 /* at least, before a column is split over more blocks */
+};
+typedef struct {
+  int tx, ty;
+  int64_t tiles, split, chunk; /* chunk: rows per split */
+} colplan;
+
+static int64_t type_size(const op_type *t);
+
+/* Whether the group computing out (a value of f) is a column reduction to
+ * run as above, and how. */
+static bool column_plan(const ir_func *f, ir_value out, colplan *cp) {
+  if (out < f->n_params || f->def[out] < 0) return false;
+  const ir_instr *first = &f->instrs[f->def[out]];
+  if (!llvm_op_is_reduce(first->op)) return false;
+  const op_type *it = &f->types[first->in[0]], *ot = &f->types[out];
+  if (it->rank == 0 || first->attrs.naxes == 0) return false;
+  for (int q = 0; q < first->attrs.naxes; q++)
+    if (first->attrs.axes[q] == it->rank - 1) return false;
+  int64_t n_out = type_size(ot), len = n_out ? type_size(it) / n_out : 0;
+  if (n_out <= 0 || n_out >= COL_MAX_OUT || len < COL_MIN_LEN) return false;
+  int tx = 1;
+  while (tx < 32 && tx < n_out) tx *= 2;
+  cp->tx = tx;
+  cp->ty = 256 / tx;
+  cp->tiles = (n_out + tx - 1) / tx;
+  int64_t most = len / ((int64_t)cp->ty * COL_ROWS_PER_THREAD), want = (COL_BLOCKS + cp->tiles - 1) / cp->tiles;
+  cp->split = want < most ? want : most;
+  if (cp->split < 1) cp->split = 1;
+  if (cp->split > 65535) cp->split = 65535;
+  cp->chunk = (len + cp->split - 1) / cp->split;
+  cp->split = (len + cp->chunk - 1) / cp->chunk; /* no empty splits */
+  return true;
+}
+
 /* A kernel: a group of fusible instructions of f evaluated per output
  * element, or one instruction with a kernel of its own (special). */
 typedef struct {
@@ -88,6 +141,11 @@ typedef struct {
   ir_value *out;
   int *out_slot;
   const ir_instr *special; /* dot, argmax, concat, gather, scatter_add */
+  /* a column reduction (colplan): pass 1 reduces tiles of rows (into the
+   * outputs when col.split == 1, else into arena partials); pass 2 combines
+   * the partials, each read as the leaf of its reduction's value */
+  int pass;
+  colplan col;
 } kgroup;
 
 typedef struct {
@@ -101,6 +159,7 @@ typedef struct {
   kgroup *groups;
   int n_groups;
   int *step_group; /* per step: its group, or -1 */
+  bool tf32; /* cuda_use_tf32() at the start of the compile */
   /* emission */
   llvm_emit e;
   LLVMModuleRef mod;
@@ -195,11 +254,40 @@ static kgroup *new_group(cuda_build *cb, const ir_func *f, int n_out) {
   return g;
 }
 
-static int group_step(cuda_build *cb) {
-  cuda_step *st = add_step(cb, CUDA_STEP_KERNEL, 0, cb->n_groups - 1);
+static int group_step_of(cuda_build *cb, int gi, op_id op) {
+  cuda_step *st = add_step(cb, CUDA_STEP_KERNEL, 0, gi);
   if (!st) return -1;
+  st->kernel_op = op;
   cb->p->n_kernels++;
   return 0;
+}
+
+/* The step(s) of the group just made: two for a column reduction split
+ * over blocks (its partials in the arena between them). */
+static int group_step(cuda_build *cb, op_id op) {
+  int gi = cb->n_groups - 1;
+  kgroup *g = &cb->groups[gi];
+  colplan cp;
+  if (g->special || !column_plan(g->f, g->out[0], &cp)) return group_step_of(cb, gi, op);
+  g->pass = 1;
+  g->col = cp;
+  if (cp.split == 1) return group_step_of(cb, gi, op);
+  kgroup *g2 = new_group(cb, g->f, g->n_out);
+  if (!g2) return -1;
+  g = &cb->groups[gi];
+  g2->pass = 2;
+  g2->col = cp;
+  for (int q = 0; q < g->n_out; q++) {
+    op_type t = {KILN_F64, 1, {cp.split * type_size(&g->f->types[g->out[q]])}}; /* 8 bytes: any accumulator */
+    int s = arena_slot(cb, &t);
+    if (s < 0) return -1;
+    g2->out[q] = g->out[q];
+    g2->out_slot[q] = g->out_slot[q];
+    g2->leaf[g->out[q]] = s;
+    g->out_slot[q] = s;
+  }
+  if (group_step_of(cb, gi, op)) return -1;
+  return group_step_of(cb, gi + 1, op);
 }
 
 /* one fusible instruction as a kernel, constant inputs pulled inside */
@@ -218,9 +306,7 @@ static int plan_kernel(cuda_build *cb, const ir_func *f, int i, const int *vs, i
   }
   g->out[0] = in->out;
   g->out_slot[0] = dst;
-  if (group_step(cb)) return -1;
-  cb->p->steps[cb->p->n_steps - 1].kernel_op = in->op;
-  return 0;
+  return group_step(cb, in->op);
 }
 
 /* Whether a fusion's body can be one kernel: the CPU backend's rule, with
@@ -240,9 +326,7 @@ static int plan_fusion(cuda_build *cb, const ir_func *f, const ir_instr *in, int
     g->out[r] = c->results[r];
     g->out_slot[r] = s;
   }
-  if (group_step(cb)) return -1;
-  cb->p->steps[cb->p->n_steps - 1].kernel_op = in->op;
-  return 0;
+  return group_step(cb, in->op);
 }
 
 /* dot, argmax, concat, gather, scatter_add: a kernel of its own */
@@ -255,9 +339,7 @@ static int plan_special(cuda_build *cb, const ir_func *f, const ir_instr *in, in
   if (s < 0) return -1;
   g->out[0] = in->out;
   g->out_slot[0] = s;
-  if (group_step(cb)) return -1;
-  cb->p->steps[cb->p->n_steps - 1].kernel_op = in->op;
-  return 0;
+  return group_step(cb, in->op);
 }
 
 /* random draws and host callbacks: kept in the plan for the host */
@@ -685,6 +767,22 @@ typedef struct {
   bool trailing_flat; /* input element (o, r) is at o * len + r */
 } rplan;
 
+static void rplan_init(rplan *rp, const kgroup *g) {
+  const ir_func *f = g->f;
+  memset(rp, 0, sizeof *rp);
+  rp->first = &f->instrs[f->def[g->out[0]]];
+  rp->x = rp->first->in[0];
+  rp->it = &f->types[rp->x];
+  rp->ot = &f->types[g->out[0]];
+  for (int q = 0; q < rp->first->attrs.naxes; q++) rp->reduced[rp->first->attrs.axes[q]] = true;
+  rp->n_out = type_size(rp->ot);
+  rp->len = rp->n_out ? type_size(rp->it) / rp->n_out : 0;
+  bool trailing = true;
+  for (int q = 0; q < rp->first->attrs.naxes; q++)
+    trailing = trailing && rp->first->attrs.axes[q] == rp->it->rank - rp->first->attrs.naxes + q;
+  rp->trailing_flat = trailing && llvm_group_is_flat(f, g->member, rp->x);
+}
+
 /* the input index of output o (i64), reduction position r (i64) */
 static void reduce_index(llvm_emit *e, const rplan *rp, LLVMValueRef o, LLVMValueRef r, llvm_index *xidx) {
   LLVMBuilderRef b = e->b;
@@ -734,18 +832,8 @@ static int emit_reduce(kctx *k, llvm_group *lg) {
   LLVMBuilderRef b = e->b;
   const kgroup *g = k->g;
   const ir_func *f = g->f;
-  rplan rp = {0};
-  rp.first = &f->instrs[f->def[g->out[0]]];
-  rp.x = rp.first->in[0];
-  rp.it = &f->types[rp.x];
-  rp.ot = &f->types[g->out[0]];
-  for (int q = 0; q < rp.first->attrs.naxes; q++) rp.reduced[rp.first->attrs.axes[q]] = true;
-  rp.n_out = type_size(rp.ot);
-  rp.len = rp.n_out ? type_size(rp.it) / rp.n_out : 0;
-  bool trailing = true;
-  for (int q = 0; q < rp.first->attrs.naxes; q++)
-    trailing = trailing && rp.first->attrs.axes[q] == rp.it->rank - rp.first->attrs.naxes + q;
-  rp.trailing_flat = trailing && llvm_group_is_flat(f, g->member, rp.x);
+  rplan rp;
+  rplan_init(&rp, g);
   bool column = rp.it->rank > 0 && !rp.reduced[rp.it->rank - 1] && rp.first->attrs.naxes > 0;
   int form = column || rp.len < WARP ? RED_THREAD : rp.len < BLOCK_ROW ? RED_WARP : RED_BLOCK;
   if (g->n_out > 16) return kiln_set_error("cuda: @%s: a kernel with more than 16 reductions", k->cb->f->name);
@@ -841,6 +929,141 @@ static int emit_reduce(kctx *k, llvm_group *lg) {
   return 0;
 }
 
+/* ---- column reductions (colplan): pass 1, a block per (tile of tx
+ * outputs, range of rows) ---- */
+
+static int emit_column(kctx *k, llvm_group *lg) {
+  llvm_emit *e = &k->cb->e;
+  LLVMBuilderRef b = e->b;
+  const kgroup *g = k->g;
+  const ir_func *f = g->f;
+  const colplan *cp = &g->col;
+  rplan rp;
+  rplan_init(&rp, g);
+  if (g->n_out > 16) return kiln_set_error("cuda: @%s: a kernel with more than 16 reductions", k->cb->f->name);
+  cuda_step *st = k->st;
+  st->grid[0] = (unsigned)cp->tiles, st->grid[1] = (unsigned)cp->split, st->grid[2] = 1;
+  st->block[0] = THREADS, st->block[1] = st->block[2] = 1;
+  kiln_dtype dt = rp.it->dtype;
+  LLVMTypeRef at[16];
+  LLVMValueRef acc[16], shared[16];
+  op_id ops[16];
+  for (int q = 0; q < g->n_out; q++) {
+    ops[q] = f->instrs[f->def[g->out[q]]].op;
+    at[q] = llvm_reduce_type(e, ops[q], dt);
+    acc[q] = LLVMBuildAlloca(b, at[q], "acc");
+    char what[16];
+    snprintf(what, sizeof what, "col%d", q);
+    shared[q] = shared_array(e, k->name, what, at[q], THREADS);
+    LLVMBuildStore(b, llvm_reduce_identity(e, ops[q], dt), acc[q]);
+  }
+  int lg_tx = 0;
+  while ((1 << lg_tx) < cp->tx) lg_tx++;
+  LLVMValueRef tid = sreg(e, "tid.x");
+  LLVMValueRef tx = LLVMBuildAnd(b, tid, llvm_i32(e, cp->tx - 1), ""), ty = LLVMBuildLShr(b, tid, llvm_i32(e, lg_tx), "");
+  LLVMValueRef part = zext64(e, sreg(e, "ctaid.y"));
+  LLVMValueRef o = LLVMBuildAdd(b, LLVMBuildMul(b, zext64(e, sreg(e, "ctaid.x")), llvm_i64(e, cp->tx), ""),
+                                zext64(e, tx), "");
+  LLVMValueRef ok = LLVMBuildICmp(b, LLVMIntULT, o, llvm_i64(e, rp.n_out), "");
+  /* this thread's rows: ty, ty + ty_count, ... of its block's range */
+  LLVMBasicBlockRef rows = LLVMAppendBasicBlockInContext(e->ctx, k->fn, "rows"),
+                    tree = LLVMAppendBasicBlockInContext(e->ctx, k->fn, "tree");
+  LLVMBuildCondBr(b, ok, rows, tree);
+  LLVMPositionBuilderAtEnd(b, rows);
+  LLVMValueRef lo = LLVMBuildMul(b, part, llvm_i64(e, cp->chunk), "");
+  LLVMValueRef hi = LLVMBuildAdd(b, lo, llvm_i64(e, cp->chunk), "");
+  hi = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSLT, hi, llvm_i64(e, rp.len), ""), hi, llvm_i64(e, rp.len), "");
+  sloop lr;
+  LLVMValueRef r = sloop_begin(e, &lr, LLVMBuildAdd(b, lo, zext64(e, ty), ""), hi, llvm_i64(e, cp->ty), "r");
+  llvm_index xidx;
+  reduce_index(e, &rp, o, r, &xidx);
+  for (int q = 0; q < g->n_out; q++) {
+    const ir_instr *rk = &f->instrs[f->def[g->out[q]]];
+    LLVMValueRef xv = llvm_emit_value(lg, rk->in[0], &xidx);
+    if (!xv) return -1;
+    LLVMBuildStore(b, llvm_reduce_combine(e, ops[q], dt, LLVMBuildLoad2(b, at[q], acc[q], ""), xv), acc[q]);
+  }
+  flush_bad(e, lg, k->bad);
+  llvm_group_forget(lg);
+  sloop_end(e, &lr);
+  LLVMBuildBr(b, tree);
+  LLVMPositionBuilderAtEnd(b, tree);
+  /* the tree over ty: halves fold into the lower half, a barrier each */
+  for (int q = 0; q < g->n_out; q++)
+    LLVMBuildStore(b, LLVMBuildLoad2(b, at[q], acc[q], ""), shared_gep(e, at[q], shared[q], tid));
+  barrier(e);
+  for (int half = cp->ty / 2; half >= 1; half /= 2) {
+    LLVMBasicBlockRef fold = LLVMAppendBasicBlockInContext(e->ctx, k->fn, "fold"),
+                      sync = LLVMAppendBasicBlockInContext(e->ctx, k->fn, "sync");
+    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntULT, ty, llvm_i32(e, half), ""), fold, sync);
+    LLVMPositionBuilderAtEnd(b, fold);
+    LLVMValueRef other = LLVMBuildAdd(b, tid, llvm_i32(e, half * cp->tx), "");
+    for (int q = 0; q < g->n_out; q++) {
+      LLVMValueRef mine = shared_gep(e, at[q], shared[q], tid);
+      LLVMValueRef v = llvm_reduce_combine(e, ops[q], dt, LLVMBuildLoad2(b, at[q], mine, ""),
+                                           LLVMBuildLoad2(b, at[q], shared_gep(e, at[q], shared[q], other), ""));
+      LLVMBuildStore(b, v, mine);
+    }
+    LLVMBuildBr(b, sync);
+    LLVMPositionBuilderAtEnd(b, sync);
+    barrier(e);
+  }
+  LLVMBasicBlockRef store = LLVMAppendBasicBlockInContext(e->ctx, k->fn, "store"),
+                    done = LLVMAppendBasicBlockInContext(e->ctx, k->fn, "stored");
+  LLVMBuildCondBr(b, LLVMBuildAnd(b, ok, LLVMBuildICmp(b, LLVMIntEQ, ty, llvm_i32(e, 0), ""), ""), store, done);
+  LLVMPositionBuilderAtEnd(b, store);
+  for (int q = 0; q < g->n_out; q++) {
+    LLVMValueRef v = LLVMBuildLoad2(b, at[q], shared_gep(e, at[q], shared[q], tid), "");
+    if (cp->split == 1) {
+      llvm_emit_store(e, rp.ot->dtype, k->outp[q], o, llvm_reduce_finish(e, ops[q], dt, v));
+    } else {
+      LLVMValueRef i = LLVMBuildAdd(b, LLVMBuildMul(b, part, llvm_i64(e, rp.n_out), ""), o, "");
+      LLVMBuildStore(b, v, LLVMBuildGEP2(b, at[q], k->outp[q], &i, 1, ""));
+    }
+  }
+  LLVMBuildBr(b, done);
+  LLVMPositionBuilderAtEnd(b, done);
+  return 0;
+}
+
+/* pass 2: a thread per output adds its column's partials in split order */
+static int emit_combine(kctx *k) {
+  llvm_emit *e = &k->cb->e;
+  LLVMBuilderRef b = e->b;
+  const kgroup *g = k->g;
+  const ir_func *f = g->f;
+  rplan rp;
+  rplan_init(&rp, g);
+  kiln_dtype dt = rp.it->dtype;
+  launch_1d(k->st, rp.n_out, THREADS);
+  LLVMTypeRef at[16];
+  LLVMValueRef acc[16];
+  op_id ops[16];
+  if (g->n_out > 16) return kiln_set_error("cuda: @%s: a kernel with more than 16 reductions", k->cb->f->name);
+  for (int q = 0; q < g->n_out; q++) {
+    ops[q] = f->instrs[f->def[g->out[q]]].op;
+    at[q] = llvm_reduce_type(e, ops[q], dt);
+    acc[q] = LLVMBuildAlloca(b, at[q], "acc");
+  }
+  sloop l;
+  LLVMValueRef o = grid_loop_begin(e, &l, rp.n_out, 1);
+  for (int q = 0; q < g->n_out; q++)
+    LLVMBuildStore(b, LLVMBuildLoad2(b, at[q], LLVMBuildGEP2(b, at[q], k->buf[g->out[q]], &o, 1, ""), ""), acc[q]);
+  llvm_loop ls;
+  LLVMValueRef sp = llvm_loop_begin(e, &ls, llvm_i64(e, 1), llvm_i64(e, g->col.split), "split");
+  LLVMValueRef i = LLVMBuildAdd(b, LLVMBuildMul(b, sp, llvm_i64(e, rp.n_out), ""), o, "");
+  for (int q = 0; q < g->n_out; q++) {
+    LLVMValueRef x = LLVMBuildLoad2(b, at[q], LLVMBuildGEP2(b, at[q], k->buf[g->out[q]], &i, 1, ""), "");
+    LLVMBuildStore(b, llvm_reduce_combine(e, ops[q], dt, LLVMBuildLoad2(b, at[q], acc[q], ""), x), acc[q]);
+  }
+  llvm_loop_end(e, &ls);
+  for (int q = 0; q < g->n_out; q++)
+    llvm_emit_store(e, rp.ot->dtype, k->outp[q], o,
+                    llvm_reduce_finish(e, ops[q], dt, LLVMBuildLoad2(b, at[q], acc[q], "")));
+  sloop_end(e, &l);
+  return 0;
+}
+
 /* ---- dot: C[b] = A[b] B[b], batch dims broadcast; a block computes a
  * 64 x 64 tile of C through 16-deep slices of A and B in shared memory,
  * each thread a 4 x 4 set of outputs (rows ty + 16 i, columns tx + 16 j) ---- */
@@ -862,6 +1085,22 @@ static LLVMValueRef mul_add(llvm_emit *e, kiln_dtype dt, LLVMValueRef acc, LLVMV
   if (!dtype_is_float(dt)) return LLVMBuildAdd(e->b, acc, LLVMBuildMul(e->b, a, b, ""), "");
   LLVMValueRef args[3] = {a, b, acc};
   return llvm_intr(e, "llvm.fmuladd", args, 3);
+}
+
+/* f32 to TF32 (round to nearest, ties away: cvt.rna.tf32.f32), as an i32 */
+static LLVMValueRef to_tf32(llvm_emit *e, LLVMValueRef x) {
+  LLVMTypeRef ft;
+  LLVMValueRef fn = llvm_intrinsic(e, "llvm.nvvm.f2tf32.rna", NULL, 0, &ft);
+  return llvm_call(e, fn, ft, &x, 1);
+}
+
+/* c[0..3] += A (16 x 8) B (8 x 8), one warp's mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 */
+static void mma_tf32(llvm_emit *e, LLVMValueRef a[4], LLVMValueRef bb[2], LLVMValueRef c[4]) {
+  LLVMTypeRef ft;
+  LLVMValueRef fn = llvm_intrinsic(e, "llvm.nvvm.mma.m16n8k8.row.col.tf32", NULL, 0, &ft);
+  LLVMValueRef args[10] = {a[0], a[1], a[2], a[3], bb[0], bb[1], c[0], c[1], c[2], c[3]};
+  LLVMValueRef d = llvm_call(e, fn, ft, args, 10);
+  for (int q = 0; q < 4; q++) c[q] = LLVMBuildExtractValue(e->b, d, (unsigned)q, "");
 }
 
 static int emit_dot(kctx *k) {
@@ -889,6 +1128,14 @@ static int emit_dot(kctx *k) {
   LLVMValueRef pa = k->buf[in->in[0]], pb = k->buf[in->in[1]], pc = k->outp[0];
   LLVMValueRef tid = LLVMBuildZExt(b, sreg(e, "tid.x"), e->t_i64, "");
   LLVMValueRef ty = LLVMBuildUDiv(b, tid, llvm_i64(e, 16), ""), tx = LLVMBuildURem(b, tid, llvm_i64(e, 16), "");
+  /* TF32 tensor cores: warp w computes rows 16 (w / 2) and columns 32 (w % 2)
+   * of the tile as four m16n8k8 products; lane = 4 group + tig holds the
+   * PTX ISA's fragment elements (rows group, group + 8; columns 2 tig, 2 tig + 1) */
+  bool tf32 = dt == KILN_F32 && k->cb->tf32;
+  LLVMValueRef lane = LLVMBuildURem(b, tid, llvm_i64(e, WARP), ""), warp = LLVMBuildUDiv(b, tid, llvm_i64(e, WARP), "");
+  LLVMValueRef grp = LLVMBuildUDiv(b, lane, llvm_i64(e, 4), ""), tig = LLVMBuildURem(b, lane, llvm_i64(e, 4), "");
+  LLVMValueRef wm = LLVMBuildMul(b, LLVMBuildUDiv(b, warp, llvm_i64(e, 2), ""), llvm_i64(e, 16), "");
+  LLVMValueRef wn = LLVMBuildMul(b, LLVMBuildURem(b, warp, llvm_i64(e, 2), ""), llvm_i64(e, 32), "");
   LLVMValueRef m0 = LLVMBuildMul(b, LLVMBuildZExt(b, sreg(e, "ctaid.y"), e->t_i64, ""), llvm_i64(e, TILE_M), "");
   LLVMValueRef n0 = LLVMBuildMul(b, LLVMBuildZExt(b, sreg(e, "ctaid.x"), e->t_i64, ""), llvm_i64(e, TILE_N), "");
   LLVMValueRef zero = dtype_is_float(dt) ? llvm_const_f(t, 0) : llvm_const_i(t, 0);
@@ -936,7 +1183,25 @@ static int emit_dot(kctx *k) {
   LLVMValueRef av[REG_M], bv[REG_N], c[REG_M * REG_N];
   for (int q = 0; q < REG_M * REG_N; q++)
     c[q] = LLVMBuildLoad2(b, t, LLVMBuildGEP2(b, t, acc, (LLVMValueRef[]){llvm_i64(e, q)}, 1, ""), "");
-  for (int kk = 0; kk < TILE_K; kk++) {
+  for (int kk = 0; tf32 && kk < TILE_K; kk += 8) {
+    LLVMValueRef a[4], bb[2];
+    for (int q = 0; q < 4; q++) { /* a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4) */
+      LLVMValueRef kr = LLVMBuildAdd(b, tig, llvm_i64(e, kk + 4 * (q / 2)), "");
+      LLVMValueRef mr = LLVMBuildAdd(b, LLVMBuildAdd(b, wm, grp, ""), llvm_i64(e, 8 * (q % 2)), "");
+      LLVMValueRef i = LLVMBuildAdd(b, LLVMBuildMul(b, kr, llvm_i64(e, TILE_M), ""), mr, "");
+      a[q] = to_tf32(e, LLVMBuildLoad2(b, t, shared_gep(e, t, As, i), ""));
+    }
+    for (int j = 0; j < REG_N; j++) {
+      for (int q = 0; q < 2; q++) { /* b0 (t, g), b1 (t + 4, g) */
+        LLVMValueRef kr = LLVMBuildAdd(b, tig, llvm_i64(e, kk + 4 * q), "");
+        LLVMValueRef nc = LLVMBuildAdd(b, LLVMBuildAdd(b, wn, grp, ""), llvm_i64(e, 8 * j), "");
+        LLVMValueRef i = LLVMBuildAdd(b, LLVMBuildMul(b, kr, llvm_i64(e, TILE_N), ""), nc, "");
+        bb[q] = to_tf32(e, LLVMBuildLoad2(b, t, shared_gep(e, t, Bs, i), ""));
+      }
+      mma_tf32(e, a, bb, c + 4 * j);
+    }
+  }
+  for (int kk = 0; !tf32 && kk < TILE_K; kk++) {
     for (int i = 0; i < REG_M; i++)
       av[i] =
           LLVMBuildLoad2(b, t, shared_gep(e, t, As, LLVMBuildAdd(b, ty, llvm_i64(e, kk * TILE_M + 16 * i), "")), "");
@@ -953,8 +1218,15 @@ static int emit_dot(kctx *k) {
   /* store the outputs inside C */
   for (int i = 0; i < REG_M; i++)
     for (int j = 0; j < REG_N; j++) {
-      LLVMValueRef gm = LLVMBuildAdd(b, m0, LLVMBuildAdd(b, ty, llvm_i64(e, 16 * i), ""), "");
-      LLVMValueRef gn = LLVMBuildAdd(b, n0, LLVMBuildAdd(b, tx, llvm_i64(e, 16 * j), ""), "");
+      /* accumulator i * REG_N + j: row ty + 16 i, column tx + 16 j; with TF32
+       * n-tile i, fragment element j */
+      LLVMValueRef rm = tf32 ? LLVMBuildAdd(b, LLVMBuildAdd(b, wm, grp, ""), llvm_i64(e, 8 * (j / 2)), "")
+                             : LLVMBuildAdd(b, ty, llvm_i64(e, 16 * i), "");
+      LLVMValueRef cn =
+          tf32 ? LLVMBuildAdd(b, LLVMBuildAdd(b, wn, LLVMBuildMul(b, tig, llvm_i64(e, 2), ""), ""), llvm_i64(e, 8 * i + j % 2), "")
+               : LLVMBuildAdd(b, tx, llvm_i64(e, 16 * j), "");
+      LLVMValueRef gm = LLVMBuildAdd(b, m0, rm, "");
+      LLVMValueRef gn = LLVMBuildAdd(b, n0, cn, "");
       LLVMValueRef ok = LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntSLT, gm, llvm_i64(e, M), ""),
                                      LLVMBuildICmp(b, LLVMIntSLT, gn, llvm_i64(e, N), ""), "");
       LLVMBasicBlockRef put = LLVMAppendBasicBlockInContext(e->ctx, k->fn, "put"),
@@ -1156,7 +1428,10 @@ static int emit_kernel(cuda_build *cb, int step_no, const kgroup *g) {
     llvm_group lg = {.e = e, .f = g->f, .buf = k.buf};
     llvm_group_init(&lg);
     const ir_instr *first = &g->f->instrs[g->f->def[g->out[0]]];
-    rc = llvm_op_is_reduce(first->op) ? emit_reduce(&k, &lg) : emit_elementwise(&k, &lg);
+    rc = g->pass == 2                  ? emit_combine(&k)
+         : g->pass == 1                ? emit_column(&k, &lg)
+         : llvm_op_is_reduce(first->op) ? emit_reduce(&k, &lg)
+                                        : emit_elementwise(&k, &lg);
     can_fail = lg.bad_op != OP_COUNT;
     if (can_fail) k.st->op = lg.bad_op;
     llvm_group_dispose(&lg);
@@ -1280,7 +1555,7 @@ cuda_program *cuda_compile(const ir_func *f, const char *arch) {
     oom();
     return NULL;
   }
-  cuda_build cb = {.f = f, .p = p};
+  cuda_build cb = {.f = f, .p = p, .tf32 = cuda_use_tf32()};
   snprintf(p->arch, sizeof p->arch, "%s", arch);
   p->name = malloc(strlen(f->name) + 1);
   p->param_types = malloc(((size_t)f->n_params + 1) * sizeof *p->param_types);
@@ -1296,7 +1571,19 @@ cuda_program *cuda_compile(const ir_func *f, const char *arch) {
   for (int r = 0; r < f->n_results; r++) {
     p->result_types[r] = f->types[f->results[r]];
   }
-  if (plan(&cb) || compile_module(&cb, arch)) goto fail;
+  if (plan(&cb)) goto fail;
+  cuda_cache_ref ref;
+  p->from_cache = cuda_cache_get(f, p, &ref) == 1;
+  if (!p->from_cache) {
+    if (compile_module(&cb, arch)) {
+      cuda_cache_ref_free(&ref);
+      goto fail;
+    }
+    cuda_cache_put(&ref, p);
+  }
+  cuda_cache_ref_free(&ref);
+  if (cpu_cache_log() && ref.dir[0])
+    fprintf(stderr, "kiln: cache: @%s (%s): %s\n", f->name, arch, p->from_cache ? "PTX hit" : "PTX miss");
   for (int r = 0; r < p->n_results; r++)
     if (p->results[r].kind == CUDA_RES_CONST) kiln_retain(p->results[r].cst);
   p->compile_ms = now_ms() - t0;
@@ -1321,6 +1608,12 @@ char *cuda_ptx_text(const ir_func *f, const char *arch) {
 
 const char *cuda_program_ptx(const cuda_program *p) { return p ? p->ptx : NULL; }
 int cuda_program_kernels(const cuda_program *p) { return p ? p->n_kernels : 0; }
+bool cuda_program_from_cache(const cuda_program *p) { return p && p->from_cache; }
+
+bool cuda_use_tf32(void) {
+  const char *env = getenv("KILN_CUDA_TF32");
+  return env && !strcmp(env, "1");
+}
 
 int cuda_program_unsupported(const cuda_program *p) {
   if (!p) return kiln_set_error("cuda: no program");

@@ -77,6 +77,7 @@ typedef struct cuda_program {
   kiln_tensor **consts; /* retained */
   int n_consts;
   double compile_ms;
+  bool from_cache; /* its PTX and launch shapes came from the disk cache */
   void *rt; /* the runtime's modules per GPU (launch.c); NULL until first run */
 } cuda_program;
 
@@ -90,12 +91,42 @@ KILN_EXPORT char *cuda_ptx_text(const ir_func *f, const char *arch);
 KILN_EXPORT const char *cuda_program_ptx(const cuda_program *p);
 /* Kernel steps (= .entry functions in the PTX). */
 KILN_EXPORT int cuda_program_kernels(const cuda_program *p);
+/* Whether p's PTX came from the disk cache rather than from LLVM.
+ *
+ * The cache is the CPU backend's (cpu.h): with KILN_CACHE_DIR (default
+ * $XDG_CACHE_HOME/kiln, else ~/.cache/kiln; "" or "off" turns it off)
+ * cuda_compile keeps each program's PTX and launch shapes in <dir>/<key>.kco,
+ * keyed by a hash of the IR (callees included), the architecture, the LLVM
+ * version and the build of the library, so another process compiling the
+ * same IR (an eager op's one-op function or a staged program) skips LLVM.
+ * Corrupt or stale entries are rebuilt. */
+KILN_EXPORT bool cuda_program_from_cache(const cuda_program *p);
 /* 0 when every step runs on the GPU; else -1 with "cuda: @f: <op> is not
  * supported on the GPU yet" for the first that does not. */
 KILN_EXPORT int cuda_program_unsupported(const cuda_program *p);
 KILN_EXPORT void cuda_program_free(cuda_program *p); /* NULL is fine */
 /* Unloads what cuda_program_run loaded for p (launch.c); for cuda_program_free. */
 void cuda_program_rt_free(cuda_program *p);
+
+/* KILN_CUDA_TF32=1: f32 dot on tensor cores in TF32 (10-bit mantissa
+ * inputs, f32 accumulation; sm_80 and up). Off by default: f32 dot then
+ * rounds as the CPU's does. Read at each compile. */
+bool cuda_use_tf32(void);
+
+/* ---- the disk cache (ptx_cache.c) ---- */
+typedef struct cuda_cache_ref {
+  bool on;   /* a key was made: cuda_cache_put stores under it */
+  char dir[4096];
+  char *meta;
+  uint8_t key[16];
+} cuda_cache_ref;
+/* Looks up p, planned from f but not emitted: 1 on a hit (p->ptx and its
+ * kernel steps' launch fields filled from the entry), else 0 with ref ready
+ * for cuda_cache_put. Never an error. */
+int cuda_cache_get(const ir_func *f, cuda_program *p, cuda_cache_ref *ref);
+/* Stores p's PTX and launch fields under ref (when on); failures only log. */
+void cuda_cache_put(const cuda_cache_ref *ref, const cuda_program *p);
+void cuda_cache_ref_free(cuda_cache_ref *ref);
 
 /* fmod as the GPU code computes it (the emitter's llvm_vm_fmod, run by
  * LLVM's interpreter on the host), for n pairs of f32 (rounded from x, y)

@@ -163,3 +163,61 @@ TEST(CudaGpu, AStagedFunctionMatchesTheCpu) {
   EXPECT_TRUE(close(gpu, cpu, 1e-4));
   kiln_function_free(f);
 }
+
+// Column reductions split over blocks (ptx.c's colplan): every reduction op
+// over leading axes of a tall input matches the CPU, and two runs give the
+// same bits (partials are combined in a fixed order).
+TEST(CudaGpu, ColumnReductionsMatchTheCpuAndRepeat) {
+  NEED_GPU();
+  Scoped s;
+  struct C {
+    V64 shape;
+    std::vector<int> axes;
+  };
+  const std::vector<C> cs = {{{100000, 4}, {0}}, {{300, 257}, {0}}, {{50, 60, 8}, {0, 1}}, {{9, 1000, 3}, {0, 1}},
+                             {{4096, 33}, {0}}};
+  const kiln_dtype dts[] = {KILN_F32, KILN_F64, KILN_I32, KILN_I64};
+  for (const C &c : cs)
+    for (kiln_dtype dt : dts) {
+      SCOPED_TRACE(kiln_dtype_name(dt));
+      int64_t n = 1;
+      for (int64_t d : c.shape) n *= d;
+      kiln_tensor *x = kiln_cast(kiln_reshape(kiln_sub(kiln_mod(kiln_arange(KILN_F64, n), kiln_scalar(KILN_F64, 7)),
+                                                        kiln_scalar(KILN_F64, 3)),
+                                              (int)c.shape.size(), c.shape.data()),
+                                 dt);
+      ASSERT_NE(x, nullptr) << kiln_last_error();
+      kiln_tensor *g = to(x, "gpu:0");
+      for (int which = 0; which < 3; which++) {
+        auto red = [&](kiln_tensor *t) {
+          int na = (int)c.axes.size();
+          return which == 0 ? kiln_reduce_sum(t, na, c.axes.data(), false)
+                 : which == 1 ? kiln_reduce_max(t, na, c.axes.data(), false)
+                              : kiln_reduce_min(t, na, c.axes.data(), false);
+        };
+        kiln_tensor *want = red(x), *got = red(g), *again = red(g);
+        EXPECT_TRUE(close(to(got, "cpu:0"), want, 1e-6)) << which;
+        EXPECT_EQ(values(to(got, "cpu:0")), values(to(again, "cpu:0"))) << "run to run";
+      }
+    }
+}
+
+// KILN_CUDA_TF32=1: f32 matmuls on tensor cores (inputs rounded to TF32's
+// 10-bit mantissa) close to the CPU's; off, as close as ever.
+TEST(CudaGpu, Tf32MatmulIsCloseToTheCpu) {
+  NEED_GPU();
+  Scoped s;
+  kiln_random_seed(5);
+  const V64 shapes[][2] = {{{64, 64}, {64, 64}}, {{100, 37}, {37, 70}}, {{3, 130, 65}, {65, 129}}};
+  for (const char *mode : {"1", "0"}) {
+    setenv("KILN_CUDA_TF32", mode, 1);
+    for (const auto &sh : shapes) {
+      kiln_tensor *a = kiln_random_normal(KILN_F32, (int)sh[0].size(), sh[0].data());
+      kiln_tensor *b = kiln_random_normal(KILN_F32, (int)sh[1].size(), sh[1].data());
+      kiln_tensor *want = kiln_matmul(a, b), *got = kiln_matmul(to(a, "gpu:0"), to(b, "gpu:0"));
+      // TF32 rounds each input to 2^-11 relative: a sum of K products of N(0,1)s is off by about sqrt(K) 2^-11
+      EXPECT_TRUE(close(to(got, "cpu:0"), want, mode[0] == '1' ? 2e-2 : 1e-4)) << "KILN_CUDA_TF32=" << mode;
+    }
+  }
+  unsetenv("KILN_CUDA_TF32");
+}

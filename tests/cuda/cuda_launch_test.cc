@@ -12,6 +12,8 @@
 #include <gmock/gmock.h>
 
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -487,4 +489,296 @@ TEST(CudaEager, ManyThreadsShareTheCache) {
   cuda_eager_stats e1 = eager();
   EXPECT_EQ(e1.entries, e0.entries + 4) << "four shapes";
   EXPECT_EQ(e1.compiles - e0.compiles + e1.hits - e0.hits, 80);
+}
+
+// ---- column reductions: the launch shapes the fake driver sees ----
+
+TEST(CudaStaged, AColumnSumLaunchesPartialsThenTheirSum) {
+  GpuTest s;
+  Scoped sc;
+  ir_module *m = ir_parse(
+      "func @f(%x: f32[100000,4]) -> f32[4] {\n"
+      "  %s = reduce_sum %x {axes=[0]} : f32[4]\n"
+      "  return %s\n"
+      "}\n",
+      "col.kir");
+  ASSERT_NE(m, nullptr) << error();
+  cuda_program *p = cuda_compile(m->funcs[0], "sm_90");
+  ASSERT_NE(p, nullptr) << error();
+  kiln_tensor *x = on("gpu:0", kiln_ones(KILN_F32, KILN_SHAPE(100000, 4)));
+  kiln_tensor *out = nullptr;
+  ASSERT_EQ(cuda_program_run(p, 0, &x, &out), 0) << error();
+  EXPECT_EQ(shape_of(out), (V64{4}));
+  std::vector<fake_launch> l = launches();
+  ASSERT_EQ(l.size(), 2u);
+  EXPECT_EQ(l[0].grid[0], 1u);
+  EXPECT_GE(l[0].grid[1], 64u) << "the rows over many blocks";
+  EXPECT_EQ(l[0].block[0], 256u);
+  EXPECT_EQ(l[0].n_params, 3) << "partials, x, the error word";
+  EXPECT_EQ(l[1].grid[0], 1u);
+  EXPECT_EQ(l[1].grid[1], 1u);
+  EXPECT_EQ(l[1].n_params, 3) << "result, partials, the error word";
+  EXPECT_EQ(l[0].bad_params + l[1].bad_params, 0);
+  cuda_program_free(p);
+  ir_module_free(m);
+}
+
+// ---- the disk cache of PTX (ptx_cache.c) ----
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// KILN_CACHE_DIR set for one test, then put back as it was
+struct CacheEnv {
+  std::string dir, old;
+  bool had;
+  explicit CacheEnv(const std::string &value, bool make = true) : had(getenv("KILN_CACHE_DIR") != nullptr) {
+    if (had) old = getenv("KILN_CACHE_DIR");
+    if (make) {
+      char t[] = "/tmp/kiln-ptx-cache-XXXXXX";
+      EXPECT_NE(mkdtemp(t), nullptr);
+      dir = t;
+    }
+    setenv("KILN_CACHE_DIR", make ? dir.c_str() : value.c_str(), 1);
+  }
+  ~CacheEnv() {
+    if (had)
+      setenv("KILN_CACHE_DIR", old.c_str(), 1);
+    else
+      unsetenv("KILN_CACHE_DIR");
+    std::error_code ec;
+    if (!dir.empty()) fs::remove_all(dir, ec);
+  }
+  std::vector<std::string> entries() const {
+    std::vector<std::string> v;
+    std::error_code ec;
+    if (dir.empty() || !fs::is_directory(dir, ec)) return v;
+    for (const auto &e : fs::directory_iterator(dir))
+      if (e.path().extension() == ".kco") v.push_back(e.path().string());
+    return v;
+  }
+};
+
+const char *kCacheProg =
+    "func @f(%x: f32[3000,4], %y: f32[3000,4], %i: i64[5]) -> (f32[4], f32[3000,4], f32[5,4], f32[4,4]) {\n"
+    "  %m = mul %x, %y : f32[3000,4]\n"
+    "  %s = reduce_sum %m {axes=[0]} : f32[4]\n"
+    "  %e = exp %x : f32[3000,4]\n"
+    "  %g = gather %x, %i {axis=0} : f32[5,4]\n"
+    "  %t = transpose %x {perm=[1,0]} : f32[4,3000]\n"
+    "  %d = dot %t, %y : f32[4,4]\n"
+    "  return %s, %e, %g, %d\n"
+    "}\n";
+
+void expect_same_plan(const cuda_program *a, const cuda_program *b) {
+  EXPECT_STREQ(a->ptx, b->ptx);
+  ASSERT_EQ(a->n_steps, b->n_steps);
+  EXPECT_EQ(a->n_kernels, b->n_kernels);
+  EXPECT_EQ(a->arena_bytes, b->arena_bytes);
+  for (int i = 0; i < a->n_steps; i++) {
+    const cuda_step &x = a->steps[i], &y = b->steps[i];
+    SCOPED_TRACE("step " + std::to_string(i));
+    EXPECT_EQ(x.kind, y.kind);
+    EXPECT_STREQ(x.name, y.name);
+    for (int k = 0; k < 3; k++) {
+      EXPECT_EQ(x.grid[k], y.grid[k]);
+      EXPECT_EQ(x.block[k], y.block[k]);
+    }
+    EXPECT_EQ(x.shared_bytes, y.shared_bytes);
+    EXPECT_EQ(x.op, y.op);
+    EXPECT_EQ(x.kernel_op, y.kernel_op);
+    EXPECT_EQ(x.index_buf, y.index_buf);
+    EXPECT_EQ(x.index_count, y.index_count);
+    EXPECT_EQ(x.index_dim, y.index_dim);
+    EXPECT_EQ(x.index_dtype, y.index_dtype);
+    ASSERT_EQ(x.n_bufs, y.n_bufs);
+    for (int q = 0; q < x.n_bufs; q++) {
+      EXPECT_EQ(x.bufs[q].kind, y.bufs[q].kind);
+      EXPECT_EQ(x.bufs[q].index, y.bufs[q].index);
+      EXPECT_EQ(x.bufs[q].offset, y.bufs[q].offset);
+    }
+  }
+}
+
+std::string last_ptx() {
+  auto get = (size_t(*)(char *, size_t))fake("fake_cuda_last_ptx");
+  size_t n = get(nullptr, 0);
+  std::string s(n + 1, '\0');
+  get(s.data(), s.size());
+  s.resize(n);
+  return s;
+}
+
+}  // namespace
+
+TEST(CudaPtxCache, ASecondCompileReadsThePtxAndLaunchPlan) {
+  GpuTest s;
+  Scoped sc;
+  CacheEnv env("");
+  ir_module *m = ir_parse(kCacheProg, "cache.kir");
+  ASSERT_NE(m, nullptr) << error();
+  const ir_func *f = m->funcs[0];
+  cuda_program *cold = cuda_compile(f, "sm_90");
+  ASSERT_NE(cold, nullptr) << error();
+  EXPECT_FALSE(cuda_program_from_cache(cold));
+  EXPECT_EQ(env.entries().size(), 1u);
+  cuda_program *warm = cuda_compile(f, "sm_90");
+  ASSERT_NE(warm, nullptr) << error();
+  EXPECT_TRUE(cuda_program_from_cache(warm));
+  expect_same_plan(cold, warm);
+  EXPECT_EQ(env.entries().size(), 1u);
+
+  // another architecture is another entry
+  cuda_program *other = cuda_compile(f, "sm_80");
+  ASSERT_NE(other, nullptr) << error();
+  EXPECT_FALSE(cuda_program_from_cache(other));
+  EXPECT_THAT(other->ptx, HasSubstr(".target sm_80"));
+  EXPECT_EQ(env.entries().size(), 2u);
+
+  // the cached program runs: its PTX is what the driver loads, its launches
+  // have the plan's shapes and device pointers
+  std::vector<float> xv(3000 * 4, 0.5f);
+  std::vector<int64_t> iv = {0, 4, 2999, 7, 7};
+  kiln_tensor *x = on("gpu:0", f32({3000, 4}, xv)), *y = on("gpu:0", f32({3000, 4}, xv));
+  kiln_tensor *i = on("gpu:0", kiln_tensor_new(KILN_I64, KILN_SHAPE(5), iv.data()));
+  kiln_tensor *args[3] = {x, y, i}, *res[4] = {};
+  ASSERT_EQ(cuda_program_run(warm, 0, args, res), 0) << error();
+  EXPECT_EQ(last_ptx(), std::string(cold->ptx));
+  std::vector<fake_launch> l = launches();
+  std::vector<const cuda_step *> want;
+  for (int k = 0; k < cold->n_steps; k++)
+    if (cold->steps[k].kind == CUDA_STEP_KERNEL && cold->steps[k].grid[0]) want.push_back(&cold->steps[k]);
+  ASSERT_EQ(l.size(), want.size());
+  for (size_t k = 0; k < l.size(); k++) {
+    EXPECT_STREQ(l[k].name, want[k]->name);
+    for (int d = 0; d < 3; d++) {
+      EXPECT_EQ(l[k].grid[d], want[k]->grid[d]);
+      EXPECT_EQ(l[k].block[d], want[k]->block[d]);
+    }
+    EXPECT_EQ(l[k].n_params, want[k]->n_bufs + 1);
+    EXPECT_EQ(l[k].bad_params, 0);
+  }
+  cuda_program_free(cold);
+  cuda_program_free(warm);
+  cuda_program_free(other);
+  ir_module_free(m);
+}
+
+TEST(CudaPtxCache, CorruptEntriesAreRebuilt) {
+  GpuTest s;
+  Scoped sc;
+  CacheEnv env("");
+  ir_module *m = ir_parse(kCacheProg, "cache.kir");
+  ASSERT_NE(m, nullptr) << error();
+  const ir_func *f = m->funcs[0];
+  cuda_program *cold = cuda_compile(f, "sm_90");
+  ASSERT_NE(cold, nullptr) << error();
+  ASSERT_EQ(env.entries().size(), 1u);
+  std::string path = env.entries()[0];
+  auto size = fs::file_size(path);
+  // a flipped byte in the middle (the checksum), then a cut-off file, then garbage
+  for (int how = 0; how < 3; how++) {
+    SCOPED_TRACE(how);
+    if (how == 0) {
+      std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
+      io.seekp((std::streamoff)(size / 2));
+      char c = 0;
+      io.seekg((std::streamoff)(size / 2));
+      io.get(c);
+      io.seekp((std::streamoff)(size / 2));
+      io.put((char)(c ^ 0x5a));
+    } else if (how == 1) {
+      fs::resize_file(path, size / 3);
+    } else {
+      std::ofstream(path, std::ios::binary | std::ios::trunc) << "not an entry";
+    }
+    cuda_program *p = cuda_compile(f, "sm_90");
+    ASSERT_NE(p, nullptr) << error();
+    EXPECT_FALSE(cuda_program_from_cache(p)) << "a bad entry is a miss";
+    expect_same_plan(cold, p);
+    cuda_program_free(p);
+    EXPECT_EQ(fs::file_size(path), size) << "and is written again";
+    p = cuda_compile(f, "sm_90");
+    ASSERT_NE(p, nullptr) << error();
+    EXPECT_TRUE(cuda_program_from_cache(p));
+    expect_same_plan(cold, p);
+    cuda_program_free(p);
+  }
+  cuda_program_free(cold);
+  ir_module_free(m);
+}
+
+TEST(CudaPtxCache, OffMeansNoCache) {
+  Scoped sc;
+  for (const char *v : {"off", ""}) {
+    CacheEnv env(v, false);
+    ir_module *m = ir_parse(kCacheProg, "cache.kir");
+    ASSERT_NE(m, nullptr) << error();
+    for (int k = 0; k < 2; k++) {
+      cuda_program *p = cuda_compile(m->funcs[0], "sm_90");
+      ASSERT_NE(p, nullptr) << error();
+      EXPECT_FALSE(cuda_program_from_cache(p));
+      cuda_program_free(p);
+    }
+    ir_module_free(m);
+  }
+}
+
+// KILN_CUDA_TF32=1: an eager f32 matmul loads tensor-core PTX with the same
+// launch shape, compiled apart from the default one (the eager cache and
+// the disk cache both keep the mode in their keys)
+TEST(CudaEager, Tf32IsAModeOfItsOwn) {
+  GpuTest s;
+  Scoped sc;
+  kiln_tensor *a = on("gpu:0", kiln_ones(KILN_F32, KILN_SHAPE(100, 40))), *b = on("gpu:0", kiln_ones(KILN_F32, KILN_SHAPE(40, 70)));
+  OnDevice d("gpu:0");
+  const char *mma = "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32";
+  std::vector<std::string> ptx;
+  std::vector<fake_launch> l;
+  std::vector<long> loads;
+  for (const char *mode : {"0", "1", "0"}) {
+    setenv("KILN_CUDA_TF32", mode, 1);
+    clear_launches();
+    long before = calls("cuModuleLoadData");
+    ASSERT_NE(kiln_matmul(a, b), nullptr) << error();
+    loads.push_back(calls("cuModuleLoadData") - before);
+    ptx.push_back(last_ptx());
+    std::vector<fake_launch> got = launches();
+    ASSERT_EQ(got.size(), 1u);
+    l.push_back(got[0]);
+  }
+  unsetenv("KILN_CUDA_TF32");
+  EXPECT_EQ(ptx[0].find("mma.sync"), std::string::npos);
+  EXPECT_THAT(ptx[1], HasSubstr(mma));
+  EXPECT_EQ(loads[1], 1) << "the TF32 program is a program of its own";
+  EXPECT_EQ(loads[2], 0) << "back to the default program, already loaded";
+  for (int k = 0; k < 3; k++) {
+    EXPECT_EQ(l[1].grid[k], l[0].grid[k]);
+    EXPECT_EQ(l[1].block[k], l[0].block[k]);
+  }
+  EXPECT_EQ(l[1].bad_params, 0);
+}
+
+// ---- what benchmarks use: a stream wait and a device copy ----
+
+TEST(CudaDebug, SyncAndDeviceCopy) {
+  GpuTest s;
+  Scoped sc;
+  kiln_tensor *a = on("gpu:0", f32({5}, {1, 2, 3, 4, 5})), *b = on("gpu:0", kiln_zeros(KILN_F32, KILN_SHAPE(5)));
+  long dtod = calls("cuMemcpyDtoDAsync");
+  EXPECT_EQ(kiln_debug_cuda_copy(0, b->data, a->data, 5 * sizeof(float)), 0) << error();
+  EXPECT_EQ(calls("cuMemcpyDtoDAsync"), dtod + 1);
+  long syncs = calls("cuStreamSynchronize");
+  EXPECT_EQ(kiln_debug_cuda_sync(0), 0) << error();
+  EXPECT_EQ(calls("cuStreamSynchronize"), syncs + 1);
+  EXPECT_EQ(values(b), (VD{1, 2, 3, 4, 5}));
+  EXPECT_EQ(kiln_debug_cuda_copy(0, b->data, a->data, 0), 0) << "nothing to copy";
+  EXPECT_EQ(kiln_debug_cuda_sync(7), -1);
+  EXPECT_EQ(error(), "cuda_sync: no gpu:7");
+  EXPECT_EQ(kiln_debug_cuda_copy(-1, b->data, a->data, 4), -1);
+  EXPECT_EQ(error(), "cuda_copy: no gpu:-1");
+  EXPECT_EQ(kiln_debug_cuda_copy(0, nullptr, a->data, 4), -1);
+  EXPECT_EQ(error(), "cuda_copy: a NULL buffer");
+  EXPECT_EQ(ctx_depth(), 0);
 }

@@ -704,6 +704,74 @@ TEST(CudaRealDriver, CopiesRoundTrip) {
   });
 }
 
+// ---- the disk cache of PTX across processes ----
+
+namespace {
+
+// eager ops of several kernel kinds on gpu:0; the eager cache's figures after
+std::string eager_ops_on_gpu0() {
+  Scoped s;
+  if (kiln_device_push("gpu:0")) return std::string("device_push: ") + kiln_last_error();
+  std::vector<float> xv(1000 * 4);
+  for (size_t i = 0; i < xv.size(); i++) xv[i] = (float)(i % 7) - 3;
+  kiln_tensor *x = kiln_to_device(f32({1000, 4}, xv), "gpu:0");
+  int ax0 = 0, ax1 = 1;
+  bool ok = x && kiln_exp(x) && kiln_add(x, x) && kiln_reduce_sum(x, 1, &ax0, false) &&
+            kiln_reduce_max(x, 1, &ax1, false) && kiln_matmul(kiln_transpose(x, 2, nullptr), x);
+  kiln_device_pop();
+  if (!ok) return std::string("an op failed: ") + kiln_last_error();
+  cuda_eager_stats st{};
+  kiln_debug_cuda_eager_stats(&st);
+  return "compiles " + std::to_string(st.compiles) + " disk_hits " + std::to_string(st.disk_hits);
+}
+
+}  // namespace
+
+// The child's side of AnotherProcessReadsTheCache (skipped unless it starts it).
+TEST(CudaPtxCache, ChildRole) {
+  if (!getenv("KILN_PTX_CACHE_ROLE")) GTEST_SKIP() << "started by CudaPtxCache.AnotherProcessReadsTheCache";
+  printf("@child %s\n", eager_ops_on_gpu0().c_str());
+}
+
+// A process running eager GPU ops stores their PTX; another process running
+// the same ops reads every one from the disk cache instead of running LLVM.
+TEST(CudaPtxCache, AnotherProcessReadsTheCache) {
+  char tmpl[] = "/tmp/kiln-ptx-proc-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  std::string dir = tmpl;
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  ASSERT_GT(n, 0);
+  self[n] = 0;
+  auto child = [&]() {
+    std::string cmd = "KILN_PTX_CACHE_ROLE=1 KILN_CACHE_DIR='" + dir + "' '" + self +
+                      "' --gtest_filter=CudaPtxCache.ChildRole 2>&1";
+    FILE *p = popen(cmd.c_str(), "r");
+    std::string out, line;
+    char buf[1024];
+    while (p && fgets(buf, sizeof buf, p)) {
+      line = buf;
+      if (line.rfind("@child ", 0) == 0) out = line.substr(7);
+    }
+    int rc = p ? pclose(p) : -1;
+    EXPECT_EQ(rc, 0) << cmd;
+    while (!out.empty() && out.back() == '\n') out.pop_back();
+    return out;
+  };
+  // exp, add, two reductions, transpose, matmul: six one-op programs
+  EXPECT_EQ(child(), "compiles 6 disk_hits 0") << "a fresh directory: every op compiled by LLVM";
+  int entries = -1;
+  std::string c = "ls '" + dir + "' | grep -c '\\.kco$'";
+  if (FILE *p = popen(c.c_str(), "r")) {
+    if (fscanf(p, "%d", &entries) != 1) entries = -1;
+    pclose(p);
+  }
+  EXPECT_EQ(entries, 6) << "an entry per op";
+  EXPECT_EQ(child(), "compiles 6 disk_hits 6") << "the second process reads them all";
+  std::string rm = "rm -rf '" + dir + "'";
+  EXPECT_EQ(system(rm.c_str()), 0);
+}
+
 int main(int argc, char **argv) {
   setenv("KILN_CUDA_DRIVER", FAKE_CUDA_PATH, 1);
   ::testing::InitGoogleTest(&argc, argv);

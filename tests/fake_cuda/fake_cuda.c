@@ -549,6 +549,16 @@ EXPORT int fake_cuda_modules_live(void) {
   return n;
 }
 
+static char *last_ptx; /* the text of the last module loaded (under lock: enter/leave) */
+
+EXPORT size_t fake_cuda_last_ptx(char *buf, size_t n) {
+  pthread_mutex_lock(&lock);
+  size_t len = last_ptx ? strlen(last_ptx) : 0;
+  if (buf && n) snprintf(buf, n, "%s", last_ptx ? last_ptx : "");
+  pthread_mutex_unlock(&lock);
+  return len;
+}
+
 /* The sm number of a ".target sm_XY" line, or -1. */
 static int ptx_target(const char *text) {
   const char *t = strstr(text, ".target");
@@ -594,6 +604,8 @@ EXPORT CUresult cuModuleLoadData(CUmodule *mod, const void *image) {
     free(m);
   }
   if (r == CUDA_SUCCESS) {
+    free(last_ptx);
+    last_ptx = strdup(text);
     for (int i = 0; i < m->n_fns; i++) m->fns[i].mod = m;
     m->dev = c->dev;
     m->live = true;

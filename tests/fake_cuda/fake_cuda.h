@@ -3,6 +3,8 @@
 #ifndef FAKE_CUDA_H
 #define FAKE_CUDA_H
 
+#include <stddef.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -27,6 +29,9 @@ void fake_cuda_fail_launch(const char *name, int code);
  * memory their last parameter points at, in stream order: a kernel raising
  * Kiln's error word. */
 void fake_cuda_launch_write(const char *name, int value);
+/* The PTX text of the last module loaded, into buf (n bytes, NUL-ended,
+ * cut short when it does not fit); returns its full length (0: none yet). */
+size_t fake_cuda_last_ptx(char *buf, size_t n);
 /* Modules loaded and not unloaded. */
 int fake_cuda_modules_live(void);
 
