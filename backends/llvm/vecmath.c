@@ -5,11 +5,13 @@
  * always-inline function of the module ("kiln.exp.f32"), emitted once.
  *
  * Methods: Cody-Waite reduction and polynomials (Taylor, or Chebyshev fits
- * computed with mpmath), as Cephes and fdlibm do; the f32 exp, log and tanh
- * are those of the eager kernels (lib/kernels_elementwise.c). sin and cos
- * reduce by pi/2 with Payne-Hanek in integer arithmetic over a table of the
- * bits of 2/pi, so they stay accurate for every finite argument; f64 pow
- * carries log in double-double. Accuracy: tests/vecmath_test.cc. */
+ * computed with mpmath; the f32 tanh's a relative-error minimax fit by
+ * Lawson's iteration), as Cephes and fdlibm do; the f32 exp, log, tanh and
+ * sigmoid are those of the eager kernels (lib/kernels_elementwise.c), bit
+ * for bit. sin and cos reduce by pi/2 with Payne-Hanek in integer
+ * arithmetic over a table of the bits of 2/pi, so they stay accurate for
+ * every finite argument; f64 pow carries log in double-double. Accuracy:
+ * tests/vecmath_test.cc. */
 #include <math.h>
 #include <stdio.h>
 
@@ -145,17 +147,10 @@ static LLVMValueRef scale_pow2(const vm *m, LLVMValueRef y, LLVMValueRef k) {
 
 /* ---- exp ---- */
 
-/* f32: e^x = 2^k e^r, |r| <= ln2/2, a degree-6 fit (the eager kernel's) */
-static LLVMValueRef exp_reduced_f32(const vm *m, LLVMValueRef x, LLVMValueRef *k) {
-  LLVMValueRef shift = K(m, 0x1.8p23);
-  *k = sub(m, vfma(m, x, K(m, (double)1.44269504f), shift), shift);
-  LLVMValueRef r = vfma(m, *k, K(m, -0.693359375), x);
-  r = vfma(m, *k, K(m, (double)2.12194440e-4f), r);
-  static const double c[] = {(double)1.392617612e-03f, (double)8.363173075e-03f, (double)4.166655466e-02f,
-                             (double)1.666657703e-01f, 0.5};
-  LLVMValueRef p = horner(m, r, c, 5);
-  return add(m, vfma(m, p, mul(m, r, r), r), K(m, 1));
-}
+/* Adding 1.5 * 2^23 rounds an f32 below 2^22 in magnitude to an integer k,
+ * and the sum's bits are 0x4b400000 + k: f32 powers of two are built from
+ * them, never by a conversion (fptosi of NaN would be poison). */
+static LLVMValueRef round_shift(const vm *m) { return K(m, 0x1.8p23); }
 
 /* f64: e^r for |r| <= ln2/2 + a little: Taylor to r^13 (the next term is
  * below 2^-57 of the result) */
@@ -167,22 +162,38 @@ static LLVMValueRef exp_core_f64(const vm *m, LLVMValueRef r) {
   return add(m, vfma(m, p, mul(m, r, r), r), K(m, 1));
 }
 
+/* f32: the eager kernel's exp_clamped_f32, e^x for x in [-104, 89] or NaN:
+ * e^x = 2^k e^r, |r| <= ln2/2, a degree-6 fit, 2^k as 2^floor(k/2)
+ * 2^ceil(k/2) (k reaches 128 and -150) from u = k + 254 */
+static LLVMValueRef exp_clamped_f32(const vm *m, LLVMValueRef xc) {
+  LLVMValueRef kb = vfma(m, xc, K(m, (double)1.44269504f), round_shift(m)), k = sub(m, kb, round_shift(m));
+  LLVMValueRef r = vfma(m, k, K(m, -0.693359375), xc);
+  r = vfma(m, k, K(m, (double)2.12194440e-4f), r);
+  static const double c[] = {(double)1.392617612e-03f, (double)8.363173075e-03f, (double)4.166655466e-02f,
+                             (double)1.666657703e-01f, 0.5};
+  LLVMValueRef p = add(m, vfma(m, horner(m, r, c, 5), mul(m, r, r), r), K(m, 1));
+  LLVMValueRef u = isub(m, bits(m, kb), KI(m, 0x4b400000 - 254)), h = lshr(m, u, 1);
+  return mul(m, mul(m, p, fbits(m, shl(m, h, 23))), fbits(m, shl(m, isub(m, u, h), 23)));
+}
+
+/* max(x, lo) and min(x, hi) as selects that a NaN x passes through */
+static LLVMValueRef clamp_below(const vm *m, LLVMValueRef x, double lo) {
+  return sel(m, fc(m, LLVMRealOLT, x, K(m, lo)), K(m, lo), x);
+}
+static LLVMValueRef clamp_above(const vm *m, LLVMValueRef x, double hi) {
+  return sel(m, fc(m, LLVMRealOGT, x, K(m, hi)), K(m, hi), x);
+}
+
 static LLVMValueRef exp_body(const vm *m, LLVMValueRef *a) {
-  LLVMValueRef x = a[0], k, y;
-  if (!m->f64) {
-    LLVMValueRef xc = sel(m, fc(m, LLVMRealOGT, x, K(m, -104)), x, K(m, -104)); /* e^-104 is 0; NaN too, fixed below */
-    xc = sel(m, fc(m, LLVMRealOLT, xc, K(m, 89)), xc, K(m, 89));                /* e^89 overflows */
-    y = exp_reduced_f32(m, xc, &k);
-  } else {
-    LLVMValueRef xc = sel(m, fc(m, LLVMRealOGT, x, K(m, -746)), x, K(m, -746));
-    xc = sel(m, fc(m, LLVMRealOLT, xc, K(m, 710)), xc, K(m, 710));
-    LLVMValueRef shift = K(m, 0x1.8p52);
-    k = sub(m, vfma(m, xc, K(m, 0x1.71547652b82fep+0), shift), shift);
-    LLVMValueRef r = vfma(m, k, K(m, -0x1.62e42fefa39efp-1), xc); /* ln 2 in two parts */
-    r = vfma(m, k, K(m, -0x1.abc9e3b39803fp-56), r);
-    y = exp_core_f64(m, r);
-  }
-  y = scale_pow2(m, y, k);
+  LLVMValueRef x = a[0];
+  if (!m->f64) return exp_clamped_f32(m, clamp_above(m, clamp_below(m, x, -104), 89)); /* e^89 overflows */
+  LLVMValueRef xc = sel(m, fc(m, LLVMRealOGT, x, K(m, -746)), x, K(m, -746));
+  xc = sel(m, fc(m, LLVMRealOLT, xc, K(m, 710)), xc, K(m, 710));
+  LLVMValueRef shift = K(m, 0x1.8p52);
+  LLVMValueRef k = sub(m, vfma(m, xc, K(m, 0x1.71547652b82fep+0), shift), shift);
+  LLVMValueRef r = vfma(m, k, K(m, -0x1.62e42fefa39efp-1), xc); /* ln 2 in two parts */
+  r = vfma(m, k, K(m, -0x1.abc9e3b39803fp-56), r);
+  LLVMValueRef y = scale_pow2(m, exp_core_f64(m, r), k);
   return sel(m, isnan1(m, x), add(m, x, x), y);
 }
 
@@ -258,30 +269,37 @@ static LLVMValueRef log1p_body(const vm *m, LLVMValueRef *a) {
 
 /* ---- tanh ---- */
 
+/* f32: the eager kernel's tanh_f32: |x| clamped to 9.5 (NaN stays), h = (e^2|x|
+ * - 1)/2 = 2^k (e^2r - 1)/2 + (2^k - 1)/2 with k = floor(2|x| / ln2), tanh =
+ * h / (h + 1), refined below 0.55 by one step of t = h (1 - t) */
+static LLVMValueRef tanh_f32(const vm *m, LLVMValueRef x) {
+  LLVMValueRef a = clamp_above(m, fabs1(m, x), 9.5);
+  LLVMValueRef kb = add(m, vfma(m, a, K(m, (double)2.88539004f), K(m, -0.5)), round_shift(m));
+  LLVMValueRef k = sub(m, kb, round_shift(m));
+  LLVMValueRef r = vfma(m, k, K(m, -(double)0.346573591f), a); /* ln2 / 2 in one part: k <= 27 */
+  static const double c[] = {(double)1.71554089e-02f, (double)4.22738381e-02f, (double)1.33836105e-01f,
+                             (double)3.33275706e-01f, (double)6.66669607e-01f, (double)9.99999940e-01f};
+  LLVMValueRef p = horner(m, r, c, 6);
+  LLVMValueRef s = fbits(m, iadd(m, shl(m, bits(m, kb), 23), KI(m, 0x3f800000))); /* 2^k */
+  LLVMValueRef h = vfma(m, s, vfma(m, p, mul(m, r, r), r), vfma(m, s, K(m, 0.5), K(m, -0.5)));
+  LLVMValueRef q = vdiv(m, h, add(m, h, K(m, 1))), cq = vfma(m, neg(m, h), q, h);
+  return copysign2(m, sel(m, fc(m, LLVMRealOLT, a, K(m, 0.55)), cq, q), x);
+}
+
 static LLVMValueRef tanh_body(const vm *m, LLVMValueRef *a) {
-  LLVMValueRef x = a[0], ax = fabs1(m, x), s = mul(m, ax, ax), small, big;
-  if (!m->f64) { /* the eager kernel's tanh_f32 */
-    static const double c[] = {(double)2.292744816e-03f,  (double)-8.343945516e-03f, (double)2.176891865e-02f,
-                               (double)-5.395925958e-02f, (double)1.333330356e-01f,  (double)-3.333333317e-01f};
-    small = vfma(m, mul(m, ax, s), horner(m, s, c, 6), ax);
-    /* 2|x| in [0, 19] (tanh(9.5) rounds to 1): one scale factor, no clamps */
-    LLVMValueRef k, t = mul(m, K(m, 2), sel(m, fc(m, LLVMRealOLT, ax, K(m, 9.5)), ax, K(m, 9.5)));
-    LLVMValueRef ex = exp_reduced_f32(m, t, &k);
-    LLVMValueRef n = LLVMBuildFPToSI(B, k, m->it, "");
-    ex = mul(m, ex, fbits(m, shl(m, iadd(m, n, KI(m, 127)), 23)));
-    big = sub(m, K(m, 1), vdiv(m, K(m, 2), add(m, ex, K(m, 1))));
-  } else {
-    /* x + x^3 g(x^2), g a Chebyshev fit on [0, 0.625^2] (error 1.4e-19) */
-    static const double c[] = {-0x1.47559de55bc91p-19, 0x1.99b26df70cccdp-17,  -0x1.370efd62e9535p-15,
-                               0x1.92d3563b405ccp-14,  -0x1.f4fccb8116f0ap-13, 0x1.355204d5878bep-11,
-                               -0x1.7da2fd76a3cf1p-10, 0x1.d6d3cc561e69ap-9,   -0x1.226e354ddfe9ap-7,
-                               0x1.664f488279254p-6,   -0x1.ba1ba1ba1aff0p-5,  0x1.111111111110dp-3,
-                               -0x1.5555555555555p-2};
-    small = vfma(m, mul(m, ax, s), horner(m, s, c, 13), ax);
-    LLVMValueRef t = mul(m, K(m, 2), sel(m, fc(m, LLVMRealOLT, ax, K(m, 22)), ax, K(m, 22)));
-    LLVMValueRef ex = vm_call(m->e, "exp", exp_body, &t, 1);
-    big = sub(m, K(m, 1), vdiv(m, K(m, 2), add(m, ex, K(m, 1))));
-  }
+  LLVMValueRef x = a[0];
+  if (!m->f64) return tanh_f32(m, x);
+  LLVMValueRef ax = fabs1(m, x), s = mul(m, ax, ax);
+  /* x + x^3 g(x^2), g a Chebyshev fit on [0, 0.625^2] (error 1.4e-19) */
+  static const double c[] = {-0x1.47559de55bc91p-19, 0x1.99b26df70cccdp-17,  -0x1.370efd62e9535p-15,
+                             0x1.92d3563b405ccp-14,  -0x1.f4fccb8116f0ap-13, 0x1.355204d5878bep-11,
+                             -0x1.7da2fd76a3cf1p-10, 0x1.d6d3cc561e69ap-9,   -0x1.226e354ddfe9ap-7,
+                             0x1.664f488279254p-6,   -0x1.ba1ba1ba1aff0p-5,  0x1.111111111110dp-3,
+                             -0x1.5555555555555p-2};
+  LLVMValueRef small = vfma(m, mul(m, ax, s), horner(m, s, c, 13), ax);
+  LLVMValueRef t = mul(m, K(m, 2), sel(m, fc(m, LLVMRealOLT, ax, K(m, 22)), ax, K(m, 22)));
+  LLVMValueRef ex = vm_call(m->e, "exp", exp_body, &t, 1);
+  LLVMValueRef big = sub(m, K(m, 1), vdiv(m, K(m, 2), add(m, ex, K(m, 1))));
   /* NaN takes the polynomial: NaN; the sign last, so tanh(-0) = -0 */
   return copysign2(m, sel(m, fc(m, LLVMRealOGE, ax, K(m, 0.625)), big, small), x);
 }
@@ -290,7 +308,7 @@ static LLVMValueRef tanh_body(const vm *m, LLVMValueRef *a) {
 
 static LLVMValueRef sigmoid_body(const vm *m, LLVMValueRef *a) {
   LLVMValueRef x = a[0], nx = neg(m, fabs1(m, x));
-  LLVMValueRef ex = vm_call(m->e, "exp", exp_body, &nx, 1);
+  LLVMValueRef ex = m->f64 ? vm_call(m->e, "exp", exp_body, &nx, 1) : exp_clamped_f32(m, clamp_below(m, nx, -104));
   LLVMValueRef num = sel(m, fc(m, LLVMRealOGE, x, K(m, 0)), K(m, 1), ex);
   return vdiv(m, num, add(m, K(m, 1), ex));
 }
