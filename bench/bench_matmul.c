@@ -1,8 +1,11 @@
 /* bench_matmul.c — f32 matmul speed in GFLOP/s (2*n^3 flops): eager
- * kiln_matmul, a staged kiln_function whose body is one matmul (whatever
+ * kiln_matmul (with the CPU backend's LLVM micro-kernel where it runs one),
+ * eager kiln_matmul with the C micro-kernel (KILN_GEMM=c around the call),
+ * a staged kiln_function whose body is one matmul (whatever
  * kiln_function_call runs), and OpenBLAS's cblas_sgemm on the same data when
  * the build found OpenBLAS (KILN_HAVE_OPENBLAS), interleaved run by run in
- * one process; medians. Fails if Kiln and OpenBLAS disagree on the result.
+ * one process; medians. Fails if Kiln and OpenBLAS disagree on the result,
+ * or the two micro-kernels differ in any bit.
  *
  *   bench_matmul [--threads T] [--sizes N,N,...] [--runs R]
  *
@@ -29,8 +32,8 @@ void openblas_set_num_threads(int);
 #endif
 
 enum { MAX_RUNS = 31, MAX_SIZES = 16 };
-enum { I_EAGER, I_STAGED, I_BLAS, N_IMPL };
-static const char *impl_names[N_IMPL] = {"eager", "staged", "openblas"};
+enum { I_EAGER, I_EAGER_C, I_STAGED, I_BLAS, N_IMPL };
+static const char *impl_names[N_IMPL] = {"eager", "eager-c", "staged", "openblas"};
 
 static int matmul_body(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
   (void)user, (void)n_in, (void)n_out;
@@ -52,22 +55,24 @@ static int bench(int64_t n, int runs) {
   kiln_tensor *b = kiln_random_normal(KILN_F32, KILN_SHAPE(n, n));
   kiln_function *f = kiln_function_new("matmul", matmul_body, NULL, 2, 1);
   size_t bytes = (size_t)(n * n) * sizeof(float);
-  float *res[N_IMPL] = {malloc(bytes), malloc(bytes), malloc(bytes)};
+  float *res[N_IMPL] = {malloc(bytes), malloc(bytes), malloc(bytes), malloc(bytes)};
   kiln_tensor *in[2] = {a, b};
   double s[N_IMPL][MAX_RUNS], first_call = 0;
-  bool have[N_IMPL] = {true, true, false};
+  bool have[N_IMPL] = {true, true, true, false};
 #ifdef KILN_HAVE_OPENBLAS
   have[I_BLAS] = true;
 #endif
-  int rc = a && b && f && res[0] && res[1] && res[2] ? 0 : -1;
+  int rc = a && b && f && res[0] && res[1] && res[2] && res[3] ? 0 : -1;
   for (int r = -1; !rc && r < runs; r++) { /* run -1 warms up (and traces) */
     for (int k = 0; k < N_IMPL && !rc; k++) {
       if (!have[k]) continue;
       kiln_scope_push();
       kiln_tensor *c = NULL;
       double t0 = now_s();
-      if (k == I_EAGER) {
+      if (k == I_EAGER || k == I_EAGER_C) {
+        if (k == I_EAGER_C) setenv("KILN_GEMM", "c", 1);
         c = kiln_matmul(a, b);
+        if (k == I_EAGER_C) unsetenv("KILN_GEMM");
         if (!c) rc = -1;
       } else if (k == I_STAGED) {
         rc = kiln_function_call(f, in, &c);
@@ -84,7 +89,10 @@ static int bench(int64_t n, int runs) {
       if (r < 0 && k == I_STAGED) first_call = dt;
     }
   }
-  if (rc) {
+  if (!rc && memcmp(res[I_EAGER], res[I_EAGER_C], bytes)) {
+    fprintf(stderr, "bench_matmul: n = %lld: the LLVM and C micro-kernels differ\n", (long long)n);
+    rc = -1;
+  } else if (rc) {
     fprintf(stderr, "bench_matmul: n = %lld: %s\n", (long long)n, kiln_last_error());
   } else {
     double g[N_IMPL];
@@ -100,8 +108,8 @@ static int bench(int64_t n, int runs) {
       /* Both sum n products of N(0,1) numbers: results are ~sqrt(n), and f32
        * rounding in different orders differs by ~1e-6 relative per term. */
       double de = max_diff(res[I_EAGER], res[I_BLAS], n * n), ds = max_diff(res[I_STAGED], res[I_BLAS], n * n);
-      printf("  eager/openblas %.2f  staged/openblas %.2f  max|diff| %.1e %.1e", g[I_EAGER] / g[I_BLAS],
-             g[I_STAGED] / g[I_BLAS], de, ds);
+      printf("  eager/openblas %.2f  eager-c/openblas %.2f  staged/openblas %.2f  max|diff| %.1e %.1e",
+             g[I_EAGER] / g[I_BLAS], g[I_EAGER_C] / g[I_BLAS], g[I_STAGED] / g[I_BLAS], de, ds);
       if (!(de < 1e-3 * sqrt((double)n)) || !(ds < 1e-3 * sqrt((double)n))) {
         fprintf(stderr, "bench_matmul: kiln and openblas disagree at n = %lld\n", (long long)n);
         rc = -1;

@@ -1,10 +1,13 @@
 /* kernels_matmul.c — CPU kernels of DOT (kiln_matmul): batched matrix
  * products whose leading dimensions broadcast as NumPy does. f32 and f64 use
- * a BLIS-style GEMM (packed panels, register-tiled micro-kernel, threads over
- * blocks of C); small products, integers and vector shapes skip the packing. */
+ * a BLIS-style GEMM (packed panels, a register-tiled micro-kernel, threads
+ * over blocks of C) whose micro-kernel is the C one below or, for big
+ * products, the one the CPU backend compiles (lib/matmul.h); small products,
+ * integers and vector shapes skip the packing. The float products can end
+ * in an epilogue (+ bias, relu, tanh) applied as the tiles are stored. */
 #include <math.h>
 
-#include "ops.h"
+#include "matmul.h"
 
 #ifdef __FMA__
 #define FMA_F32(a, b, c) fmaf((a), (b), (c))
@@ -14,7 +17,7 @@
 #define FMA_F64(a, b, c) ((a) * (b) + (c))
 #endif
 
-/* Register tiles. The micro-kernel is plain C: gcc turns its MR x NR
+/* Register tiles of the C micro-kernel. It is plain C: gcc turns its MR x NR
  * accumulator array into registers only when NR fills whole vectors that it
  * does not unroll away first (NR = 16 floats, say, defeats it), so these
  * were picked by reading the generated code and timing against OpenBLAS. */
@@ -25,7 +28,9 @@ enum { MR_F32 = 4, NR_F32 = 24, MR_F64 = 2, NR_F64 = 24 }; /* 16 vector register
 #endif
 /* Cache blocks, in elements: an MC x KC block of A and a KC x NC panel of B
  * are packed per task; the micro-kernel walks the packed B panel against one
- * A micro-panel at a time (which then stays in L1). */
+ * A micro-panel at a time (which then stays in L1). KC is the same for every
+ * micro-kernel: it fixes where partial sums are rounded into C, so the C and
+ * the LLVM micro-kernels give the same bits. */
 enum { KC_F32 = 256, MC_F32 = 192, NC_F32 = 1024 };
 enum { KC_F64 = 256, MC_F64 = 96, NC_F64 = 1024 };
 
@@ -38,16 +43,24 @@ enum { COL_GROUP = 256, LANES = 16 };
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-/* One matrix product C[m,n] = A[m,k] B[k,n], all row-major. */
+static _Atomic(gemm_provider_fn) provider;
+
+void matmul_set_provider(gemm_provider_fn fn) { atomic_store(&provider, fn); }
+
+/* One matrix product C[m,n] = A[m,k] B[k,n], all row-major, then the
+ * epilogue (bias: n values). */
 typedef struct {
   int64_t m, n, k, lda, ldb, ldc;
   const void *a, *b;
   void *c;
+  const void *bias;
+  gemm_epilogue epi;
 } gemm_args;
 
 /* The threaded BLIS path splits C into a tm x tn grid of tasks. */
 typedef struct {
   const gemm_args *g;
+  gemm_ukernel uk;
   int64_t tn, mstep, nstep;
   atomic_int failed; /* a task could not allocate its packing buffers */
 } gemm_job;
@@ -74,20 +87,37 @@ static void grid(const gemm_args *g, int64_t mr, int64_t nr, bool parallel, gemm
   atomic_init(&job->failed, 0);
 }
 
+/* EPILOGUE(T, SUF, TANH): the epilogue of one element (the C micro-kernel and the
+ * unpacked products); the relu keeps NaN as the relu kernel does. */
+#define EPILOGUE(T, SUF, TANH)                                                              \
+  static inline T epilogue_##SUF(T x, T bias, gemm_epilogue epi) {                          \
+    x += bias;                                                                              \
+    if (epi == GEMM_EPI_BIAS_RELU) return x < 0 ? (T)0 : x;                                 \
+    if (epi == GEMM_EPI_BIAS_TANH) return TANH(x);                                          \
+    return x;                                                                               \
+  }                                                                                         \
+  static void epilogue_row_##SUF(T *c, const T *bias, int64_t n, gemm_epilogue epi) {      \
+    if (epi != GEMM_EPI_NONE)                                                               \
+      for (int64_t j = 0; j < n; j++) c[j] = epilogue_##SUF(c[j], bias[j], epi);            \
+  }
+EPILOGUE(float, f32, tanhf)
+EPILOGUE(double, f64, tanh)
+
 /* GEMM_BLOCKED(T, SUF, FMA, MR, NR, KC, MC, NC): the blocked product for one
- * float type. Packed A holds MR-row micro-panels with each row contiguous in
- * k (rows past m are zero); packed B holds NR-column micro-panels, k-major
- * (columns past n are zero), so edge tiles run the full kernel on zeros and
- * only the valid part is stored. */
+ * float type, and its C micro-kernel. Packed A holds micro-panels of uk.mr
+ * rows, k-major (rows past m are zero); packed B holds micro-panels of uk.nr
+ * columns, k-major (columns past n are zero), so edge tiles run the full
+ * kernel on zeros and only the valid part is stored. */
 #define GEMM_BLOCKED(T, SUF, FMA, MR, NR, KC, MC, NC)                                              \
-  static void ukernel_##SUF(int64_t kc, const T *KILN_RESTRICT a, const T *KILN_RESTRICT b,        \
-                            T *KILN_RESTRICT c, int64_t ldc, bool add) {                           \
+  static inline void ukernel_core_##SUF(int64_t kc, const T *KILN_RESTRICT a,                     \
+                                        const T *KILN_RESTRICT b, T *KILN_RESTRICT c, int64_t ldc, \
+                                        bool add) {                                                \
     T acc[MR][NR];                                                                                 \
     for (int i = 0; i < MR; i++)                                                                   \
       for (int j = 0; j < NR; j++) acc[i][j] = 0;                                                  \
-    for (int64_t p = 0; p < kc; p++, b += NR) {                                                    \
+    for (int64_t p = 0; p < kc; p++, a += MR, b += NR) {                                           \
       for (int i = 0; i < MR; i++) {                                                               \
-        T ai = a[i * kc + p];                                                                      \
+        T ai = a[i];                                                                               \
         for (int j = 0; j < NR; j++) acc[i][j] = FMA(ai, b[j], acc[i][j]);                         \
       }                                                                                            \
     }                                                                                              \
@@ -100,57 +130,95 @@ static void grid(const gemm_args *g, int64_t mr, int64_t nr, bool parallel, gemm
     }                                                                                              \
   }                                                                                                \
                                                                                                    \
-  static void pack_a_##SUF(int64_t mc, int64_t kc, const T *a, int64_t lda, T *KILN_RESTRICT ap) { \
-    for (int64_t r = 0; r < round_up(mc, MR); r++, ap += kc) {                                     \
-      if (r < mc)                                                                                  \
-        memcpy(ap, a + r * lda, (size_t)kc * sizeof(T));                                           \
-      else                                                                                         \
-        memset(ap, 0, (size_t)kc * sizeof(T));                                                     \
+  /* the C micro-kernel (gemm_ukernel_fn): edge tiles and epilogues through a                      \
+   * tile of its own */                                                                            \
+  static void ukernel_##SUF(int64_t kc, const void *a, const void *b, void *vc, int64_t ldc,       \
+                            int64_t mr, int64_t nr, int32_t flags, const void *vbias) {            \
+    bool add = flags & GEMM_ACCUMULATE;                                                            \
+    gemm_epilogue epi = GEMM_EPI_NONE;                                                             \
+    if (flags & GEMM_LAST) epi = (gemm_epilogue)(flags >> GEMM_EPI_SHIFT);                         \
+    T *c = vc;                                                                                     \
+    if (mr == MR && nr == NR && epi == GEMM_EPI_NONE) {                                            \
+      ukernel_core_##SUF(kc, a, b, c, ldc, add);                                                   \
+      return;                                                                                      \
+    }                                                                                              \
+    T tile[MR * NR];                                                                               \
+    const T *bias = vbias;                                                                         \
+    ukernel_core_##SUF(kc, a, b, tile, NR, false);                                                 \
+    for (int64_t i = 0; i < mr; i++) {                                                             \
+      for (int64_t j = 0; j < nr; j++) {                                                           \
+        T v = (add ? c[i * ldc + j] : 0) + tile[i * NR + j];                                       \
+        c[i * ldc + j] = epi == GEMM_EPI_NONE ? v : epilogue_##SUF(v, bias[j], epi);              \
+      }                                                                                            \
     }                                                                                              \
   }                                                                                                \
                                                                                                    \
-  static void pack_b_##SUF(int64_t kc, int64_t nc, const T *b, int64_t ldb, T *KILN_RESTRICT bp) { \
-    for (int64_t q = 0; q < nc; q += NR) {                                                         \
-      int64_t w = min64(NR, nc - q);                                                               \
+  /* one micro-panel of rows [0, h) of mr (a constant where it is inlined): \
+   * p outer, so that the writes run contiguous */                                                \
+  static inline void pack_panel_##SUF(int64_t h, int64_t kc, const T *a, int64_t lda, int64_t mr, \
+                                      T *KILN_RESTRICT ap) {                                       \
+    if (h == mr) {                                                                                 \
+      for (int64_t p = 0; p < kc; p++, ap += mr)                                                   \
+        for (int64_t i = 0; i < mr; i++) ap[i] = a[i * lda + p];                                   \
+    } else {                                                                                       \
+      for (int64_t p = 0; p < kc; p++, ap += mr)                                                   \
+        for (int64_t i = 0; i < mr; i++) ap[i] = i < h ? a[i * lda + p] : 0;                       \
+    }                                                                                              \
+  }                                                                                                \
+                                                                                                   \
+  static void pack_a_##SUF(int64_t mc, int64_t kc, const T *a, int64_t lda, int64_t mr,            \
+                           T *KILN_RESTRICT ap) {                                                  \
+    for (int64_t r = 0; r < mc; r += mr, ap += mr * kc) {                                          \
+      int64_t h = min64(mr, mc - r);                                                               \
+      switch (mr) { /* the register tiles in use, unrolled */                                      \
+        case 6: pack_panel_##SUF(h, kc, a + r * lda, lda, 6, ap); break;                           \
+        case 8: pack_panel_##SUF(h, kc, a + r * lda, lda, 8, ap); break;                           \
+        case 12: pack_panel_##SUF(h, kc, a + r * lda, lda, 12, ap); break;                         \
+        case 14: pack_panel_##SUF(h, kc, a + r * lda, lda, 14, ap); break;                         \
+        default: pack_panel_##SUF(h, kc, a + r * lda, lda, mr, ap); break;                         \
+      }                                                                                            \
+    }                                                                                              \
+  }                                                                                                \
+                                                                                                   \
+  static void pack_b_##SUF(int64_t kc, int64_t nc, const T *b, int64_t ldb, int64_t nr,            \
+                           T *KILN_RESTRICT bp) {                                                  \
+    for (int64_t q = 0; q < nc; q += nr) {                                                         \
+      int64_t w = min64(nr, nc - q);                                                               \
       const T *src = b + q;                                                                        \
-      if (w == NR) {                                                                               \
+      if (w == NR && nr == NR) { /* the common case, in whole vectors */                          \
         for (int64_t p = 0; p < kc; p++, bp += NR, src += ldb)                                     \
           for (int j = 0; j < NR; j++) bp[j] = src[j];                                             \
       } else {                                                                                     \
-        for (int64_t p = 0; p < kc; p++, bp += NR, src += ldb)                                     \
-          for (int j = 0; j < NR; j++) bp[j] = j < w ? src[j] : 0;                                 \
+        for (int64_t p = 0; p < kc; p++, bp += nr, src += ldb)                                     \
+          for (int64_t j = 0; j < nr; j++) bp[j] = j < w ? src[j] : 0;                             \
       }                                                                                            \
     }                                                                                              \
   }                                                                                                \
                                                                                                    \
   /* C[m0:m1, n0:n1] with the caller's packing buffers */                                          \
-  static void block_range_##SUF(const gemm_args *g, int64_t m0, int64_t m1, int64_t n0,            \
+  static void block_range_##SUF(const gemm_job *job, int64_t m0, int64_t m1, int64_t n0,           \
                                 int64_t n1, T *ap, T *bp) {                                        \
-    const T *A = g->a, *B = g->b;                                                                  \
+    const gemm_args *g = job->g;                                                                   \
+    const T *A = g->a, *B = g->b, *bias = g->bias;                                                 \
     T *C = g->c;                                                                                   \
-    T tile[MR * NR];                                                                               \
+    gemm_ukernel_fn fn = job->uk.fn;                                                               \
+    int64_t umr = job->uk.mr, unr = job->uk.nr, mcb = MC / umr * umr;                              \
     for (int64_t jc = n0; jc < n1; jc += NC) {                                                     \
       int64_t nc = min64(NC, n1 - jc);                                                             \
       for (int64_t pc = 0; pc < g->k; pc += KC) {                                                  \
         int64_t kc = min64(KC, g->k - pc);                                                         \
-        bool add = pc > 0;                                                                         \
-        pack_b_##SUF(kc, nc, B + pc * g->ldb + jc, g->ldb, bp);                                    \
-        for (int64_t ic = m0; ic < m1; ic += MC) {                                                 \
-          int64_t mc = min64(MC, m1 - ic);                                                         \
-          pack_a_##SUF(mc, kc, A + ic * g->lda + pc, g->lda, ap);                                  \
-          for (int64_t ir = 0; ir < mc; ir += MR) {                                                \
-            int64_t mr = min64(MR, mc - ir);                                                       \
-            for (int64_t jr = 0; jr < nc; jr += NR) {                                              \
-              int64_t nr = min64(NR, nc - jr);                                                     \
-              T *cc = C + (ic + ir) * g->ldc + jc + jr;                                            \
-              if (mr == MR && nr == NR) {                                                          \
-                ukernel_##SUF(kc, ap + ir * kc, bp + jr * kc, cc, g->ldc, add);                    \
-                continue;                                                                          \
-              }                                                                                    \
-              ukernel_##SUF(kc, ap + ir * kc, bp + jr * kc, tile, NR, false);                      \
-              for (int64_t i = 0; i < mr; i++)                                                     \
-                for (int64_t j = 0; j < nr; j++)                                                   \
-                  cc[i * g->ldc + j] = (add ? cc[i * g->ldc + j] : 0) + tile[i * NR + j];          \
+        int32_t flags = (pc > 0 ? GEMM_ACCUMULATE : 0) | (pc + kc == g->k ? GEMM_LAST : 0) |       \
+                        (int32_t)g->epi << GEMM_EPI_SHIFT;                                         \
+        pack_b_##SUF(kc, nc, B + pc * g->ldb + jc, g->ldb, unr, bp);                               \
+        for (int64_t ic = m0; ic < m1; ic += mcb) {                                                \
+          int64_t mc = min64(mcb, m1 - ic);                                                        \
+          pack_a_##SUF(mc, kc, A + ic * g->lda + pc, g->lda, umr, ap);                             \
+          for (int64_t ir = 0; ir < mc; ir += umr) {                                               \
+            int64_t mr = min64(umr, mc - ir);                                                      \
+            for (int64_t jr = 0; jr < nc; jr += unr) {                                             \
+              int64_t nr = min64(unr, nc - jr);                                                    \
+              fn(kc, ap + ir * kc, bp + jr * kc, C + (ic + ir) * g->ldc + jc + jr, g->ldc, mr, nr, \
+                 flags, bias ? bias + jc + jr : NULL);                                             \
             }                                                                                      \
           }                                                                                        \
         }                                                                                          \
@@ -161,8 +229,9 @@ static void grid(const gemm_args *g, int64_t mr, int64_t nr, bool parallel, gemm
   static void blocked_task_##SUF(void *ctx, int64_t begin, int64_t end) {                          \
     gemm_job *job = ctx;                                                                           \
     const gemm_args *g = job->g;                                                                   \
-    int64_t kc = min64(KC, g->k), mc = round_up(min64(MC, job->mstep), MR);                        \
-    int64_t nc = round_up(min64(NC, job->nstep), NR);                                              \
+    int64_t umr = job->uk.mr, unr = job->uk.nr;                                                    \
+    int64_t kc = min64(KC, g->k), mc = round_up(min64(MC / umr * umr, job->mstep), umr);           \
+    int64_t nc = round_up(min64(NC, job->nstep), unr);                                             \
     int32_t acls, bcls;                                                                            \
     T *ap = mem_alloc((size_t)(mc * kc) * sizeof(T), &acls);                                       \
     T *bp = mem_alloc((size_t)(kc * nc) * sizeof(T), &bcls);                                       \
@@ -170,8 +239,8 @@ static void grid(const gemm_args *g, int64_t mr, int64_t nr, bool parallel, gemm
       for (int64_t t = begin; t < end; t++) {                                                      \
         int64_t m0 = t / job->tn * job->mstep, n0 = t % job->tn * job->nstep;                      \
         if (m0 < g->m && n0 < g->n)                                                                \
-          block_range_##SUF(g, m0, min64(g->m, m0 + job->mstep), n0, min64(g->n, n0 + job->nstep), \
-                            ap, bp);                                                               \
+          block_range_##SUF(job, m0, min64(g->m, m0 + job->mstep), n0,                             \
+                            min64(g->n, n0 + job->nstep), ap, bp);                                 \
       }                                                                                            \
     } else {                                                                                       \
       atomic_store(&job->failed, 1);                                                               \
@@ -180,14 +249,19 @@ static void grid(const gemm_args *g, int64_t mr, int64_t nr, bool parallel, gemm
     if (bp) mem_free(bp, bcls);                                                                    \
   }                                                                                                \
                                                                                                    \
-  static int blocked_##SUF(const gemm_args *g, bool parallel) {                                    \
+  static int blocked_##SUF(const gemm_args *g, bool parallel, bool jit) {                          \
     gemm_job job;                                                                                  \
-    grid(g, MR, NR, parallel, &job);                                                               \
+    gemm_provider_fn get = atomic_load(&provider);                                                 \
+    if (!jit || !get || !get(KILN_##SUF##_DT, g->epi, &job.uk))                                   \
+      job.uk = (gemm_ukernel){ukernel_##SUF, MR, NR};                                              \
+    grid(g, job.uk.mr, job.uk.nr, parallel, &job);                                                 \
     int64_t tm = (g->m + job.mstep - 1) / job.mstep;                                               \
     parallel_for(tm *job.tn, 1, blocked_task_##SUF, &job);                                         \
     return atomic_load(&job.failed) ? -1 : 0;                                                      \
   }
 
+#define KILN_f32_DT KILN_F32
+#define KILN_f64_DT KILN_F64
 GEMM_BLOCKED(float, f32, FMA_F32, MR_F32, NR_F32, KC_F32, MC_F32, NC_F32)
 GEMM_BLOCKED(double, f64, FMA_F64, MR_F64, NR_F64, KC_F64, MC_F64, NC_F64)
 
@@ -239,7 +313,10 @@ GEMM_BLOCKED(double, f64, FMA_F64, MR_F64, NR_F64, KC_F64, MC_F64, NC_F64)
     int64_t groups = (g->n + COL_GROUP - 1) / COL_GROUP;                                      \
     for (int64_t u = begin; u < end; u++) {                                                   \
       int64_t i = u / groups, j0 = u % groups * COL_GROUP;                                    \
-      row_part_##SUF(g, i, j0, min64(g->n, j0 + COL_GROUP));                                  \
+      int64_t j1 = min64(g->n, j0 + COL_GROUP);                                               \
+      row_part_##SUF(g, i, j0, j1);                                                           \
+      if (g->epi)                                                                             \
+        epilogue_row_##SUF((T *)g->c + i * g->ldc + j0, (const T *)g->bias + j0, j1 - j0, g->epi); \
     }                                                                                         \
   }                                                                                           \
                                                                                               \
@@ -258,6 +335,7 @@ GEMM_BLOCKED(double, f64, FMA_F64, MR_F64, NR_F64, KC_F64, MC_F64, NC_F64)
       for (int w = LANES / 2; w >= 1; w /= 2)                                                 \
         for (int j = 0; j < w; j++) part[j] += part[j + w];                                   \
       ((T *)g->c)[i * g->ldc] = (T)part[0];                                                   \
+      if (g->epi) epilogue_row_##SUF((T *)g->c + i * g->ldc, g->bias, 1, g->epi);             \
     }                                                                                         \
   }                                                                                           \
                                                                                               \
@@ -274,6 +352,13 @@ GEMM_BLOCKED(double, f64, FMA_F64, MR_F64, NR_F64, KC_F64, MC_F64, NC_F64)
   }
 
 #define MADD_WRAP(a, b, c) ((a) * (b) + (c))
+/* integer products have no epilogue */
+#define NO_EPILOGUE(T, SUF)                                                                    \
+  static inline void epilogue_row_##SUF(T *c, const T *bias, int64_t n, gemm_epilogue epi) { \
+    (void)c, (void)bias, (void)n, (void)epi;                                                  \
+  }
+NO_EPILOGUE(int32_t, i32)
+NO_EPILOGUE(int64_t, i64)
 UNPACKED(f32, float, float, FMA_F32, 64, 32, 16, 8)
 UNPACKED(f64, double, double, FMA_F64, 32, 16, 8, 4)
 UNPACKED(i32, int32_t, uint32_t, MADD_WRAP, 64, 32, 16, 8)
@@ -282,12 +367,14 @@ UNPACKED(i64, int64_t, uint64_t, MADD_WRAP, 32, 16, 8, 4)
 /* Packing pays off once the product is big enough and both m and n exceed
  * one vector strip. */
 static int gemm_f32(const gemm_args *g, bool parallel) {
-  if (g->m == 1 || g->n == 1 || g->m * g->n * g->k <= SMALL_WORK) return unpacked_f32(g, parallel);
-  return blocked_f32(g, parallel);
+  int64_t work = g->m * g->n * g->k;
+  if (g->m == 1 || g->n == 1 || work <= SMALL_WORK) return unpacked_f32(g, parallel);
+  return blocked_f32(g, parallel, work >= MATMUL_JIT_WORK);
 }
 static int gemm_f64(const gemm_args *g, bool parallel) {
-  if (g->m == 1 || g->n == 1 || g->m * g->n * g->k <= SMALL_WORK) return unpacked_f64(g, parallel);
-  return blocked_f64(g, parallel);
+  int64_t work = g->m * g->n * g->k;
+  if (g->m == 1 || g->n == 1 || work <= SMALL_WORK) return unpacked_f64(g, parallel);
+  return blocked_f64(g, parallel, work >= MATMUL_JIT_WORK);
 }
 static int gemm_i32(const gemm_args *g, bool parallel) { return unpacked_i32(g, parallel); }
 static int gemm_i64(const gemm_args *g, bool parallel) { return unpacked_i64(g, parallel); }
@@ -301,6 +388,8 @@ typedef struct {
   size_t esize;
   const char *a, *b;
   char *c;
+  const void *bias;
+  gemm_epilogue epi;
   int64_t m, n, k;
   int brank; /* batch dims of the result */
   int64_t bshape[KILN_MAX_RANK], sa[KILN_MAX_RANK], sb[KILN_MAX_RANK]; /* in matrices */
@@ -324,7 +413,9 @@ static int dot_one(dot_ctx *d, int64_t t, bool parallel) {
                  .ldc = d->n,
                  .a = d->a + (size_t)(ia * d->m * d->k) * d->esize,
                  .b = d->b + (size_t)(ib * d->k * d->n) * d->esize,
-                 .c = d->c + (size_t)(ic * d->m * d->n) * d->esize};
+                 .c = d->c + (size_t)(ic * d->m * d->n) * d->esize,
+                 .bias = d->bias,
+                 .epi = d->epi};
   return d->gemm(&g, parallel);
 }
 
@@ -334,14 +425,16 @@ static void dot_batches(void *ctx, int64_t begin, int64_t end) {
     if (dot_one(d, t, false)) atomic_store(&d->failed, 1);
 }
 
-static int dot_run(const op_call *c, gemm_fn gemm) {
-  const kiln_tensor *a = c->in[0], *b = c->in[1];
-  kiln_tensor *out = c->out;
+/* out = a . b, then the epilogue (f32, f64) with bias */
+static int dot_run(const kiln_tensor *a, const kiln_tensor *b, const kiln_tensor *bias, gemm_epilogue epi,
+                   kiln_tensor *out, gemm_fn gemm) {
   dot_ctx d = {.gemm = gemm,
                .esize = kiln_dtype_sizes[out->dtype],
                .a = a->data,
                .b = b->data,
                .c = out->data,
+               .bias = bias ? bias->data : NULL,
+               .epi = bias ? epi : GEMM_EPI_NONE,
                .brank = out->rank - 2};
   d.m = out->shape[out->rank - 2];
   d.n = out->shape[out->rank - 1];
@@ -350,6 +443,10 @@ static int dot_run(const op_call *c, gemm_fn gemm) {
   if (out->size == 0) return 0;
   if (d.k == 0) {
     memset(out->data, 0, tensor_bytes(out)); /* an empty sum */
+    for (int64_t r = 0; d.epi && r < out->size / d.n; r++) {
+      if (out->dtype == KILN_F32) epilogue_row_f32((float *)out->data + r * d.n, d.bias, d.n, d.epi);
+      if (out->dtype == KILN_F64) epilogue_row_f64((double *)out->data + r * d.n, d.bias, d.n, d.epi);
+    }
     return 0;
   }
   memcpy(d.bshape, out->shape, (size_t)d.brank * sizeof(int64_t));
@@ -367,10 +464,40 @@ static int dot_run(const op_call *c, gemm_fn gemm) {
   return 0;
 }
 
-static int dot_f32(const op_call *c) { return dot_run(c, gemm_f32); }
-static int dot_f64(const op_call *c) { return dot_run(c, gemm_f64); }
-static int dot_i32(const op_call *c) { return dot_run(c, gemm_i32); }
-static int dot_i64(const op_call *c) { return dot_run(c, gemm_i64); }
+/* the fused form (matmul.h): a third input is the bias, attrs->axis the epilogue */
+static int dot_call(const op_call *c, gemm_fn gemm) {
+  bool fused = c->n == 3 && c->attrs && c->attrs->axis > GEMM_EPI_NONE && c->attrs->axis < GEMM_EPI_COUNT;
+  return dot_run(c->in[0], c->in[1], fused ? c->in[2] : NULL, fused ? (gemm_epilogue)c->attrs->axis : GEMM_EPI_NONE,
+                 c->out, gemm);
+}
+
+static int dot_f32(const op_call *c) { return dot_call(c, gemm_f32); }
+static int dot_f64(const op_call *c) { return dot_call(c, gemm_f64); }
+static int dot_i32(const op_call *c) { return dot_call(c, gemm_i32); }
+static int dot_i64(const op_call *c) { return dot_call(c, gemm_i64); }
+
+int matmul_epilogue(const kiln_tensor *a, const kiln_tensor *b, const kiln_tensor *bias, gemm_epilogue epi,
+                    kiln_tensor *out) {
+  if (!a || !b || !out || a->rank < 2 || b->rank < 2 || out->rank < 2 || a->dtype != b->dtype ||
+      out->dtype != a->dtype || a->shape[a->rank - 1] != b->shape[b->rank - 2] ||
+      out->shape[out->rank - 2] != a->shape[a->rank - 2] || out->shape[out->rank - 1] != b->shape[b->rank - 1])
+    return kiln_set_error("matmul: bad operands for a fused matmul");
+  if ((int)epi < 0 || epi >= GEMM_EPI_COUNT) return kiln_set_error("matmul: no epilogue %d", (int)epi);
+  if (epi != GEMM_EPI_NONE) {
+    if (!dtype_is_float((kiln_dtype)a->dtype))
+      return kiln_set_error("matmul: an epilogue needs f32 or f64, not %s", kiln_dtype_name((kiln_dtype)a->dtype));
+    if (!bias || bias->dtype != a->dtype || bias->size != out->shape[out->rank - 1])
+      return kiln_set_error("matmul: the bias must be %lld values of the product's dtype",
+                            (long long)out->shape[out->rank - 1]);
+  }
+  switch (a->dtype) {
+    case KILN_F32: return dot_run(a, b, bias, epi, out, gemm_f32);
+    case KILN_F64: return dot_run(a, b, bias, epi, out, gemm_f64);
+    case KILN_I32: return dot_run(a, b, NULL, GEMM_EPI_NONE, out, gemm_i32);
+    case KILN_I64: return dot_run(a, b, NULL, GEMM_EPI_NONE, out, gemm_i64);
+    default: return kiln_set_error("matmul: no kernel for %s", kiln_dtype_name((kiln_dtype)a->dtype));
+  }
+}
 
 KILN_CONSTRUCTOR static void register_kernels(void) {
   dispatch_register(OP_DOT, 0, KILN_F32, dot_f32);

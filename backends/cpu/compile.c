@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "cpu/cpu.h"
+#include "cpu/gemm.h"
 #include "llvm/llvm_emit.h"
 
 enum {
@@ -361,8 +362,56 @@ static bool fusion_ok(const ir_func *c) { return llvm_fusion_one_kernel(c, dot_i
 
 static int plan_helper(cpu_build *cb, const ir_func *f, const ir_instr *in, int *vs, bool top);
 
+/* Whether a fusion body is exactly a dot that runs before its kernel, big
+ * enough for the compiled micro-kernel (lib/matmul.h), + a bias over its
+ * columns (a parameter of n values), and maybe relu or tanh, with that one
+ * result. The matmul then applies bias and activation as it stores its
+ * tiles, and the body needs no kernel (nor a temporary). ops gets the
+ * parameters that are the dot's operands and the bias. */
+static bool dot_epilogue(const ir_func *c, ir_value ops[3], gemm_epilogue *epi) {
+  if (c->n_results != 1 || c->n_instrs < 2 || c->n_instrs > 3) return false;
+  const ir_instr *d = &c->instrs[0], *add = &c->instrs[1];
+  const op_type *t = &c->types[d->out];
+  if (!dot_before_kernel(c, d) || add->op != OP_ADD || (t->dtype != KILN_F32 && t->dtype != KILN_F64)) return false;
+  int64_t m = t->shape[t->rank - 2], n = t->shape[t->rank - 1];
+  int64_t k = c->types[d->in[0]].shape[c->types[d->in[0]].rank - 1];
+  if (m < 2 || n < 2 || m * n * k < MATMUL_JIT_WORK) return false;
+  ir_value bias = add->in[0] == d->out ? add->in[1] : add->in[0];
+  const op_type *bt = &c->types[bias], *at = &c->types[add->out];
+  if (bias == d->out || (add->in[0] != d->out && add->in[1] != d->out) || ir_def(c, bias)) return false;
+  if (bt->rank < 1 || bt->shape[bt->rank - 1] != n || type_size(bt) != n || bt->rank > t->rank ||
+      type_size(at) != type_size(t))
+    return false;
+  *epi = GEMM_EPI_BIAS;
+  ir_value out = add->out;
+  if (c->n_instrs == 3) {
+    const ir_instr *act = &c->instrs[2];
+    if ((act->op != OP_RELU && act->op != OP_TANH) || act->in[0] != add->out) return false;
+    *epi = act->op == OP_RELU ? GEMM_EPI_BIAS_RELU : GEMM_EPI_BIAS_TANH;
+    out = act->out;
+  }
+  if (c->results[0] != out) return false;
+  ops[0] = d->in[0], ops[1] = d->in[1], ops[2] = bias;
+  return true;
+}
+
+/* The fusion as one helper: the dot kernel's fused form (lib/matmul.h), an
+ * OP_DOT of three inputs (the operands and the bias) with the epilogue in
+ * attrs.axis, writing the fusion's result. */
+static int plan_dot_epilogue(cpu_build *cb, const ir_func *f, const ir_instr *in, int *vs, bool top,
+                             const ir_value ops[3], gemm_epilogue epi) {
+  ir_value args[3];
+  for (int k = 0; k < 3; k++) args[k] = in->in[ops[k]]; /* the body's parameters are its first values */
+  ir_instr call = {.op = OP_DOT, .n_in = 3, .in = args, .out = in->out, .n_out = 1, .loc = in->loc};
+  call.attrs.axis = (int)epi;
+  return plan_helper(cb, f, &call, vs, top);
+}
+
 static int plan_fusion(cpu_build *cb, const ir_func *f, const ir_instr *in, int *vs, bool top) {
   const ir_func *c = in->attrs.callee;
+  ir_value ops[3];
+  gemm_epilogue epi;
+  if (dot_epilogue(c, ops, &epi)) return plan_dot_epilogue(cb, f, in, vs, top, ops, epi);
   /* the body's slots, for the dots that run before its kernel */
   int *cvs = malloc(((size_t)c->n_values + 1) * sizeof *cvs);
   if (!cvs) return oom();
@@ -1371,6 +1420,25 @@ static int load_code(cpu_program *p, const const_list *consts, LLVMOrcLLJITRef j
   if (!addr) return -1;
   p->entry = (int (*)(void **, void **, void *, cpu_call *))(uintptr_t)addr;
   return 0;
+}
+
+/* ---- the JIT for gemm.c's micro-kernels ---- */
+
+void *cpu_jit_host_machine(void) {
+  if (!jit_get()) return NULL;
+  LLVMTargetMachineRef tm = host_machine();
+  if (!tm) kiln_set_error("cpu: %s", jit_error);
+  return tm;
+}
+
+uintptr_t cpu_jit_link(const void *obj, size_t len, const char *name) {
+  LLVMOrcLLJITRef jit = jit_get();
+  LLVMOrcJITDylibRef jd = jit ? lib_get(jit) : NULL;
+  if (!jd) return 0;
+  LLVMMemoryBufferRef buf = LLVMCreateMemoryBufferWithMemoryRangeCopy(obj, len, name);
+  LLVMErrorRef err = LLVMOrcLLJITAddObjectFile(jit, jd, buf); /* takes the buffer */
+  if (err) return llvm_fail(name, "the JIT refused the object code", err), 0;
+  return (uintptr_t)lib_lookup(jit, jd, name, name);
 }
 
 /* ---- the disk cache ---- */

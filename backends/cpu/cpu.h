@@ -109,6 +109,12 @@ int cpu_rt_helper(cpu_call *call, int32_t helper, void **bufs);
 void cpu_rt_kernel_fail(cpu_call *call, int32_t kernel);
 /* Drops a program's code from the JIT (compile.c). */
 void cpu_jit_forget(void *lib);
+/* For gemm.c (compile.c): a new target machine for the host CPU (an
+ * LLVMTargetMachineRef the caller disposes), and object code linked into a
+ * JITDylib of its own, which stays for the life of the process: the address
+ * of symbol name. NULL / 0 with the error set. */
+void *cpu_jit_host_machine(void);
+uintptr_t cpu_jit_link(const void *obj, size_t len, const char *name);
 
 /* The disk cache (cache.c). An entry's parts; on a load they point into
  * file, which cpu_cache_entry_free frees. */

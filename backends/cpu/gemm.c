@@ -1,0 +1,391 @@
+/* gemm.c — the matmul micro-kernels, emitted with the LLVM C API as
+ * explicit vector code: an MR x NR tile of accumulators (MR rows of NV
+ * vectors) kept in registers while k runs, a broadcast of A times the NV
+ * vectors of a row of packed B (one FMA each) per row and step of k, and on
+ * the way out masked stores (edge tiles) with the epilogue (bias, relu,
+ * tanh) applied on the last block of K. One kernel per (dtype, epilogue),
+ * compiled on first use and linked into the process-wide JIT; the driver
+ * around it (packing, cache blocks, threads) is lib/kernels_matmul.c's. */
+#include <llvm-c/Analysis.h>
+#include <llvm-c/Core.h>
+#include <llvm-c/TargetMachine.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cpu/cpu.h"
+#include "cpu/gemm.h"
+#include "llvm/llvm_emit.h"
+
+/* k steps per iteration of the main loop (the rest one at a time) */
+enum { UNROLL = 4 };
+
+/* The vector instructions a kernel is written for: x86-64 with FMA, in
+ * 512-bit (AVX-512) or 256-bit (AVX2) vectors. Elsewhere there is no
+ * compiled kernel (the C one runs). KILN_GEMM_ISA=avx2 asks for the AVX2
+ * kernels on an AVX-512 host (tests). */
+typedef enum { ISA_NONE, ISA_AVX2, ISA_AVX512 } isa;
+
+static isa host_isa(LLVMTargetMachineRef tm) {
+  char *triple = LLVMGetTargetMachineTriple(tm), *features = LLVMGetTargetMachineFeatureString(tm);
+  isa i = ISA_NONE;
+  if (!strncmp(triple, "x86_64", 6) && strstr(features, "+avx2") && strstr(features, "+fma"))
+    i = strstr(features, "+avx512f") ? ISA_AVX512 : ISA_AVX2;
+  LLVMDisposeMessage(triple);
+  LLVMDisposeMessage(features);
+  const char *env = getenv("KILN_GEMM_ISA");
+  if (i == ISA_AVX512 && env && !strcmp(env, "avx2")) i = ISA_AVX2;
+  return i;
+}
+
+/* The register tile: MR rows of NV vectors of VL elements. With AVX-512
+ * (32 registers) 12 x 32 floats: 24 accumulators, 2 vectors of B and a
+ * broadcast; with AVX2 (16 registers) 6 x 16: 12 accumulators. */
+typedef struct {
+  int mr, nv, vl;
+} tile;
+
+static tile tile_for(kiln_dtype dt, bool avx512) {
+  int vl = (avx512 ? 64 : 32) / (int)kiln_dtype_sizes[dt];
+  tile t = avx512 ? (tile){12, 2, vl} : (tile){6, 2, vl};
+  const char *env = getenv("KILN_GEMM_TILE"); /* "MRxNV", for tuning */
+  int mr, nv;
+  if (env && sscanf(env, "%dx%d", &mr, &nv) == 2 && mr >= 1 && mr <= 16 && nv >= 1 && nv <= 4 &&
+      mr * nv <= (avx512 ? 28 : 13))
+    t.mr = mr, t.nv = nv;
+  return t;
+}
+
+static const char *epi_names[GEMM_EPI_COUNT] = {"none", "bias", "bias_relu", "bias_tanh"};
+
+/* ---- emission ---- */
+
+typedef struct {
+  llvm_emit *e;
+  tile t;
+  LLVMTypeRef ty, vty; /* element, vector */
+  unsigned esize;
+  LLVMValueRef a, b, kc;
+} kgen;
+
+static LLVMValueRef splat(kgen *g, LLVMValueRef x) {
+  LLVMBuilderRef b = g->e->b;
+  LLVMValueRef v = LLVMBuildInsertElement(b, LLVMGetPoison(LLVMVectorType(LLVMTypeOf(x), (unsigned)g->t.vl)), x,
+                                          llvm_i32(g->e, 0), "");
+  LLVMValueRef zeros = LLVMConstNull(LLVMVectorType(g->e->t_i32, (unsigned)g->t.vl));
+  return LLVMBuildShuffleVector(b, v, LLVMGetPoison(LLVMTypeOf(v)), zeros, "");
+}
+
+/* acc += A[:, p] (x) B[p, :]: one step of k */
+static void emit_step(kgen *g, LLVMValueRef p, LLVMValueRef *acc) {
+  llvm_emit *e = g->e;
+  int mr = g->t.mr, nv = g->t.nv, vl = g->t.vl;
+  LLVMValueRef bv[4];
+  LLVMValueRef brow = LLVMBuildMul(e->b, p, llvm_i64(e, (int64_t)nv * vl), "");
+  for (int v = 0; v < nv; v++) {
+    LLVMValueRef i = LLVMBuildAdd(e->b, brow, llvm_i64(e, (int64_t)v * vl), "");
+    LLVMValueRef ptr = LLVMBuildGEP2(e->b, g->ty, g->b, &i, 1, "");
+    bv[v] = LLVMBuildLoad2(e->b, g->vty, ptr, "b");
+    LLVMSetAlignment(bv[v], g->esize);
+  }
+  LLVMValueRef arow = LLVMBuildMul(e->b, p, llvm_i64(e, mr), "");
+  for (int r = 0; r < mr; r++) {
+    LLVMValueRef i = LLVMBuildAdd(e->b, arow, llvm_i64(e, r), "");
+    LLVMValueRef x = LLVMBuildLoad2(e->b, g->ty, LLVMBuildGEP2(e->b, g->ty, g->a, &i, 1, ""), "a");
+    LLVMValueRef s = splat(g, x);
+    for (int v = 0; v < nv; v++) {
+      LLVMValueRef args[3] = {s, bv[v], acc[r * nv + v]};
+      acc[r * nv + v] = llvm_intr(e, "llvm.fma", args, 3);
+    }
+  }
+}
+
+/* A loop from lo (an i64) while p + step <= kc, step steps a time, over the
+ * accumulators acc (updated to their values after the loop); returns p
+ * after it. */
+static LLVMValueRef emit_k_loop(kgen *g, LLVMValueRef fn, LLVMValueRef lo, int step, LLVMValueRef *acc,
+                                const char *name) {
+  llvm_emit *e = g->e;
+  int n = g->t.mr * g->t.nv;
+  LLVMBasicBlockRef pre = LLVMGetInsertBlock(e->b);
+  LLVMBasicBlockRef head = LLVMAppendBasicBlockInContext(e->ctx, fn, name);
+  LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(e->ctx, fn, name);
+  LLVMBasicBlockRef exit = LLVMAppendBasicBlockInContext(e->ctx, fn, name);
+  LLVMBuildBr(e->b, head);
+  LLVMPositionBuilderAtEnd(e->b, head);
+  LLVMValueRef p = LLVMBuildPhi(e->b, e->t_i64, "p");
+  LLVMValueRef phis[64], cur[64];
+  for (int i = 0; i < n; i++) {
+    phis[i] = cur[i] = LLVMBuildPhi(e->b, g->vty, "acc");
+    LLVMAddIncoming(phis[i], &acc[i], &pre, 1);
+  }
+  LLVMAddIncoming(p, &lo, &pre, 1);
+  LLVMValueRef end = LLVMBuildAdd(e->b, p, llvm_i64(e, step), "");
+  LLVMBuildCondBr(e->b, LLVMBuildICmp(e->b, LLVMIntSLE, end, g->kc, ""), body, exit);
+  LLVMPositionBuilderAtEnd(e->b, body);
+  for (int s = 0; s < step; s++) emit_step(g, s ? LLVMBuildAdd(e->b, p, llvm_i64(e, s), "") : p, cur);
+  LLVMBasicBlockRef last = LLVMGetInsertBlock(e->b);
+  LLVMAddIncoming(p, &end, &last, 1);
+  for (int i = 0; i < n; i++) LLVMAddIncoming(phis[i], &cur[i], &last, 1);
+  LLVMBuildBr(e->b, head);
+  LLVMPositionBuilderAtEnd(e->b, exit);
+  for (int i = 0; i < n; i++) acc[i] = phis[i];
+  return p;
+}
+
+static LLVMValueRef masked_load(llvm_emit *e, LLVMTypeRef vty, LLVMValueRef ptr, LLVMValueRef mask) {
+  LLVMTypeRef types[2] = {vty, e->t_ptr}, ft;
+  LLVMValueRef fn = llvm_intrinsic(e, "llvm.masked.load", types, 2, &ft);
+  LLVMValueRef args[4] = {ptr, llvm_i32(e, 4), mask, LLVMConstNull(vty)};
+  return llvm_call(e, fn, ft, args, 4);
+}
+
+static void masked_store(llvm_emit *e, LLVMValueRef x, LLVMValueRef ptr, LLVMValueRef mask) {
+  LLVMTypeRef types[2] = {LLVMTypeOf(x), e->t_ptr}, ft;
+  LLVMValueRef fn = llvm_intrinsic(e, "llvm.masked.store", types, 2, &ft);
+  LLVMValueRef args[4] = {x, ptr, llvm_i32(e, 4), mask};
+  llvm_call(e, fn, ft, args, 4);
+}
+
+/* Stores the tile into C[0:mr, 0:nr]: acc, or C + acc when add; then, with
+ * epi, + bias and the activation. */
+static void emit_store(kgen *g, const LLVMValueRef *acc, LLVMValueRef c, LLVMValueRef ldc, LLVMValueRef mr,
+                       LLVMValueRef nr, LLVMValueRef add, gemm_epilogue epi, LLVMValueRef bias) {
+  llvm_emit *e = g->e;
+  int nv = g->t.nv, vl = g->t.vl;
+  LLVMTypeRef mty = LLVMVectorType(e->t_i1, (unsigned)vl);
+  LLVMValueRef colmask[4], bv[4], lanes[16];
+  LLVMValueRef nrv = splat(g, nr);
+  for (int v = 0; v < nv; v++) {
+    for (int l = 0; l < vl; l++) lanes[l] = llvm_i64(e, (int64_t)v * vl + l);
+    colmask[v] = LLVMBuildICmp(e->b, LLVMIntSLT, LLVMConstVector(lanes, (unsigned)vl), nrv, "cols");
+    if (epi != GEMM_EPI_NONE)
+      bv[v] = masked_load(e, g->vty,
+                          LLVMBuildGEP2(e->b, g->ty, bias, (LLVMValueRef[]){llvm_i64(e, (int64_t)v * vl)}, 1, ""),
+                          colmask[v]);
+  }
+  LLVMValueRef none = LLVMConstNull(mty), zero = LLVMConstNull(g->vty);
+  for (int r = 0; r < g->t.mr; r++) {
+    LLVMValueRef row_ok = LLVMBuildICmp(e->b, LLVMIntSLT, llvm_i64(e, r), mr, "");
+    LLVMValueRef row = LLVMBuildMul(e->b, llvm_i64(e, r), ldc, "");
+    for (int v = 0; v < nv; v++) {
+      LLVMValueRef mask = LLVMBuildSelect(e->b, row_ok, colmask[v], none, "");
+      LLVMValueRef i = LLVMBuildAdd(e->b, row, llvm_i64(e, (int64_t)v * vl), "");
+      LLVMValueRef ptr = LLVMBuildGEP2(e->b, g->ty, c, &i, 1, "");
+      LLVMValueRef old = masked_load(e, g->vty, ptr, mask);
+      LLVMValueRef x = acc[r * nv + v];
+      x = LLVMBuildSelect(e->b, add, LLVMBuildFAdd(e->b, old, x, ""), x, "");
+      if (epi != GEMM_EPI_NONE) {
+        x = LLVMBuildFAdd(e->b, x, bv[v], "");
+        if (epi == GEMM_EPI_BIAS_RELU) /* x < 0 ? 0 : x, NaN kept as the relu kernels do */
+          x = LLVMBuildSelect(e->b, LLVMBuildFCmp(e->b, LLVMRealOLT, x, zero, ""), zero, x, "");
+        else if (epi == GEMM_EPI_BIAS_TANH)
+          x = llvm_vm_tanh(e, x);
+      }
+      masked_store(e, x, ptr, mask);
+    }
+  }
+}
+
+static void add_attr(LLVMContextRef ctx, LLVMValueRef fn, const char *k, const char *v) {
+  LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
+                          LLVMCreateStringAttribute(ctx, k, (unsigned)strlen(k), v, (unsigned)strlen(v)));
+}
+
+/* void name(i64 kc, ptr a, ptr b, ptr c, i64 ldc, i64 mr, i64 nr, i32 flags,
+ * ptr bias): gemm_ukernel_fn */
+static void emit_ukernel(llvm_emit *e, const char *name, kiln_dtype dt, gemm_epilogue epi, tile t,
+                         LLVMTargetMachineRef tm, bool avx512) {
+  LLVMTypeRef params[9] = {e->t_i64, e->t_ptr, e->t_ptr, e->t_ptr, e->t_i64, e->t_i64, e->t_i64, e->t_i32, e->t_ptr};
+  LLVMValueRef fn = LLVMAddFunction(e->mod, name, LLVMFunctionType(e->t_void, params, 9, 0));
+  unsigned noalias = LLVMGetEnumAttributeKindForName("noalias", 7);
+  for (unsigned i = 2; i <= 4; i++) /* a, b, c */
+    LLVMAddAttributeAtIndex(fn, i, LLVMCreateEnumAttribute(e->ctx, noalias, 0));
+  char *cpu = LLVMGetTargetMachineCPU(tm), *features = LLVMGetTargetMachineFeatureString(tm);
+  char *fs = malloc(strlen(features) + 16);
+  if (fs) { /* the AVX2 kernel on an AVX-512 host (KILN_GEMM_ISA) */
+    sprintf(fs, "%s%s", features, !avx512 && strstr(features, "+avx512f") ? ",-avx512f" : "");
+    add_attr(e->ctx, fn, "target-features", fs);
+    free(fs);
+  }
+  add_attr(e->ctx, fn, "target-cpu", cpu);
+  LLVMDisposeMessage(cpu);
+  LLVMDisposeMessage(features);
+  if (avx512) { /* whole zmm registers: LLVM splits 512-bit vectors by default */
+    add_attr(e->ctx, fn, "prefer-vector-width", "512");
+    add_attr(e->ctx, fn, "min-legal-vector-width", "512");
+  }
+  LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
+                          LLVMCreateEnumAttribute(e->ctx, LLVMGetEnumAttributeKindForName("nounwind", 8), 0));
+
+  kgen g = {.e = e, .t = t, .ty = llvm_value_type(e, dt), .esize = kiln_dtype_sizes[dt]};
+  g.vty = LLVMVectorType(g.ty, (unsigned)t.vl);
+  g.kc = LLVMGetParam(fn, 0);
+  g.a = LLVMGetParam(fn, 1);
+  g.b = LLVMGetParam(fn, 2);
+  LLVMPositionBuilderAtEnd(e->b, LLVMAppendBasicBlockInContext(e->ctx, fn, "entry"));
+  LLVMValueRef acc[64];
+  for (int i = 0; i < t.mr * t.nv; i++) acc[i] = LLVMConstNull(g.vty);
+  LLVMValueRef p = emit_k_loop(&g, fn, llvm_i64(e, 0), UNROLL, acc, "k4");
+  emit_k_loop(&g, fn, p, 1, acc, "k1");
+
+  LLVMValueRef flags = LLVMGetParam(fn, 7);
+  LLVMValueRef add = LLVMBuildICmp(e->b, LLVMIntNE, LLVMBuildAnd(e->b, flags, llvm_i32(e, GEMM_ACCUMULATE), ""),
+                                   llvm_i32(e, 0), "add");
+  LLVMValueRef c = LLVMGetParam(fn, 3), ldc = LLVMGetParam(fn, 4), mr = LLVMGetParam(fn, 5), nr = LLVMGetParam(fn, 6);
+  if (epi != GEMM_EPI_NONE) {
+    LLVMValueRef last =
+        LLVMBuildICmp(e->b, LLVMIntNE, LLVMBuildAnd(e->b, flags, llvm_i32(e, GEMM_LAST), ""), llvm_i32(e, 0), "last");
+    LLVMBasicBlockRef with = LLVMAppendBasicBlockInContext(e->ctx, fn, "epilogue");
+    LLVMBasicBlockRef plain = LLVMAppendBasicBlockInContext(e->ctx, fn, "store");
+    LLVMBuildCondBr(e->b, last, with, plain);
+    LLVMPositionBuilderAtEnd(e->b, with);
+    emit_store(&g, acc, c, ldc, mr, nr, add, epi, LLVMGetParam(fn, 8));
+    LLVMBuildRetVoid(e->b);
+    LLVMPositionBuilderAtEnd(e->b, plain);
+  }
+  emit_store(&g, acc, c, ldc, mr, nr, add, GEMM_EPI_NONE, NULL);
+  LLVMBuildRetVoid(e->b);
+}
+
+/* ---- compilation and the cache of kernels ---- */
+
+/* A module holding the micro-kernel for (dt, epi), as host_isa allows (not
+ * ISA_NONE). */
+static LLVMModuleRef build_module(LLVMContextRef ctx, kiln_dtype dt, gemm_epilogue epi, LLVMTargetMachineRef tm,
+                                  isa target, char *name, size_t name_len, tile *t) {
+  bool avx512 = target == ISA_AVX512;
+  *t = tile_for(dt, avx512);
+  snprintf(name, name_len, "kiln_gemm_%s_%s_%dx%d", kiln_dtype_name(dt), epi_names[epi], t->mr, t->nv * t->vl);
+  LLVMModuleRef mod = LLVMModuleCreateWithNameInContext(name, ctx);
+  char *triple = LLVMGetTargetMachineTriple(tm);
+  LLVMSetTarget(mod, triple);
+  LLVMDisposeMessage(triple);
+  LLVMTargetDataRef layout = LLVMCreateTargetDataLayout(tm);
+  LLVMSetModuleDataLayout(mod, layout);
+  LLVMDisposeTargetData(layout);
+  llvm_emit e;
+  llvm_emit_init(&e, ctx, mod);
+  emit_ukernel(&e, name, dt, epi, *t, tm, avx512);
+  llvm_emit_dispose(&e);
+  return mod;
+}
+
+enum { UNTRIED, READY, FAILED };
+typedef struct {
+  atomic_int state;
+  gemm_ukernel uk;
+} variant;
+
+static variant variants[2][GEMM_EPI_COUNT]; /* f32, f64 */
+static pthread_mutex_t compile_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Compiles the kernel for (dt, epi) into v: 0, or -1 with the error set. */
+static int compile_variant(kiln_dtype dt, gemm_epilogue epi, variant *v) {
+  LLVMTargetMachineRef tm = cpu_jit_host_machine();
+  if (!tm) return -1;
+  isa target = host_isa(tm);
+  if (target == ISA_NONE) {
+    LLVMDisposeTargetMachine(tm);
+    return kiln_set_error("gemm: no compiled micro-kernel for this CPU (x86-64 with AVX2 and FMA)");
+  }
+  LLVMContextRef ctx = LLVMContextCreate();
+  char name[96], *msg = NULL;
+  tile t;
+  LLVMModuleRef mod = build_module(ctx, dt, epi, tm, target, name, sizeof name, &t);
+  LLVMMemoryBufferRef obj = NULL;
+  int rc = 0;
+  /* no pass pipeline: the IR is already the loop that code generation
+   * wants (accumulators in SSA registers, the steps unrolled) */
+  if (LLVMVerifyModule(mod, LLVMReturnStatusAction, &msg))
+    rc = kiln_set_error("gemm: internal error: invalid LLVM module: %.400s", msg ? msg : "");
+  if (msg) LLVMDisposeMessage(msg);
+  msg = NULL;
+  if (!rc && LLVMTargetMachineEmitToMemoryBuffer(tm, mod, LLVMObjectFile, &msg, &obj)) {
+    rc = kiln_set_error("gemm: code generation failed: %s", msg ? msg : "");
+    obj = NULL;
+  }
+  if (msg) LLVMDisposeMessage(msg);
+  uintptr_t addr = 0;
+  if (!rc && !(addr = cpu_jit_link(LLVMGetBufferStart(obj), LLVMGetBufferSize(obj), name))) rc = -1;
+  if (obj) LLVMDisposeMemoryBuffer(obj);
+  LLVMDisposeModule(mod);
+  LLVMContextDispose(ctx);
+  LLVMDisposeTargetMachine(tm);
+  if (rc) return -1;
+  v->uk = (gemm_ukernel){(gemm_ukernel_fn)addr, t.mr, t.nv * t.vl};
+  return 0;
+}
+
+static bool env_is(const char *name, const char *value) {
+  const char *env = getenv(name);
+  return env && !strcmp(env, value);
+}
+
+bool cpu_gemm_ukernel(kiln_dtype dt, gemm_epilogue epi, gemm_ukernel *uk) {
+  if ((dt != KILN_F32 && dt != KILN_F64) || (int)epi < 0 || epi >= GEMM_EPI_COUNT) return false;
+  if (env_is("KILN_GEMM", "c") || env_is("KILN_BACKEND", "interp")) return false;
+  variant *v = &variants[dt == KILN_F64][epi];
+  int state = atomic_load_explicit(&v->state, memory_order_acquire);
+  if (state == UNTRIED) {
+    pthread_mutex_lock(&compile_mu);
+    state = atomic_load(&v->state);
+    if (state == UNTRIED) {
+      char saved[1024]; /* the caller's error message survives a failed compile */
+      snprintf(saved, sizeof saved, "%s", kiln_last_error());
+      state = compile_variant(dt, epi, v) ? FAILED : READY;
+      if (state == FAILED && env_is("KILN_LOG", "gemm"))
+        fprintf(stderr, "kiln: gemm: no compiled micro-kernel for %s %s: %s\n", kiln_dtype_name(dt), epi_names[epi],
+                kiln_last_error());
+      kiln_set_error("%s", saved);
+      atomic_store_explicit(&v->state, state, memory_order_release);
+    }
+    pthread_mutex_unlock(&compile_mu);
+  }
+  if (state != READY) return false;
+  *uk = v->uk;
+  return true;
+}
+
+char *cpu_gemm_text(kiln_dtype dt, gemm_epilogue epi, const char *stage) {
+  if ((dt != KILN_F32 && dt != KILN_F64) || (int)epi < 0 || epi >= GEMM_EPI_COUNT)
+    return kiln_set_error("gemm: no micro-kernel for %s", kiln_dtype_name(dt)), NULL;
+  bool asm_text = stage && !strcmp(stage, "asm");
+  if (!stage || (!asm_text && strcmp(stage, "llvm")))
+    return kiln_set_error("gemm: no stage '%s' (llvm, asm)", stage ? stage : "(null)"), NULL;
+  LLVMTargetMachineRef tm = cpu_jit_host_machine();
+  if (!tm) return NULL;
+  isa target = host_isa(tm);
+  if (target == ISA_NONE) {
+    LLVMDisposeTargetMachine(tm);
+    return kiln_set_error("gemm: no compiled micro-kernel for this CPU (x86-64 with AVX2 and FMA)"), NULL;
+  }
+  LLVMContextRef ctx = LLVMContextCreate();
+  char name[96], *text = NULL, *msg = NULL;
+  tile t;
+  LLVMModuleRef mod = build_module(ctx, dt, epi, tm, target, name, sizeof name, &t);
+  char *s = NULL;
+  LLVMMemoryBufferRef buf = NULL;
+  if (!asm_text) {
+    s = LLVMPrintModuleToString(mod);
+  } else if (LLVMTargetMachineEmitToMemoryBuffer(tm, mod, LLVMAssemblyFile, &msg, &buf)) {
+    kiln_set_error("gemm: code generation failed: %s", msg ? msg : "");
+  }
+  if (msg) LLVMDisposeMessage(msg);
+  const char *src = s ? s : buf ? LLVMGetBufferStart(buf) : NULL;
+  size_t len = s ? strlen(s) : buf ? LLVMGetBufferSize(buf) : 0;
+  if (src && (text = malloc(len + 1))) {
+    memcpy(text, src, len);
+    text[len] = 0;
+  } else if (src) {
+    kiln_set_error("gemm: out of memory");
+  }
+  if (s) LLVMDisposeMessage(s);
+  if (buf) LLVMDisposeMemoryBuffer(buf);
+  LLVMDisposeModule(mod);
+  LLVMContextDispose(ctx);
+  LLVMDisposeTargetMachine(tm);
+  return text;
+}
+
+static KILN_CONSTRUCTOR void gemm_register(void) { matmul_set_provider(cpu_gemm_ukernel); }

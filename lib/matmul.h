@@ -1,0 +1,68 @@
+/* matmul.h — the blocked matmul's micro-kernel interface. kernels_matmul.c
+ * packs the panels, blocks for the caches and splits the work over threads;
+ * the register-tiled micro-kernel it calls is its own C one, or one that the
+ * CPU backend compiles with LLVM (backends/cpu/gemm.c) and registers here:
+ * lib/ calls the backend only through this hook. Internal. */
+#ifndef KILN_MATMUL_H
+#define KILN_MATMUL_H
+
+#include "ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a micro-kernel applies to its tile when it stores it for the last
+ * time (the last block of K): nothing, + bias (one value per column), then
+ * relu or tanh. */
+typedef enum { GEMM_EPI_NONE, GEMM_EPI_BIAS, GEMM_EPI_BIAS_RELU, GEMM_EPI_BIAS_TANH, GEMM_EPI_COUNT } gemm_epilogue;
+
+/* flags of a micro-kernel call: add the tile to C (later blocks of K)
+ * instead of storing it; this is the last block of K (apply the epilogue);
+ * the epilogue, for kernels that serve them all, in bits 8 and up */
+enum { GEMM_ACCUMULATE = 1, GEMM_LAST = 2, GEMM_EPI_SHIFT = 8 };
+
+/* C[0:mr, 0:nr] (rows ldc elements apart) from a packed A micro-panel of MR
+ * rows (k-major: a[p * MR + i]) and a packed B micro-panel of NR columns
+ * (b[p * NR + j]), kc steps of k; rows of A past mr and columns of B past nr
+ * are zeros and not stored. bias points at the tile's first column. The sum
+ * of each element runs over k in order with one FMA per step, so every
+ * micro-kernel gives the same bits. */
+typedef void (*gemm_ukernel_fn)(int64_t kc, const void *a, const void *b, void *c, int64_t ldc, int64_t mr, int64_t nr,
+                                int32_t flags, const void *bias);
+
+typedef struct gemm_ukernel {
+  gemm_ukernel_fn fn;
+  int mr, nr; /* its register tile */
+} gemm_ukernel;
+
+/* Fills *uk with a compiled micro-kernel for dtype dt and epilogue epi, or
+ * returns false (none: no JIT, KILN_BACKEND=interp, KILN_GEMM=c, a dtype it
+ * does not compile); never sets an error. Thread-safe. */
+typedef bool (*gemm_provider_fn)(kiln_dtype dt, gemm_epilogue epi, gemm_ukernel *uk);
+/* Registers the provider (backends/cpu/gemm.c, from a constructor). */
+void matmul_set_provider(gemm_provider_fn fn);
+/* m*n*k from which the blocked matmul asks the provider for its
+ * micro-kernel. Smaller products (down to 32^3) mostly run faster with it
+ * too (bench_matmul: +40% at 32^3, +13% at 48^3), but they take
+ * microseconds, and the first one would wait for its compilation (10-20 ms
+ * a kernel). */
+#define MATMUL_JIT_WORK ((int64_t)64 * 64 * 64)
+
+/* The matmul with an epilogue: out = act(a . b + bias), with bias of shape
+ * [n] broadcast over the rows (and batches) of the product; GEMM_EPI_NONE
+ * ignores bias. Shapes as kiln_matmul's (out allocated by the caller);
+ * 0, or -1 with the error set ("matmul: ..."). The dispatcher's dot
+ * kernels are its GEMM_EPI_NONE case, and the CPU backend's fused dot +
+ * bias (+ activation) reaches it through their fused form (below). */
+KILN_EXPORT int matmul_epilogue(const kiln_tensor *a, const kiln_tensor *b, const kiln_tensor *bias, gemm_epilogue epi,
+                                kiln_tensor *out);
+
+/* The dot kernels' fused form, for the CPU backend's runtime helpers (which
+ * reach kernels only through the dispatch table): an OP_DOT call with three
+ * inputs is a, b, bias, and attrs->axis holds the gemm_epilogue. */
+
+#ifdef __cplusplus
+}
+#endif
+#endif
