@@ -589,6 +589,43 @@ TEST(CpuBackend, FusionBodiesCompileToOneKernel) {
        "  return %r\n"
        "}\n",
        1},
+      // narrow rows (2-4 columns): the columns are unrolled and vectors run
+      // across rows, with a remainder of rows (203 = 12 * 16 + 11)
+      {"func @k(%x: f32[203,10], %w: f32[10,2], %b: f32[2], %y: f32[203,2]) -> (f32[203,2], f32[203,2]) {\n"
+       "  %d = dot %x, %w : f32[203,2]\n"
+       "  %a = add %d, %b : f32[203,2]\n"
+       "  %t = tanh %a : f32[203,2]\n"
+       "  %m = mul %t, %y : f32[203,2]\n"
+       "  return %a, %m\n"
+       "}\n"
+       "func @f(%x: f32[203,10], %w: f32[10,2], %b: f32[2], %y: f32[203,2]) -> (f32[203,2], f32[203,2]) {\n"
+       "  %a, %m = fusion @k(%x, %w, %b, %y) : f32[203,2], f32[203,2]\n"
+       "  return %a, %m\n"
+       "}\n",
+       1},
+      // ... batched, integer, three columns, an operand transposed
+      {"func @k(%a: i32[3,41,5], %b: i32[3,3,5]) -> i32[3,41,3] {\n"
+       "  %t = transpose %b {perm=[0,2,1]} : i32[3,5,3]\n"
+       "  %d = dot %a, %t : i32[3,41,3]\n"
+       "  %r = mul %d, %d : i32[3,41,3]\n"
+       "  return %r\n"
+       "}\n"
+       "func @f(%a: i32[3,41,5], %b: i32[3,3,5]) -> i32[3,41,3] {\n"
+       "  %r = fusion @k(%a, %b) : i32[3,41,3]\n"
+       "  return %r\n"
+       "}\n",
+       1},
+      // ... split over the thread pool (140002 elements): tasks take whole rows
+      {"func @k(%x: f64[35001,3], %w: f64[3,4], %b: f64[4]) -> f64[35001,4] {\n"
+       "  %d = dot %x, %w : f64[35001,4]\n"
+       "  %a = sub %d, %b : f64[35001,4]\n"
+       "  return %a\n"
+       "}\n"
+       "func @f(%x: f64[35001,3], %w: f64[3,4], %b: f64[4]) -> f64[35001,4] {\n"
+       "  %r = fusion @k(%x, %w, %b) : f64[35001,4]\n"
+       "  return %r\n"
+       "}\n",
+       1},
       // a long inner dimension: the packed matmul first, then bias and relu
       // as one kernel
       {"func @k(%x: f32[33,100], %w: f32[100,29], %b: f32[29]) -> f32[33,29] {\n"

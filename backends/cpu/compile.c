@@ -32,6 +32,7 @@ enum {
   PAR_MIN = 65536,   /* elements of work below which a kernel stays on the calling thread */
   PAR_GRAIN = 16384, /* elements of work per task, at least */
   ROW_BLOCK = 16384, /* a long innermost row is cut into blocks of this many (tasks) */
+  NARROW_ROW = 4,    /* innermost rows up to this long are unrolled (vectors run across rows) */
 };
 /* Programs whose kernels all do less work than this get LLVM's O1 (no
  * vectorizer) instead of O3: a one-kernel program then compiles in 12 ms
@@ -846,6 +847,16 @@ static int emit_streaming(cpu_build *cb, const kgroup *g, llvm_group *lg, LLVMVa
   return 0;
 }
 
+/* Stores each of g's outputs at idx (linear index at). */
+static int emit_outputs(const kgroup *g, llvm_group *lg, LLVMValueRef fn, llvm_index *idx, LLVMValueRef at) {
+  for (int k = 0; k < g->n_out; k++) {
+    LLVMValueRef v = llvm_emit_value(lg, g->out[k], idx);
+    if (!v) return -1;
+    llvm_emit_store(lg->e, g->f->types[g->out[k]].dtype, LLVMGetParam(fn, (unsigned)k), at, v);
+  }
+  return 0;
+}
+
 static int emit_kernel(cpu_build *cb, const kgroup *g, int id, kinfo *ki) {
   llvm_emit *e = &cb->e;
   const ir_func *f = g->f;
@@ -981,9 +992,12 @@ static int emit_kernel(cpu_build *cb, const kgroup *g, int id, kinfo *ki) {
     for (int k = 0; k < g->n_out; k++) flat = flat && llvm_group_is_flat(f, g->member, g->out[k]);
     llvm_index idx;
     llvm_loop lo, li;
-    LLVMValueRef at;
+    LLVMValueRef at = NULL;
     int64_t inner = ot->rank ? ot->shape[ot->rank - 1] : 1;
     bool rows = !flat && ot->rank > 0 && n > 0;
+    /* rows of a few elements (a dot's [batch, 2] output, say): vectors across
+     * rows beat one short vector per row */
+    bool narrow = rows && inner <= NARROW_ROW && n / inner >= 16;
     int64_t nblk = 1, blk = inner;
     if (!rows) { /* one loop over linear indices, tasks taking whole blocks of FLAT_BLOCK */
       ki->units = (n + FLAT_BLOCK - 1) / FLAT_BLOCK;
@@ -1017,24 +1031,27 @@ static int emit_kernel(cpu_build *cb, const kgroup *g, int id, kinfo *ki) {
       llvm_index_linear(&ridx, &outer, row);
       llvm_index_get_dims(e, &ridx);
       LLVMValueRef rowbase = LLVMBuildMul(e->b, row, llvm_i64(e, inner), "");
-      LLVMValueRef j = llvm_loop_begin(e, &li, j0, j1, "j");
       LLVMValueRef dims[KILN_MAX_RANK];
       for (int d = 0; d < outer.rank; d++) dims[d] = ridx.dim[d];
-      dims[ot->rank - 1] = j;
-      llvm_index_dims(&idx, ot, dims);
-      at = idx.linear = LLVMBuildAdd(e->b, rowbase, j, "");
-    }
-    for (int k = 0; k < g->n_out && !rc; k++) {
-      LLVMValueRef v = llvm_emit_value(&lg, g->out[k], &idx);
-      if (!v) {
-        rc = -1;
-        break;
+      if (narrow) { /* every column of the row, unrolled: the row loop vectorizes */
+        for (int64_t jc = 0; jc < inner && !rc; jc++) {
+          dims[ot->rank - 1] = llvm_i64(e, jc);
+          llvm_index_dims(&idx, ot, dims);
+          at = idx.linear = LLVMBuildAdd(e->b, rowbase, llvm_i64(e, jc), "");
+          rc = emit_outputs(g, &lg, fn, &idx, at);
+          llvm_group_forget(&lg);
+        }
+      } else {
+        LLVMValueRef j = llvm_loop_begin(e, &li, j0, j1, "j");
+        dims[ot->rank - 1] = j;
+        llvm_index_dims(&idx, ot, dims);
+        at = idx.linear = LLVMBuildAdd(e->b, rowbase, j, "");
       }
-      llvm_emit_store(e, f->types[g->out[k]].dtype, LLVMGetParam(fn, (unsigned)k), at, v);
     }
+    if (!narrow && !rc) rc = emit_outputs(g, &lg, fn, &idx, at);
     flush_bad(e, &lg, bad_slot);
     llvm_group_forget(&lg);
-    if (rows) llvm_loop_end(e, &li);
+    if (rows && !narrow) llvm_loop_end(e, &li);
     llvm_loop_end(e, &lo);
   flat_done:;
   }
