@@ -97,12 +97,16 @@ static int exec_gpu(const traced_fn *fn, kiln_tensor *const *args, kiln_tensor *
 }
 
 int jit_exec(const traced_fn *fn, kiln_tensor *const *args, kiln_tensor **res) {
+  return jit_exec_donating(fn, args, res, NULL);
+}
+
+int jit_exec_donating(const traced_fn *fn, kiln_tensor *const *args, kiln_tensor **res, const bool *donate) {
   if (KILN_UNLIKELY(fn->cuda != NULL)) return exec_gpu(fn, args, res);
   if (KILN_LIKELY(fn->cpu != NULL)) {
     int np = fn->opt_func->n_params;
     bool host = true;
     for (int i = 0; i < np; i++) host = host && args[i]->device == 0;
-    if (KILN_LIKELY(host)) return cpu_run(fn->cpu, args, res);
+    if (KILN_LIKELY(host)) return cpu_run_donating(fn->cpu, args, res, donate);
   }
   return ir_run(fn->opt_func, args, res);
 }
