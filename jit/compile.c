@@ -43,11 +43,12 @@ static void dump_stage(traced_fn *fn, const char *name, int trace_no, int step, 
 /* A trace under gpu:N's scope: compiled for that GPU's architecture; where
  * the CUDA backend cannot take it, calls run the interpreter (whose ops
  * are the eager GPU kernels). */
-static int compile_gpu(traced_fn *fn, const char *name, int trace_no, int step) {
+static int compile_gpu(traced_fn *fn, const char *name, int trace_no, int step, backend_choice choice) {
   int gpu = device_current() - 1;
   const char *arch = cuda_arch_of(gpu);
   fn->cuda = cuda_compile(fn->opt_func, arch);
   if (!fn->cuda) {
+    if (choice == BACKEND_CPU) return rename_error("function_call", name); /* compiled code, or an error */
     if (log_compile()) fprintf(stderr, "kiln: compile @%s: interpreted on gpu:%d: %s\n", name, gpu, kiln_last_error());
     kiln_clear_error();
     return 0;
@@ -63,7 +64,7 @@ static int compile_gpu(traced_fn *fn, const char *name, int trace_no, int step) 
 int jit_compile(traced_fn *fn, const char *name, int trace_no, int step) {
   backend_choice choice = backend_env();
   if (choice == BACKEND_INTERP) return 0;
-  if (device_current() != 0) return compile_gpu(fn, name, trace_no, step);
+  if (device_current() != 0) return compile_gpu(fn, name, trace_no, step, choice);
   fn->cpu = cpu_compile(fn->opt_func);
   if (!fn->cpu) {
     if (choice == BACKEND_CPU) return rename_error("function_call", name);
