@@ -626,6 +626,36 @@ TEST(CpuBackend, FusionBodiesCompileToOneKernel) {
        "  return %r\n"
        "}\n",
        1},
+      // a transposed read runs in tiles of rows x columns: ragged edges
+      // (67 = 4 * 16 + 3 rows, 131 = 2 * 64 + 3 columns), batched, and a
+      // threaded one (700 x 300)
+      {"func @k(%x: f64[131,67], %y: f64[67]) -> f64[67,131] {\n"
+       "  %t = transpose %x {perm=[1,0]} : f64[67,131]\n"
+       "  %b = broadcast %y {shape=[131,67]} : f64[131,67]\n"
+       "  %u = transpose %b {perm=[1,0]} : f64[67,131]\n"
+       "  %r = mul %t, %u : f64[67,131]\n"
+       "  return %r\n"
+       "}\n"
+       "func @f(%x: f64[131,67], %y: f64[67]) -> f64[67,131] {\n"
+       "  %r = fusion @k(%x, %y) : f64[67,131]\n"
+       "  return %r\n"
+       "}\n",
+       1},
+      {"func @k(%x: i32[3,40,50]) -> i32[3,50,40] {\n"
+       "  %t = transpose %x {perm=[0,2,1]} : i32[3,50,40]\n"
+       "  %r = add %t, %t : i32[3,50,40]\n"
+       "  return %r\n"
+       "}\n"
+       "func @f(%x: i32[3,40,50]) -> i32[3,50,40] {\n"
+       "  %r = fusion @k(%x) : i32[3,50,40]\n"
+       "  return %r\n"
+       "}\n",
+       1},
+      {"func @f(%x: f32[300,700]) -> f32[700,300] {\n"
+       "  %t = transpose %x {perm=[1,0]} : f32[700,300]\n"
+       "  return %t\n"
+       "}\n",
+       1},
       // a long inner dimension: the packed matmul first, then bias and relu
       // as one kernel
       {"func @k(%x: f32[33,100], %w: f32[100,29], %b: f32[29]) -> f32[33,29] {\n"

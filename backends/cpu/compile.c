@@ -33,6 +33,8 @@ enum {
   PAR_GRAIN = 16384, /* elements of work per task, at least */
   ROW_BLOCK = 16384, /* a long innermost row is cut into blocks of this many (tasks) */
   NARROW_ROW = 4,    /* innermost rows up to this long are unrolled (vectors run across rows) */
+  TILE_ROWS = 16,    /* the tiles of a kernel that reads across rows (a transpose) */
+  TILE_COLS = 64,
 };
 /* Programs whose kernels all do less work than this get LLVM's O1 (no
  * vectorizer) instead of O3: a one-kernel program then compiles in 12 ms
@@ -963,6 +965,21 @@ static int emit_streaming(cpu_build *cb, const kgroup *g, llvm_group *lg, LLVMVa
   return 0;
 }
 
+/* Whether g reads some input across its rows: a transpose that brings a
+ * dim other than the input's innermost (of more than one element) to the
+ * output's innermost, so consecutive output elements lie a row apart. */
+static bool reads_across_rows(const kgroup *g) {
+  const ir_func *f = g->f;
+  for (int i = 0; i < f->n_instrs; i++) {
+    const ir_instr *in = &f->instrs[i];
+    if (!g->member[i] || in->op != OP_TRANSPOSE) continue;
+    const op_type *it = &f->types[in->in[0]];
+    int r = it->rank;
+    if (r >= 2 && in->attrs.axes[r - 1] != r - 1 && it->shape[r - 1] > 1) return true;
+  }
+  return false;
+}
+
 /* Stores each of g's outputs at idx (linear index at). */
 static int emit_outputs(const kgroup *g, llvm_group *lg, LLVMValueRef fn, llvm_index *idx, LLVMValueRef at) {
   for (int k = 0; k < g->n_out; k++) {
@@ -1107,14 +1124,18 @@ static int emit_kernel(cpu_build *cb, const kgroup *g, int id, kinfo *ki) {
     bool flat = true;
     for (int k = 0; k < g->n_out; k++) flat = flat && llvm_group_is_flat(f, g->member, g->out[k]);
     llvm_index idx;
-    llvm_loop lo, li;
+    llvm_loop lo, li, lt;
     LLVMValueRef at = NULL;
     int64_t inner = ot->rank ? ot->shape[ot->rank - 1] : 1;
     bool rows = !flat && ot->rank > 0 && n > 0;
     /* rows of a few elements (a dot's [batch, 2] output, say): vectors across
      * rows beat one short vector per row */
     bool narrow = rows && inner <= NARROW_ROW && n / inner >= 16;
-    int64_t nblk = 1, blk = inner;
+    /* a transposed read walks its input across rows: tiles of TILE_ROWS rows
+     * by TILE_COLS columns keep the input lines they read in L1 meanwhile
+     * (row by row, a 256x256 f32 transpose read 16x the matrix from L2) */
+    bool tiled = rows && !narrow && reads_across_rows(g) && n / inner >= 2 * TILE_ROWS && inner >= 2 * TILE_ROWS;
+    int64_t nblk = 1, blk = inner, per_task_rows = tiled ? TILE_ROWS : 1;
     if (!rows) { /* one loop over linear indices, tasks taking whole blocks of FLAT_BLOCK */
       ki->units = (n + FLAT_BLOCK - 1) / FLAT_BLOCK;
       ki->per_unit = FLAT_BLOCK;
@@ -1131,8 +1152,10 @@ static int emit_kernel(cpu_build *cb, const kgroup *g, int id, kinfo *ki) {
       llvm_index_linear(&idx, ot, at);
     } else { /* rows of the innermost dim, a multi-index per row */
       if (inner > ROW_BLOCK) nblk = (inner + ROW_BLOCK - 1) / ROW_BLOCK, blk = ROW_BLOCK;
-      ki->units = n / inner * nblk;
-      ki->per_unit = blk;
+      if (tiled) nblk = (inner + TILE_COLS - 1) / TILE_COLS, blk = TILE_COLS;
+      int64_t nrows = n / inner, groups = (nrows + per_task_rows - 1) / per_task_rows;
+      ki->units = groups * nblk;
+      ki->per_unit = blk * per_task_rows;
       LLVMValueRef u = llvm_loop_begin(e, &lo, begin, end, "row");
       LLVMValueRef row = u, j0 = llvm_i64(e, 0), j1 = llvm_i64(e, inner);
       if (nblk > 1) {
@@ -1140,6 +1163,12 @@ static int emit_kernel(cpu_build *cb, const kgroup *g, int id, kinfo *ki) {
         j0 = LLVMBuildMul(e->b, LLVMBuildURem(e->b, u, llvm_i64(e, nblk), ""), llvm_i64(e, blk), "");
         LLVMValueRef j1c = LLVMBuildAdd(e->b, j0, llvm_i64(e, blk), "");
         j1 = LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, j1c, j1, ""), j1c, j1, "");
+      }
+      if (tiled) { /* the rows of this tile */
+        LLVMValueRef r0 = LLVMBuildMul(e->b, row, llvm_i64(e, TILE_ROWS), "");
+        LLVMValueRef r1 = LLVMBuildAdd(e->b, r0, llvm_i64(e, TILE_ROWS), "");
+        r1 = LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, r1, llvm_i64(e, nrows), ""), r1, llvm_i64(e, nrows), "");
+        row = llvm_loop_begin(e, &lt, r0, r1, "tile");
       }
       op_type outer = *ot;
       outer.rank--;
@@ -1168,6 +1197,7 @@ static int emit_kernel(cpu_build *cb, const kgroup *g, int id, kinfo *ki) {
     flush_bad(e, &lg, bad_slot);
     llvm_group_forget(&lg);
     if (rows && !narrow) llvm_loop_end(e, &li);
+    if (tiled) llvm_loop_end(e, &lt);
     llvm_loop_end(e, &lo);
   flat_done:;
   }
