@@ -615,14 +615,21 @@ TEST(CpuBackend, FusionBodiesCompileToOneKernel) {
        "  return %r\n"
        "}\n",
        1},
-      // ... split over the thread pool (140002 elements): tasks take whole rows
-      {"func @k(%x: f64[35001,3], %w: f64[3,4], %b: f64[4]) -> f64[35001,4] {\n"
+      // ... split over the thread pool (140004 elements of 5 products
+      // each): tasks take whole rows
+      {"func @k(%x: f64[35001,5], %w: f64[5,4], %b: f64[4]) -> f64[35001,4] {\n"
        "  %d = dot %x, %w : f64[35001,4]\n"
        "  %a = sub %d, %b : f64[35001,4]\n"
        "  return %a\n"
        "}\n"
-       "func @f(%x: f64[35001,3], %w: f64[3,4], %b: f64[4]) -> f64[35001,4] {\n"
+       "func @f(%x: f64[35001,5], %w: f64[5,4], %b: f64[4]) -> f64[35001,4] {\n"
        "  %r = fusion @k(%x, %w, %b) : f64[35001,4]\n"
+       "  return %r\n"
+       "}\n",
+       1},
+      // cheap kernels split over the pool only from PAR_MIN_CHEAP elements
+      {"func @f(%x: f32[600001], %y: f32[600001]) -> f32[600001] {\n"
+       "  %r = add %x, %y : f32[600001]\n"
        "  return %r\n"
        "}\n",
        1},
@@ -651,9 +658,14 @@ TEST(CpuBackend, FusionBodiesCompileToOneKernel) {
        "  return %r\n"
        "}\n",
        1},
-      {"func @f(%x: f32[300,700]) -> f32[700,300] {\n"
+      {"func @k(%x: f32[300,700]) -> f32[700,300] {\n"
        "  %t = transpose %x {perm=[1,0]} : f32[700,300]\n"
-       "  return %t\n"
+       "  %e = exp %t : f32[700,300]\n"
+       "  return %e\n"
+       "}\n"
+       "func @f(%x: f32[300,700]) -> f32[700,300] {\n"
+       "  %r = fusion @k(%x) : f32[700,300]\n"
+       "  return %r\n"
        "}\n",
        1},
       // a long inner dimension: the packed matmul first, then bias and relu
