@@ -668,6 +668,15 @@ TEST(CpuBackend, FusionBodiesCompileToOneKernel) {
        "  return %r\n"
        "}\n",
        1},
+      // a transpose of 4-byte elements alone: 16x16 tiles through registers,
+      // with ragged columns and rows (40 x 35), batched, exact multiples
+      {"func @f(%x: f32[40,35], %y: i32[3,33,20], %z: f32[32,48]) -> (f32[35,40], i32[3,20,33], f32[48,32]) {\n"
+       "  %t = transpose %x {perm=[1,0]} : f32[35,40]\n"
+       "  %u = transpose %y {perm=[0,2,1]} : i32[3,20,33]\n"
+       "  %v = transpose %z {perm=[1,0]} : f32[48,32]\n"
+       "  return %t, %u, %v\n"
+       "}\n",
+       3},
       // a long inner dimension: the packed matmul first, then bias and relu
       // as one kernel
       {"func @k(%x: f32[33,100], %w: f32[100,29], %b: f32[29]) -> f32[33,29] {\n"

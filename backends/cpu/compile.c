@@ -982,6 +982,113 @@ static int emit_streaming(cpu_build *cb, const kgroup *g, llvm_group *lg, LLVMVa
   return 0;
 }
 
+/* A kernel that is one transpose of the last two dims of 4-byte elements,
+ * both at least 16: moved in 16x16 tiles through registers. */
+static const ir_instr *tile_transpose(const kgroup *g) {
+  const ir_func *f = g->f;
+  const ir_instr *t = NULL;
+  for (int i = 0; i < f->n_instrs; i++) {
+    if (!g->member[i]) continue;
+    if (t) return NULL;
+    t = &f->instrs[i];
+  }
+  if (!t || t->op != OP_TRANSPOSE || g->n_out != 1 || g->out[0] != t->out || g->leaf[t->in[0]] < 0) return NULL;
+  const op_type *it = &f->types[t->in[0]];
+  int r = it->rank;
+  if (r < 2 || kiln_dtype_sizes[it->dtype] != 4 || it->shape[r - 1] < 16 || it->shape[r - 2] < 16) return NULL;
+  for (int k = 0; k < r - 2; k++)
+    if (t->attrs.axes[k] != k) return NULL;
+  return t->attrs.axes[r - 2] == r - 1 && t->attrs.axes[r - 1] == r - 2 ? t : NULL;
+}
+
+/* 4-byte element at + i (i in elements) */
+static LLVMValueRef elem_ptr(llvm_emit *e, LLVMValueRef at, LLVMValueRef i) {
+  return LLVMBuildGEP2(e->b, e->t_i32, at, &i, 1, "");
+}
+
+/* out[r][c] = in[c][r] for r in [r0, r1), c in [c0, c1), element by element */
+static void copy_transposed(llvm_emit *e, LLVMValueRef src, LLVMValueRef dst, LLVMValueRef in0, LLVMValueRef out0,
+                            int64_t R, int64_t C, LLVMValueRef r0, LLVMValueRef r1, LLVMValueRef c0,
+                            LLVMValueRef c1) {
+  LLVMBuilderRef b = e->b;
+  llvm_loop lr, lc;
+  LLVMValueRef r = llvm_loop_begin(e, &lr, r0, r1, "r");
+  LLVMValueRef c = llvm_loop_begin(e, &lc, c0, c1, "c");
+  LLVMValueRef from = LLVMBuildAdd(b, in0, LLVMBuildAdd(b, LLVMBuildMul(b, c, llvm_i64(e, R), ""), r, ""), "");
+  LLVMValueRef to = LLVMBuildAdd(b, out0, LLVMBuildAdd(b, LLVMBuildMul(b, r, llvm_i64(e, C), ""), c, ""), "");
+  LLVMValueRef v = LLVMBuildLoad2(b, e->t_i32, elem_ptr(e, src, from), "");
+  LLVMSetAlignment(v, 4);
+  LLVMSetAlignment(LLVMBuildStore(b, v, elem_ptr(e, dst, to)), 4);
+  llvm_loop_end(e, &lc);
+  llvm_loop_end(e, &lr);
+}
+
+/* The tile transpose: each task unit is 16 output rows of one matrix of the
+ * batch; its full 16x16 tiles go through registers (16 row loads, four
+ * butterfly stages of shuffles that swap the off-diagonal b x b blocks of
+ * each 2b x 2b block, 16 row stores), the rest element by element. About 4x
+ * the gathers of the generic kernel (the MLP step's 256x256 transpose). */
+static void emit_transpose_tiles(cpu_build *cb, const kgroup *g, const ir_instr *t, LLVMValueRef src,
+                                 LLVMValueRef dst, LLVMValueRef begin, LLVMValueRef end, kinfo *ki) {
+  llvm_emit *e = &cb->e;
+  LLVMBuilderRef b = e->b;
+  const op_type *it = &g->f->types[t->in[0]];
+  int64_t C = it->shape[it->rank - 2], R = it->shape[it->rank - 1], nrb = (R + 15) / 16;
+  ki->units = type_size(it) / (C * R) * nrb;
+  ki->per_unit = 16 * C;
+  LLVMTypeRef vt = LLVMVectorType(e->t_i32, 16);
+  llvm_loop lu, lb;
+  LLVMValueRef u = llvm_loop_begin(e, &lu, begin, end, "unit");
+  LLVMValueRef m = LLVMBuildUDiv(b, u, llvm_i64(e, nrb), "");
+  LLVMValueRef r0 = LLVMBuildMul(b, LLVMBuildURem(b, u, llvm_i64(e, nrb), ""), llvm_i64(e, 16), "");
+  LLVMValueRef base = LLVMBuildMul(b, m, llvm_i64(e, C * R), ""); /* both matrices start here */
+  LLVMValueRef fn = LLVMGetBasicBlockParent(LLVMGetInsertBlock(b));
+  LLVMBasicBlockRef tiles = LLVMAppendBasicBlockInContext(e->ctx, fn, "tiles");
+  LLVMBasicBlockRef edge = LLVMAppendBasicBlockInContext(e->ctx, fn, "edge");
+  LLVMBasicBlockRef next = LLVMAppendBasicBlockInContext(e->ctx, fn, "next");
+  LLVMValueRef r16 = LLVMBuildAdd(b, r0, llvm_i64(e, 16), "");
+  LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, r16, llvm_i64(e, R), ""), tiles, edge);
+
+  LLVMPositionBuilderAtEnd(b, tiles);
+  LLVMValueRef cblk = llvm_loop_begin(e, &lb, llvm_i64(e, 0), llvm_i64(e, C / 16), "cb");
+  LLVMValueRef c0 = LLVMBuildMul(b, cblk, llvm_i64(e, 16), ""), row[16];
+  for (int k = 0; k < 16; k++) {
+    LLVMValueRef c = LLVMBuildAdd(b, c0, llvm_i64(e, k), "");
+    LLVMValueRef at = LLVMBuildAdd(b, base, LLVMBuildAdd(b, LLVMBuildMul(b, c, llvm_i64(e, R), ""), r0, ""), "");
+    row[k] = LLVMBuildLoad2(b, vt, elem_ptr(e, src, at), "");
+    LLVMSetAlignment(row[k], 4);
+  }
+  for (int w = 8; w >= 1; w /= 2) {
+    LLVMValueRef lo_mask[16], hi_mask[16];
+    for (int j = 0; j < 16; j++) {
+      lo_mask[j] = llvm_i32(e, (j & w) ? 16 + j - w : j);
+      hi_mask[j] = llvm_i32(e, (j & w) ? 16 + j : j + w);
+    }
+    LLVMValueRef lo = LLVMConstVector(lo_mask, 16), hi = LLVMConstVector(hi_mask, 16);
+    for (int i = 0; i < 16; i++) {
+      if (i & w) continue;
+      LLVMValueRef x = row[i], y = row[i + w];
+      row[i] = LLVMBuildShuffleVector(b, x, y, lo, "");
+      row[i + w] = LLVMBuildShuffleVector(b, x, y, hi, "");
+    }
+  }
+  for (int k = 0; k < 16; k++) {
+    LLVMValueRef r = LLVMBuildAdd(b, r0, llvm_i64(e, k), "");
+    LLVMValueRef at = LLVMBuildAdd(b, base, LLVMBuildAdd(b, LLVMBuildMul(b, r, llvm_i64(e, C), ""), c0, ""), "");
+    LLVMSetAlignment(LLVMBuildStore(b, row[k], elem_ptr(e, dst, at)), 4);
+  }
+  llvm_loop_end(e, &lb);
+  if (C % 16)
+    copy_transposed(e, src, dst, base, base, R, C, r0, r16, llvm_i64(e, C / 16 * 16), llvm_i64(e, C));
+  LLVMBuildBr(b, next);
+
+  LLVMPositionBuilderAtEnd(b, edge); /* the last rows, fewer than 16 */
+  copy_transposed(e, src, dst, base, base, R, C, r0, llvm_i64(e, R), llvm_i64(e, 0), llvm_i64(e, C));
+  LLVMBuildBr(b, next);
+  LLVMPositionBuilderAtEnd(b, next);
+  llvm_loop_end(e, &lu);
+}
+
 /* Whether g reads some input across its rows: a transpose that brings a
  * dim other than the input's innermost (of more than one element) to the
  * output's innermost, so consecutive output elements lie a row apart. */
@@ -1071,7 +1178,10 @@ static int emit_kernel(cpu_build *cb, const kgroup *g, int id, kinfo *ki) {
     for (int k = 0; k < first->attrs.naxes; k++) kept_last = kept_last && first->attrs.axes[k] != it->rank - 1;
     column = kept_last && it->shape[it->rank - 1] >= 8 && type_size(ot) > 0 && type_size(it) > type_size(ot);
   }
-  if (column) {
+  const ir_instr *tt = tile_transpose(g);
+  if (tt) {
+    emit_transpose_tiles(cb, g, tt, buf[tt->in[0]], LLVMGetParam(fn, 0), begin, end, ki);
+  } else if (column) {
     rc = emit_reduce_columns(cb, g, &lg, fn, begin, end, bad_slot, ki);
   } else if (llvm_op_is_reduce(first->op)) {
     /* for each output element: loops over the reduced dims */
