@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "bench_util.h"
+#include "mlp_model.h"
 #include "cuda/cuda_rt.h"
 #include "runtime.h"
 
@@ -210,50 +211,32 @@ static int bench_seed(void) {
 
 /* ---- the MLP training step ---- */
 
-enum { N_VARS = 6 };
-static const int64_t IN = 784, HID = 256, OUT = 10, BATCH = 64;
+enum { N_VARS = MLP_VARS };
+static const int64_t BATCH = 64;
 
 typedef struct {
   kiln_variable *v[N_VARS];
   kiln_optimizer *sgd;
 } model;
 
-static kiln_tensor *dense(kiln_tensor *h, kiln_variable *w, kiln_variable *b) {
-  return kiln_add(kiln_matmul(h, kiln_variable_read(w)), kiln_variable_read(b));
-}
-
 static int mlp_body(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
   (void)n_in, (void)n_out;
   model *m = user;
-  kiln_tape *tape = kiln_tape_begin(false);
-  kiln_tensor *h = kiln_relu(dense(in[0], m->v[0], m->v[1]));
-  h = kiln_relu(dense(h, m->v[2], m->v[3]));
-  kiln_tensor *logits = dense(h, m->v[4], m->v[5]);
-  kiln_tensor *l = kiln_reduce_mean(kiln_sparse_softmax_cross_entropy(in[1], logits), 0, NULL, false);
-  kiln_tape_end(tape);
-  kiln_tensor *grads[N_VARS] = {0};
-  int rc = tape && l ? 0 : -1;
-  if (!rc) rc = kiln_tape_gradient_vars(tape, l, N_VARS, m->v, grads);
-  if (!rc) rc = kiln_optimizer_apply(m->sgd, N_VARS, m->v, grads);
-  kiln_tape_free(tape);
-  out[0] = l;
-  return rc;
+  return mlp_train_step(m->v, m->sgd, in[0], in[1], &out[0]);
 }
 
 static int bench_mlp(void) {
-  static const char *names[N_VARS] = {"W1", "b1", "W2", "b2", "W3", "b3"};
-  const int64_t shapes[N_VARS][2] = {{IN, HID}, {HID, 0}, {HID, HID}, {HID, 0}, {HID, OUT}, {OUT, 0}};
   model m = {0};
   kiln_random_seed(42);
   int rc = 0;
   kiln_scope_push();
   for (int i = 0; i < N_VARS && !rc; i++) {
-    kiln_tensor *h = kiln_mul(kiln_random_normal(KILN_F32, shapes[i][1] ? 2 : 1, shapes[i]), kiln_scalar(KILN_F32, 0.05));
+    kiln_tensor *h = kiln_mul(kiln_random_normal(KILN_F32, mlp_shapes[i][1] ? 2 : 1, mlp_shapes[i]), kiln_scalar(KILN_F32, 0.05));
     kiln_tensor *g = h ? kiln_to_device(h, "gpu:0") : NULL;
-    if (!g || !(m.v[i] = kiln_variable_new(g, names[i]))) rc = -1;
+    if (!g || !(m.v[i] = kiln_variable_new(g, mlp_names[i]))) rc = -1;
   }
-  kiln_tensor *hx = kiln_random_normal(KILN_F32, KILN_SHAPE(BATCH, IN));
-  kiln_tensor *hy = kiln_cast(kiln_random_uniform(KILN_F64, KILN_SHAPE(BATCH), 0, (double)OUT), KILN_I64);
+  kiln_tensor *hx = kiln_random_normal(KILN_F32, KILN_SHAPE(BATCH, MLP_IN));
+  kiln_tensor *hy = kiln_cast(kiln_random_uniform(KILN_F64, KILN_SHAPE(BATCH), 0, (double)MLP_OUT), KILN_I64);
   kiln_tensor *x = hx ? kiln_scope_escape(kiln_to_device(hx, "gpu:0")) : NULL;
   kiln_tensor *y = hy ? kiln_scope_escape(kiln_to_device(hy, "gpu:0")) : NULL;
   kiln_scope_pop();

@@ -14,46 +14,14 @@
 #include <kiln.h>
 
 #include "bench_util.h"
+#include "l2hmc_model.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { BATCH = 200, DIM = 2, HID = 10, LEAPFROGS = 10, MAX_RUNS = 99 };
-
-typedef struct {
-  kiln_tensor *w1, *b1, *w2, *b2; /* captured by the staged step */
-} energy;
-
-/* dU/dx at x, by a tape */
-static kiln_tensor *grad_energy(energy *e, kiln_tensor *x) {
-  kiln_tape *tape = kiln_tape_begin(false);
-  kiln_tape_watch(tape, x);
-  kiln_tensor *h = kiln_tanh(kiln_add(kiln_matmul(x, e->w1), e->b1));
-  kiln_tensor *y = kiln_add(kiln_matmul(h, e->w2), e->b2);
-  kiln_tensor *u = kiln_mul(kiln_reduce_sum(kiln_mul(y, y), 0, NULL, false), kiln_scalar(KILN_F32, 0.5));
-  kiln_tape_end(tape);
-  kiln_tensor *g = NULL;
-  if (u && tape) kiln_tape_gradient(tape, u, 1, &x, &g);
-  kiln_tape_free(tape);
-  return g;
-}
-
-/* in = x, p; out = x', p' after LEAPFROGS leapfrog steps of size eps = 0.1 */
-static int sample_step(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
-  (void)n_in, (void)n_out;
-  energy *e = user;
-  kiln_tensor *x = in[0], *p = in[1], *half = kiln_scalar(KILN_F32, 0.05), *eps = kiln_scalar(KILN_F32, 0.1);
-  for (int s = 0; s < LEAPFROGS; s++) {
-    p = kiln_sub(p, kiln_mul(half, grad_energy(e, x)));
-    x = kiln_add(x, kiln_mul(eps, p));
-    p = kiln_sub(p, kiln_mul(half, grad_energy(e, x)));
-  }
-  out[0] = x;
-  out[1] = p;
-  return x && p ? 0 : -1;
-}
+enum { BATCH = L2HMC_BATCH, DIM = L2HMC_DIM, HID = L2HMC_HID, MAX_RUNS = 99 };
 
 /* one call of the staged (f) or eager (f NULL) step; *check = sum(x') + 2 sum(p') when not NULL */
 static int call(kiln_function *f, energy *e, kiln_tensor *const *in, double *check) {

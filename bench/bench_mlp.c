@@ -17,15 +17,14 @@
 #include <kiln.h>
 
 #include "bench_util.h"
+#include "mlp_model.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-enum { N_VARS = 6, MAX_RUNS = 99, SANITY_STEPS = 300 };
-
-static const int64_t IN = 784, HID = 256, OUT = 10;
+enum { N_VARS = MLP_VARS, MAX_RUNS = 99, SANITY_STEPS = 300 };
 
 typedef struct {
   kiln_variable *v[N_VARS]; /* W1 b1 W2 b2 W3 b3 */
@@ -33,26 +32,12 @@ typedef struct {
   kiln_optimizer *sgd;
 } model;
 
-static kiln_tensor *dense(kiln_tensor *h, kiln_variable *w, kiln_variable *b) {
-  return kiln_add(kiln_matmul(h, kiln_variable_read(w)), kiln_variable_read(b));
-}
-
 /* One training step; *loss gets the loss before the update when not NULL. */
 static int step(model *m, double *loss) {
   kiln_scope_push();
-  kiln_tape *tape = kiln_tape_begin(false);
-  kiln_tensor *h = kiln_relu(dense(m->x, m->v[0], m->v[1]));
-  h = kiln_relu(dense(h, m->v[2], m->v[3]));
-  kiln_tensor *logits = dense(h, m->v[4], m->v[5]);
-  kiln_tensor *l = kiln_reduce_mean(kiln_sparse_softmax_cross_entropy(m->y, logits), 0, NULL,
-                                    false);
-  kiln_tape_end(tape);
-  kiln_tensor *grads[N_VARS] = {0};
-  int rc = tape && l ? 0 : -1;
-  if (!rc) rc = kiln_tape_gradient_vars(tape, l, N_VARS, m->v, grads);
-  if (!rc) rc = kiln_optimizer_apply(m->sgd, N_VARS, m->v, grads);
+  kiln_tensor *l = NULL;
+  int rc = mlp_train_step(m->v, m->sgd, m->x, m->y, &l);
   if (!rc && loss) *loss = kiln_tensor_item(l);
-  kiln_tape_free(tape);
   kiln_scope_pop();
   return rc;
 }
@@ -62,19 +47,7 @@ static int step(model *m, double *loss) {
 static int staged_body(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
   (void)n_in, (void)n_out;
   model *m = user;
-  kiln_tape *tape = kiln_tape_begin(false);
-  kiln_tensor *h = kiln_relu(dense(in[0], m->v[0], m->v[1]));
-  h = kiln_relu(dense(h, m->v[2], m->v[3]));
-  kiln_tensor *logits = dense(h, m->v[4], m->v[5]);
-  kiln_tensor *l = kiln_reduce_mean(kiln_sparse_softmax_cross_entropy(in[1], logits), 0, NULL, false);
-  kiln_tape_end(tape);
-  kiln_tensor *grads[N_VARS] = {0};
-  int rc = tape && l ? 0 : -1;
-  if (!rc) rc = kiln_tape_gradient_vars(tape, l, N_VARS, m->v, grads);
-  if (!rc) rc = kiln_optimizer_apply(m->sgd, N_VARS, m->v, grads);
-  kiln_tape_free(tape);
-  out[0] = l;
-  return rc;
+  return mlp_train_step(m->v, m->sgd, in[0], in[1], &out[0]);
 }
 
 static kiln_tensor *scaled_normal(int rank, const int64_t *shape) {
@@ -88,14 +61,12 @@ static kiln_tensor *scaled_normal(int rank, const int64_t *shape) {
 
 /* The same seed for every batch size: batch 1 is the first row of batch 64. */
 static int model_init(model *m, int64_t batch, FILE *dump) {
-  static const char *names[N_VARS] = {"W1", "b1", "W2", "b2", "W3", "b3"};
-  const int64_t shapes[N_VARS][2] = {{IN, HID}, {HID, 0}, {HID, HID}, {HID, 0}, {HID, OUT}, {OUT, 0}};
   memset(m, 0, sizeof *m);
   kiln_random_seed(42);
   int rc = 0;
   for (int i = 0; i < N_VARS; i++) {
-    kiln_tensor *init = scaled_normal(shapes[i][1] ? 2 : 1, shapes[i]);
-    m->v[i] = kiln_variable_new(init, names[i]);
+    kiln_tensor *init = scaled_normal(mlp_shapes[i][1] ? 2 : 1, mlp_shapes[i]);
+    m->v[i] = kiln_variable_new(init, mlp_names[i]);
     if (init && dump) {
       size_t bytes = (size_t)kiln_tensor_size(init) * sizeof(float);
       const void *p = kiln_tensor_data(init);
@@ -104,12 +75,12 @@ static int model_init(model *m, int64_t batch, FILE *dump) {
     kiln_release(init);
     if (!m->v[i]) rc = -1;
   }
-  kiln_tensor *x = kiln_random_normal(KILN_F32, KILN_SHAPE(64, IN));
-  kiln_tensor *u = kiln_random_uniform(KILN_F64, KILN_SHAPE(64), 0, (double)OUT);
+  kiln_tensor *x = kiln_random_normal(KILN_F32, KILN_SHAPE(64, MLP_IN));
+  kiln_tensor *u = kiln_random_uniform(KILN_F64, KILN_SHAPE(64), 0, (double)MLP_OUT);
   kiln_tensor *y = kiln_cast(u, KILN_I64);
   if (!x || !y) rc = -1;
   if (!rc && dump) {
-    if (fwrite(kiln_tensor_data(x), sizeof(float), 64 * IN, dump) != (size_t)(64 * IN)) rc = -1;
+    if (fwrite(kiln_tensor_data(x), sizeof(float), 64 * MLP_IN, dump) != (size_t)(64 * MLP_IN)) rc = -1;
     if (fwrite(kiln_tensor_data(y), sizeof(int64_t), 64, dump) != 64) rc = -1;
   }
   if (!rc) {
@@ -117,7 +88,7 @@ static int model_init(model *m, int64_t batch, FILE *dump) {
     m->y = kiln_slice(y, (const int64_t[]){0}, (const int64_t[]){batch});
     /* own contiguous copies, so a step does not start from a view */
     if (m->x && m->y) {
-      kiln_tensor *xc = kiln_tensor_new(KILN_F32, 2, (const int64_t[]){batch, IN},
+      kiln_tensor *xc = kiln_tensor_new(KILN_F32, 2, (const int64_t[]){batch, MLP_IN},
                                          kiln_tensor_data(m->x));
       kiln_tensor *yc = kiln_tensor_new(KILN_I64, 1, &batch, kiln_tensor_data(m->y));
       kiln_release(m->x);

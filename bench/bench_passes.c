@@ -11,6 +11,7 @@
 
 #include "buffers.h"
 #include "jit.h"
+#include "l2hmc_model.h"
 
 static kiln_tensor *normal(int rank, const int64_t *shape, double scale) {
   return kiln_mul(kiln_random_normal(KILN_F32, rank, shape), kiln_scalar(KILN_F32, scale));
@@ -64,38 +65,6 @@ static int lstm_cell(void *user, int n_in, kiln_tensor *const *in, int n_out, ki
   return out[0] && out[1] ? 0 : -1;
 }
 
-/* ---- the L2HMC-like sampler: in = x, p; out = x', p' ---- */
-typedef struct {
-  kiln_tensor *w1, *b1, *w2, *b2;
-} energy;
-
-static kiln_tensor *grad_energy(energy *e, kiln_tensor *x) {
-  kiln_tape *tape = kiln_tape_begin(false);
-  kiln_tape_watch(tape, x);
-  kiln_tensor *h = kiln_tanh(kiln_add(kiln_matmul(x, e->w1), e->b1));
-  kiln_tensor *y = kiln_add(kiln_matmul(h, e->w2), e->b2);
-  kiln_tensor *u = kiln_mul(kiln_reduce_sum(kiln_mul(y, y), 0, NULL, false), kiln_scalar(KILN_F32, 0.5));
-  kiln_tape_end(tape);
-  kiln_tensor *g = NULL;
-  if (u) kiln_tape_gradient(tape, u, 1, &x, &g);
-  kiln_tape_free(tape);
-  return g;
-}
-
-static int leapfrog(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
-  (void)n_in, (void)n_out;
-  energy *e = user;
-  kiln_tensor *x = in[0], *p = in[1], *half = kiln_scalar(KILN_F32, 0.05), *eps = kiln_scalar(KILN_F32, 0.1);
-  for (int s = 0; s < 10; s++) {
-    p = kiln_sub(p, kiln_mul(half, grad_energy(e, x)));
-    x = kiln_add(x, kiln_mul(eps, p));
-    p = kiln_sub(p, kiln_mul(half, grad_energy(e, x)));
-  }
-  out[0] = x;
-  out[1] = p;
-  return x && p ? 0 : -1;
-}
-
 static void report(const char *what, kiln_function *f) {
   kiln_stats st;
   pass_buffer_stats bs = {0};
@@ -140,7 +109,7 @@ int main(void) {
   /* L2HMC */
   energy e = {normal(2, (const int64_t[]){2, 10}, 0.5), normal(1, (const int64_t[]){10}, 0.1),
               normal(2, (const int64_t[]){10, 2}, 0.5), normal(1, (const int64_t[]){2}, 0.1)};
-  kiln_function *fe = kiln_function_new("leapfrog", leapfrog, &e, 2, 2);
+  kiln_function *fe = kiln_function_new("leapfrog", sample_step, &e, 2, 2);
   kiln_tensor *ei[2] = {normal(2, (const int64_t[]){200, 2}, 1), normal(2, (const int64_t[]){200, 2}, 1)}, *eo[2];
   if (kiln_function_call(fe, ei, eo)) fprintf(stderr, "l2hmc: %s\n", kiln_last_error());
   report("l2hmc", fe);

@@ -393,7 +393,8 @@ int kiln_host_call(kiln_host_fn fn, void *user, int n_in, kiln_tensor *const *in
    concrete traces, 0 = first. malloc'd text; free() it.
    Staged calls run code compiled with LLVM for the host CPU. KILN_BACKEND=
    interp runs the reference interpreter instead; KILN_BACKEND=cpu makes a
-   trace the CPU backend cannot compile an error instead of interpreting it;
+   trace the CPU backend (or, under a GPU's scope, the CUDA backend) cannot
+   compile an error instead of interpreting it;
    KILN_LOG=compile prints each compile (kernels, ms) to stderr. Compiled
    code is cached on disk in KILN_CACHE_DIR (default $XDG_CACHE_HOME/kiln or
    ~/.cache/kiln; "off" disables it), at most KILN_CACHE_MAX_MB (default 1024). */

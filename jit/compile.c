@@ -43,11 +43,12 @@ static void dump_stage(traced_fn *fn, const char *name, int trace_no, int step, 
 /* A trace under gpu:N's scope: compiled for that GPU's architecture; where
  * the CUDA backend cannot take it, calls run the interpreter (whose ops
  * are the eager GPU kernels). */
-static int compile_gpu(traced_fn *fn, const char *name, int trace_no, int step) {
+static int compile_gpu(traced_fn *fn, const char *name, int trace_no, int step, backend_choice choice) {
   int gpu = device_current() - 1;
   const char *arch = cuda_arch_of(gpu);
   fn->cuda = cuda_compile(fn->opt_func, arch);
   if (!fn->cuda) {
+    if (choice == BACKEND_CPU) return rename_error("function_call", name); /* compiled code, or an error */
     if (log_compile()) fprintf(stderr, "kiln: compile @%s: interpreted on gpu:%d: %s\n", name, gpu, kiln_last_error());
     kiln_clear_error();
     return 0;
@@ -63,7 +64,7 @@ static int compile_gpu(traced_fn *fn, const char *name, int trace_no, int step) 
 int jit_compile(traced_fn *fn, const char *name, int trace_no, int step) {
   backend_choice choice = backend_env();
   if (choice == BACKEND_INTERP) return 0;
-  if (device_current() != 0) return compile_gpu(fn, name, trace_no, step);
+  if (device_current() != 0) return compile_gpu(fn, name, trace_no, step, choice);
   fn->cpu = cpu_compile(fn->opt_func);
   if (!fn->cpu) {
     if (choice == BACKEND_CPU) return rename_error("function_call", name);
@@ -73,8 +74,8 @@ int jit_compile(traced_fn *fn, const char *name, int trace_no, int step) {
   }
   fn->compile_ms = cpu_program_compile_ms(fn->cpu);
   if (log_compile())
-    fprintf(stderr, "kiln: compile @%s: %d kernels in %.2f ms (LLVM passes %.2f, codegen %.2f)\n", name,
-            cpu_program_kernels(fn->cpu), fn->compile_ms, fn->cpu->opt_ms, fn->cpu->codegen_ms);
+    fprintf(stderr, "kiln: compile @%s: %d kernels in %.2f ms (LLVM passes %.2f, codegen %.2f), entry at %p\n", name,
+            cpu_program_kernels(fn->cpu), fn->compile_ms, fn->cpu->opt_ms, fn->cpu->codegen_ms, *(void **)&fn->cpu->entry);
   if (trace_no >= 0 && getenv("KILN_DUMP")) {
     dump_stage(fn, name, trace_no, step, "llvm");
     dump_stage(fn, name, trace_no, step + 1, "asm");
@@ -97,12 +98,16 @@ static int exec_gpu(const traced_fn *fn, kiln_tensor *const *args, kiln_tensor *
 }
 
 int jit_exec(const traced_fn *fn, kiln_tensor *const *args, kiln_tensor **res) {
+  return jit_exec_donating(fn, args, res, NULL);
+}
+
+int jit_exec_donating(const traced_fn *fn, kiln_tensor *const *args, kiln_tensor **res, const bool *donate) {
   if (KILN_UNLIKELY(fn->cuda != NULL)) return exec_gpu(fn, args, res);
   if (KILN_LIKELY(fn->cpu != NULL)) {
     int np = fn->opt_func->n_params;
     bool host = true;
     for (int i = 0; i < np; i++) host = host && args[i]->device == 0;
-    if (KILN_LIKELY(host)) return cpu_run(fn->cpu, args, res);
+    if (KILN_LIKELY(host)) return cpu_run_donating(fn->cpu, args, res, donate);
   }
   return ir_run(fn->opt_func, args, res);
 }

@@ -269,8 +269,22 @@ static int run_trace(const cached_trace *c, int n_in, kiln_tensor *const *in, ki
   for (int i = 0; i < n_in; i++) args[i] = in[i];
   for (int i = 0; i < fn->n_caps; i++) args[n_in + i] = fn->caps[i];
   for (int i = 0; i < fn->n_vars; i++) args[n_in + fn->n_caps + i] = kiln_retain(variable_value(fn->vars[i]));
+  /* A variable assigned here whose value nothing else holds (the variable
+   * and args[] are its only references, and it is no view) gives its
+   * buffer up: the new value may be written over the old in place, as
+   * XLA does with donated buffers. */
+  bool small_d[16], *donate = NULL;
+  if (fn->n_writes && fn->cpu) {
+    donate = np <= 16 ? small_d : calloc((size_t)np, sizeof *donate);
+    if (donate) memset(donate, 0, (size_t)np * sizeof *donate);
+    for (int w = 0; donate && w < fn->n_writes; w++) {
+      const kiln_tensor *t = args[n_in + fn->n_caps + fn->writes[w]];
+      donate[n_in + fn->n_caps + fn->writes[w]] = atomic_load(&t->refs) == 2 && !t->base;
+    }
+  }
   kiln_scope_push(); /* the results, until they are handed out */
-  rc = jit_exec(fn, args, res);
+  rc = jit_exec_donating(fn, args, res, donate);
+  if (donate != small_d) free(donate);
   int n_out = nr - fn->n_writes;
   if (!rc) {
     for (int w = 0; w < fn->n_writes; w++) variable_set_value(fn->vars[fn->writes[w]], kiln_retain(res[n_out + w]));

@@ -114,6 +114,10 @@ int jit_compile(traced_fn *fn, const char *name, int trace_no, int step);
 /* Runs fn's optimized IR: compiled code where there is some and every
  * argument is on the CPU, else the interpreter. Results as ir_run's. */
 int jit_exec(const traced_fn *fn, kiln_tensor *const *args, kiln_tensor **res);
+/* jit_exec, giving up the buffers of the arguments marked in donate (NULL:
+ * none) to results written in place where the compiled code can
+ * (cpu_run_donating). */
+int jit_exec_donating(const traced_fn *fn, kiln_tensor *const *args, kiln_tensor **res, const bool *donate);
 /* "llvm", "asm" (compiled code) or "ptx" (cross-compiled) text of fn's
  * optimized IR; malloc'd, NULL with the error set. */
 char *jit_stage_text(traced_fn *fn, const char *name, const char *stage);

@@ -589,6 +589,94 @@ TEST(CpuBackend, FusionBodiesCompileToOneKernel) {
        "  return %r\n"
        "}\n",
        1},
+      // narrow rows (2-4 columns): the columns are unrolled and vectors run
+      // across rows, with a remainder of rows (203 = 12 * 16 + 11)
+      {"func @k(%x: f32[203,10], %w: f32[10,2], %b: f32[2], %y: f32[203,2]) -> (f32[203,2], f32[203,2]) {\n"
+       "  %d = dot %x, %w : f32[203,2]\n"
+       "  %a = add %d, %b : f32[203,2]\n"
+       "  %t = tanh %a : f32[203,2]\n"
+       "  %m = mul %t, %y : f32[203,2]\n"
+       "  return %a, %m\n"
+       "}\n"
+       "func @f(%x: f32[203,10], %w: f32[10,2], %b: f32[2], %y: f32[203,2]) -> (f32[203,2], f32[203,2]) {\n"
+       "  %a, %m = fusion @k(%x, %w, %b, %y) : f32[203,2], f32[203,2]\n"
+       "  return %a, %m\n"
+       "}\n",
+       1},
+      // ... batched, integer, three columns, an operand transposed
+      {"func @k(%a: i32[3,41,5], %b: i32[3,3,5]) -> i32[3,41,3] {\n"
+       "  %t = transpose %b {perm=[0,2,1]} : i32[3,5,3]\n"
+       "  %d = dot %a, %t : i32[3,41,3]\n"
+       "  %r = mul %d, %d : i32[3,41,3]\n"
+       "  return %r\n"
+       "}\n"
+       "func @f(%a: i32[3,41,5], %b: i32[3,3,5]) -> i32[3,41,3] {\n"
+       "  %r = fusion @k(%a, %b) : i32[3,41,3]\n"
+       "  return %r\n"
+       "}\n",
+       1},
+      // ... split over the thread pool (140004 elements of 5 products
+      // each): tasks take whole rows
+      {"func @k(%x: f64[35001,5], %w: f64[5,4], %b: f64[4]) -> f64[35001,4] {\n"
+       "  %d = dot %x, %w : f64[35001,4]\n"
+       "  %a = sub %d, %b : f64[35001,4]\n"
+       "  return %a\n"
+       "}\n"
+       "func @f(%x: f64[35001,5], %w: f64[5,4], %b: f64[4]) -> f64[35001,4] {\n"
+       "  %r = fusion @k(%x, %w, %b) : f64[35001,4]\n"
+       "  return %r\n"
+       "}\n",
+       1},
+      // cheap kernels split over the pool only from PAR_MIN_CHEAP elements
+      {"func @f(%x: f32[600001], %y: f32[600001]) -> f32[600001] {\n"
+       "  %r = add %x, %y : f32[600001]\n"
+       "  return %r\n"
+       "}\n",
+       1},
+      // a transposed read runs in tiles of rows x columns: ragged edges
+      // (67 = 4 * 16 + 3 rows, 131 = 2 * 64 + 3 columns), batched, and a
+      // threaded one (700 x 300)
+      {"func @k(%x: f64[131,67], %y: f64[67]) -> f64[67,131] {\n"
+       "  %t = transpose %x {perm=[1,0]} : f64[67,131]\n"
+       "  %b = broadcast %y {shape=[131,67]} : f64[131,67]\n"
+       "  %u = transpose %b {perm=[1,0]} : f64[67,131]\n"
+       "  %r = mul %t, %u : f64[67,131]\n"
+       "  return %r\n"
+       "}\n"
+       "func @f(%x: f64[131,67], %y: f64[67]) -> f64[67,131] {\n"
+       "  %r = fusion @k(%x, %y) : f64[67,131]\n"
+       "  return %r\n"
+       "}\n",
+       1},
+      {"func @k(%x: i32[3,40,50]) -> i32[3,50,40] {\n"
+       "  %t = transpose %x {perm=[0,2,1]} : i32[3,50,40]\n"
+       "  %r = add %t, %t : i32[3,50,40]\n"
+       "  return %r\n"
+       "}\n"
+       "func @f(%x: i32[3,40,50]) -> i32[3,50,40] {\n"
+       "  %r = fusion @k(%x) : i32[3,50,40]\n"
+       "  return %r\n"
+       "}\n",
+       1},
+      {"func @k(%x: f32[300,700]) -> f32[700,300] {\n"
+       "  %t = transpose %x {perm=[1,0]} : f32[700,300]\n"
+       "  %e = exp %t : f32[700,300]\n"
+       "  return %e\n"
+       "}\n"
+       "func @f(%x: f32[300,700]) -> f32[700,300] {\n"
+       "  %r = fusion @k(%x) : f32[700,300]\n"
+       "  return %r\n"
+       "}\n",
+       1},
+      // a transpose of 4-byte elements alone: 16x16 tiles through registers,
+      // with ragged columns and rows (40 x 35), batched, exact multiples
+      {"func @f(%x: f32[40,35], %y: i32[3,33,20], %z: f32[32,48]) -> (f32[35,40], i32[3,20,33], f32[48,32]) {\n"
+       "  %t = transpose %x {perm=[1,0]} : f32[35,40]\n"
+       "  %u = transpose %y {perm=[0,2,1]} : i32[3,20,33]\n"
+       "  %v = transpose %z {perm=[1,0]} : f32[48,32]\n"
+       "  return %t, %u, %v\n"
+       "}\n",
+       3},
       // a long inner dimension: the packed matmul first, then bias and relu
       // as one kernel
       {"func @k(%x: f32[33,100], %w: f32[100,29], %b: f32[29]) -> f32[33,29] {\n"

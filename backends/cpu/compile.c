@@ -32,7 +32,15 @@ enum {
   FLAT_BLOCK = 64,   /* elements: a flat kernel's tasks start 64-byte aligned, whatever the dtype */
   PAR_MIN = 65536,   /* elements of work below which a kernel stays on the calling thread */
   PAR_GRAIN = 16384, /* elements of work per task, at least */
+  /* ... for a kernel of cheap ops: its inputs are usually in this core's
+   * caches (the kernel before wrote them), and another core would first
+   * have to pull its half over (the MLP batch-1 training step ran in 0.062
+   * ms on one thread and 0.095 ms on two, measured) */
+  PAR_MIN_CHEAP = 1 << 19,
   ROW_BLOCK = 16384, /* a long innermost row is cut into blocks of this many (tasks) */
+  NARROW_ROW = 4,    /* innermost rows up to this long are unrolled (vectors run across rows) */
+  TILE_ROWS = 16,    /* the tiles of a kernel that reads across rows (a transpose) */
+  TILE_COLS = 64,
 };
 /* Programs whose kernels all do less work than this get LLVM's O1 (no
  * vectorizer) instead of O3: a one-kernel program then compiles in 12 ms
@@ -537,6 +545,122 @@ static int plan_func(cpu_build *cb, const ir_func *f, int *vs, const int *param_
   return 0;
 }
 
+/* ---- buffer donation: results written over parameters' buffers ---- */
+
+static bool same_shape(const op_type *a, const op_type *b) {
+  if (a->rank != b->rank) return false;
+  for (int i = 0; i < a->rank; i++)
+    if (a->shape[i] != b->shape[i]) return false;
+  return true;
+}
+
+static bool same_type(const op_type *a, const op_type *b) { return a->dtype == b->dtype && same_shape(a, b); }
+
+/* Whether g evaluates value u only at the index of the element it stores:
+ * u is an output, or every member reading it is elementwise over u's shape
+ * and such a value itself. memo (per value): 0 unknown, 1 yes, 2 no. */
+static bool at_store_index(const kgroup *g, ir_value u, uint8_t *memo) {
+  if (memo[u]) return memo[u] == 1;
+  const ir_func *f = g->f;
+  bool used = false, ok = true;
+  for (int k = 0; k < g->n_out; k++) used = used || g->out[k] == u;
+  for (int i = 0; i < f->n_instrs && ok; i++) {
+    const ir_instr *in = &f->instrs[i];
+    bool reads = false;
+    for (int k = 0; k < in->n_in; k++) reads = reads || in->in[k] == u;
+    if (!g->member[i] || !reads) continue;
+    op_kind kind = kiln_ops[in->op].kind;
+    ok = (kind == OPK_UNARY || kind == OPK_BINARY || kind == OPK_COMPARE || kind == OPK_SELECT || kind == OPK_CONVERT) &&
+         same_shape(&f->types[in->out], &f->types[u]) && at_store_index(g, in->out, memo);
+    used = true;
+  }
+  memo[u] = ok && used ? 1 : 2;
+  return memo[u] == 1;
+}
+
+/* whether a step reads slot s, or can fail */
+static bool step_reads(const cpu_build *cb, const step *st, int s) {
+  if (st->kind == STEP_HELPER) {
+    for (int k = 0; k < st->n_slots; k++)
+      if (st->slots[k] == s) return true;
+    return false;
+  }
+  if (st->kind == STEP_COPY) return st->slots[1] == s;
+  const kgroup *g = &cb->groups[st->index];
+  for (int v = 0; v < g->f->n_values; v++)
+    if (g->leaf[v] == s) return true;
+  return false;
+}
+
+static bool step_can_fail(const cpu_build *cb, const step *st) {
+  if (st->kind == STEP_HELPER) return true;
+  if (st->kind == STEP_COPY) return false;
+  const kgroup *g = &cb->groups[st->index]; /* integer division checks its divisors */
+  for (int i = 0; i < g->f->n_instrs; i++) {
+    const ir_instr *in = &g->f->instrs[i];
+    if (g->member[i] && (in->op == OP_DIV || in->op == OP_MOD) && dtype_is_int(g->f->types[in->out].dtype)) return true;
+  }
+  return false;
+}
+
+/* For each result a kernel stores, a parameter of its type it may be
+ * written over (cpu_program_donor): nothing after that kernel reads the
+ * parameter or can fail (a failed call leaves the caller's tensors as they
+ * were), the kernel reads it only at the element it writes (in place is
+ * then the same computation), and no result returns the parameter. */
+static int plan_donors(cpu_build *cb) {
+  const ir_func *f = cb->f;
+  cpu_program *p = cb->p;
+  p->donor = malloc(((size_t)f->n_results + 1) * sizeof *p->donor);
+  bool *taken = calloc((size_t)f->n_params + 1, sizeof *taken);
+  int *pslot = malloc(((size_t)f->n_params + 1) * sizeof *pslot);
+  if (!p->donor || !taken || !pslot) {
+    free(taken);
+    free(pslot);
+    return oom();
+  }
+  for (int r = 0; r < f->n_results; r++) {
+    p->donor[r] = -1;
+    if (p->results[r].kind == CPU_RES_PARAM) taken[p->results[r].index] = true;
+  }
+  for (int s = 0; s < cb->n_slots; s++)
+    if (cb->slots[s].kind == SLOT_PARAM) pslot[cb->slots[s].index] = s;
+  int rc = 0, first_fail = cb->n_steps; /* steps from first_fail on may fail */
+  while (first_fail > 0 && !step_can_fail(cb, &cb->steps[first_fail - 1])) first_fail--;
+  for (int s = first_fail; s < cb->n_steps && !rc; s++) {
+    const step *st = &cb->steps[s];
+    if (st->kind != STEP_KERNEL) continue;
+    const kgroup *g = &cb->groups[st->index];
+    /* One output: its element's loads of the parameter all come before its
+     * store, which depends on them, so the code stays right with noalias
+     * kept on both (dropping it costs the vectorizer's overlap check, which
+     * sends an exact overlap to the scalar loop: 2.3x slower, measured). */
+    if (g->n_out != 1 || llvm_op_is_reduce(g->f->instrs[g->f->def[g->out[0]]].op)) continue;
+    for (int k = 0; k < g->n_out; k++) {
+      const slot *os = &cb->slots[g->out_slot[k]];
+      if (os->kind != SLOT_RESULT || p->results[os->index].kind != CPU_RES_OWN) continue;
+      for (int q = 0; q < f->n_params && p->donor[os->index] < 0; q++) {
+        if (taken[q] || !same_type(&f->types[q], &p->result_types[os->index])) continue;
+        bool ok = true;
+        for (int later = s + 1; later < cb->n_steps && ok; later++) ok = !step_reads(cb, &cb->steps[later], pslot[q]);
+        uint8_t *memo = calloc((size_t)g->f->n_values + 1, 1);
+        if (!memo) {
+          rc = oom();
+          break;
+        }
+        for (int v = 0; v < g->f->n_values && ok; v++)
+          if (g->leaf[v] == pslot[q])
+            ok = same_type(&g->f->types[v], &f->types[q]) && at_store_index(g, v, memo);
+        free(memo);
+        if (ok) p->donor[os->index] = q, taken[q] = true;
+      }
+    }
+  }
+  free(taken);
+  free(pslot);
+  return rc;
+}
+
 static int plan(cpu_build *cb) {
   const ir_func *f = cb->f;
   cpu_program *p = cb->p;
@@ -586,7 +710,7 @@ static int plan(cpu_build *cb) {
       if (add_step(cb, (step){STEP_COPY, 0, 2, sl, type_bytes(&f->types[v])})) return -1;
     }
   }
-  return 0;
+  return plan_donors(cb);
 }
 
 /* ---- emission ---- */
@@ -821,6 +945,18 @@ static bool memory_bound(const kgroup *g) {
   return true;
 }
 
+/* memory_bound, and no dot summing more than a few products per element
+ * (an SGD update's batch-1 outer product is cheap) */
+static bool cheap_kernel(const kgroup *g) {
+  const ir_func *f = g->f;
+  for (int i = 0; i < f->n_instrs; i++) {
+    const ir_instr *in = &f->instrs[i];
+    const op_type *a = in->n_in ? &f->types[in->in[0]] : NULL;
+    if (g->member[i] && in->op == OP_DOT && (a->rank == 0 || a->shape[a->rank - 1] > 4)) return false;
+  }
+  return memory_bound(g);
+}
+
 /* A flat kernel's elements [lo, hi) (lo a multiple of FLAT_BLOCK) with
  * streaming stores: each tile of NT_TILE elements is computed into an
  * aligned stack buffer by the ordinary (vectorized) loop, then copied out in
@@ -895,6 +1031,138 @@ static int emit_streaming(cpu_build *cb, const kgroup *g, llvm_group *lg, LLVMVa
   return 0;
 }
 
+/* A kernel that is one transpose of the last two dims of 4-byte elements,
+ * both at least 16: moved in 16x16 tiles through registers. */
+static const ir_instr *tile_transpose(const kgroup *g) {
+  const ir_func *f = g->f;
+  const ir_instr *t = NULL;
+  for (int i = 0; i < f->n_instrs; i++) {
+    if (!g->member[i]) continue;
+    if (t) return NULL;
+    t = &f->instrs[i];
+  }
+  if (!t || t->op != OP_TRANSPOSE || g->n_out != 1 || g->out[0] != t->out || g->leaf[t->in[0]] < 0) return NULL;
+  const op_type *it = &f->types[t->in[0]];
+  int r = it->rank;
+  if (r < 2 || kiln_dtype_sizes[it->dtype] != 4 || it->shape[r - 1] < 16 || it->shape[r - 2] < 16) return NULL;
+  for (int k = 0; k < r - 2; k++)
+    if (t->attrs.axes[k] != k) return NULL;
+  return t->attrs.axes[r - 2] == r - 1 && t->attrs.axes[r - 1] == r - 2 ? t : NULL;
+}
+
+/* 4-byte element at + i (i in elements) */
+static LLVMValueRef elem_ptr(llvm_emit *e, LLVMValueRef at, LLVMValueRef i) {
+  return LLVMBuildGEP2(e->b, e->t_i32, at, &i, 1, "");
+}
+
+/* out[r][c] = in[c][r] for r in [r0, r1), c in [c0, c1), element by element */
+static void copy_transposed(llvm_emit *e, LLVMValueRef src, LLVMValueRef dst, LLVMValueRef in0, LLVMValueRef out0,
+                            int64_t R, int64_t C, LLVMValueRef r0, LLVMValueRef r1, LLVMValueRef c0,
+                            LLVMValueRef c1) {
+  LLVMBuilderRef b = e->b;
+  llvm_loop lr, lc;
+  LLVMValueRef r = llvm_loop_begin(e, &lr, r0, r1, "r");
+  LLVMValueRef c = llvm_loop_begin(e, &lc, c0, c1, "c");
+  LLVMValueRef from = LLVMBuildAdd(b, in0, LLVMBuildAdd(b, LLVMBuildMul(b, c, llvm_i64(e, R), ""), r, ""), "");
+  LLVMValueRef to = LLVMBuildAdd(b, out0, LLVMBuildAdd(b, LLVMBuildMul(b, r, llvm_i64(e, C), ""), c, ""), "");
+  LLVMValueRef v = LLVMBuildLoad2(b, e->t_i32, elem_ptr(e, src, from), "");
+  LLVMSetAlignment(v, 4);
+  LLVMSetAlignment(LLVMBuildStore(b, v, elem_ptr(e, dst, to)), 4);
+  llvm_loop_end(e, &lc);
+  llvm_loop_end(e, &lr);
+}
+
+/* The tile transpose: each task unit is 16 output rows of one matrix of the
+ * batch; its full 16x16 tiles go through registers (16 row loads, four
+ * butterfly stages of shuffles that swap the off-diagonal b x b blocks of
+ * each 2b x 2b block, 16 row stores), the rest element by element. About 4x
+ * the gathers of the generic kernel (the MLP step's 256x256 transpose). */
+static void emit_transpose_tiles(cpu_build *cb, const kgroup *g, const ir_instr *t, LLVMValueRef src,
+                                 LLVMValueRef dst, LLVMValueRef begin, LLVMValueRef end, kinfo *ki) {
+  llvm_emit *e = &cb->e;
+  LLVMBuilderRef b = e->b;
+  const op_type *it = &g->f->types[t->in[0]];
+  int64_t C = it->shape[it->rank - 2], R = it->shape[it->rank - 1], nrb = (R + 15) / 16;
+  ki->units = type_size(it) / (C * R) * nrb;
+  ki->per_unit = 16 * C;
+  LLVMTypeRef vt = LLVMVectorType(e->t_i32, 16);
+  llvm_loop lu, lb;
+  LLVMValueRef u = llvm_loop_begin(e, &lu, begin, end, "unit");
+  LLVMValueRef m = LLVMBuildUDiv(b, u, llvm_i64(e, nrb), "");
+  LLVMValueRef r0 = LLVMBuildMul(b, LLVMBuildURem(b, u, llvm_i64(e, nrb), ""), llvm_i64(e, 16), "");
+  LLVMValueRef base = LLVMBuildMul(b, m, llvm_i64(e, C * R), ""); /* both matrices start here */
+  LLVMValueRef fn = LLVMGetBasicBlockParent(LLVMGetInsertBlock(b));
+  LLVMBasicBlockRef tiles = LLVMAppendBasicBlockInContext(e->ctx, fn, "tiles");
+  LLVMBasicBlockRef edge = LLVMAppendBasicBlockInContext(e->ctx, fn, "edge");
+  LLVMBasicBlockRef next = LLVMAppendBasicBlockInContext(e->ctx, fn, "next");
+  LLVMValueRef r16 = LLVMBuildAdd(b, r0, llvm_i64(e, 16), "");
+  LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, r16, llvm_i64(e, R), ""), tiles, edge);
+
+  LLVMPositionBuilderAtEnd(b, tiles);
+  LLVMValueRef cblk = llvm_loop_begin(e, &lb, llvm_i64(e, 0), llvm_i64(e, C / 16), "cb");
+  LLVMValueRef c0 = LLVMBuildMul(b, cblk, llvm_i64(e, 16), ""), row[16];
+  for (int k = 0; k < 16; k++) {
+    LLVMValueRef c = LLVMBuildAdd(b, c0, llvm_i64(e, k), "");
+    LLVMValueRef at = LLVMBuildAdd(b, base, LLVMBuildAdd(b, LLVMBuildMul(b, c, llvm_i64(e, R), ""), r0, ""), "");
+    row[k] = LLVMBuildLoad2(b, vt, elem_ptr(e, src, at), "");
+    LLVMSetAlignment(row[k], 4);
+  }
+  for (int w = 8; w >= 1; w /= 2) {
+    LLVMValueRef lo_mask[16], hi_mask[16];
+    for (int j = 0; j < 16; j++) {
+      lo_mask[j] = llvm_i32(e, (j & w) ? 16 + j - w : j);
+      hi_mask[j] = llvm_i32(e, (j & w) ? 16 + j : j + w);
+    }
+    LLVMValueRef lo = LLVMConstVector(lo_mask, 16), hi = LLVMConstVector(hi_mask, 16);
+    for (int i = 0; i < 16; i++) {
+      if (i & w) continue;
+      LLVMValueRef x = row[i], y = row[i + w];
+      row[i] = LLVMBuildShuffleVector(b, x, y, lo, "");
+      row[i + w] = LLVMBuildShuffleVector(b, x, y, hi, "");
+    }
+  }
+  for (int k = 0; k < 16; k++) {
+    LLVMValueRef r = LLVMBuildAdd(b, r0, llvm_i64(e, k), "");
+    LLVMValueRef at = LLVMBuildAdd(b, base, LLVMBuildAdd(b, LLVMBuildMul(b, r, llvm_i64(e, C), ""), c0, ""), "");
+    LLVMSetAlignment(LLVMBuildStore(b, row[k], elem_ptr(e, dst, at)), 4);
+  }
+  llvm_loop_end(e, &lb);
+  if (C % 16)
+    copy_transposed(e, src, dst, base, base, R, C, r0, r16, llvm_i64(e, C / 16 * 16), llvm_i64(e, C));
+  LLVMBuildBr(b, next);
+
+  LLVMPositionBuilderAtEnd(b, edge); /* the last rows, fewer than 16 */
+  copy_transposed(e, src, dst, base, base, R, C, r0, llvm_i64(e, R), llvm_i64(e, 0), llvm_i64(e, C));
+  LLVMBuildBr(b, next);
+  LLVMPositionBuilderAtEnd(b, next);
+  llvm_loop_end(e, &lu);
+}
+
+/* Whether g reads some input across its rows: a transpose that brings a
+ * dim other than the input's innermost (of more than one element) to the
+ * output's innermost, so consecutive output elements lie a row apart. */
+static bool reads_across_rows(const kgroup *g) {
+  const ir_func *f = g->f;
+  for (int i = 0; i < f->n_instrs; i++) {
+    const ir_instr *in = &f->instrs[i];
+    if (!g->member[i] || in->op != OP_TRANSPOSE) continue;
+    const op_type *it = &f->types[in->in[0]];
+    int r = it->rank;
+    if (r >= 2 && in->attrs.axes[r - 1] != r - 1 && it->shape[r - 1] > 1) return true;
+  }
+  return false;
+}
+
+/* Stores each of g's outputs at idx (linear index at). */
+static int emit_outputs(const kgroup *g, llvm_group *lg, LLVMValueRef fn, llvm_index *idx, LLVMValueRef at) {
+  for (int k = 0; k < g->n_out; k++) {
+    LLVMValueRef v = llvm_emit_value(lg, g->out[k], idx);
+    if (!v) return -1;
+    llvm_emit_store(lg->e, g->f->types[g->out[k]].dtype, LLVMGetParam(fn, (unsigned)k), at, v);
+  }
+  return 0;
+}
+
 static int emit_kernel(cpu_build *cb, const kgroup *g, int id, kinfo *ki) {
   llvm_emit *e = &cb->e;
   const ir_func *f = g->f;
@@ -959,7 +1227,10 @@ static int emit_kernel(cpu_build *cb, const kgroup *g, int id, kinfo *ki) {
     for (int k = 0; k < first->attrs.naxes; k++) kept_last = kept_last && first->attrs.axes[k] != it->rank - 1;
     column = kept_last && it->shape[it->rank - 1] >= 8 && type_size(ot) > 0 && type_size(it) > type_size(ot);
   }
-  if (column) {
+  const ir_instr *tt = tile_transpose(g);
+  if (tt) {
+    emit_transpose_tiles(cb, g, tt, buf[tt->in[0]], LLVMGetParam(fn, 0), begin, end, ki);
+  } else if (column) {
     rc = emit_reduce_columns(cb, g, &lg, fn, begin, end, bad_slot, ki);
   } else if (llvm_op_is_reduce(first->op)) {
     /* for each output element: loops over the reduced dims */
@@ -1029,11 +1300,18 @@ static int emit_kernel(cpu_build *cb, const kgroup *g, int id, kinfo *ki) {
     bool flat = true;
     for (int k = 0; k < g->n_out; k++) flat = flat && llvm_group_is_flat(f, g->member, g->out[k]);
     llvm_index idx;
-    llvm_loop lo, li;
-    LLVMValueRef at;
+    llvm_loop lo, li, lt;
+    LLVMValueRef at = NULL;
     int64_t inner = ot->rank ? ot->shape[ot->rank - 1] : 1;
     bool rows = !flat && ot->rank > 0 && n > 0;
-    int64_t nblk = 1, blk = inner;
+    /* rows of a few elements (a dot's [batch, 2] output, say): vectors across
+     * rows beat one short vector per row */
+    bool narrow = rows && inner <= NARROW_ROW && n / inner >= 16;
+    /* a transposed read walks its input across rows: tiles of TILE_ROWS rows
+     * by TILE_COLS columns keep the input lines they read in L1 meanwhile
+     * (row by row, a 256x256 f32 transpose read 16x the matrix from L2) */
+    bool tiled = rows && !narrow && reads_across_rows(g) && n / inner >= 2 * TILE_ROWS && inner >= 2 * TILE_ROWS;
+    int64_t nblk = 1, blk = inner, per_task_rows = tiled ? TILE_ROWS : 1;
     if (!rows) { /* one loop over linear indices, tasks taking whole blocks of FLAT_BLOCK */
       ki->units = (n + FLAT_BLOCK - 1) / FLAT_BLOCK;
       ki->per_unit = FLAT_BLOCK;
@@ -1050,8 +1328,10 @@ static int emit_kernel(cpu_build *cb, const kgroup *g, int id, kinfo *ki) {
       llvm_index_linear(&idx, ot, at);
     } else { /* rows of the innermost dim, a multi-index per row */
       if (inner > ROW_BLOCK) nblk = (inner + ROW_BLOCK - 1) / ROW_BLOCK, blk = ROW_BLOCK;
-      ki->units = n / inner * nblk;
-      ki->per_unit = blk;
+      if (tiled) nblk = (inner + TILE_COLS - 1) / TILE_COLS, blk = TILE_COLS;
+      int64_t nrows = n / inner, groups = (nrows + per_task_rows - 1) / per_task_rows;
+      ki->units = groups * nblk;
+      ki->per_unit = blk * per_task_rows;
       LLVMValueRef u = llvm_loop_begin(e, &lo, begin, end, "row");
       LLVMValueRef row = u, j0 = llvm_i64(e, 0), j1 = llvm_i64(e, inner);
       if (nblk > 1) {
@@ -1060,30 +1340,40 @@ static int emit_kernel(cpu_build *cb, const kgroup *g, int id, kinfo *ki) {
         LLVMValueRef j1c = LLVMBuildAdd(e->b, j0, llvm_i64(e, blk), "");
         j1 = LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, j1c, j1, ""), j1c, j1, "");
       }
+      if (tiled) { /* the rows of this tile */
+        LLVMValueRef r0 = LLVMBuildMul(e->b, row, llvm_i64(e, TILE_ROWS), "");
+        LLVMValueRef r1 = LLVMBuildAdd(e->b, r0, llvm_i64(e, TILE_ROWS), "");
+        r1 = LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, r1, llvm_i64(e, nrows), ""), r1, llvm_i64(e, nrows), "");
+        row = llvm_loop_begin(e, &lt, r0, r1, "tile");
+      }
       op_type outer = *ot;
       outer.rank--;
       llvm_index ridx;
       llvm_index_linear(&ridx, &outer, row);
       llvm_index_get_dims(e, &ridx);
       LLVMValueRef rowbase = LLVMBuildMul(e->b, row, llvm_i64(e, inner), "");
-      LLVMValueRef j = llvm_loop_begin(e, &li, j0, j1, "j");
       LLVMValueRef dims[KILN_MAX_RANK];
       for (int d = 0; d < outer.rank; d++) dims[d] = ridx.dim[d];
-      dims[ot->rank - 1] = j;
-      llvm_index_dims(&idx, ot, dims);
-      at = idx.linear = LLVMBuildAdd(e->b, rowbase, j, "");
-    }
-    for (int k = 0; k < g->n_out && !rc; k++) {
-      LLVMValueRef v = llvm_emit_value(&lg, g->out[k], &idx);
-      if (!v) {
-        rc = -1;
-        break;
+      if (narrow) { /* every column of the row, unrolled: the row loop vectorizes */
+        for (int64_t jc = 0; jc < inner && !rc; jc++) {
+          dims[ot->rank - 1] = llvm_i64(e, jc);
+          llvm_index_dims(&idx, ot, dims);
+          at = idx.linear = LLVMBuildAdd(e->b, rowbase, llvm_i64(e, jc), "");
+          rc = emit_outputs(g, &lg, fn, &idx, at);
+          llvm_group_forget(&lg);
+        }
+      } else {
+        LLVMValueRef j = llvm_loop_begin(e, &li, j0, j1, "j");
+        dims[ot->rank - 1] = j;
+        llvm_index_dims(&idx, ot, dims);
+        at = idx.linear = LLVMBuildAdd(e->b, rowbase, j, "");
       }
-      llvm_emit_store(e, f->types[g->out[k]].dtype, LLVMGetParam(fn, (unsigned)k), at, v);
     }
+    if (!narrow && !rc) rc = emit_outputs(g, &lg, fn, &idx, at);
     flush_bad(e, &lg, bad_slot);
     llvm_group_forget(&lg);
-    if (rows) llvm_loop_end(e, &li);
+    if (rows && !narrow) llvm_loop_end(e, &li);
+    if (tiled) llvm_loop_end(e, &lt);
     llvm_loop_end(e, &lo);
   flat_done:;
   }
@@ -1220,7 +1510,7 @@ static int emit_program(cpu_build *cb, const char *entry_name) {
       args[ki.n_bufs] = cb->call_arg;
       int64_t work = ki.units * (ki.per_unit > 0 ? ki.per_unit : 1);
       if (work > cb->max_work) cb->max_work = work;
-      if (work >= PAR_MIN && ki.units >= 2) { /* over the thread pool */
+      if (work >= (cheap_kernel(&cb->groups[id]) ? PAR_MIN_CHEAP : PAR_MIN) && ki.units >= 2) { /* over the pool */
         for (int k = 0; k <= ki.n_bufs; k++) {
           LLVMValueRef ix = llvm_i64(e, k);
           LLVMBuildStore(b, args[k], LLVMBuildGEP2(b, e->t_ptr, cb->ctx_array, &ix, 1, ""));

@@ -29,6 +29,17 @@ KILN_EXPORT cpu_program *cpu_compile_with(const ir_func *f, const cpu_options *o
  * innermost scope, or the caller). 0, or -1 with the error set and results
  * untouched. Thread-safe: many threads may run one program at once. */
 KILN_EXPORT int cpu_run(cpu_program *p, kiln_tensor *const *args, kiln_tensor **results);
+/* cpu_run, where the caller may give up parameters' buffers: with donate[i]
+ * true, the caller holds args[i] and will drop its value after the call
+ * (a variable's old value being assigned a new one), so a result of the
+ * same type may be written over it in place and be args[i] itself
+ * (cpu_program_donor). donate NULL is cpu_run. */
+KILN_EXPORT int cpu_run_donating(cpu_program *p, kiln_tensor *const *args, kiln_tensor **results,
+                                 const bool *donate);
+/* The parameter whose buffer result r may be written over, or -1: r is
+ * stored by a kernel that reads that parameter only at the element it
+ * writes, no later step reads it or can fail, and no result returns it. */
+KILN_EXPORT int cpu_program_donor(const cpu_program *p, int r);
 /* The program's optimized LLVM IR ("llvm") or assembly ("asm"); malloc'd,
  * NULL with the error set for another stage. */
 KILN_EXPORT char *cpu_program_text(cpu_program *p, const char *stage);
@@ -93,6 +104,7 @@ struct cpu_program {
   cpu_helper *helpers;
   int n_helpers;
   op_id *kernel_fail_op; /* per kernel: the op whose check can fail it */
+  int *donor;            /* per result: cpu_program_donor */
   int n_kernels;
   size_t arena_bytes;
   int (*entry)(void **params, void **results, void *arena, cpu_call *call);

@@ -37,6 +37,14 @@ static int arg_error(const cpu_program *p, int i, const kiln_tensor *t) {
 }
 
 int cpu_run(cpu_program *p, kiln_tensor *const *args, kiln_tensor **results) {
+  return cpu_run_donating(p, args, results, NULL);
+}
+
+int cpu_program_donor(const cpu_program *p, int r) {
+  return p && p->donor && r >= 0 && r < p->n_results ? p->donor[r] : -1;
+}
+
+int cpu_run_donating(cpu_program *p, kiln_tensor *const *args, kiln_tensor **results, const bool *donate) {
   if (!p) return kiln_set_error("cpu: no program");
   if ((p->n_params && !args) || (p->n_results && !results))
     return kiln_set_error("cpu: @%s: args or results is NULL", p->name);
@@ -58,6 +66,12 @@ int cpu_run(cpu_program *p, kiln_tensor *const *args, kiln_tensor **results) {
     outs[r] = NULL;
     rp[r] = NULL;
     if (p->results[r].kind != CPU_RES_OWN) continue;
+    int q = donate ? cpu_program_donor(p, r) : -1;
+    if (q >= 0 && donate[q]) { /* written in place */
+      outs[r] = kiln_retain(args[q]);
+      rp[r] = outs[r]->data;
+      continue;
+    }
     const op_type *t = &p->result_types[r];
     if (!(outs[r] = tensor_alloc("cpu", t->dtype, t->rank, t->shape))) rc = -1;
     if (outs[r]) rp[r] = outs[r]->data;
@@ -213,6 +227,7 @@ void cpu_program_free(cpu_program *p) {
   free(p->param_types);
   free(p->result_types);
   free(p->kernel_fail_op);
+  free(p->donor);
   free(p->bitcode);
   free(p->name);
   free(p);
