@@ -81,30 +81,11 @@ struct TempDir {
   }
 };
 
-// KILN_CACHE_DIR (and XDG_CACHE_HOME) set for the test, restored after.
+// KILN_CACHE_DIR set for the test (NULL: unset), and XDG_CACHE_HOME, which a
+// test may change, both restored after.
 struct CacheEnv {
-  std::string old, old_xdg;
-  bool had, had_xdg;
-  explicit CacheEnv(const char *dir) {
-    const char *o = getenv("KILN_CACHE_DIR"), *x = getenv("XDG_CACHE_HOME");
-    had = o != nullptr, had_xdg = x != nullptr;
-    if (o) old = o;
-    if (x) old_xdg = x;
-    if (dir)
-      setenv("KILN_CACHE_DIR", dir, 1);
-    else
-      unsetenv("KILN_CACHE_DIR");
-  }
-  ~CacheEnv() {
-    if (had)
-      setenv("KILN_CACHE_DIR", old.c_str(), 1);
-    else
-      unsetenv("KILN_CACHE_DIR");
-    if (had_xdg)
-      setenv("XDG_CACHE_HOME", old_xdg.c_str(), 1);
-    else
-      unsetenv("XDG_CACHE_HOME");
-  }
+  EnvGuard dir, xdg;
+  explicit CacheEnv(const char *d) : dir("KILN_CACHE_DIR", d), xdg("XDG_CACHE_HOME", getenv("XDG_CACHE_HOME")) {}
 };
 
 // ---- the programs (the same in every process) ----

@@ -546,21 +546,6 @@ std::string plan_problem(const ir_func *f) {
   return "";
 }
 
-// Sets an environment variable for the life of the object.
-struct SetEnv {
-  std::string name, old;
-  bool had;
-  SetEnv(const char *n, const char *v) : name(n), had(std::getenv(n) != nullptr) {
-    if (had) old = std::getenv(n);
-    setenv(n, v, 1);
-  }
-  ~SetEnv() {
-    if (had)
-      setenv(name.c_str(), old.c_str(), 1);
-    else
-      unsetenv(name.c_str());
-  }
-};
 
 struct PipelineStats {
   long before = 0, after = 0, planned = 0;  // instructions; programs with an arena plan
@@ -631,7 +616,7 @@ PipelineStats check_pipeline(bool special, const std::string &pipeline, bool exa
   Scoped scope;
   // the interpreter runs the buffers pass's arena plan, poisoning each
   // buffer when its value dies: a plan that overlaps live values shows
-  SetEnv poison("KILN_POISON", "1");
+  EnvGuard poison("KILN_POISON", "1");
   ir_gen_options o = options(special);
   PipelineStats stats;
   std::vector<uint64_t> failed;

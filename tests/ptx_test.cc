@@ -770,28 +770,6 @@ TEST(Ptx, ColumnReductionForms) {
 
 // ---- TF32 tensor cores (KILN_CUDA_TF32=1) ----
 
-namespace {
-
-struct Tf32Env {
-  std::string old;
-  bool had;
-  explicit Tf32Env(const char *v) : had(getenv("KILN_CUDA_TF32") != nullptr) {
-    if (had) old = getenv("KILN_CUDA_TF32");
-    if (v)
-      setenv("KILN_CUDA_TF32", v, 1);
-    else
-      unsetenv("KILN_CUDA_TF32");
-  }
-  ~Tf32Env() {
-    if (had)
-      setenv("KILN_CUDA_TF32", old.c_str(), 1);
-    else
-      unsetenv("KILN_CUDA_TF32");
-  }
-};
-
-}  // namespace
-
 // f32 dot through mma.sync m16n8k8 TF32 only when asked; the launch shape is
 // the same; f64 and integer dots never; off by default, so results match the CPU
 TEST(Ptx, Tf32DotOnlyWhenAsked) {
@@ -807,15 +785,15 @@ TEST(Ptx, Tf32DotOnlyWhenAsked) {
   const char *mma = "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32";
   std::string plain;
   {
-    Tf32Env env(nullptr);
+    EnvGuard env("KILN_CUDA_TF32", nullptr);
     plain = check_ptx(p.f(), "sm_90", 3, "default");
     EXPECT_EQ(plain.find("mma.sync"), std::string::npos) << "off by default";
   }
   {
-    Tf32Env env("0");
+    EnvGuard env("KILN_CUDA_TF32", "0");
     EXPECT_EQ(check_ptx(p.f(), "sm_80", 3, "KILN_CUDA_TF32=0").find("mma.sync"), std::string::npos);
   }
-  Tf32Env env("1");
+  EnvGuard env("KILN_CUDA_TF32", "1");
   for (const char *arch : {"sm_90", "sm_80"}) {
     SCOPED_TRACE(arch);
     std::string ptx = check_ptx(p.f(), arch, 3, std::string("tf32 ") + arch);

@@ -69,11 +69,6 @@ cuda_mem_stats mem(int gpu) {
 
 std::string error() { return kiln_last_error(); }
 
-struct Env_ {
-  std::string name;
-  Env_(const char *n, const char *v) : name(n) { setenv(n, v, 1); }
-  ~Env_() { unsetenv(name.c_str()); }
-};
 
 kiln_tensor *on(const char *dev, kiln_tensor *t) {
   kiln_tensor *g = kiln_to_device(t, dev);
@@ -426,7 +421,7 @@ TEST(CudaEager, AFailingLaunchNamesTheOp) {
   EXPECT_EQ(mem(0).in_use, in_use) << "the result's block went back";
   fail_launch(nullptr, 0);
   {
-    Env_ fail("FAKE_CUDA_FAIL", "cuModuleLoadData=218");
+    EnvGuard fail("FAKE_CUDA_FAIL", "cuModuleLoadData=218");
     OnDevice d("gpu:0");
     EXPECT_EQ(kiln_sub(a, a), nullptr);
     EXPECT_EQ(error(), "sub: cuda: @sub: loading its PTX on gpu:0: CUDA_ERROR_INVALID_PTX: a PTX JIT compilation "
@@ -529,24 +524,19 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// KILN_CACHE_DIR set for one test, then put back as it was
+// KILN_CACHE_DIR set for one test (a fresh directory, removed after, when
+// make), then put back as it was
+std::string fresh_dir() {
+  char t[] = "/tmp/kiln-ptx-cache-XXXXXX";
+  EXPECT_NE(mkdtemp(t), nullptr);
+  return t;
+}
 struct CacheEnv {
-  std::string dir, old;
-  bool had;
-  explicit CacheEnv(const std::string &value, bool make = true) : had(getenv("KILN_CACHE_DIR") != nullptr) {
-    if (had) old = getenv("KILN_CACHE_DIR");
-    if (make) {
-      char t[] = "/tmp/kiln-ptx-cache-XXXXXX";
-      EXPECT_NE(mkdtemp(t), nullptr);
-      dir = t;
-    }
-    setenv("KILN_CACHE_DIR", make ? dir.c_str() : value.c_str(), 1);
-  }
+  std::string dir;
+  EnvGuard env;
+  explicit CacheEnv(const std::string &value, bool make = true)
+      : dir(make ? fresh_dir() : ""), env("KILN_CACHE_DIR", make ? dir.c_str() : value.c_str()) {}
   ~CacheEnv() {
-    if (had)
-      setenv("KILN_CACHE_DIR", old.c_str(), 1);
-    else
-      unsetenv("KILN_CACHE_DIR");
     std::error_code ec;
     if (!dir.empty()) fs::remove_all(dir, ec);
   }

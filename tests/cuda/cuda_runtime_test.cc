@@ -57,12 +57,6 @@ cuda_mem_stats mem(int gpu) {
   return s;
 }
 
-// Sets an environment variable for one block.
-struct Env {
-  std::string name;
-  Env(const char *n, const char *v) : name(n) { setenv(n, v, 1); }
-  ~Env() { unsetenv(name.c_str()); }
-};
 
 std::string error() { return kiln_last_error(); }
 
@@ -318,7 +312,7 @@ TEST(CudaAllocator, OutOfMemoryIsACleanError) {
   size_t live = fake_live_bytes(0);
   ASSERT_GT(m0.cached, 0u);
   {
-    Env fail("FAKE_CUDA_FAIL", "cuMemAlloc");
+    EnvGuard fail("FAKE_CUDA_FAIL", "cuMemAlloc");
     EXPECT_EQ(kiln_to_device(c, "gpu:0"), nullptr);
     EXPECT_EQ(error(), "to_device: CUDA_ERROR_OUT_OF_MEMORY: out of memory (allocating 24576 bytes on gpu:0)");
     kiln_clear_error();
@@ -340,7 +334,7 @@ TEST(CudaAllocator, OutOfMemoryGivesTheCacheBackAndRetries) {
   ASSERT_EQ(kiln_debug_cuda_trim(0), 0);
   size_t live = fake_live_bytes(0);
   std::string limit = std::to_string(live + (1 << 20));  // 1 MiB free on gpu:0
-  Env mem_limit("FAKE_CUDA_MEMORY", limit.c_str());
+  EnvGuard mem_limit("FAKE_CUDA_MEMORY", limit.c_str());
   // 600000 bytes: the 655360-byte class; then 700000: 786432; both don't fit
   kiln_scope_push();
   EXPECT_NE(kiln_to_device(kiln_zeros(KILN_I32, KILN_SHAPE(150000)), "gpu:0"), nullptr) << error();
@@ -369,7 +363,7 @@ TEST(CudaErrors, FailedCopiesNameTheOp) {
   kiln_tensor *g = on("gpu:0", c), *one = on("gpu:0", kiln_scalar(KILN_F32, 1));
   size_t in_use = mem(0).in_use;
   {
-    Env fail("FAKE_CUDA_FAIL", "cuMemcpyDtoHAsync=700");
+    EnvGuard fail("FAKE_CUDA_FAIL", "cuMemcpyDtoHAsync=700");
     const char *illegal = "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered (copying from the GPU)";
     float out[2];
     EXPECT_EQ(kiln_tensor_read(g, out, sizeof out), -1);
@@ -387,24 +381,24 @@ TEST(CudaErrors, FailedCopiesNameTheOp) {
     EXPECT_EQ(error(), std::string("to_device: ") + illegal);
   }
   {
-    Env fail("FAKE_CUDA_FAIL", "cuMemcpyHtoDAsync");
+    EnvGuard fail("FAKE_CUDA_FAIL", "cuMemcpyHtoDAsync");
     kiln_clear_error();
     EXPECT_EQ(kiln_to_device(c, "gpu:0"), nullptr);
     EXPECT_EQ(error(), "to_device: CUDA_ERROR_UNKNOWN: unknown error (copying to the GPU)");
     EXPECT_EQ(mem(0).in_use, in_use) << "the new tensor's block went back";
   }
   {
-    Env fail("FAKE_CUDA_FAIL", "cuMemcpyHtoDAsync=12345");
+    EnvGuard fail("FAKE_CUDA_FAIL", "cuMemcpyHtoDAsync=12345");
     EXPECT_EQ(kiln_to_device(c, "gpu:0"), nullptr);
     EXPECT_EQ(error(), "to_device: CUDA error 12345 (copying to the GPU)");
   }
   {
-    Env fail("FAKE_CUDA_FAIL", "cuMemcpyPeerAsync=1");
+    EnvGuard fail("FAKE_CUDA_FAIL", "cuMemcpyPeerAsync=1");
     EXPECT_EQ(kiln_to_device(g, "gpu:1"), nullptr);
     EXPECT_EQ(error(), "to_device: CUDA_ERROR_INVALID_VALUE: invalid argument (copying between GPUs)");
   }
   {
-    Env fail("FAKE_CUDA_FAIL", "cuCtxPushCurrent=201");
+    EnvGuard fail("FAKE_CUDA_FAIL", "cuCtxPushCurrent=201");
     EXPECT_TRUE(std::isnan(kiln_tensor_item(one)));
     EXPECT_EQ(error(), "item: CUDA_ERROR_INVALID_CONTEXT: invalid device context (cuCtxPushCurrent)");
   }
