@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "../test_util.h"
+#include "cuda_test_util.h"
 #include "cuda/cuda_rt.h"
 #include "cuda/ptx.h"
 #include "fake_cuda.h"
@@ -59,21 +60,6 @@ cuda_eager_stats eager() {
   cuda_eager_stats s{};
   kiln_debug_cuda_eager_stats(&s);
   return s;
-}
-
-cuda_mem_stats mem(int gpu) {
-  cuda_mem_stats s{};
-  EXPECT_EQ(kiln_debug_cuda_memory(gpu, &s), 0);
-  return s;
-}
-
-std::string error() { return kiln_last_error(); }
-
-
-kiln_tensor *on(const char *dev, kiln_tensor *t) {
-  kiln_tensor *g = kiln_to_device(t, dev);
-  EXPECT_NE(g, nullptr) << error();
-  return g;
 }
 
 // Pushes a device scope for one block.

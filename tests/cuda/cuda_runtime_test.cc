@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "../test_util.h"
+#include "cuda_test_util.h"
 #include "cuda/cuda_rt.h"
 
 using namespace kiln_test;
@@ -49,22 +50,6 @@ size_t fake_live_bytes(int dev) {
 int ctx_depth() {
   auto f = (int (*)())fake_symbol("fake_cuda_ctx_depth");
   return f ? f() : -1;
-}
-
-cuda_mem_stats mem(int gpu) {
-  cuda_mem_stats s{};
-  EXPECT_EQ(kiln_debug_cuda_memory(gpu, &s), 0);
-  return s;
-}
-
-
-std::string error() { return kiln_last_error(); }
-
-// The CPU tensor t on dev, released by the enclosing scope.
-kiln_tensor *on(const char *dev, kiln_tensor *t) {
-  kiln_tensor *g = kiln_to_device(t, dev);
-  EXPECT_NE(g, nullptr) << error();
-  return g;
 }
 
 // Raw bytes of every kind for dtype dt: random bit patterns (NaN payloads,
