@@ -27,27 +27,18 @@
 # python3 that imports torch), OpenBLAS (libopenblas-dev) when CMake found it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/bench_lib.sh
+source scripts/bench_lib.sh
 
 rounds=${ROUNDS:-3}
 quick=${QUICK:-0}
-./scripts/setup.sh
-gen=()
-[ -f build/CMakeCache.txt ] || gen=(-G Ninja)
-cmake -S . -B build "${gen[@]}" -DCMAKE_BUILD_TYPE=Release >/dev/null
-targets=(bench_fused bench_matmul bench_seed bench_mlp bench_l2hmc bench_call)
-cmake --build build --target "${targets[@]}" -j2
+bench_build bench_fused bench_matmul bench_seed bench_mlp bench_l2hmc bench_call
 
 # OpenBLAS's idle threads spin for a while after each call and would take
 # the second core from Kiln's pool in the alternating matmul comparison.
 export OPENBLAS_THREAD_TIMEOUT=4
 
-py=""
-for p in /usr/bin/python3 python3; do
-  if command -v "$p" >/dev/null 2>&1 && "$p" -c 'import torch' >/dev/null 2>&1; then
-    py=$p
-    break
-  fi
-done
+py=$(torch_python)
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

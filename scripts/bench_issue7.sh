@@ -11,22 +11,14 @@
 # for shorter runs; KEEP=DIR keeps the raw log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/bench_lib.sh
+source scripts/bench_lib.sh
 
 rounds=${ROUNDS:-3}
 quick=${QUICK:-0}
-./scripts/setup.sh
-gen=()
-[ -f build/CMakeCache.txt ] || gen=(-G Ninja)
-cmake -S . -B build "${gen[@]}" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build --target bench_gpu -j2
+bench_build bench_gpu
 
-py=""
-for p in /usr/bin/python3 python3; do
-  if command -v "$p" >/dev/null 2>&1 && "$p" -c 'import torch' >/dev/null 2>&1; then
-    py=$p
-    break
-  fi
-done
+py=$(torch_python)
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

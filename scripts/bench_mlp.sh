@@ -13,23 +13,13 @@
 # KILN_NUM_THREADS=N sets Kiln's thread count, which torch is then given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/bench_lib.sh
+source scripts/bench_lib.sh
 
 rounds=${ROUNDS:-3}
-./scripts/setup.sh
-gen=()
-[ -f build/CMakeCache.txt ] || gen=(-G Ninja)
-cmake -S . -B build "${gen[@]}" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build --target bench_mlp
+bench_build bench_mlp
 
-# PyTorch from Debian (python3-torch) lives in /usr/bin/python3, which may
-# not be the first python3 on PATH.
-py=""
-for p in python3 /usr/bin/python3; do
-  if command -v "$p" >/dev/null 2>&1 && "$p" -c 'import torch' >/dev/null 2>&1; then
-    py=$p
-    break
-  fi
-done
+py=$(torch_python)
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
