@@ -464,11 +464,8 @@ static int dot_run(const kiln_tensor *a, const kiln_tensor *b, const kiln_tensor
   return 0;
 }
 
-/* the fused form (matmul.h): a third input is the bias, attrs->axis the epilogue */
 static int dot_call(const op_call *c, gemm_fn gemm) {
-  bool fused = c->n == 3 && c->attrs && c->attrs->axis > GEMM_EPI_NONE && c->attrs->axis < GEMM_EPI_COUNT;
-  return dot_run(c->in[0], c->in[1], fused ? c->in[2] : NULL, fused ? (gemm_epilogue)c->attrs->axis : GEMM_EPI_NONE,
-                 c->out, gemm);
+  return dot_run(c->in[0], c->in[1], NULL, GEMM_EPI_NONE, c->out, gemm);
 }
 
 static int dot_f32(const op_call *c) { return dot_call(c, gemm_f32); }

@@ -53,14 +53,11 @@ void matmul_set_provider(gemm_provider_fn fn);
  * [n] broadcast over the rows (and batches) of the product; GEMM_EPI_NONE
  * ignores bias. Shapes as kiln_matmul's (out allocated by the caller);
  * 0, or -1 with the error set ("matmul: ..."). The dispatcher's dot
- * kernels are its GEMM_EPI_NONE case, and the CPU backend's fused dot +
- * bias (+ activation) reaches it through their fused form (below). */
+ * kernels are its GEMM_EPI_NONE case; the CPU backend's runtime helper for
+ * a fused dot + bias (+ activation) calls it. */
 KILN_EXPORT int matmul_epilogue(const kiln_tensor *a, const kiln_tensor *b, const kiln_tensor *bias, gemm_epilogue epi,
                                 kiln_tensor *out);
 
-/* The dot kernels' fused form, for the CPU backend's runtime helpers (which
- * reach kernels only through the dispatch table): an OP_DOT call with three
- * inputs is a, b, bias, and attrs->axis holds the gemm_epilogue. */
 
 #ifdef __cplusplus
 }

@@ -403,16 +403,17 @@ static bool dot_epilogue(const ir_func *c, ir_value ops[3], gemm_epilogue *epi) 
   return true;
 }
 
-/* The fusion as one helper: the dot kernel's fused form (lib/matmul.h), an
- * OP_DOT of three inputs (the operands and the bias) with the epilogue in
- * attrs.axis, writing the fusion's result. */
+/* The fusion as one helper: a dot of three inputs (the operands and the
+ * bias) with its epilogue, which run.c gives to matmul_epilogue
+ * (lib/matmul.h), writing the fusion's result. */
 static int plan_dot_epilogue(cpu_build *cb, const ir_func *f, const ir_instr *in, int *vs, bool top,
                              const ir_value ops[3], gemm_epilogue epi) {
   ir_value args[3];
   for (int k = 0; k < 3; k++) args[k] = in->in[ops[k]]; /* the body's parameters are its first values */
   ir_instr call = {.op = OP_DOT, .n_in = 3, .in = args, .out = in->out, .n_out = 1, .loc = in->loc};
-  call.attrs.axis = (int)epi;
-  return plan_helper(cb, f, &call, vs, top);
+  if (plan_helper(cb, f, &call, vs, top)) return -1;
+  cb->p->helpers[cb->p->n_helpers - 1].epilogue = (int)epi;
+  return 0;
 }
 
 static int plan_fusion(cpu_build *cb, const ir_func *f, const ir_instr *in, int *vs, bool top) {
@@ -570,8 +571,9 @@ static bool at_store_index(const kgroup *g, ir_value u, uint8_t *memo) {
     for (int k = 0; k < in->n_in; k++) reads = reads || in->in[k] == u;
     if (!g->member[i] || !reads) continue;
     op_kind kind = kiln_ops[in->op].kind;
-    ok = (kind == OPK_UNARY || kind == OPK_BINARY || kind == OPK_COMPARE || kind == OPK_SELECT || kind == OPK_CONVERT) &&
-         same_shape(&f->types[in->out], &f->types[u]) && at_store_index(g, in->out, memo);
+    bool elementwise =
+        kind == OPK_UNARY || kind == OPK_BINARY || kind == OPK_COMPARE || kind == OPK_SELECT || kind == OPK_CONVERT;
+    ok = elementwise && same_shape(&f->types[in->out], &f->types[u]) && at_store_index(g, in->out, memo);
     used = true;
   }
   memo[u] = ok && used ? 1 : 2;
@@ -1360,7 +1362,8 @@ static int emit_kernel(cpu_build *cb, const kgroup *g, int id, kinfo *ki) {
       if (tiled) { /* the rows of this tile */
         LLVMValueRef r0 = LLVMBuildMul(e->b, row, llvm_i64(e, TILE_ROWS), "");
         LLVMValueRef r1 = LLVMBuildAdd(e->b, r0, llvm_i64(e, TILE_ROWS), "");
-        r1 = LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, r1, llvm_i64(e, nrows), ""), r1, llvm_i64(e, nrows), "");
+        LLVMValueRef last = llvm_i64(e, nrows);
+        r1 = LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, r1, last, ""), r1, last, "");
         row = llvm_loop_begin(e, &lt, r0, r1, "tile");
       }
       op_type outer = *ot;

@@ -83,6 +83,9 @@ typedef struct cpu_helper {
   kiln_host_fn host_fn;
   void *host_user;
   char *host_name;
+  /* a dot with a bias (in[2]) and activation applied as it stores its
+   * tiles (a gemm_epilogue of lib/matmul.h; 0 = a plain dot) */
+  int epilogue;
 } cpu_helper;
 
 /* How each result is produced: written by the entry function into a new
