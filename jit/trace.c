@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "jit.h"
 #include "cpu/cpu.h"
@@ -130,6 +131,20 @@ static int residual_node(trace *tr, int fwd_id, const kiln_tensor *t) {
   return id;
 }
 
+/* Two concrete host tensors holding the same bits. Tensors are immutable, so
+ * a trace may capture one for both: constants made afresh by each pass of
+ * the body (a kiln_scalar(0.5), a transpose of a captured weight that ran
+ * eagerly) become one parameter, and CSE can then merge what they feed, as
+ * XLA's CSE merges equal constants. Bounded so that tracing stays cheap. */
+enum { CAP_DEDUP_BYTES = 1 << 14 };
+static bool same_bits(const kiln_tensor *a, const kiln_tensor *b) {
+  if (a->device || b->device || a->dtype != b->dtype || a->rank != b->rank) return false;
+  for (int d = 0; d < a->rank; d++)
+    if (a->shape[d] != b->shape[d]) return false;
+  size_t bytes = (size_t)a->size * kiln_dtype_sizes[a->dtype];
+  return bytes <= CAP_DEDUP_BYTES && (!bytes || memcmp(a->data, b->data, bytes) == 0);
+}
+
 static int node_of(trace *tr, const char *who, int i, kiln_tensor *t) {
   if (t->flags & TF_SYMBOLIC) {
     intptr_t id = (intptr_t)t->sym - 1;
@@ -140,6 +155,8 @@ static int node_of(trace *tr, const char *who, int i, kiln_tensor *t) {
   }
   for (int k = 0; k < tr->n_caps; k++)
     if (tr->caps[k] == t) return tr->cap_node[k];
+  for (int k = 0; k < tr->n_caps; k++)
+    if (same_bits(tr->caps[k], t)) return tr->cap_node[k];
   if (tr->n_caps == tr->cap_caps) { /* caps and cap_node grow together */
     int cap = tr->cap_caps;
     if (grow((void **)&tr->caps, &cap, tr->n_caps + 1, sizeof *tr->caps)) return -1;

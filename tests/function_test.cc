@@ -180,6 +180,42 @@ TEST(Staging, CapturesConcreteTensors) {
   kiln_function_free(f); // drops the capture: Scoped checks that nothing leaked
 }
 
+// Each pass makes its own constants: equal bits, different tensors.
+int fresh_constants(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *a = kiln_mul(in[0], kiln_scalar(KILN_F32, 0.5));
+  kiln_tensor *b = kiln_mul(in[0], kiln_scalar(KILN_F32, 0.5));
+  kiln_tensor *c = kiln_mul(in[0], kiln_scalar(KILN_F32, 0.25));
+  kiln_tensor *nz = kiln_mul(in[0], kiln_scalar(KILN_F32, -0.0)); // other bits than 0.0
+  kiln_tensor *z = kiln_mul(in[0], kiln_scalar(KILN_F32, 0.0));
+  out[0] = kiln_add(kiln_add(a, b), c);
+  out[1] = kiln_sub(nz, z);
+  return out[0] && out[1] ? 0 : -1;
+}
+
+TEST(Staging, CapturesWithEqualBitsAreOneParameter) {
+  Scoped s;
+  kiln_function *f = kiln_function_new("fresh", fresh_constants, nullptr, 1, 2);
+  kiln_tensor *x = f32({2, -4}), *out[2];
+  ASSERT_EQ(kiln_function_call(f, &x, out), 0) << kiln_last_error();
+  EXPECT_EQ(values(out[0]), (VD{2.5, -5}));
+  EXPECT_EQ(values(out[1]), (VD{0, 0}));
+  char *ir = kiln_function_ir(f, 0, "traced");
+  ASSERT_NE(ir, nullptr);
+  // x, 0.5 (captured once for both uses), 0.25, -0.0 and 0.0
+  EXPECT_THAT(ir, HasSubstr("(%0: f32[2], %1: f32[], %2: f32[], %3: f32[], %4: f32[])")) << ir;
+  EXPECT_THAT(ir, testing::Not(HasSubstr("%5: f32[]"))) << ir;
+  free(ir);
+  char *opt = kiln_function_ir(f, 0, "optimized");
+  ASSERT_NE(opt, nullptr);
+  // CSE now sees x * 0.5 twice and keeps one
+  const std::string text = opt;
+  size_t muls = 0;
+  for (size_t at = text.find("= mul "); at != std::string::npos; at = text.find("= mul ", at + 1)) muls++;
+  EXPECT_EQ(muls, 4u) << opt;
+  free(opt);
+  kiln_function_free(f);
+}
+
 int read_var(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   out[0] = kiln_mul(kiln_variable_read((kiln_variable *)user), in[0]);
   return out[0] ? 0 : -1;
