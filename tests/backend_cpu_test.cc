@@ -160,12 +160,12 @@ bool one_op(Fn &fn, op_id op, const op_attrs &a, const std::vector<kiln_tensor *
 
 // Interprets and compiles f; compares each result. false after a failure.
 bool same_as_interpreter(const ir_func *f, const std::vector<kiln_tensor *> &args, Tol tol, const std::string &what,
-                         int *kernels = nullptr) {
+                         int *kernels = nullptr, const cpu_options *opt = nullptr) {
   std::vector<kiln_tensor *> want(f->n_results), got(f->n_results);
   kiln_clear_error();
   int irc = ir_interpret(f, args.data(), want.data());
   std::string ierr = kiln_last_error();
-  cpu_program *p = cpu_compile(f);
+  cpu_program *p = cpu_compile_with(f, opt);
   EXPECT_NE(p, nullptr) << what << ": " << kiln_last_error();
   if (!p) return false;
   if (kernels) *kernels = cpu_program_kernels(p);
@@ -1005,6 +1005,96 @@ TEST(CpuBackend, TextStages) {
   ir_module_free(m);
 }
 
+// ---- compiling in two parts ----
+
+// Four kernels (a gather that can fail among them), a transpose and a
+// reduction: compiled as one module and as two, each equals the interpreter,
+// an index error in either part fails the call, and the text stages show the
+// whole program.
+const char *kTwoPartText =
+    "func @k0(%x: f32[1024,64], %b: f32[64]) -> f32[1024,64] {\n"
+    "  %a = add %x, %b : f32[1024,64]\n  %t = tanh %a : f32[1024,64]\n  return %t\n}\n"
+    "func @k1(%t: f32[1024,64], %i: i32[8]) -> f32[8,64] {\n"
+    "  %g = gather %t, %i {axis=0} : f32[8,64]\n  %e = exp %g : f32[8,64]\n  return %e\n}\n"
+    "func @f(%x: f32[1024,64], %b: f32[64], %i: i32[8]) -> (f32[1024,64], f32[8,64], f32[64,1024], f32[1024]) {\n"
+    "  %t = fusion @k0(%x, %b) : f32[1024,64]\n"
+    "  %g = fusion @k1(%t, %i) : f32[8,64]\n"
+    "  %tr = transpose %t {perm=[1,0]} : f32[64,1024]\n"
+    "  %s = reduce_sum %t {axes=[1]} : f32[1024]\n"
+    "  return %t, %g, %tr, %s\n}\n";
+
+TEST(CpuBackend, ProgramsCompiledInTwoPartsMatchTheInterpreter) {
+  Scoped scope;
+  std::mt19937 rng(7);
+  ir_module *m = ir_parse(kTwoPartText, "parts.kir");
+  ASSERT_NE(m, nullptr) << kiln_last_error();
+  const ir_func *f = ir_module_find(m, "f");
+  std::vector<kiln_tensor *> args = {random_tensor(rng, KILN_F32, {1024, 64}), random_tensor(rng, KILN_F32, {64}),
+                                     i32({8}, {0, 1023, 3, 17, 128, 1, 700, 9})};
+  std::vector<kiln_tensor *> bad = args;
+  bad[2] = i32({8}, {0, 1, 2, 3, 4, 5, 1024, 7});
+  for (int parts : {1, 2}) {
+    cpu_options o{};
+    o.parts = parts;
+    const std::string what = std::to_string(parts) + " part(s)";
+    int kernels = 0;
+    EXPECT_TRUE(same_as_interpreter(f, args, Tol{4, 1e-5, 1e-5}, what, &kernels, &o));
+    EXPECT_GE(kernels, 4) << what;
+    EXPECT_TRUE(same_as_interpreter(f, bad, Tol{4, 1e-5, 1e-5}, what + ", index out of range", nullptr, &o));
+    cpu_program *p = cpu_compile_with(f, &o);
+    ASSERT_NE(p, nullptr) << kiln_last_error();
+    EXPECT_EQ(cpu_program_parts(p), parts);
+    kiln_tensor *out[4];
+    EXPECT_EQ(cpu_run(p, bad.data(), out), -1);
+    EXPECT_THAT(kiln_last_error(), HasSubstr("gather: indices[6] = 1024 is not in [0, 1024)")) << what;
+    // the text shows both parts as one module: the entry, and the kernels
+    // the second part exported to it
+    char *ll = cpu_program_text(p, "llvm");
+    ASSERT_NE(ll, nullptr) << kiln_last_error();
+    const std::string text = ll;
+    free(ll);
+    EXPECT_NE(text.find(" @kiln_entry("), std::string::npos) << what;
+    EXPECT_EQ(text.find("define dso_local void @kernel") != std::string::npos, parts == 2) << what;
+    char *as = cpu_program_text(p, "asm");
+    ASSERT_NE(as, nullptr) << kiln_last_error();
+    EXPECT_NE(std::string(as).find("kiln_entry:"), std::string::npos) << what;
+    free(as);
+    cpu_program_free(p);
+  }
+  ir_module_free(m);
+}
+
+// cpu_compile's own choice: a program with a large kernel is compiled in
+// two parts when there are two threads to compile it; a program of small
+// kernels in one (its kernels stay inlinable into the entry).
+TEST(CpuBackend, BigProgramsCompileInTwoPartsByDefault) {
+  Scoped scope;
+  std::string big = "func @f(%x: f32[1024,64]) -> f32[1024,64] {\n  %v0 = tanh %x : f32[1024,64]\n";
+  const char *ops[] = {"sin", "exp", "cos", "tanh", "sigmoid", "log1p"};
+  for (int k = 1; k <= 12; k++)  // an op each: twelve kernels of vector math
+    big += "  %v" + std::to_string(k) + " = " + ops[k % 6] + " %v" + std::to_string(k - 1) + " : f32[1024,64]\n";
+  big += "  return %v12\n}\n";
+  ir_module *m = ir_parse(big.c_str(), "big.kir");
+  ASSERT_NE(m, nullptr) << kiln_last_error();
+  cpu_program *p = cpu_compile(m->funcs[0]);
+  ASSERT_NE(p, nullptr) << kiln_last_error();
+  EXPECT_GE(cpu_program_kernels(p), 12);
+  EXPECT_EQ(cpu_program_parts(p), kiln_num_threads() >= 2 ? 2 : 1);
+  cpu_program_free(p);
+  ir_module_free(m);
+  m = ir_parse(
+      "func @f(%x: f32[16], %y: f32[16]) -> (f32[16], f32[16,16]) {\n  %a = add %x, %y : f32[16]\n"
+      "  %e = exp %a : f32[16]\n  %o = broadcast %e {shape=[16,16]} : f32[16,16]\n"
+      "  %t = transpose %o {perm=[1,0]} : f32[16,16]\n  return %e, %t\n}\n",
+      "small.kir");
+  ASSERT_NE(m, nullptr) << kiln_last_error();
+  p = cpu_compile(m->funcs[0]);
+  ASSERT_NE(p, nullptr) << kiln_last_error();
+  EXPECT_EQ(cpu_program_parts(p), 1);
+  cpu_program_free(p);
+  ir_module_free(m);
+}
+
 #ifdef KILN_TEST_HAVE_IR_GEN
 // ---- random programs ----
 
@@ -1032,9 +1122,12 @@ TEST(CpuBackend, RandomIntegerProgramsMatchExactly) {
     std::vector<kiln_tensor *> args(m->funcs[0]->n_params);
     ASSERT_EQ(ir_gen_args(m->funcs[0], s, args.data()), 0) << kiln_last_error();
     char *text = ir_print_module(m);
+    cpu_options parts{};
+    parts.parts = s % 2 ? 2 : 0;  // every other program compiled as two modules on two threads
     bool ok = same_as_interpreter(
         m->funcs[0], args, Tol{},
-        "seed " + std::to_string(s) + " (KILN_RANDOM_SEED=" + std::to_string(s) + " KILN_RANDOM_PROGRAMS=1)\n" + text);
+        "seed " + std::to_string(s) + " (KILN_RANDOM_SEED=" + std::to_string(s) + " KILN_RANDOM_PROGRAMS=1)\n" + text,
+        nullptr, &parts);
     free(text);
     kiln_scope_pop();
     ir_module_free(m);
@@ -1120,6 +1213,7 @@ TEST(CpuBackend, RandomFloatProgramsMatch) {
     std::vector<kiln_tensor *> args(f->n_params), want(f->n_results), got(f->n_results);
     ASSERT_EQ(ir_gen_args(f, s, args.data()), 0) << kiln_last_error();
     ASSERT_EQ(ir_interpret(f, args.data(), want.data()), 0) << what << kiln_last_error();
+    strict.parts = s % 2 ? 0 : 2;  // every other program compiled as two modules on two threads
     cpu_program *p = cpu_compile_with(f, &strict);
     ASSERT_NE(p, nullptr) << what << kiln_last_error();
     ASSERT_EQ(cpu_run(p, args.data(), got.data()), 0) << what << kiln_last_error();

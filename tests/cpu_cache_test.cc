@@ -324,6 +324,78 @@ TEST(CpuCache, ASecondCompileLoadsTheSameCode) {
   for (const std::string &f : dir.files()) EXPECT_EQ(f.find(".tmp"), std::string::npos) << f;
 }
 
+// A program compiled as two modules (two objects, two bitcodes) is one
+// entry, and a hit links both objects again.
+TEST(CpuCache, TwoPartProgramsAreOneEntry) {
+  Scoped scope;
+  TempDir dir;
+  CacheEnv env(dir.path.c_str());
+  cpu_options two{};
+  two.parts = 2;
+  for (int which = 0; which < 2; which++) {
+    Program p;
+    ASSERT_TRUE(make_program(p, which)) << kiln_last_error();
+    cpu_program *cold = cpu_compile_with(p.f, &two), *warm = cpu_compile_with(p.f, &two);
+    ASSERT_TRUE(cold && warm) << kiln_last_error();
+    EXPECT_EQ(dir.entries().size(), 1u);
+    EXPECT_FALSE(cpu_program_from_cache(cold));
+    EXPECT_TRUE(cpu_program_from_cache(warm));
+    EXPECT_EQ(cpu_program_parts(cold), 2);
+    EXPECT_EQ(cpu_program_parts(warm), 2);
+    std::vector<kiln_tensor *> a, b;
+    EXPECT_EQ(check_results(p, cold, &a), "");
+    EXPECT_EQ(check_results(p, warm, &b), "");
+    for (size_t r = 0; r < a.size() && r < b.size(); r++) EXPECT_TRUE(same_bits(a[r], b[r])) << which << " " << r;
+    char *ll = cpu_program_text(warm, "llvm");  // both bitcodes, read back as one module
+    ASSERT_NE(ll, nullptr) << kiln_last_error();
+    EXPECT_NE(std::string(ll).find("define dso_local void @kernel"), std::string::npos);
+    free(ll);
+    cpu_program_free(cold);
+    cpu_program_free(warm);
+    // the parts are part of the key: one module is another entry
+    cpu_options one{};
+    one.parts = 1;
+    cpu_program *single = cpu_compile_with(p.f, &one);
+    ASSERT_NE(single, nullptr) << kiln_last_error();
+    EXPECT_FALSE(cpu_program_from_cache(single));
+    EXPECT_EQ(cpu_program_parts(single), 1);
+    cpu_program_free(single);
+    for (const std::string &e : dir.entries()) fs::remove(e);
+  }
+}
+
+TEST(CpuCache, PartsPackAndUnpack) {
+  const char a[] = "first part", b[] = "the second";
+  const void *data[2] = {a, b};
+  size_t len[2] = {sizeof a, sizeof b}, packed_len = 0;
+  char *packed = (char *)cpu_parts_pack(2, data, len, &packed_len);
+  ASSERT_NE(packed, nullptr);
+  const void *got[2];
+  size_t got_len[2];
+  ASSERT_EQ(cpu_parts_unpack(packed, packed_len, 2, got, got_len), 2);
+  EXPECT_EQ(std::string((const char *)got[0], got_len[0]), std::string(a, sizeof a));
+  EXPECT_EQ(std::string((const char *)got[1], got_len[1]), std::string(b, sizeof b));
+  EXPECT_EQ(cpu_parts_unpack(packed, packed_len, 1, got, got_len), -1) << "more parts than room";
+  EXPECT_EQ(cpu_parts_unpack(packed, packed_len - 1, 2, got, got_len), -1) << "truncated";
+  std::vector<char> longer(packed, packed + packed_len);
+  longer.push_back(0);
+  EXPECT_EQ(cpu_parts_unpack(longer.data(), longer.size(), 2, got, got_len), -1) << "a trailing byte";
+  std::vector<char> v(packed, packed + packed_len);
+  v[8] = 0;  // no parts
+  EXPECT_EQ(cpu_parts_unpack(v.data(), v.size(), 2, got, got_len), -1);
+  v.assign(packed, packed + packed_len);
+  for (int i = 12; i < 20; i++) v[(size_t)i] = (char)0xff;  // the first length
+  EXPECT_EQ(cpu_parts_unpack(v.data(), v.size(), 2, got, got_len), -1);
+  v.assign(packed, packed + packed_len);
+  for (int i = 12; i < 20; i++) v[(size_t)i] = 0;  // an empty part
+  EXPECT_EQ(cpu_parts_unpack(v.data(), v.size(), 2, got, got_len), -1);
+  // an untagged buffer (an object file) is one part
+  ASSERT_EQ(cpu_parts_unpack(a, sizeof a, 2, got, got_len), 1);
+  EXPECT_EQ(got[0], (const void *)a);
+  EXPECT_EQ(got_len[0], sizeof a);
+  free(packed);
+}
+
 TEST(CpuCache, ManyProgramsOfOneEntryInOneProcess) {
   Scoped scope;
   TempDir dir;

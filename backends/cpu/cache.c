@@ -454,3 +454,47 @@ int cpu_cache_store(const char *dir, const uint8_t key[16], const char *meta, co
   cpu_cache_trim(dir, cpu_cache_limit_bytes());
   return 0;
 }
+
+/* ---- several buffers as one ---- */
+
+#define PARTS_TAG "KILNPRT1"
+
+void *cpu_parts_pack(int n, const void *const *data, const size_t *len, size_t *out_len) {
+  size_t total = 8 + 4;
+  for (int i = 0; i < n; i++) total += 8 + len[i];
+  unsigned char *buf = malloc(total), *at = buf;
+  if (!buf) return NULL;
+  uint32_t count = (uint32_t)n;
+  memcpy(at, PARTS_TAG, 8), at += 8;
+  memcpy(at, &count, 4), at += 4;
+  for (int i = 0; i < n; i++) {
+    uint64_t l = len[i];
+    memcpy(at, &l, 8), at += 8;
+    memcpy(at, data[i], len[i]), at += len[i];
+  }
+  *out_len = total;
+  return buf;
+}
+
+int cpu_parts_unpack(const void *buf, size_t len, int max, const void **data, size_t *lens) {
+  const unsigned char *at = buf, *end = at + len;
+  if (len < 12 || memcmp(at, PARTS_TAG, 8)) {
+    if (max < 1) return -1;
+    data[0] = buf, lens[0] = len;
+    return 1;
+  }
+  uint32_t count;
+  memcpy(&count, at + 8, 4);
+  at += 12;
+  if (count < 1 || count > (uint32_t)max) return -1;
+  for (uint32_t i = 0; i < count; i++) {
+    uint64_t l;
+    if ((size_t)(end - at) < 8) return -1;
+    memcpy(&l, at, 8);
+    at += 8;
+    if (l == 0 || l > (uint64_t)(end - at)) return -1;
+    data[i] = at, lens[i] = (size_t)l;
+    at += l;
+  }
+  return at == end ? (int)count : -1;
+}

@@ -15,6 +15,7 @@
 #include <llvm-c/Core.h>
 #include <llvm-c/Error.h>
 #include <llvm-c/LLJIT.h>
+#include <llvm-c/Linker.h>
 #include <llvm-c/Orc.h>
 #include <llvm-c/Target.h>
 #include <llvm-c/TargetMachine.h>
@@ -1598,54 +1599,265 @@ static int llvm_fail(const char *f, const char *what, LLVMErrorRef err) {
   return kiln_set_error("cpu: @%s: %s: %s", f, what, msg);
 }
 
-/* O3 for the host CPU, then the optimized module as bitcode (for the text
- * stages, which rebuild it on demand) */
-/* O3 for the host CPU, the optimized module kept as bitcode (the text
- * stages rebuild it on demand), then machine code: an object file that the
- * JIT only links. Code generation runs here, on the compiling thread, with
- * a target machine of its own, so programs compile in parallel. */
-static LLVMMemoryBufferRef optimize(cpu_program *p, LLVMModuleRef mod, const char *pipeline, bool unroll) {
+/* ---- LLVM's passes and code generation, in one part or two ---- */
+
+/* One module's share: O3 for the host CPU, the optimized module kept as
+ * bitcode (the text stages rebuild it on demand), then machine code, an
+ * object file that the JIT only links. It runs on any thread, with a target
+ * machine of its own (so programs, and the parts of one, compile in
+ * parallel); a failure is described in err, not in the thread's error. */
+typedef struct {
+  LLVMModuleRef mod;
+  const char *pipeline;
+  bool unroll;
+  LLVMMemoryBufferRef bc, obj;
+  double opt_ms, codegen_ms;
+  char err[512];
+} part;
+
+static void *compile_part(void *arg) {
+  part *pt = arg;
+  LLVMTargetMachineRef tm = host_machine();
+  if (!tm) {
+    snprintf(pt->err, sizeof pt->err, "%s", jit_error);
+    return NULL;
+  }
+  LLVMPassBuilderOptionsRef opts = LLVMCreatePassBuilderOptions();
+  LLVMPassBuilderOptionsSetLoopVectorization(opts, 1);
+  LLVMPassBuilderOptionsSetSLPVectorization(opts, 1);
+  LLVMPassBuilderOptionsSetLoopInterleaving(opts, pt->unroll);
+  LLVMPassBuilderOptionsSetLoopUnrolling(opts, pt->unroll);
+  double t0 = now_ms();
+  LLVMErrorRef err = LLVMRunPasses(pt->mod, pt->pipeline, tm, opts);
+  LLVMDisposePassBuilderOptions(opts);
+  pt->opt_ms = now_ms() - t0;
+  char *msg = NULL;
+  if (err) {
+    char text[400];
+    error_text(err, text, sizeof text);
+    snprintf(pt->err, sizeof pt->err, "optimisation failed: %s", text);
+  } else if (!(pt->bc = LLVMWriteBitcodeToMemoryBuffer(pt->mod))) {
+    snprintf(pt->err, sizeof pt->err, "cannot write bitcode");
+  } else {
+    double t1 = now_ms();
+    if (LLVMTargetMachineEmitToMemoryBuffer(tm, pt->mod, LLVMObjectFile, &msg, &pt->obj)) {
+      snprintf(pt->err, sizeof pt->err, "code generation failed: %s", msg ? msg : "");
+      pt->obj = NULL;
+    }
+    pt->codegen_ms = now_ms() - t1;
+  }
+  if (msg) LLVMDisposeMessage(msg);
+  LLVMDisposeTargetMachine(tm);
+  return NULL;
+}
+
+/* A program big enough to pay for a copy of its module (a bitcode round
+ * trip) compiles as two parts on two threads: LLVM's time is nearly all
+ * per function, so each part takes about half (the MLP step at batch 64:
+ * 118 -> 86 ms). Counted in instructions before optimisation, weighted
+ * below. The kernels of the second part are no longer inlined into the
+ * entry, which costs a program of tiny kernels about 5% (the L2HMC step),
+ * so only programs with a kernel of at least SPLIT_MIN_WORK are split. */
+#define SPLIT_MIN_INSTRS 2000
+#define SPLIT_MIN_WORK ((int64_t)1 << 16)
+/* A kernel's loops grow several times over as they are vectorized: each
+ * counts as this many instructions more than it has (measured on the MLP
+ * step, whose parts then take about the same time). */
+#define KERNEL_INSTRS 200
+
+/* fn's instructions, with those of the vector math it calls (which is
+ * inlined: a tanh is one call here and some forty instructions later) */
+static int64_t fn_instrs(LLVMValueRef fn, int depth) {
+  int64_t n = 0;
+  for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(fn); bb; bb = LLVMGetNextBasicBlock(bb))
+    for (LLVMValueRef in = LLVMGetFirstInstruction(bb); in; in = LLVMGetNextInstruction(in)) {
+      n++;
+      LLVMValueRef callee = LLVMIsACallInst(in) ? LLVMGetCalledValue(in) : NULL;
+      size_t len;
+      if (depth < 2 && callee && LLVMIsAFunction(callee) && !LLVMIsDeclaration(callee) &&
+          !strncmp(LLVMGetValueName2(callee, &len), "kiln.", 5))
+        n += fn_instrs(callee, depth + 1);
+    }
+  return n;
+}
+
+/* The kernel a function belongs to ("kernelK" and its task "kernelK.task"),
+ * else -1 (the entry, the vector math it inlines). */
+static int kernel_of(LLVMValueRef fn, int n_groups) {
+  size_t len;
+  const char *name = LLVMGetValueName2(fn, &len);
+  int k = -1, used = 0;
+  if (len < 7 || strncmp(name, "kernel", 6) || sscanf(name, "kernel%d%n", &k, &used) != 1) return -1;
+  if ((size_t)used != len && strcmp(name + used, ".task")) return -1;
+  return k >= 0 && k < n_groups ? k : -1;
+}
+
+/* fn, defined in m, becomes a declaration of the same name and type (its
+ * users now call the other part's definition). */
+static void to_declaration(LLVMModuleRef m, LLVMValueRef fn) {
+  size_t len;
+  const char *name = LLVMGetValueName2(fn, &len);
+  char buf[64];
+  snprintf(buf, sizeof buf, "%.*s", (int)len, name);
+  if (!LLVMGetFirstUse(fn)) {
+    LLVMDeleteFunction(fn);
+    return;
+  }
+  LLVMTypeRef ty = LLVMGlobalGetValueType(fn);
+  LLVMSetValueName2(fn, "", 0);
+  LLVMValueRef d = LLVMAddFunction(m, buf, ty);
+  LLVMReplaceAllUsesWith(fn, d);
+  LLVMDeleteFunction(fn);
+}
+
+/* Which part each kernel goes to (side[k]: 0 the first, with the entry; 1
+ * the second): the largest first, each to the lighter part. False when the
+ * program is too small to split. */
+static bool plan_split(LLVMModuleRef mod, int n_groups, uint8_t *side, int64_t min_instrs) {
+  int64_t *size = calloc((size_t)n_groups + 1, sizeof *size), rest = 0, total = 0;
+  if (!size) return false;
+  int kernels = 0;
+  for (LLVMValueRef fn = LLVMGetFirstFunction(mod); fn; fn = LLVMGetNextFunction(fn)) {
+    size_t len;
+    if (LLVMIsDeclaration(fn) || !strncmp(LLVMGetValueName2(fn, &len), "kiln.", 5)) continue;
+    int k = kernel_of(fn, n_groups);
+    int64_t n = fn_instrs(fn, 0);
+    if (k < 0) {
+      rest += n / 2; /* the entry: straight-line calls, cheap to compile */
+    } else {
+      if (size[k] == 0) kernels++, size[k] += KERNEL_INSTRS, total += KERNEL_INSTRS;
+      size[k] += n;
+    }
+    total += k < 0 ? n / 2 : n;
+  }
+  bool split = kernels >= 2 && total >= min_instrs;
+  int64_t load[2] = {rest, 0};
+  for (int done = 0; split && done < kernels; done++) {
+    int big = -1;
+    for (int k = 0; k < n_groups; k++)
+      if (size[k] > 0 && (big < 0 || size[k] > size[big])) big = k;
+    int to = load[1] < load[0];
+    side[big] = (uint8_t)to;
+    load[to] += size[big];
+    size[big] = 0;
+  }
+  free(size);
+  return split;
+}
+
+/* mod's functions of the other part become declarations. The second
+ * part's functions that the first still calls (through those declarations:
+ * a task, a kernel the entry calls itself) are marked in called, and
+ * exported there; its others stay internal, so that a kernel inlined into
+ * its task is not compiled twice. */
+static void keep_part(LLVMModuleRef mod, int n_groups, const uint8_t *side, int which, uint8_t *called) {
+  int n = 0;
+  for (LLVMValueRef fn = LLVMGetFirstFunction(mod); fn; fn = LLVMGetNextFunction(fn)) n++;
+  LLVMValueRef *fns = malloc((size_t)n * sizeof *fns);
+  if (!fns) return;
+  n = 0;
+  for (LLVMValueRef fn = LLVMGetFirstFunction(mod); fn; fn = LLVMGetNextFunction(fn)) fns[n++] = fn;
+  for (int i = 0; i < n; i++) { /* the entry first: it calls the most */
+    if (LLVMIsDeclaration(fns[i])) continue;
+    int k = kernel_of(fns[i], n_groups);
+    size_t len;
+    bool entry = k < 0 && !strcmp(LLVMGetValueName2(fns[i], &len), "kiln_entry");
+    if (entry && which == 1) to_declaration(mod, fns[i]), fns[i] = NULL;
+  }
+  for (int i = 0; i < n; i++) {
+    if (!fns[i] || LLVMIsDeclaration(fns[i])) continue;
+    int k = kernel_of(fns[i], n_groups);
+    if (k < 0) continue;
+    bool task = LLVMGetValueName2(fns[i], &(size_t){0})[0] && strstr(LLVMGetValueName2(fns[i], &(size_t){0}), ".task");
+    if (side[k] != which)
+      to_declaration(mod, fns[i]);
+    else if (which == 1 && (called[k] & (task ? 2 : 1)))
+      LLVMSetLinkage(fns[i], LLVMExternalLinkage);
+  }
+  if (which == 0) /* what the declarations left are still used for */
+    for (LLVMValueRef fn = LLVMGetFirstFunction(mod); fn; fn = LLVMGetNextFunction(fn)) {
+      int k = LLVMIsDeclaration(fn) && LLVMGetFirstUse(fn) ? kernel_of(fn, n_groups) : -1;
+      size_t len;
+      if (k >= 0) called[k] |= strstr(LLVMGetValueName2(fn, &len), ".task") ? 2 : 1;
+    }
+  free(fns);
+}
+
+/* The object code of mod (which this disposes, with ctx): one object, or
+ * two from two threads. p's bitcode and timings are set. 0, or -1 with the
+ * error set. */
+static int optimize(cpu_program *p, LLVMContextRef ctx, LLVMModuleRef mod, int n_groups, int64_t max_work,
+                    int parts_wanted, LLVMMemoryBufferRef obj[2], int *n_obj) {
+  const char *pipeline = max_work < SMALL_WORK ? "default<O1>" : "default<O3>";
+  bool unroll = max_work >= UNROLL_WORK;
+  *n_obj = 0;
   char *msg = NULL;
   if (LLVMVerifyModule(mod, LLVMReturnStatusAction, &msg)) {
     kiln_set_error("cpu: @%s: internal error: invalid LLVM module: %.400s", p->name, msg ? msg : "");
     LLVMDisposeMessage(msg);
-    return NULL;
+    LLVMDisposeModule(mod);
+    LLVMContextDispose(ctx);
+    return -1;
   }
   LLVMDisposeMessage(msg);
-  msg = NULL;
-  LLVMTargetMachineRef tm = host_machine();
-  if (!tm) return kiln_set_error("cpu: @%s: %s", p->name, jit_error), NULL;
-  LLVMPassBuilderOptionsRef opts = LLVMCreatePassBuilderOptions();
-  LLVMPassBuilderOptionsSetLoopVectorization(opts, 1);
-  LLVMPassBuilderOptionsSetSLPVectorization(opts, 1);
-  LLVMPassBuilderOptionsSetLoopInterleaving(opts, unroll);
-  LLVMPassBuilderOptionsSetLoopUnrolling(opts, unroll);
-  double t0 = now_ms();
-  LLVMErrorRef err = LLVMRunPasses(mod, pipeline, tm, opts);
-  LLVMDisposePassBuilderOptions(opts);
-  double t1 = now_ms();
-  p->opt_ms = t1 - t0;
-  LLVMMemoryBufferRef bc = NULL, obj = NULL;
-  if (err) {
-    llvm_fail(p->name, "optimisation failed", err);
-  } else if (!(bc = LLVMWriteBitcodeToMemoryBuffer(mod))) {
-    kiln_set_error("cpu: @%s: cannot write bitcode", p->name);
-  } else if (!(p->bitcode = malloc(LLVMGetBufferSize(bc) + 1))) {
-    kiln_set_error("cpu: out of memory");
-  } else {
-    p->bitcode_len = LLVMGetBufferSize(bc);
-    memcpy(p->bitcode, LLVMGetBufferStart(bc), p->bitcode_len);
-    double t2 = now_ms();
-    if (LLVMTargetMachineEmitToMemoryBuffer(tm, mod, LLVMObjectFile, &msg, &obj)) {
-      kiln_set_error("cpu: @%s: code generation failed: %s", p->name, msg ? msg : "");
-      obj = NULL;
+  part parts[2] = {{.mod = mod, .pipeline = pipeline, .unroll = unroll},
+                   {.pipeline = pipeline, .unroll = unroll}};
+  LLVMContextRef ctx2 = NULL;
+  int n = 1;
+  bool auto_split = !parts_wanted && kiln_num_threads() >= 2 && max_work >= SPLIT_MIN_WORK;
+  uint8_t *side = auto_split || parts_wanted == 2 ? calloc((size_t)n_groups + 1, 1) : NULL;
+  if (side && plan_split(mod, n_groups, side, auto_split ? SPLIT_MIN_INSTRS : 0)) { /* the copy, then each keeps its share */
+    LLVMMemoryBufferRef bc = LLVMWriteBitcodeToMemoryBuffer(mod);
+    ctx2 = LLVMContextCreate();
+    if (bc && !LLVMParseBitcodeInContext2(ctx2, bc, &parts[1].mod)) {
+      uint8_t *called = calloc((size_t)n_groups + 1, 1);
+      if (called) {
+        keep_part(parts[0].mod, n_groups, side, 0, called);
+        keep_part(parts[1].mod, n_groups, side, 1, called);
+        n = 2;
+      }
+      free(called);
     }
-    p->codegen_ms = now_ms() - t2;
-    if (msg) LLVMDisposeMessage(msg);
+    if (bc) LLVMDisposeMemoryBuffer(bc);
   }
-  if (bc) LLVMDisposeMemoryBuffer(bc);
-  LLVMDisposeTargetMachine(tm);
-  return obj;
+  free(side);
+  pthread_t th;
+  bool threaded = n == 2 && !pthread_create(&th, NULL, compile_part, &parts[1]);
+  compile_part(&parts[0]);
+  if (threaded)
+    pthread_join(th, NULL);
+  else if (n == 2)
+    compile_part(&parts[1]);
+  int rc = 0;
+  const void *bcs[2];
+  size_t lens[2];
+  for (int i = 0; i < n; i++) {
+    if (parts[i].err[0] && !rc) rc = kiln_set_error("cpu: @%s: %s", p->name, parts[i].err);
+    if (parts[i].bc) bcs[i] = LLVMGetBufferStart(parts[i].bc), lens[i] = LLVMGetBufferSize(parts[i].bc);
+    if (parts[i].opt_ms > p->opt_ms) p->opt_ms = parts[i].opt_ms; /* the parts run side by side */
+    if (parts[i].codegen_ms > p->codegen_ms) p->codegen_ms = parts[i].codegen_ms;
+  }
+  if (!rc) {
+    if (n == 1) {
+      p->bitcode = malloc(lens[0] + 1);
+      if (p->bitcode) memcpy(p->bitcode, bcs[0], lens[0]), p->bitcode_len = lens[0];
+    } else {
+      p->bitcode = cpu_parts_pack(n, bcs, lens, &p->bitcode_len);
+    }
+    if (!p->bitcode) rc = kiln_set_error("cpu: out of memory");
+  }
+  for (int i = 0; i < n; i++) {
+    if (parts[i].bc) LLVMDisposeMemoryBuffer(parts[i].bc);
+    if (!rc)
+      obj[i] = parts[i].obj;
+    else if (parts[i].obj)
+      LLVMDisposeMemoryBuffer(parts[i].obj);
+    if (parts[i].mod) LLVMDisposeModule(parts[i].mod);
+  }
+  LLVMContextDispose(ctx);
+  if (ctx2) LLVMContextDispose(ctx2);
+  if (!rc) *n_obj = p->parts = n;
+  return rc;
 }
 
 /* ---- loading ---- */
@@ -1687,12 +1899,13 @@ static LLVMOrcExecutorAddress lib_lookup(LLVMOrcLLJITRef jit, LLVMOrcJITDylibRef
   return w.addr;
 }
 
-/* Links object code obj (taken) into a JITDylib of p's own, with the
- * runtime's functions and p's constants as its symbols. */
-static int load_code(cpu_program *p, const const_list *consts, LLVMOrcLLJITRef jit, LLVMMemoryBufferRef obj) {
+/* Links object code (the n objects, taken) into a JITDylib of p's own, with
+ * the runtime's functions and p's constants as its symbols. */
+static int load_code(cpu_program *p, const const_list *consts, LLVMOrcLLJITRef jit, LLVMMemoryBufferRef *obj,
+                     int n_obj) {
   LLVMOrcJITDylibRef jd = lib_get(jit);
   if (!jd) {
-    LLVMDisposeMemoryBuffer(obj);
+    for (int i = 0; i < n_obj; i++) LLVMDisposeMemoryBuffer(obj[i]);
     return -1;
   }
   p->jit_lib = jd;
@@ -1706,7 +1919,7 @@ static int load_code(cpu_program *p, const const_list *consts, LLVMOrcLLJITRef j
   int n = NRT + consts->n;
   LLVMOrcCSymbolMapPair *pairs = malloc((size_t)n * sizeof *pairs);
   if (!pairs) {
-    LLVMDisposeMemoryBuffer(obj);
+    for (int i = 0; i < n_obj; i++) LLVMDisposeMemoryBuffer(obj[i]);
     return oom();
   }
   for (int i = 0; i < n; i++) {
@@ -1723,11 +1936,16 @@ static int load_code(cpu_program *p, const const_list *consts, LLVMOrcLLJITRef j
   LLVMErrorRef err = LLVMOrcJITDylibDefine(jd, mu);
   if (err) {
     LLVMOrcDisposeMaterializationUnit(mu);
-    LLVMDisposeMemoryBuffer(obj);
+    for (int i = 0; i < n_obj; i++) LLVMDisposeMemoryBuffer(obj[i]);
     return llvm_fail(p->name, "cannot define the program's symbols", err);
   }
-  err = LLVMOrcLLJITAddObjectFile(jit, jd, obj); /* takes the buffer */
-  if (err) return llvm_fail(p->name, "the JIT refused the object code", err);
+  for (int i = 0; i < n_obj; i++) {
+    err = LLVMOrcLLJITAddObjectFile(jit, jd, obj[i]); /* takes the buffer */
+    if (err) {
+      while (++i < n_obj) LLVMDisposeMemoryBuffer(obj[i]);
+      return llvm_fail(p->name, "the JIT refused the object code", err);
+    }
+  }
   LLVMOrcExecutorAddress addr = lib_lookup(jit, jd, "kiln_entry", p->name);
   if (!addr) return -1;
   p->entry = (int (*)(void **, void **, void *, cpu_call *))(uintptr_t)addr;
@@ -1767,9 +1985,9 @@ static char *cache_meta(const cpu_build *cb, const cpu_options *opt, LLVMOrcLLJI
   if (!m) return NULL;
   int k = snprintf(m, n,
                    "kiln cpu program 1\nllvm %u.%u.%u\ntriple %s\nlayout %s\ncpu %s\nfeatures %s\n%s\n"
-                   "contract %d\narena %lld\nconsts",
+                   "contract %d\nparts %d\narena %lld\nconsts",
                    maj, min, pat, LLVMOrcLLJITGetTripleString(jit), LLVMOrcLLJITGetDataLayoutStr(jit), host_cpu,
-                   host_features, cpu_cache_build_id(), !opt->no_contract,
+                   host_features, cpu_cache_build_id(), !opt->no_contract, opt->parts,
                    (long long)(f->buf_offset ? f->arena_bytes : -1));
   for (int i = 0; i < cb->consts->n && k > 0 && (size_t)k < n; i++)
     k += snprintf(m + k, n - (size_t)k, " %u", const_align(cb->consts->t[i]));
@@ -1833,7 +2051,13 @@ static int load_cached(cpu_program *p, const cpu_build *cb, LLVMOrcLLJITRef jit,
   if (!rc) {
     memcpy(p->bitcode, e->bc, e->bc_len);
     p->bitcode_len = e->bc_len;
-    rc = load_code(p, cb->consts, jit, LLVMCreateMemoryBufferWithMemoryRangeCopy(e->obj, e->obj_len, "kiln"));
+    const void *part[2];
+    size_t len[2];
+    int n = cpu_parts_unpack(e->obj, e->obj_len, 2, part, len);
+    LLVMMemoryBufferRef obj[2];
+    for (int i = 0; i < n; i++) obj[i] = LLVMCreateMemoryBufferWithMemoryRangeCopy(part[i], len[i], "kiln");
+    rc = n < 1 ? -1 : load_code(p, cb->consts, jit, obj, n);
+    p->parts = n;
   }
   if (rc) {
     if (cpu_cache_log())
@@ -1908,32 +2132,47 @@ cpu_program *cpu_compile_with(const ir_func *f, const cpu_options *opt) {
   cb.e.const_data = const_data;
   cb.e.user = &cb;
   int erc = emit_program(&cb, "kiln_entry");
-  const char *pipeline = cb.max_work < SMALL_WORK ? "default<O1>" : "default<O3>";
-  LLVMMemoryBufferRef obj = erc ? NULL : optimize(p, mod, pipeline, cb.max_work >= UNROLL_WORK);
+  int n_groups = cb.n_groups;
+  int64_t max_work = cb.max_work;
   size_t info_len = 0;
-  int32_t *info = obj && cache ? kernel_info(&cb, &info_len) : NULL;
-  build_free(&cb); /* its builders first, then what they built */
-  LLVMDisposeModule(mod);
-  LLVMContextDispose(ctx);
-  if (!obj) {
+  int32_t *info = !erc && cache ? kernel_info(&cb, &info_len) : NULL;
+  llvm_emit_dispose(&cb.e); /* the builders, before what they built */
+  if (cb.eb) LLVMDisposeBuilder(cb.eb);
+  cb.eb = NULL;
+  LLVMMemoryBufferRef obj[2];
+  int n_obj = 0;
+  if (erc) {
+    LLVMDisposeModule(mod);
+    LLVMContextDispose(ctx);
+  } else {
+    erc = optimize(p, ctx, mod, n_groups, max_work, opt->parts, obj, &n_obj);
+  }
+  if (erc) {
     free(info);
     goto fail;
   }
   if (!info) {
-    if (load_code(p, &consts, jit, obj)) goto fail;
+    if (load_code(p, &consts, jit, obj, n_obj)) goto fail;
   } else { /* cached once it links */
-    LLVMMemoryBufferRef copy =
-        LLVMCreateMemoryBufferWithMemoryRangeCopy(LLVMGetBufferStart(obj), LLVMGetBufferSize(obj), "kiln");
-    int lrc = load_code(p, &consts, jit, copy);
+    const void *data[2];
+    size_t lens[2], packed_len = 0;
+    LLVMMemoryBufferRef copy[2];
+    for (int i = 0; i < n_obj; i++) {
+      data[i] = LLVMGetBufferStart(obj[i]), lens[i] = LLVMGetBufferSize(obj[i]);
+      copy[i] = LLVMCreateMemoryBufferWithMemoryRangeCopy(data[i], lens[i], "kiln");
+    }
+    void *packed = n_obj > 1 ? cpu_parts_pack(n_obj, data, lens, &packed_len) : NULL;
+    int lrc = load_code(p, &consts, jit, copy, n_obj);
     cpu_cache_entry e = {.info = info,
                          .info_len = info_len,
-                         .obj = LLVMGetBufferStart(obj),
-                         .obj_len = LLVMGetBufferSize(obj),
+                         .obj = n_obj > 1 ? packed : data[0],
+                         .obj_len = n_obj > 1 ? packed_len : lens[0],
                          .bc = p->bitcode,
                          .bc_len = p->bitcode_len};
-    if (!lrc) cpu_cache_store(dir, key, meta, &e);
+    if (!lrc && (n_obj == 1 || packed)) cpu_cache_store(dir, key, meta, &e);
+    free(packed);
     free(info);
-    LLVMDisposeMemoryBuffer(obj);
+    for (int i = 0; i < n_obj; i++) LLVMDisposeMemoryBuffer(obj[i]);
     if (lrc) goto fail;
   }
 done:
@@ -1965,12 +2204,25 @@ char *cpu_program_text(cpu_program *p, const char *stage) {
   }
   if (!jit_get()) return NULL;
   LLVMContextRef ctx = LLVMContextCreate();
-  LLVMMemoryBufferRef mb = LLVMCreateMemoryBufferWithMemoryRangeCopy(p->bitcode, p->bitcode_len, "kiln");
   LLVMModuleRef m = NULL;
   char *out = NULL, *text = NULL, *msg = NULL;
   LLVMMemoryBufferRef ob = NULL;
   LLVMTargetMachineRef tm = NULL;
-  if (LLVMParseBitcodeInContext2(ctx, mb, &m)) {
+  const void *part[2];
+  size_t len_of[2];
+  int n = cpu_parts_unpack(p->bitcode, p->bitcode_len, 2, part, len_of);
+  bool read = n >= 1;
+  for (int i = 0; i < n && read; i++) { /* a program compiled in two parts is shown as one module */
+    LLVMMemoryBufferRef mb = LLVMCreateMemoryBufferWithMemoryRangeCopy(part[i], len_of[i], "kiln");
+    LLVMModuleRef mi = NULL;
+    read = !LLVMParseBitcodeInContext2(ctx, mb, &mi);
+    LLVMDisposeMemoryBuffer(mb);
+    if (read && !m)
+      m = mi;
+    else if (read)
+      read = !LLVMLinkModules2(m, mi); /* takes mi */
+  }
+  if (!read) {
     kiln_set_error("cpu: @%s: cannot read back the module", p->name);
   } else if (!assembly) {
     text = LLVMPrintModuleToString(m);
@@ -1992,7 +2244,6 @@ char *cpu_program_text(cpu_program *p, const char *stage) {
   if (ob) LLVMDisposeMemoryBuffer(ob);
   if (tm) LLVMDisposeTargetMachine(tm);
   if (m) LLVMDisposeModule(m);
-  LLVMDisposeMemoryBuffer(mb);
   LLVMContextDispose(ctx);
   return out;
 }

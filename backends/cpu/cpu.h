@@ -22,6 +22,9 @@ KILN_EXPORT cpu_program *cpu_compile(const ir_func *f);
 typedef struct cpu_options {
   bool no_contract; /* no FMA contraction of a fused kernel's multiplies and adds:
                        every op then rounds as its eager kernel does (tests) */
+  int parts;        /* the LLVM modules to compile on as many threads: 0 is the
+                       backend's choice (two for big programs, with 2+ threads),
+                       1 one, 2 two whenever there are two kernels (tests) */
 } cpu_options;
 KILN_EXPORT cpu_program *cpu_compile_with(const ir_func *f, const cpu_options *opt);
 /* Runs it: args one per parameter (concrete CPU tensors of the parameter
@@ -59,6 +62,8 @@ KILN_EXPORT double cpu_program_compile_ms(const cpu_program *p);
  * LLVM. Corrupt or stale entries are rebuilt; a cache that cannot be written
  * is skipped (KILN_LOG=cache says what it does). */
 KILN_EXPORT bool cpu_program_from_cache(const cpu_program *p);
+/* The modules its code was compiled as, on as many threads (1 or 2). */
+KILN_EXPORT int cpu_program_parts(const cpu_program *p);
 
 /* ---- shared by compile.c and run.c ---- */
 
@@ -117,6 +122,7 @@ struct cpu_program {
   double compile_ms;
   double opt_ms, codegen_ms; /* of compile_ms: LLVM's pass pipeline, and code generation */
   bool from_cache; /* its code was read from the disk cache */
+  int parts;       /* cpu_program_parts */
 };
 
 /* The runtime helpers the generated code calls (run.c). */
@@ -142,6 +148,13 @@ typedef struct cpu_cache_entry {
   size_t bc_len;
   void *file;
 } cpu_cache_entry;
+/* Several buffers as one: a program compiled in parts keeps its objects, and
+ * their bitcode, this way. "KILNPRT1", a uint32 count, then per part a
+ * uint64 length and the bytes. A buffer without the tag is a single part.
+ * pack: malloc'd, NULL out of memory; unpack: the count (at most max), or -1
+ * for a malformed buffer. */
+KILN_EXPORT void *cpu_parts_pack(int n, const void *const *data, const size_t *len, size_t *out_len);
+KILN_EXPORT int cpu_parts_unpack(const void *buf, size_t len, int max, const void **data, size_t *lens);
 /* The cache directory into buf; false when the cache is off. */
 bool cpu_cache_dir(char *buf, size_t n);
 /* KILN_LOG names "cache". */
