@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <thread>
@@ -374,6 +375,32 @@ int gemm_child_role() {
 }
 const int gemm_child_hook = gemm_child_role();
 
+// Runs gemm_child_role in a child process with env ("NAME=value ...") set;
+// its output (stdout and stderr) and exit status.
+std::string run_child(const std::string &env, int *rc) {
+  // popen runs sh, whose /proc/self/exe is sh: name this program itself
+  char exe[4096];
+  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  *rc = -1;
+  if (len <= 0) return "readlink failed";
+  exe[len] = 0;
+  // gemm_child_role exits before main
+  std::string cmd = env + " KILN_GEMM_TEST_CHILD=1 " + exe + " --gtest_filter=-* 2>&1";
+  FILE *p = popen(cmd.c_str(), "r");
+  if (!p) return "popen failed";
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  *rc = pclose(p);
+  return out;
+}
+
+size_t count(const std::string &s, const std::string &what) {
+  size_t n = 0;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) n++;
+  return n;
+}
+
 // The pool reads KILN_NUM_THREADS once: each count runs in a process of its
 // own. The grid of tasks never splits K, so the bits never change; nor do
 // they with the AVX2 kernels (KILN_GEMM_ISA=avx2, read once per kernel) or
@@ -392,20 +419,8 @@ TEST(Gemm, AnyThreadCountGivesTheSameBits) {
   EnvGuard any("KILN_GEMM", nullptr), isa("KILN_GEMM_ISA", nullptr), cpu("KILN_BACKEND", "cpu"); /* as a run names */
   for (const Run &run : runs) {
     int threads = run.threads;
-    std::string cmd = std::string(run.env) + "KILN_GEMM_TEST_CHILD=1 KILN_NUM_THREADS=" + std::to_string(threads) +
-                      " /proc/self/exe --gtest_filter=-* 2>&1";  // gemm_child_role exits before main
-    // popen runs sh, whose /proc/self/exe is sh: name this program itself
-    char exe[4096];
-    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    ASSERT_GT(len, 0);
-    exe[len] = 0;
-    cmd.replace(cmd.find("/proc/self/exe"), strlen("/proc/self/exe"), exe);
-    FILE *p = popen(cmd.c_str(), "r");
-    ASSERT_NE(p, nullptr);
-    std::string out;
-    char buf[512];
-    while (fgets(buf, sizeof buf, p)) out += buf;
-    int rc = pclose(p);
+    int rc;
+    std::string out = run_child(std::string(run.env) + "KILN_NUM_THREADS=" + std::to_string(threads), &rc);
     EXPECT_EQ(rc, 0) << out;
     size_t at = out.find("checksum ");
     ASSERT_NE(at, std::string::npos) << out;
@@ -418,6 +433,53 @@ TEST(Gemm, AnyThreadCountGivesTheSameBits) {
       EXPECT_EQ(nr, 16) << "8 floats a vector";
     }
   }
+}
+
+// The micro-kernels are in the disk cache as programs are: a second process
+// links them instead of running LLVM, and gets the same bits; damaged
+// entries are compiled again.
+TEST(Gemm, ASecondProcessLoadsTheKernelsFromTheDiskCache) {
+  if (!host_has_kernels()) GTEST_SKIP() << "no compiled micro-kernels on this CPU (x86-64 with AVX2 and FMA)";
+  uint64_t here;
+  {
+    Scoped scope;
+    here = threaded_checksum();
+  }
+  char tmpl[] = "/tmp/kiln-gemm-cache-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  EnvGuard any("KILN_GEMM", nullptr), isa("KILN_GEMM_ISA", nullptr), cpu("KILN_BACKEND", "cpu");
+  const std::string env = "KILN_LOG=cache KILN_CACHE_DIR=" + dir;
+  auto checksum = [](const std::string &out) {
+    unsigned long long sum = 0;
+    size_t at = out.find("checksum ");
+    return at != std::string::npos && sscanf(out.c_str() + at, "checksum %llu", &sum) == 1 ? sum : 0ull;
+  };
+  int rc;
+  std::string cold = run_child(env, &rc);
+  EXPECT_EQ(rc, 0) << cold;
+  EXPECT_EQ(count(cold, ": miss"), 8u) << cold;  // f32 and f64, four epilogues each
+  EXPECT_EQ(checksum(cold), here) << cold;
+  std::string warm = run_child(env, &rc);
+  EXPECT_EQ(rc, 0) << warm;
+  EXPECT_EQ(count(warm, ": hit"), 8u) << warm;
+  EXPECT_EQ(count(warm, ": miss"), 0u) << warm;
+  EXPECT_EQ(checksum(warm), here) << warm;
+  // every entry cut in half: each is noticed, rebuilt and stored again
+  std::vector<std::string> entries;
+  for (const auto &e : std::filesystem::directory_iterator(dir))
+    if (e.path().extension() == ".kco") entries.push_back(e.path().string());
+  EXPECT_EQ(entries.size(), 8u);
+  for (const std::string &e : entries) std::filesystem::resize_file(e, std::filesystem::file_size(e) / 2);
+  std::string rebuilt = run_child(env, &rc);
+  EXPECT_EQ(rc, 0) << rebuilt;
+  EXPECT_EQ(count(rebuilt, "rebuilding it"), 8u) << rebuilt;
+  EXPECT_EQ(count(rebuilt, ": miss"), 8u) << rebuilt;
+  EXPECT_EQ(checksum(rebuilt), here) << rebuilt;
+  std::string again = run_child(env, &rc);
+  EXPECT_EQ(count(again, ": hit"), 8u) << again;
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
 }
 
 TEST(Gemm, ManyThreadsMultiplyAtOnce) {

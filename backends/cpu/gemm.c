@@ -4,9 +4,11 @@
  * vectors of a row of packed B (one FMA each) per row and step of k, and on
  * the way out masked stores (edge tiles) with the epilogue (bias, relu,
  * tanh) applied on the last block of K. One kernel per (dtype, epilogue),
- * compiled on first use and linked into the process-wide JIT; the driver
- * around it (packing, cache blocks, threads) is lib/kernels_matmul.c's. */
+ * compiled on first use (or read from the disk cache of compiled code, as
+ * programs are) and linked into the process-wide JIT; the driver around it
+ * (packing, cache blocks, threads) is lib/kernels_matmul.c's. */
 #include <llvm-c/Analysis.h>
+#include <llvm-c/BitWriter.h>
 #include <llvm-c/Core.h>
 #include <llvm-c/TargetMachine.h>
 #include <pthread.h>
@@ -250,13 +252,17 @@ static void emit_ukernel(llvm_emit *e, const char *name, kiln_dtype dt, gemm_epi
 
 /* ---- compilation and the cache of kernels ---- */
 
+static void kernel_name(char *name, size_t len, kiln_dtype dt, gemm_epilogue epi, tile t) {
+  snprintf(name, len, "kiln_gemm_%s_%s_%dx%d", kiln_dtype_name(dt), epi_names[epi], t.mr, t.nv * t.vl);
+}
+
 /* A module holding the micro-kernel for (dt, epi), as host_isa allows (not
  * ISA_NONE). */
 static LLVMModuleRef build_module(LLVMContextRef ctx, kiln_dtype dt, gemm_epilogue epi, LLVMTargetMachineRef tm,
                                   isa target, char *name, size_t name_len, tile *t) {
   bool avx512 = target == ISA_AVX512;
   *t = tile_for(dt, avx512);
-  snprintf(name, name_len, "kiln_gemm_%s_%s_%dx%d", kiln_dtype_name(dt), epi_names[epi], t->mr, t->nv * t->vl);
+  kernel_name(name, name_len, dt, epi, *t);
   LLVMModuleRef mod = LLVMModuleCreateWithNameInContext(name, ctx);
   char *triple = LLVMGetTargetMachineTriple(tm);
   LLVMSetTarget(mod, triple);
@@ -280,7 +286,45 @@ typedef struct {
 static variant variants[2][GEMM_EPI_COUNT]; /* f32, f64 */
 static pthread_mutex_t compile_mu = PTHREAD_MUTEX_INITIALIZER;
 
-/* Compiles the kernel for (dt, epi) into v: 0, or -1 with the error set. */
+/* The disk cache's key text for a kernel: everything its code depends on
+ * (the emitter itself through the library's build). malloc'd; NULL out of
+ * memory. */
+static char *kernel_meta(LLVMTargetMachineRef tm, const char *name, isa target) {
+  unsigned maj, min, pat;
+  LLVMGetVersion(&maj, &min, &pat);
+  char *triple = LLVMGetTargetMachineTriple(tm), *cpu = LLVMGetTargetMachineCPU(tm),
+       *features = LLVMGetTargetMachineFeatureString(tm);
+  size_t n = 256 + strlen(triple) + strlen(cpu) + strlen(features) + strlen(name) + strlen(cpu_cache_build_id());
+  char *m = malloc(n);
+  if (m)
+    snprintf(m, n, "kiln gemm micro-kernel 1\nllvm %u.%u.%u\ntriple %s\ncpu %s\nfeatures %s\n%s\nisa %d\n%s", maj, min,
+             pat, triple, cpu, features, cpu_cache_build_id(), (int)target, name);
+  LLVMDisposeMessage(triple);
+  LLVMDisposeMessage(cpu);
+  LLVMDisposeMessage(features);
+  return m;
+}
+
+/* The kernel from the disk cache (linked): its address, or 0 (a miss, or
+ * an entry that does not link; no error). */
+static uintptr_t cached_kernel(const char *dir, const uint8_t key[16], const char *meta, const char *name) {
+  cpu_cache_entry e;
+  uintptr_t addr = 0;
+  if (cpu_cache_load(dir, key, meta, &e) == 1 && e.info_len == strlen(name) && !memcmp(e.info, name, e.info_len)) {
+    char saved[1024];
+    snprintf(saved, sizeof saved, "%s", kiln_last_error());
+    addr = cpu_jit_link(e.obj, e.obj_len, name);
+    if (!addr && cpu_cache_log())
+      fprintf(stderr, "kiln: cache: %s: the cached kernel does not load (%s); recompiling\n", name, kiln_last_error());
+    kiln_set_error("%s", saved);
+  }
+  cpu_cache_entry_free(&e);
+  return addr;
+}
+
+/* Compiles the kernel for (dt, epi) into v, or loads it from the disk cache
+ * (as programs are: a second process skips LLVM). 0, or -1 with the error
+ * set. */
 static int compile_variant(kiln_dtype dt, gemm_epilogue epi, variant *v) {
   LLVMTargetMachineRef tm = cpu_jit_host_machine();
   if (!tm) return -1;
@@ -289,11 +333,23 @@ static int compile_variant(kiln_dtype dt, gemm_epilogue epi, variant *v) {
     LLVMDisposeTargetMachine(tm);
     return kiln_set_error("gemm: no compiled micro-kernel for this CPU (x86-64 with AVX2 and FMA)");
   }
+  char name[96], *msg = NULL, dir[4096];
+  tile t = tile_for(dt, target == ISA_AVX512);
+  kernel_name(name, sizeof name, dt, epi, t);
+  char *meta = cpu_cache_dir(dir, sizeof dir) ? kernel_meta(tm, name, target) : NULL;
+  uint8_t key[16];
+  if (meta) cpu_hash128(meta, strlen(meta), key);
+  uintptr_t addr = meta ? cached_kernel(dir, key, meta, name) : 0;
+  if (addr) {
+    if (cpu_cache_log()) fprintf(stderr, "kiln: cache: %s: hit\n", name);
+    free(meta);
+    LLVMDisposeTargetMachine(tm);
+    v->uk = (gemm_ukernel){(gemm_ukernel_fn)addr, t.mr, t.nv * t.vl};
+    return 0;
+  }
   LLVMContextRef ctx = LLVMContextCreate();
-  char name[96], *msg = NULL;
-  tile t;
   LLVMModuleRef mod = build_module(ctx, dt, epi, tm, target, name, sizeof name, &t);
-  LLVMMemoryBufferRef obj = NULL;
+  LLVMMemoryBufferRef obj = NULL, bc = NULL;
   int rc = 0;
   /* no pass pipeline: the IR is already the loop that code generation
    * wants (accumulators in SSA registers, the steps unrolled) */
@@ -306,8 +362,19 @@ static int compile_variant(kiln_dtype dt, gemm_epilogue epi, variant *v) {
     obj = NULL;
   }
   if (msg) LLVMDisposeMessage(msg);
-  uintptr_t addr = 0;
   if (!rc && !(addr = cpu_jit_link(LLVMGetBufferStart(obj), LLVMGetBufferSize(obj), name))) rc = -1;
+  if (!rc && meta && (bc = LLVMWriteBitcodeToMemoryBuffer(mod))) { /* cached once it links */
+    cpu_cache_entry e = {.info = name,
+                         .info_len = strlen(name),
+                         .obj = LLVMGetBufferStart(obj),
+                         .obj_len = LLVMGetBufferSize(obj),
+                         .bc = LLVMGetBufferStart(bc),
+                         .bc_len = LLVMGetBufferSize(bc)};
+    cpu_cache_store(dir, key, meta, &e);
+    LLVMDisposeMemoryBuffer(bc);
+  }
+  if (cpu_cache_log() && meta && !rc) fprintf(stderr, "kiln: cache: %s: miss\n", name);
+  free(meta);
   if (obj) LLVMDisposeMemoryBuffer(obj);
   LLVMDisposeModule(mod);
   LLVMContextDispose(ctx);
