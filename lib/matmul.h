@@ -58,6 +58,13 @@ void matmul_set_provider(gemm_provider_fn fn);
 KILN_EXPORT int matmul_epilogue(const kiln_tensor *a, const kiln_tensor *b, const kiln_tensor *bias, gemm_epilogue epi,
                                 kiln_tensor *out);
 
+/* out = a . transpose(w) without the transpose: a [m, k], w [n, k] and
+ * out [m, n], all rank 2 and of one dtype. Each element is a dot product
+ * of two contiguous rows (over LANES partial sums, as the n = 1 product
+ * sums), so w is read once, in place: for a with a few rows (a batch-1
+ * backward pass through a layer's weights) this beats transposing w and
+ * multiplying. 0, or -1 with the error set ("matmul: ..."). */
+KILN_EXPORT int matmul_nt(const kiln_tensor *a, const kiln_tensor *w, kiln_tensor *out);
 
 #ifdef __cplusplus
 }

@@ -1095,6 +1095,35 @@ TEST(CpuBackend, BigProgramsCompileInTwoPartsByDefault) {
   ir_module_free(m);
 }
 
+// A product by a transposed matrix with a few rows on the left reads the
+// matrix in place (matmul_nt): no transpose kernel runs. A transpose that
+// something else reads too, or a product with more rows, keeps it.
+TEST(CpuBackend, ProductsByATransposeReadTheMatrixInPlace) {
+  Scoped scope;
+  std::mt19937 rng(9);
+  struct Case {
+    int64_t m;
+    bool transpose_returned;
+    int kernels;
+  };
+  for (Case c : {Case{1, false, 0}, Case{4, false, 0}, Case{5, false, 1}, Case{2, true, 1}})
+    for (const char *dt : {"f32", "f64", "i32"}) {
+      const std::string m = std::to_string(c.m), t = dt;
+      std::string text = "func @f(%a: " + t + "[" + m + ",40], %w: " + t + "[33,40]) -> (" + t + "[" + m + ",33]" +
+                         (c.transpose_returned ? ", " + t + "[40,33]" : std::string()) + ") {\n" +
+                         "  %t = transpose %w {perm=[1,0]} : " + t + "[40,33]\n" + "  %d = dot %a, %t : " + t +
+                         "[" + m + ",33]\n" + "  return %d" + (c.transpose_returned ? ", %t" : "") + "\n}\n";
+      ir_module *mo = ir_parse(text.c_str(), "nt.kir");
+      ASSERT_NE(mo, nullptr) << kiln_last_error() << "\n" << text;
+      kiln_dtype d = t == "f32" ? KILN_F32 : t == "f64" ? KILN_F64 : KILN_I32;
+      std::vector<kiln_tensor *> args = {random_tensor(rng, d, {c.m, 40}), random_tensor(rng, d, {33, 40})};
+      int kernels = -1;
+      EXPECT_TRUE(same_as_interpreter(mo->funcs[0], args, Tol{0, 1e-5, 1e-5}, text, &kernels));
+      EXPECT_EQ(kernels, c.kernels) << text;
+      ir_module_free(mo);
+    }
+}
+
 #ifdef KILN_TEST_HAVE_IR_GEN
 // ---- random programs ----
 

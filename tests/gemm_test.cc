@@ -235,6 +235,53 @@ TEST(Gemm, EpilogueErrorsNameMatmul) {
   EXPECT_EQ(values(iout), VD(8, 3.0));
 }
 
+// matmul_nt: a . transpose(w) with w read in place. Against the reference
+// for shapes around its four-row groups and sixteen-lane sums, in every
+// dtype; and bit for bit the n = 1 product (the same sums in the same order).
+TEST(Gemm, TransposedOperandReadInPlace) {
+  Scoped scope;
+  std::mt19937 rng(12);
+  for (kiln_dtype dt : {KILN_F32, KILN_F64, KILN_I32, KILN_I64})
+    for (int64_t m : {1, 2, 4})
+      for (int64_t n : {1, 3, 4, 5, 9, 64})
+        for (int64_t k : {0, 1, 15, 16, 17, 100}) {
+          SCOPED_TRACE(std::string(kiln_dtype_name(dt)) + " " + std::to_string(m) + "x" + std::to_string(k) +
+                       " . (" + std::to_string(n) + "x" + std::to_string(k) + ")T");
+          kiln_tensor *a = random_tensor(rng, KILN_F64, {m, k}), *w = random_tensor(rng, KILN_F64, {n, k});
+          if (dt == KILN_I32 || dt == KILN_I64) {  // small integers: exact
+            a = kiln_cast(kiln_mul(a, kiln_scalar(KILN_F64, 9)), dt);
+            w = kiln_cast(kiln_mul(w, kiln_scalar(KILN_F64, 9)), dt);
+          } else {
+            a = kiln_cast(a, dt), w = kiln_cast(w, dt);
+          }
+          kiln_tensor *wt = kiln_transpose(w, 0, nullptr), *out = zeros_like_product(dt, {m, n});
+          ASSERT_EQ(matmul_nt(a, w, out), 0) << kiln_last_error();
+          if (dt == KILN_I32 || dt == KILN_I64) {
+            EXPECT_EQ(values(out), values(kiln_matmul(a, wt)));
+            continue;
+          }
+          EXPECT_EQ(check(out, reference(a, wt, nullptr, GEMM_EPI_NONE)), "");
+          for (int64_t i = 0; i < m; i++) {  // row i = w . (row i of a) as a column
+            int64_t begin[2] = {i, 0}, size[2] = {1, k}, ob[2] = {i, 0}, os[2] = {1, n}, col_shape[2] = {n, 1};
+            kiln_tensor *col = kiln_transpose(kiln_slice(a, begin, size), 0, nullptr);
+            kiln_tensor *want = kiln_matmul(w, col);
+            EXPECT_TRUE(same_bits(kiln_reshape(kiln_slice(out, ob, os), 2, col_shape), want)) << i;
+          }
+        }
+  // bad operands name matmul
+  kiln_tensor *a = from_values(KILN_F32, {2, 3}, VD(6, 1.0)), *w = from_values(KILN_F32, {4, 3}, VD(12, 1.0));
+  EXPECT_EQ(matmul_nt(a, w, zeros_like_product(KILN_F32, {2, 4})), 0);
+  EXPECT_EQ(matmul_nt(a, from_values(KILN_F32, {4, 2}, VD(8, 1.0)), zeros_like_product(KILN_F32, {2, 4})), -1);
+  EXPECT_THAT(kiln_last_error(), HasSubstr("matmul: "));
+  EXPECT_EQ(matmul_nt(a, w, zeros_like_product(KILN_F32, {4, 2})), -1);
+  EXPECT_EQ(matmul_nt(a, from_values(KILN_F64, {4, 3}, VD(12, 1.0)), zeros_like_product(KILN_F32, {2, 4})), -1);
+  EXPECT_EQ(matmul_nt(from_values(KILN_F32, {1, 2, 3}, VD(6, 1.0)), w, zeros_like_product(KILN_F32, {2, 4})), -1);
+  kiln_tensor *ba = kiln_cast(a, KILN_BOOL), *bw = kiln_cast(w, KILN_BOOL);
+  EXPECT_EQ(matmul_nt(ba, bw, kiln_cast(zeros_like_product(KILN_F32, {2, 4}), KILN_BOOL)), -1);
+  EXPECT_THAT(kiln_last_error(), HasSubstr("matmul: no kernel for bool"));
+  EXPECT_EQ(matmul_nt(nullptr, w, nullptr), -1);
+}
+
 // Where the host's JIT works, the compiled micro-kernel is there for f32
 // and f64 and every epilogue, vector code for the host (AVX-512 when it
 // has it), and gives the C kernel's bits: the same sum per element.

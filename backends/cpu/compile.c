@@ -504,21 +504,71 @@ static int plan_helper(cpu_build *cb, const ir_func *f, const ir_instr *in, int 
   return add_step(cb, st);
 }
 
+/* Rows of a dot's first operand up to which a transposed second operand is
+ * read in place (matmul_nt): a row is then one pass of dot products over
+ * the matrix's rows; bigger products pack their panels from the transpose. */
+#define NT_MAX_ROWS 4
+
+/* The transpose (of a matrix) that dot in of f multiplies by, when it may
+ * run as matmul_nt on the transpose's input instead, which nothing else
+ * reads (uses: of each value of f, results included); else NULL. */
+static const ir_instr *nt_transpose(const ir_func *f, const ir_instr *in, const int *uses) {
+  if (in->op != OP_DOT || in->n_in != 2 || llvm_dot_inline(f, in)) return NULL;
+  const ir_instr *t = ir_def(f, in->in[1]);
+  const op_type *a = &f->types[in->in[0]];
+  if (!t || t->op != OP_TRANSPOSE || uses[in->in[1]] != 1 || a->rank != 2 || a->shape[0] > NT_MAX_ROWS)
+    return NULL;
+  const op_type *w = &f->types[t->in[0]];
+  return w->rank == 2 && t->attrs.axes[0] == 1 && t->attrs.axes[1] == 0 ? t : NULL;
+}
+
+/* Per value of f: how many instructions and results read it. malloc'd;
+ * NULL out of memory. */
+static int *value_uses(const ir_func *f) {
+  int *uses = calloc((size_t)f->n_values + 1, sizeof *uses);
+  if (!uses) return NULL;
+  for (int i = 0; i < f->n_instrs; i++)
+    for (int k = 0; k < f->instrs[i].n_in; k++) uses[f->instrs[i].in[k]]++;
+  for (int r = 0; r < f->n_results; r++) uses[f->results[r]]++;
+  return uses;
+}
+
 /* Plans f's instructions. vs (per value of f) gets each value's slot; the
  * parameters' slots are given. top: f is the compiled function, whose
  * results get their own buffers. Calls are inlined. */
 static int plan_func(cpu_build *cb, const ir_func *f, int *vs, const int *param_slots, bool top, int depth) {
   if (depth > 100) return kiln_set_error("cpu: @%s: calls nest too deep", cb->f->name);
   for (int i = 0; i < f->n_params; i++) vs[i] = param_slots[i];
+  int *uses = value_uses(f);
+  bool *skip = calloc((size_t)f->n_instrs + 1, sizeof *skip); /* transposes that matmul_nt saves */
+  if (!uses || !skip) {
+    free(uses);
+    free(skip);
+    return oom();
+  }
   for (int i = 0; i < f->n_instrs; i++) {
+    const ir_instr *t = nt_transpose(f, &f->instrs[i], uses);
+    if (t) skip[t - f->instrs] = true;
+  }
+  int rc = 0;
+  for (int i = 0; i < f->n_instrs && rc >= 0; i++) {
+    rc = 0;
     const ir_instr *in = &f->instrs[i];
     ir_value v = in->out;
     op_id op = in->op;
     op_kind kind = kiln_ops[op].kind;
-    int rc = 0;
-    if (op == OP_CONSTANT) {
-      if (retain_const(cb, in->attrs.value)) return -1;
-      rc = vs[v] = add_slot(cb, (slot){SLOT_CONST, 0, 0, in->attrs.value});
+    const ir_instr *nt = skip[i] ? NULL : nt_transpose(f, in, uses);
+    if (skip[i]) {
+      continue;
+    } else if (nt) { /* the dot reads the matrix before its transpose */
+      ir_value args[2] = {in->in[0], nt->in[0]};
+      ir_instr dot = *in;
+      dot.in = args;
+      rc = plan_helper(cb, f, &dot, vs, top);
+      if (rc >= 0) cb->p->helpers[cb->p->n_helpers - 1].trans_b = true;
+    } else if (op == OP_CONSTANT) {
+      rc = retain_const(cb, in->attrs.value);
+      if (rc >= 0) rc = vs[v] = add_slot(cb, (slot){SLOT_CONST, 0, 0, in->attrs.value});
     } else if (kind == OPK_VIEW) {
       vs[v] = vs[in->in[0]]; /* the same bytes, read with another shape */
     } else if (op == OP_FUSION && fusion_ok(in->attrs.callee)) {
@@ -540,11 +590,12 @@ static int plan_func(cpu_build *cb, const ir_func *f, int *vs, const int *param_
                op == OP_CONCAT || op == OP_ARGMAX) {
       rc = plan_helper(cb, f, in, vs, top);
     } else {
-      return kiln_set_error("cpu: @%s: %s is not supported by the CPU backend", f->name, kiln_ops[op].name);
+      rc = kiln_set_error("cpu: @%s: %s is not supported by the CPU backend", f->name, kiln_ops[op].name);
     }
-    if (rc < 0) return -1;
   }
-  return 0;
+  free(uses);
+  free(skip);
+  return rc < 0 ? -1 : 0;
 }
 
 /* ---- buffer donation: results written over parameters' buffers ---- */
