@@ -265,6 +265,41 @@ EPILOGUE(double, f64, tanh)
 GEMM_BLOCKED(float, f32, FMA_F32, MR_F32, NR_F32, KC_F32, MC_F32, NC_F32)
 GEMM_BLOCKED(double, f64, FMA_F64, MR_F64, NR_F64, KC_F64, MC_F64, NC_F64)
 
+/* c[j] = a . w[j, :] for the n rows of w (k each): one dot product per row
+ * over LANES partial sums, reduced as the n = 1 product reduces them, four
+ * rows at a time (four independent chains of FMAs) */
+#define NT_ROWS(SUF, T, U, MADD)                                                                 \
+  static void nt_row_##SUF(const T *a, const T *w, T *c, int64_t n, int64_t k) {                 \
+    const U *KILN_RESTRICT x = (const U *)a;                                                       \
+    int64_t j = 0;                                                                                 \
+    for (; j < n; j += 4) {                                                                        \
+      int rows = n - j < 4 ? (int)(n - j) : 4;                                                     \
+      const U *KILN_RESTRICT r0 = (const U *)(w + j * k);                                          \
+      const U *KILN_RESTRICT r1 = rows > 1 ? r0 + k : r0, *KILN_RESTRICT r2 = rows > 2 ? r0 + 2 * k : r0; \
+      const U *KILN_RESTRICT r3 = rows > 3 ? r0 + 3 * k : r0;                                      \
+      U p0[LANES] = {0}, p1[LANES] = {0}, p2[LANES] = {0}, p3[LANES] = {0};                        \
+      int64_t p = 0;                                                                               \
+      for (; p + LANES <= k; p += LANES)                                                           \
+        for (int l = 0; l < LANES; l++) {                                                          \
+          U v = x[p + l];                                                                          \
+          p0[l] = MADD(v, r0[p + l], p0[l]);                                                       \
+          p1[l] = MADD(v, r1[p + l], p1[l]);                                                       \
+          p2[l] = MADD(v, r2[p + l], p2[l]);                                                       \
+          p3[l] = MADD(v, r3[p + l], p3[l]);                                                       \
+        }                                                                                          \
+      for (; p < k; p++) {                                                                         \
+        p0[0] = MADD(x[p], r0[p], p0[0]);                                                          \
+        p1[0] = MADD(x[p], r1[p], p1[0]);                                                          \
+        p2[0] = MADD(x[p], r2[p], p2[0]);                                                          \
+        p3[0] = MADD(x[p], r3[p], p3[0]);                                                          \
+      }                                                                                            \
+      for (int h = LANES / 2; h >= 1; h /= 2)                                                      \
+        for (int l = 0; l < h; l++) p0[l] += p0[l + h], p1[l] += p1[l + h], p2[l] += p2[l + h], p3[l] += p3[l + h]; \
+      U s[4] = {p0[0], p1[0], p2[0], p3[0]};                                                       \
+      for (int q = 0; q < rows; q++) c[j + q] = (T)s[q];                                           \
+    }                                                                                              \
+  }
+
 /* ---- unpacked products: small ones, integers, and m or n of 1 ----
  * Each row of C is computed in strips whose accumulators stay in registers
  * while k runs (accumulating into C itself would chain every step through a
@@ -324,6 +359,10 @@ GEMM_BLOCKED(double, f64, FMA_F64, MR_F64, NR_F64, KC_F64, MC_F64, NC_F64)
    * products over LANES partial sums, which vectorize */                                     \
   static void gemv_task_##SUF(void *ctx, int64_t begin, int64_t end) {                        \
     const gemm_args *g = ctx;                                                                 \
+    if (g->lda == g->k && g->ldc == 1 && !g->epi) { /* the same sums, four rows at a time */ \
+      nt_row_##SUF(g->b, (const T *)g->a + begin * g->k, (T *)g->c + begin, end - begin, g->k); \
+      return;                                                                                 \
+    }                                                                                         \
     const U *KILN_RESTRICT b = g->b;                                                          \
     for (int64_t i = begin; i < end; i++) {                                                   \
       const U *KILN_RESTRICT a = (const U *)((const T *)g->a + i * g->lda);                   \
@@ -359,6 +398,10 @@ GEMM_BLOCKED(double, f64, FMA_F64, MR_F64, NR_F64, KC_F64, MC_F64, NC_F64)
   }
 NO_EPILOGUE(int32_t, i32)
 NO_EPILOGUE(int64_t, i64)
+NT_ROWS(f32, float, float, FMA_F32)
+NT_ROWS(f64, double, double, FMA_F64)
+NT_ROWS(i32, int32_t, uint32_t, MADD_WRAP)
+NT_ROWS(i64, int64_t, uint64_t, MADD_WRAP)
 UNPACKED(f32, float, float, FMA_F32, 64, 32, 16, 8)
 UNPACKED(f64, double, double, FMA_F64, 32, 16, 8, 4)
 UNPACKED(i32, int32_t, uint32_t, MADD_WRAP, 64, 32, 16, 8)
@@ -496,50 +539,17 @@ int matmul_epilogue(const kiln_tensor *a, const kiln_tensor *b, const kiln_tenso
   }
 }
 
-/* c[j] = a . w[j, :] for the n rows of w (k each): one dot product per row
- * over LANES partial sums, reduced as the n = 1 product reduces them, four
- * rows at a time (four independent chains of FMAs) */
-#define MATMUL_NT(SUF, T, U, MADD)                                                                 \
-  static void nt_row_##SUF(const T *a, const T *w, T *c, int64_t n, int64_t k) {                 \
-    const U *KILN_RESTRICT x = (const U *)a;                                                       \
-    int64_t j = 0;                                                                                 \
-    for (; j < n; j += 4) {                                                                        \
-      int rows = n - j < 4 ? (int)(n - j) : 4;                                                     \
-      const U *KILN_RESTRICT r0 = (const U *)(w + j * k);                                          \
-      const U *KILN_RESTRICT r1 = rows > 1 ? r0 + k : r0, *KILN_RESTRICT r2 = rows > 2 ? r0 + 2 * k : r0; \
-      const U *KILN_RESTRICT r3 = rows > 3 ? r0 + 3 * k : r0;                                      \
-      U p0[LANES] = {0}, p1[LANES] = {0}, p2[LANES] = {0}, p3[LANES] = {0};                        \
-      int64_t p = 0;                                                                               \
-      for (; p + LANES <= k; p += LANES)                                                           \
-        for (int l = 0; l < LANES; l++) {                                                          \
-          U v = x[p + l];                                                                          \
-          p0[l] = MADD(v, r0[p + l], p0[l]);                                                       \
-          p1[l] = MADD(v, r1[p + l], p1[l]);                                                       \
-          p2[l] = MADD(v, r2[p + l], p2[l]);                                                       \
-          p3[l] = MADD(v, r3[p + l], p3[l]);                                                       \
-        }                                                                                          \
-      for (; p < k; p++) {                                                                         \
-        p0[0] = MADD(x[p], r0[p], p0[0]);                                                          \
-        p1[0] = MADD(x[p], r1[p], p1[0]);                                                          \
-        p2[0] = MADD(x[p], r2[p], p2[0]);                                                          \
-        p3[0] = MADD(x[p], r3[p], p3[0]);                                                          \
-      }                                                                                            \
-      for (int h = LANES / 2; h >= 1; h /= 2)                                                      \
-        for (int l = 0; l < h; l++) p0[l] += p0[l + h], p1[l] += p1[l + h], p2[l] += p2[l + h], p3[l] += p3[l + h]; \
-      U s[4] = {p0[0], p1[0], p2[0], p3[0]};                                                       \
-      for (int q = 0; q < rows; q++) c[j + q] = (T)s[q];                                           \
-    }                                                                                              \
-  }                                                                                                \
-                                                                                                   \
+/* out = a . transpose(w): per row of a, the rows of w */
+#define MATMUL_NT(SUF, T)                                                                          \
   static void nt_##SUF(const kiln_tensor *a, const kiln_tensor *w, kiln_tensor *out) {            \
     int64_t m = a->shape[0], k = a->shape[1], n = w->shape[0];                                     \
     for (int64_t i = 0; i < m; i++)                                                                \
       nt_row_##SUF((const T *)a->data + i * k, w->data, (T *)out->data + i * n, n, k);            \
   }
-MATMUL_NT(f32, float, float, FMA_F32)
-MATMUL_NT(f64, double, double, FMA_F64)
-MATMUL_NT(i32, int32_t, uint32_t, MADD_WRAP)
-MATMUL_NT(i64, int64_t, uint64_t, MADD_WRAP)
+MATMUL_NT(f32, float)
+MATMUL_NT(f64, double)
+MATMUL_NT(i32, int32_t)
+MATMUL_NT(i64, int64_t)
 
 int matmul_nt(const kiln_tensor *a, const kiln_tensor *w, kiln_tensor *out) {
   if (!a || !w || !out || a->rank != 2 || w->rank != 2 || out->rank != 2 || a->dtype != w->dtype ||
