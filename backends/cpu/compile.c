@@ -1801,13 +1801,8 @@ static bool plan_split(LLVMModuleRef mod, int n_groups, uint8_t *side, int64_t m
  * a task, a kernel the entry calls itself) are marked in called, and
  * exported there; its others stay internal, so that a kernel inlined into
  * its task is not compiled twice. */
-static void keep_part(LLVMModuleRef mod, int n_groups, const uint8_t *side, int which, uint8_t *called) {
-  int n = 0;
-  for (LLVMValueRef fn = LLVMGetFirstFunction(mod); fn; fn = LLVMGetNextFunction(fn)) n++;
-  LLVMValueRef *fns = malloc((size_t)n * sizeof *fns);
-  if (!fns) return;
-  n = 0;
-  for (LLVMValueRef fn = LLVMGetFirstFunction(mod); fn; fn = LLVMGetNextFunction(fn)) fns[n++] = fn;
+static void keep_part(LLVMModuleRef mod, LLVMValueRef *fns, int n, int n_groups, const uint8_t *side, int which,
+                      uint8_t *called) {
   for (int i = 0; i < n; i++) { /* the entry first: it calls the most */
     if (LLVMIsDeclaration(fns[i])) continue;
     int k = kernel_of(fns[i], n_groups);
@@ -1831,7 +1826,17 @@ static void keep_part(LLVMModuleRef mod, int n_groups, const uint8_t *side, int 
       size_t len;
       if (k >= 0) called[k] |= strstr(LLVMGetValueName2(fn, &len), ".task") ? 2 : 1;
     }
-  free(fns);
+}
+
+/* mod's functions, in a malloc'd array of *n; NULL out of memory */
+static LLVMValueRef *functions(LLVMModuleRef mod, int *n) {
+  *n = 0;
+  for (LLVMValueRef fn = LLVMGetFirstFunction(mod); fn; fn = LLVMGetNextFunction(fn)) (*n)++;
+  LLVMValueRef *fns = malloc(((size_t)*n + 1) * sizeof *fns);
+  if (!fns) return NULL;
+  *n = 0;
+  for (LLVMValueRef fn = LLVMGetFirstFunction(mod); fn; fn = LLVMGetNextFunction(fn)) fns[(*n)++] = fn;
+  return fns;
 }
 
 /* The object code of mod (which this disposes, with ctx): one object, or
@@ -1861,13 +1866,20 @@ static int optimize(cpu_program *p, LLVMContextRef ctx, LLVMModuleRef mod, int n
     LLVMMemoryBufferRef bc = LLVMWriteBitcodeToMemoryBuffer(mod);
     ctx2 = LLVMContextCreate();
     if (bc && !LLVMParseBitcodeInContext2(ctx2, bc, &parts[1].mod)) {
+      int n0, n1; /* everything allocated before either module changes */
       uint8_t *called = calloc((size_t)n_groups + 1, 1);
-      if (called) {
-        keep_part(parts[0].mod, n_groups, side, 0, called);
-        keep_part(parts[1].mod, n_groups, side, 1, called);
+      LLVMValueRef *f0 = functions(parts[0].mod, &n0), *f1 = functions(parts[1].mod, &n1);
+      if (called && f0 && f1) {
+        keep_part(parts[0].mod, f0, n0, n_groups, side, 0, called);
+        keep_part(parts[1].mod, f1, n1, n_groups, side, 1, called);
         n = 2;
+      } else { /* one part after all */
+        LLVMDisposeModule(parts[1].mod);
+        parts[1].mod = NULL;
       }
       free(called);
+      free(f0);
+      free(f1);
     }
     if (bc) LLVMDisposeMemoryBuffer(bc);
   }
