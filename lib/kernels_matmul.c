@@ -55,6 +55,9 @@ typedef struct {
   void *c;
   const void *bias;
   gemm_epilogue epi;
+  /* A given transposed (element (i, p) at a[p * lda + i]), B given
+   * transposed (element (p, j) at b[j * ldb + p]): read so by the packing */
+  bool ta, tb;
 } gemm_args;
 
 /* The threaded BLIS path splits C into a tm x tn grid of tasks. */
@@ -166,10 +169,21 @@ EPILOGUE(double, f64, tanh)
     }                                                                                              \
   }                                                                                                \
                                                                                                    \
-  static void pack_a_##SUF(int64_t mc, int64_t kc, const T *a, int64_t lda, int64_t mr,            \
+  /* the same from A given transposed: each step of k is h contiguous values */                  \
+  static void pack_panel_t_##SUF(int64_t h, int64_t kc, const T *a, int64_t lda, int64_t mr,      \
+                                 T *KILN_RESTRICT ap) {                                            \
+    for (int64_t p = 0; p < kc; p++, ap += mr)                                                     \
+      for (int64_t i = 0; i < mr; i++) ap[i] = i < h ? a[p * lda + i] : 0;                         \
+  }                                                                                                \
+                                                                                                   \
+  static void pack_a_##SUF(int64_t mc, int64_t kc, const T *a, int64_t lda, int64_t mr, bool ta,   \
                            T *KILN_RESTRICT ap) {                                                  \
     for (int64_t r = 0; r < mc; r += mr, ap += mr * kc) {                                          \
       int64_t h = min64(mr, mc - r);                                                               \
+      if (ta) {                                                                                    \
+        pack_panel_t_##SUF(h, kc, a + r, lda, mr, ap);                                             \
+        continue;                                                                                  \
+      }                                                                                            \
       switch (mr) { /* the register tiles in use, unrolled */                                      \
         case 6: pack_panel_##SUF(h, kc, a + r * lda, lda, 6, ap); break;                           \
         case 8: pack_panel_##SUF(h, kc, a + r * lda, lda, 8, ap); break;                           \
@@ -180,10 +194,18 @@ EPILOGUE(double, f64, tanh)
     }                                                                                              \
   }                                                                                                \
                                                                                                    \
-  static void pack_b_##SUF(int64_t kc, int64_t nc, const T *b, int64_t ldb, int64_t nr,            \
+  static void pack_b_##SUF(int64_t kc, int64_t nc, const T *b, int64_t ldb, int64_t nr, bool tb,   \
                            T *KILN_RESTRICT bp) {                                                  \
     for (int64_t q = 0; q < nc; q += nr) {                                                         \
       int64_t w = min64(nr, nc - q);                                                               \
+      if (tb) { /* B given transposed: column j of the panel is a contiguous row */               \
+        for (int64_t j = 0; j < nr; j++) {                                                         \
+          const T *row = b + (q + j) * ldb;                                                        \
+          for (int64_t p = 0; p < kc; p++) bp[p * nr + j] = j < w ? row[p] : 0;                    \
+        }                                                                                          \
+        bp += nr * kc;                                                                             \
+        continue;                                                                                  \
+      }                                                                                            \
       const T *src = b + q;                                                                        \
       if (w == NR && nr == NR) { /* the common case, in whole vectors */                          \
         for (int64_t p = 0; p < kc; p++, bp += NR, src += ldb)                                     \
@@ -209,10 +231,12 @@ EPILOGUE(double, f64, tanh)
         int64_t kc = min64(KC, g->k - pc);                                                         \
         int32_t flags = (pc > 0 ? GEMM_ACCUMULATE : 0) | (pc + kc == g->k ? GEMM_LAST : 0) |       \
                         (int32_t)g->epi << GEMM_EPI_SHIFT;                                         \
-        pack_b_##SUF(kc, nc, B + pc * g->ldb + jc, g->ldb, unr, bp);                               \
+        pack_b_##SUF(kc, nc, g->tb ? B + jc * g->ldb + pc : B + pc * g->ldb + jc, g->ldb, unr, g->tb, \
+                     bp);                                                                          \
         for (int64_t ic = m0; ic < m1; ic += mcb) {                                                \
           int64_t mc = min64(mcb, m1 - ic);                                                        \
-          pack_a_##SUF(mc, kc, A + ic * g->lda + pc, g->lda, umr, ap);                             \
+          pack_a_##SUF(mc, kc, g->ta ? A + pc * g->lda + ic : A + ic * g->lda + pc, g->lda, umr,   \
+                       g->ta, ap);                                                                 \
           for (int64_t ir = 0; ir < mc; ir += umr) {                                               \
             int64_t mr = min64(umr, mc - ir);                                                      \
             for (int64_t jr = 0; jr < nc; jr += unr) {                                             \
@@ -407,17 +431,48 @@ UNPACKED(f64, double, double, FMA_F64, 32, 16, 8, 4)
 UNPACKED(i32, int32_t, uint32_t, MADD_WRAP, 64, 32, 16, 8)
 UNPACKED(i64, int64_t, uint64_t, MADD_WRAP, 32, 16, 8, 4)
 
+/* A product with an operand given transposed that does not pack: element
+ * by element, the sum over k in order with one multiply-add per step from
+ * zero, as every other path sums. matmul_trans's callers avoid it (the CPU
+ * backend only hands over transposes for products that pack); it is here
+ * so that any shape works. */
+#define TRANS_PLAIN(SUF, T, U, MADD)                                                               \
+  static void trans_plain_##SUF(const gemm_args *g) {                                             \
+    const T *a = g->a, *b = g->b;                                                                  \
+    T *c = g->c;                                                                                   \
+    for (int64_t i = 0; i < g->m; i++)                                                             \
+      for (int64_t j = 0; j < g->n; j++) {                                                         \
+        U s = 0;                                                                                   \
+        for (int64_t p = 0; p < g->k; p++)                                                         \
+          s = MADD((U)(g->ta ? a[p * g->lda + i] : a[i * g->lda + p]),                             \
+                   (U)(g->tb ? b[j * g->ldb + p] : b[p * g->ldb + j]), s);                         \
+        c[i * g->ldc + j] = (T)s;                                                                  \
+      }                                                                                            \
+  }
+TRANS_PLAIN(f32, float, float, FMA_F32)
+TRANS_PLAIN(f64, double, double, FMA_F64)
+TRANS_PLAIN(i32, int32_t, uint32_t, MADD_WRAP)
+TRANS_PLAIN(i64, int64_t, uint64_t, MADD_WRAP)
+
 /* Packing pays off once the product is big enough and both m and n exceed
  * one vector strip. */
+bool matmul_packs(int64_t m, int64_t n, int64_t k) { return m > 1 && n > 1 && m * n * k > SMALL_WORK; }
+
 static int gemm_f32(const gemm_args *g, bool parallel) {
-  int64_t work = g->m * g->n * g->k;
-  if (g->m == 1 || g->n == 1 || work <= SMALL_WORK) return unpacked_f32(g, parallel);
-  return blocked_f32(g, parallel, work >= MATMUL_JIT_WORK);
+  if (!matmul_packs(g->m, g->n, g->k)) {
+    if (!g->ta && !g->tb) return unpacked_f32(g, parallel);
+    trans_plain_f32(g);
+    return 0;
+  }
+  return blocked_f32(g, parallel, g->m * g->n * g->k >= MATMUL_JIT_WORK);
 }
 static int gemm_f64(const gemm_args *g, bool parallel) {
-  int64_t work = g->m * g->n * g->k;
-  if (g->m == 1 || g->n == 1 || work <= SMALL_WORK) return unpacked_f64(g, parallel);
-  return blocked_f64(g, parallel, work >= MATMUL_JIT_WORK);
+  if (!matmul_packs(g->m, g->n, g->k)) {
+    if (!g->ta && !g->tb) return unpacked_f64(g, parallel);
+    trans_plain_f64(g);
+    return 0;
+  }
+  return blocked_f64(g, parallel, g->m * g->n * g->k >= MATMUL_JIT_WORK);
 }
 static int gemm_i32(const gemm_args *g, bool parallel) { return unpacked_i32(g, parallel); }
 static int gemm_i64(const gemm_args *g, bool parallel) { return unpacked_i64(g, parallel); }
@@ -563,6 +618,32 @@ int matmul_nt(const kiln_tensor *a, const kiln_tensor *w, kiln_tensor *out) {
     case KILN_I64: nt_i64(a, w, out); return 0;
     default: return kiln_set_error("matmul: no kernel for %s", kiln_dtype_name((kiln_dtype)a->dtype));
   }
+}
+
+int matmul_trans(const kiln_tensor *a, const kiln_tensor *b, bool ta, bool tb, kiln_tensor *out) {
+  if (!a || !b || !out || a->rank != 2 || b->rank != 2 || out->rank != 2 || a->dtype != b->dtype ||
+      out->dtype != a->dtype)
+    return kiln_set_error("matmul: bad operands for a product with transposed operands");
+  int64_t m = a->shape[ta], k = a->shape[!ta], n = b->shape[!tb];
+  if (b->shape[tb] != k || out->shape[0] != m || out->shape[1] != n)
+    return kiln_set_error("matmul: bad operands for a product with transposed operands");
+  if (!ta && tb && m <= MATMUL_NT_ROWS) return matmul_nt(a, b, out);
+  if (out->size == 0) return 0;
+  if (k == 0) {
+    memset(out->data, 0, tensor_bytes(out)); /* an empty sum */
+    return 0;
+  }
+  gemm_args g = {.m = m, .n = n, .k = k, .lda = a->shape[1], .ldb = b->shape[1], .ldc = n,
+                 .a = a->data, .b = b->data, .c = out->data, .ta = ta, .tb = tb};
+  int rc = 0;
+  switch (a->dtype) {
+    case KILN_F32: rc = gemm_f32(&g, true); break;
+    case KILN_F64: rc = gemm_f64(&g, true); break;
+    case KILN_I32: trans_plain_i32(&g); break;
+    case KILN_I64: trans_plain_i64(&g); break;
+    default: return kiln_set_error("matmul: no kernel for %s", kiln_dtype_name((kiln_dtype)a->dtype));
+  }
+  return rc ? kiln_set_error("matmul: out of memory for packing buffers") : 0;
 }
 
 KILN_CONSTRUCTOR static void register_kernels(void) {

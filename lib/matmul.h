@@ -65,6 +65,19 @@ KILN_EXPORT int matmul_epilogue(const kiln_tensor *a, const kiln_tensor *b, cons
  * backward pass through a layer's weights) this beats transposing w and
  * multiplying. 0, or -1 with the error set ("matmul: ..."). */
 KILN_EXPORT int matmul_nt(const kiln_tensor *a, const kiln_tensor *w, kiln_tensor *out);
+/* Rows of a up to which matmul_trans multiplies by a transposed w as
+ * matmul_nt does. */
+#define MATMUL_NT_ROWS 4
+
+/* out = op(a) . op(b) where op transposes its matrix when ta (tb) is set:
+ * the transposes the IR asks for are read by the packing of the blocked
+ * product instead of being made (matmul_nt for a few rows times a
+ * transposed b). a, b and out rank 2, one dtype; the same sums as the
+ * product of the transposed copies. 0, or -1 with the error set. */
+KILN_EXPORT int matmul_trans(const kiln_tensor *a, const kiln_tensor *b, bool ta, bool tb, kiln_tensor *out);
+/* Whether an m x k . k x n float product runs packed (the blocked path):
+ * the products matmul_trans is fast for. */
+KILN_EXPORT bool matmul_packs(int64_t m, int64_t n, int64_t k);
 
 #ifdef __cplusplus
 }

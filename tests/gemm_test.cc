@@ -282,6 +282,47 @@ TEST(Gemm, TransposedOperandReadInPlace) {
   EXPECT_EQ(matmul_nt(nullptr, w, nullptr), -1);
 }
 
+// matmul_trans: either operand given transposed, read as it lies by the
+// packing. The same bits as the product of transposed copies where both
+// take the same path (packed products; small ones element by element), and
+// close to it where a few rows times a transposed matrix sum as matmul_nt.
+TEST(Gemm, TransposedOperandsArePackedInPlace) {
+  Scoped scope;
+  std::mt19937 rng(13);
+  struct Shape {
+    int64_t m, n, k;
+  };
+  for (kiln_dtype dt : {KILN_F32, KILN_F64, KILN_I32})
+    for (Shape sh : {Shape{1, 5, 7}, Shape{3, 4, 9}, Shape{5, 9, 17}, Shape{33, 29, 100}, Shape{64, 256, 300},
+                     Shape{130, 70, 257}})
+      for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+          SCOPED_TRACE(std::string(kiln_dtype_name(dt)) + " " + std::to_string(sh.m) + "x" + std::to_string(sh.k) +
+                       " . " + std::to_string(sh.k) + "x" + std::to_string(sh.n) + (ta ? " A^T" : "") +
+                       (tb ? " B^T" : ""));
+          kiln_tensor *a = random_tensor(rng, KILN_F64, ta ? V64{sh.k, sh.m} : V64{sh.m, sh.k});
+          kiln_tensor *b = random_tensor(rng, KILN_F64, tb ? V64{sh.n, sh.k} : V64{sh.k, sh.n});
+          if (dt == KILN_I32) {
+            a = kiln_mul(a, kiln_scalar(KILN_F64, 9)), b = kiln_mul(b, kiln_scalar(KILN_F64, 9));
+          }
+          a = kiln_cast(a, dt), b = kiln_cast(b, dt);
+          kiln_tensor *opa = ta ? kiln_transpose(a, 0, nullptr) : a, *opb = tb ? kiln_transpose(b, 0, nullptr) : b;
+          kiln_tensor *out = zeros_like_product(dt, {sh.m, sh.n});
+          ASSERT_EQ(matmul_trans(a, b, ta, tb, out), 0) << kiln_last_error();
+          kiln_tensor *want = kiln_matmul(opa, opb);
+          if (dt == KILN_I32 || ta || !tb || sh.m > MATMUL_NT_ROWS)
+            EXPECT_TRUE(same_bits(out, want));
+          else
+            EXPECT_EQ(check(out, reference(opa, opb, nullptr, GEMM_EPI_NONE)), "");
+        }
+  kiln_tensor *a = from_values(KILN_F32, {3, 2}, VD(6, 1.0)), *b = from_values(KILN_F32, {4, 3}, VD(12, 1.0));
+  EXPECT_EQ(matmul_trans(a, b, true, true, zeros_like_product(KILN_F32, {2, 4})), 0) << kiln_last_error();
+  EXPECT_EQ(matmul_trans(a, b, false, true, zeros_like_product(KILN_F32, {3, 4})), -1);  // k: 2 vs 3
+  EXPECT_THAT(kiln_last_error(), HasSubstr("matmul: "));
+  EXPECT_EQ(matmul_trans(a, b, true, true, zeros_like_product(KILN_F32, {4, 2})), -1);
+  EXPECT_EQ(matmul_trans(a, nullptr, true, true, zeros_like_product(KILN_F32, {2, 4})), -1);
+}
+
 // Where the host's JIT works, the compiled micro-kernel is there for f32
 // and f64 and every epilogue, vector code for the host (AVX-512 when it
 // has it), and gives the C kernel's bits: the same sum per element.

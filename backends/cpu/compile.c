@@ -417,38 +417,118 @@ static int plan_dot_epilogue(cpu_build *cb, const ir_func *f, const ir_instr *in
   return 0;
 }
 
-static int plan_fusion(cpu_build *cb, const ir_func *f, const ir_instr *in, int *vs, bool top) {
+/* A transpose (of a matrix: its two dims swapped) that defines value v of
+ * f and that nothing else reads (uses: of each value of f, results
+ * included), else NULL. */
+static const ir_instr *lone_transpose(const ir_func *f, ir_value v, const int *uses) {
+  const ir_instr *t = ir_def(f, v);
+  if (!t || t->op != OP_TRANSPOSE || uses[v] != 1 || f->types[t->in[0]].rank != 2) return NULL;
+  return t->attrs.axes[0] == 1 && t->attrs.axes[1] == 0 ? t : NULL;
+}
+
+/* The transposes (c[0] of the first operand, c[1] of the second, either
+ * NULL) that a dot helper of operand types a . b (rank 2) reads in place
+ * (matmul_trans), in t: a few rows times a transposed matrix (matmul_nt),
+ * or float products that pack, whose packing reads either operand as it
+ * lies. False when none. */
+static bool trans_plan(const op_type *a, const op_type *b, const ir_instr *const c[2], const ir_instr *t[2]) {
+  t[0] = t[1] = NULL;
+  if (a->rank != 2 || b->rank != 2 || (!c[0] && !c[1])) return false;
+  int64_t m = a->shape[0], k = a->shape[1], n = b->shape[1];
+  if (c[1] && !c[0] && m <= MATMUL_NT_ROWS) {
+    t[1] = c[1];
+    return true;
+  }
+  if ((a->dtype != KILN_F32 && a->dtype != KILN_F64) || !matmul_packs(m, n, k)) return false;
+  t[0] = c[0], t[1] = c[1];
+  return true;
+}
+
+/* trans_plan for a top-level dot in of f that runs as a helper */
+static bool dot_transposes(const ir_func *f, const ir_instr *in, const int *uses, const ir_instr *t[2]) {
+  t[0] = t[1] = NULL;
+  if (in->op != OP_DOT || in->n_in != 2 || llvm_dot_inline(f, in)) return false;
+  const ir_instr *c[2] = {lone_transpose(f, in->in[0], uses), lone_transpose(f, in->in[1], uses)};
+  return trans_plan(&f->types[in->in[0]], &f->types[in->in[1]], c, t);
+}
+
+/* trans_plan for dot d that runs before the kernel of fusion fu (of f):
+ * its operands are body parameters, which the dot alone reads (body_uses),
+ * bound to values of f that lone transposes define */
+static bool fusion_dot_transposes(const ir_func *f, const ir_instr *fu, const int *uses, const ir_instr *d,
+                                  const int *body_uses, const ir_instr *t[2]) {
+  const ir_func *c = fu->attrs.callee;
+  const ir_instr *cand[2] = {NULL, NULL};
+  for (int s = 0; s < 2; s++) {
+    ir_value q = d->in[s]; /* a parameter: dot_before_kernel */
+    if (q < fu->n_in && body_uses[q] == 1) cand[s] = lone_transpose(f, fu->in[q], uses);
+  }
+  return trans_plan(&c->types[d->in[0]], &c->types[d->in[1]], cand, t);
+}
+
+/* Per value of f: how many instructions and results read it. malloc'd;
+ * NULL out of memory. */
+static int *value_uses(const ir_func *f) {
+  int *uses = calloc((size_t)f->n_values + 1, sizeof *uses);
+  if (!uses) return NULL;
+  for (int i = 0; i < f->n_instrs; i++)
+    for (int k = 0; k < f->instrs[i].n_in; k++) uses[f->instrs[i].in[k]]++;
+  for (int r = 0; r < f->n_results; r++) uses[f->results[r]]++;
+  return uses;
+}
+
+/* uses: of each value of f (plan_func's), for the transposes the fusion's
+ * dots read in place */
+static int plan_fusion(cpu_build *cb, const ir_func *f, const ir_instr *in, int *vs, bool top, const int *uses) {
   const ir_func *c = in->attrs.callee;
   ir_value ops[3];
   gemm_epilogue epi;
   if (dot_epilogue(c, ops, &epi)) return plan_dot_epilogue(cb, f, in, vs, top, ops, epi);
-  /* the body's slots, for the dots that run before its kernel */
-  int *cvs = malloc(((size_t)c->n_values + 1) * sizeof *cvs);
-  if (!cvs) return oom();
+  /* the body's slots, for the dots that run before its kernel; parameters
+   * bound to a transpose such a dot reads in place are not the kernel's */
+  int *cvs = malloc(((size_t)c->n_values + 1) * sizeof *cvs), *body_uses = value_uses(c);
+  bool *unread = calloc((size_t)in->n_in + 1, sizeof *unread);
+  if (!cvs || !body_uses || !unread) {
+    free(cvs), free(body_uses), free(unread);
+    return oom();
+  }
   for (int k = 0; k < in->n_in; k++) cvs[k] = vs[in->in[k]];
-  for (int i = 0; i < c->n_instrs; i++)
-    if (dot_before_kernel(c, &c->instrs[i]) && plan_helper(cb, c, &c->instrs[i], cvs, false)) {
-      free(cvs);
-      return -1;
+  int rc = 0;
+  for (int i = 0; i < c->n_instrs && !rc; i++) {
+    const ir_instr *d = &c->instrs[i], *t[2];
+    if (!dot_before_kernel(c, d)) continue;
+    bool trans = fusion_dot_transposes(f, in, uses, d, body_uses, t);
+    for (int s = 0; trans && s < 2; s++)
+      if (t[s]) cvs[d->in[s]] = vs[t[s]->in[0]], unread[d->in[s]] = true;
+    rc = plan_helper(cb, c, d, cvs, false);
+    if (!rc && trans) {
+      cpu_helper *h = &cb->p->helpers[cb->p->n_helpers - 1];
+      for (int s = 0; s < 2; s++)
+        if (t[s]) h->in_types[s] = f->types[t[s]->in[0]];
+      h->trans_a = t[0] != NULL, h->trans_b = t[1] != NULL;
     }
-  kgroup *g = new_group(cb, c, c->n_results);
-  if (!g) {
-    free(cvs);
+  }
+  free(body_uses);
+  if (rc) {
+    free(cvs), free(unread);
     return -1;
   }
-  for (int i = 0; i < c->n_instrs; i++) {
+  kgroup *g = new_group(cb, c, c->n_results);
+  for (int i = 0; g && i < c->n_instrs; i++) {
     if (dot_before_kernel(c, &c->instrs[i])) {
       g->leaf[c->instrs[i].out] = cvs[c->instrs[i].out];
       continue;
     }
     g->member[i] = true;
-    if (c->instrs[i].op == OP_CONSTANT && retain_const(cb, c->instrs[i].attrs.value)) {
-      free(cvs);
-      return -1;
-    }
+    if (c->instrs[i].op == OP_CONSTANT && retain_const(cb, c->instrs[i].attrs.value)) g = NULL;
   }
   free(cvs);
-  for (int k = 0; k < in->n_in; k++) g->leaf[k] = vs[in->in[k]];
+  if (!g) {
+    free(unread);
+    return -1;
+  }
+  for (int k = 0; k < in->n_in; k++) g->leaf[k] = unread[k] ? -1 : vs[in->in[k]];
+  free(unread);
   for (int r = 0; r < c->n_results; r++) {
     int s = value_slot(cb, f, in->out + r, top);
     if (s < 0) return -1;
@@ -504,34 +584,6 @@ static int plan_helper(cpu_build *cb, const ir_func *f, const ir_instr *in, int 
   return add_step(cb, st);
 }
 
-/* Rows of a dot's first operand up to which a transposed second operand is
- * read in place (matmul_nt): a row is then one pass of dot products over
- * the matrix's rows; bigger products pack their panels from the transpose. */
-#define NT_MAX_ROWS 4
-
-/* The transpose (of a matrix) that dot in of f multiplies by, when it may
- * run as matmul_nt on the transpose's input instead, which nothing else
- * reads (uses: of each value of f, results included); else NULL. */
-static const ir_instr *nt_transpose(const ir_func *f, const ir_instr *in, const int *uses) {
-  if (in->op != OP_DOT || in->n_in != 2 || llvm_dot_inline(f, in)) return NULL;
-  const ir_instr *t = ir_def(f, in->in[1]);
-  const op_type *a = &f->types[in->in[0]];
-  if (!t || t->op != OP_TRANSPOSE || uses[in->in[1]] != 1 || a->rank != 2 || a->shape[0] > NT_MAX_ROWS)
-    return NULL;
-  const op_type *w = &f->types[t->in[0]];
-  return w->rank == 2 && t->attrs.axes[0] == 1 && t->attrs.axes[1] == 0 ? t : NULL;
-}
-
-/* Per value of f: how many instructions and results read it. malloc'd;
- * NULL out of memory. */
-static int *value_uses(const ir_func *f) {
-  int *uses = calloc((size_t)f->n_values + 1, sizeof *uses);
-  if (!uses) return NULL;
-  for (int i = 0; i < f->n_instrs; i++)
-    for (int k = 0; k < f->instrs[i].n_in; k++) uses[f->instrs[i].in[k]]++;
-  for (int r = 0; r < f->n_results; r++) uses[f->results[r]]++;
-  return uses;
-}
 
 /* Plans f's instructions. vs (per value of f) gets each value's slot; the
  * parameters' slots are given. top: f is the compiled function, whose
@@ -546,33 +598,49 @@ static int plan_func(cpu_build *cb, const ir_func *f, int *vs, const int *param_
     free(skip);
     return oom();
   }
-  for (int i = 0; i < f->n_instrs; i++) {
-    const ir_instr *t = nt_transpose(f, &f->instrs[i], uses);
-    if (t) skip[t - f->instrs] = true;
-  }
   int rc = 0;
+  for (int i = 0; i < f->n_instrs && rc >= 0; i++) { /* the transposes dots read in place */
+    const ir_instr *in = &f->instrs[i], *t[2];
+    if (dot_transposes(f, in, uses, t)) {
+      for (int s = 0; s < 2; s++)
+        if (t[s]) skip[t[s] - f->instrs] = true;
+    } else if (in->op == OP_FUSION && fusion_ok(in->attrs.callee) &&
+               !dot_epilogue(in->attrs.callee, (ir_value[3]){0}, &(gemm_epilogue){0})) {
+      const ir_func *c = in->attrs.callee;
+      int *body_uses = value_uses(c);
+      if (!body_uses) rc = oom();
+      for (int j = 0; body_uses && j < c->n_instrs; j++)
+        if (dot_before_kernel(c, &c->instrs[j]) && fusion_dot_transposes(f, in, uses, &c->instrs[j], body_uses, t))
+          for (int s = 0; s < 2; s++)
+            if (t[s]) skip[t[s] - f->instrs] = true;
+      free(body_uses);
+    }
+  }
   for (int i = 0; i < f->n_instrs && rc >= 0; i++) {
     rc = 0;
     const ir_instr *in = &f->instrs[i];
     ir_value v = in->out;
     op_id op = in->op;
     op_kind kind = kiln_ops[op].kind;
-    const ir_instr *nt = skip[i] ? NULL : nt_transpose(f, in, uses);
+    const ir_instr *t[2];
     if (skip[i]) {
       continue;
-    } else if (nt) { /* the dot reads the matrix before its transpose */
-      ir_value args[2] = {in->in[0], nt->in[0]};
+    } else if (dot_transposes(f, in, uses, t)) { /* the dot reads the matrices before their transposes */
+      ir_value args[2] = {t[0] ? t[0]->in[0] : in->in[0], t[1] ? t[1]->in[0] : in->in[1]};
       ir_instr dot = *in;
       dot.in = args;
       rc = plan_helper(cb, f, &dot, vs, top);
-      if (rc >= 0) cb->p->helpers[cb->p->n_helpers - 1].trans_b = true;
+      if (rc >= 0) {
+        cpu_helper *h = &cb->p->helpers[cb->p->n_helpers - 1];
+        h->trans_a = t[0] != NULL, h->trans_b = t[1] != NULL;
+      }
+    } else if (op == OP_FUSION && fusion_ok(in->attrs.callee)) {
+      rc = plan_fusion(cb, f, in, vs, top, uses);
     } else if (op == OP_CONSTANT) {
       rc = retain_const(cb, in->attrs.value);
       if (rc >= 0) rc = vs[v] = add_slot(cb, (slot){SLOT_CONST, 0, 0, in->attrs.value});
     } else if (kind == OPK_VIEW) {
       vs[v] = vs[in->in[0]]; /* the same bytes, read with another shape */
-    } else if (op == OP_FUSION && fusion_ok(in->attrs.callee)) {
-      rc = plan_fusion(cb, f, in, vs, top);
     } else if (kind == OPK_CALL) { /* call, and fusions that are not one kernel: inline */
       const ir_func *c = in->attrs.callee;
       int *cvs = malloc(((size_t)c->n_values + 1) * sizeof *cvs);

@@ -91,9 +91,10 @@ typedef struct cpu_helper {
   /* a dot with a bias (in[2]) and activation applied as it stores its
    * tiles (a gemm_epilogue of lib/matmul.h; 0 = a plain dot) */
   int epilogue;
-  /* a dot whose second operand is given untransposed (in[1] is w [n, k]
-   * of matmul_nt): the transpose the IR had is never made */
-  bool trans_b;
+  /* a dot whose operands are given as they lay before the transposes the
+   * IR had (in[0] is [k, m], in[1] is [n, k]), for matmul_trans: those
+   * transposes are never made */
+  bool trans_a, trans_b;
 } cpu_helper;
 
 /* How each result is produced: written by the entry function into a new

@@ -189,8 +189,8 @@ int cpu_rt_helper(cpu_call *call, int32_t index, void **bufs) {
     a.counter = rng_reserve(((uint64_t)out.size + 1) / 2, &a.seed);
   kernel_fn fn = kiln_kernels[h->op][0][dispatch_key(h->op, h->n_in, in, h->out_types[0].dtype)];
   int rc;
-  if (h->trans_b) {
-    rc = matmul_nt(in[0], in[1], &out);
+  if (h->trans_a || h->trans_b) {
+    rc = matmul_trans(in[0], in[1], h->trans_a, h->trans_b, &out);
   } else if (h->epilogue) {
     rc = matmul_epilogue(in[0], in[1], in[2], (gemm_epilogue)h->epilogue, &out);
   } else if (!fn) {
