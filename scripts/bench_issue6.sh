@@ -66,22 +66,7 @@ else
 fi
 
 round=0
-# run KIND CMD...: runs CMD, logs its output, keeps its "@" lines tagged with the round
-run() {
-  local kind=$1
-  shift
-  if [ "$kind" != kiln ] && [ -z "$py" ]; then return 0; fi
-  local out
-  if ! out=$("$@" 2>&1); then
-    printf '%s\n' "$out"
-    echo "bench_issue6.sh: FAILED: $*" | tee -a "$log"
-    return 0
-  fi
-  printf '%s\n' "$out" | grep -v '^@ ' || true
-  printf '%s\n' "$out" >>"$log"
-  printf '%s\n' "$out" | awk -v r="$round" -v k="$kind" '
-    $1 == "@" { if (k == "torch-passive") $2 = $2 "-passive"; print r, $2, $3, $4 }' >>"$figs"
-}
+run() { bench_run "$@"; }
 
 # pair KILN_CMD -- TORCH_CMD: the two in this round's order
 pair() {
@@ -171,55 +156,4 @@ mlp.compile.cold.b64.total|<= 100 ms
 mlp.compile.cold.b1.total|<= 100 ms
 call.staged|<= 150 ns
 EOF
-awk -v ratios="$tmp/ratios" -v goals="$tmp/goals" '
-  function med(arr, n,   i, j, x) {  # sorts arr[1..n]; the median
-    for (i = 2; i <= n; i++) for (j = i; j > 1 && arr[j - 1] > arr[j]; j--) { x = arr[j]; arr[j] = arr[j - 1]; arr[j - 1] = x }
-    return n % 2 ? arr[(n + 1) / 2] : (arr[n / 2] + arr[n / 2 + 1]) / 2
-  }
-  function stat(key,   n, r, a) {  # "median [min..max] (n)" of key over the rounds
-    n = 0
-    for (r = 1; r <= maxr; r++) if ((key, r) in v) a[++n] = v[key, r]
-    if (!n) return ""
-    m = med(a, n)
-    return sprintf("%10.4g %-8s [%.4g..%.4g] (%d)", m, unit[key], a[1], a[n], n)
-  }
-  {
-    v[$2, $1] = $3; unit[$2] = $4; if ($1 > maxr) maxr = $1
-    if (!($2 in seen)) { seen[$2] = 1; order[++nk] = $2; nk0 = nk }
-    if ($2 ~ /^mlp\.compile\.cold\./ && $2 !~ /first_call$/) {  # trace + passes + compile
-      t = $2; sub(/\.[a-z_]+$/, ".total", t)
-      v[t, $1] += $3; unit[t] = "ms"
-      if (!(t in seen)) { seen[t] = 1; order[++nk] = t }
-    }
-  }
-  END {
-    for (i = 1; i <= nk0; i++) {  # KEY.torch-best: the faster of KEY.torch and KEY.torch-passive, round by round
-      k = order[i]
-      if (k !~ /\.torch$/) continue
-      b = k "-best"; unit[b] = unit[k]; order[++nk] = b
-      for (r = 1; r <= maxr; r++) {
-        p = (k, r) in v; q = (k "-passive", r) in v
-        if (!p && !q) continue
-        x = p ? v[k, r] : v[k "-passive", r]
-        if (p && q) {
-          y = v[k "-passive", r]
-          x = unit[k] ~ /\/s$/ ? (x > y ? x : y) : (x < y ? x : y)  # GB/s, GFLOP/s: larger; times: smaller
-        }
-        v[b, r] = x
-      }
-    }
-    while ((getline line < goals) > 0) { split(line, g, "|"); goal[g[1]] = g[2] }
-    print "-- figures"
-    for (i = 1; i <= nk; i++) printf("%-36s %s%s\n", order[i], stat(order[i]), order[i] in goal ? "   goal " goal[order[i]] : "")
-    print "-- ratios within a round"
-    while ((getline line < ratios) > 0) {
-      split(line, f, "|")
-      n = 0
-      for (r = 1; r <= maxr; r++)
-        if ((f[2], r) in v && (f[3], r) in v && v[f[3], r] > 0) a[++n] = v[f[2], r] / v[f[3], r]
-      if (!n) { printf("%-58s   (not measured)\n", f[1]); continue }
-      m = med(a, n)
-      printf("%-58s %7.3f [%.3f..%.3f] (%d)%s\n", f[1], m, a[1], a[n], n, f[4] != "" ? "   goal " f[4] : "")
-      delete a
-    }
-  }' "$figs"
+bench_summary "$figs" "$tmp/ratios" "$tmp/goals"

@@ -39,20 +39,7 @@ if grep -q 'no GPU: skipped' <<<"$probe"; then
 fi
 
 round=0
-run() {
-  local kind=$1
-  shift
-  if [ "$kind" != kiln ] && [ -z "$py" ]; then return 0; fi
-  local out
-  if ! out=$("$@" 2>&1); then
-    printf '%s\n' "$out"
-    echo "bench_issue7.sh: FAILED: $*" | tee -a "$log"
-    return 0
-  fi
-  printf '%s\n' "$out" | grep -v '^@ ' || true
-  printf '%s\n' "$out" >>"$log"
-  printf '%s\n' "$out" | awk -v r="$round" '$1 == "@" { print r, $2, $3, $4 }' >>"$figs"
-}
+run() { bench_run "$@"; }
 
 start=$(date +%s)
 for ((round = 1; round <= rounds; round++)); do
@@ -84,33 +71,4 @@ sgemm 4096: staged / torch (GFLOP/s)|gpu.sgemm4096.staged|gpu.sgemm4096.torch|
 seed chain: torch s / kiln s (> 1: Kiln faster)|gpu.seed.chain.torch|gpu.seed.chain|
 mlp batch 64: torch / staged ms (> 1: staged faster)|gpu.mlp.b64.torch|gpu.mlp.b64.staged|
 EOF
-awk -v ratios="$tmp/ratios" '
-  function med(arr, n,   i, j, x) {
-    for (i = 2; i <= n; i++) for (j = i; j > 1 && arr[j - 1] > arr[j]; j--) { x = arr[j]; arr[j] = arr[j - 1]; arr[j - 1] = x }
-    return n % 2 ? arr[(n + 1) / 2] : (arr[n / 2] + arr[n / 2 + 1]) / 2
-  }
-  {
-    v[$2, $1] = $3; unit[$2] = $4; if ($1 > maxr) maxr = $1
-    if (!($2 in seen)) { seen[$2] = 1; order[++nk] = $2 }
-  }
-  END {
-    print "-- figures"
-    for (i = 1; i <= nk; i++) {
-      n = 0
-      for (r = 1; r <= maxr; r++) if ((order[i], r) in v) a[++n] = v[order[i], r]
-      m = med(a, n)
-      printf("%-30s %10.4g %-8s [%.4g..%.4g] (%d)\n", order[i], m, unit[order[i]], a[1], a[n], n)
-      delete a
-    }
-    print "-- ratios within a round"
-    while ((getline line < ratios) > 0) {
-      split(line, f, "|")
-      n = 0
-      for (r = 1; r <= maxr; r++)
-        if ((f[2], r) in v && (f[3], r) in v && v[f[3], r] > 0) a[++n] = v[f[2], r] / v[f[3], r]
-      if (!n) { printf("%-52s   (not measured)\n", f[1]); continue }
-      m = med(a, n)
-      printf("%-52s %7.3f [%.3f..%.3f] (%d)%s\n", f[1], m, a[1], a[n], n, f[4] != "" ? "   goal " f[4] : "")
-      delete a
-    }
-  }' "$figs"
+bench_summary "$figs" "$tmp/ratios" /dev/null
