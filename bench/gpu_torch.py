@@ -23,7 +23,6 @@ def main():
     args = ap.parse_args()
     try:
         import torch
-        import torch.nn.functional as F
     except ImportError as e:
         print(f"gpu_torch: PyTorch is not importable by {sys.executable} ({e}): no peer, skipped")
         return 0
@@ -93,25 +92,17 @@ def main():
         fig("gpu.seed.chain.torch", t, "s")
 
     if args.only in (None, "mlp"):
-        torch.manual_seed(42)
-        shapes = [(784, 256), (256,), (256, 256), (256,), (256, 10), (10,)]
-        params = [(torch.randn(s, device=dev) * 0.05).requires_grad_() for s in shapes]
-        w1, b1, w2, b2, w3, b3 = params
-        x = torch.randn(64, 784, device=dev)
-        y = torch.randint(0, 10, (64,), device=dev)
-        opt = torch.optim.SGD(params, lr=0.01)
+        from mlp_torch import IN, OUT, SHAPES, sgd_step  # the same step as the CPU peer's
 
-        def step():
-            opt.zero_grad(set_to_none=True)
-            h = F.relu(x @ w1 + b1)
-            h = F.relu(h @ w2 + b2)
-            loss = F.cross_entropy(h @ w3 + b3, y)
-            loss.backward()
-            opt.step()
+        torch.manual_seed(42)
+        params = [(torch.randn(s, device=dev) * 0.05).requires_grad_() for s in SHAPES]
+        x = torch.randn(64, IN, device=dev)
+        y = torch.randint(0, OUT, (64,), device=dev)
+        opt = torch.optim.SGD(params, lr=0.01)
 
         def steps():
             for _ in range(mlp_steps):
-                step()
+                sgd_step(params, x, y, opt)
 
         t = timed(steps) / mlp_steps
         print(f"mlp 784-256-256-10, batch 64: torch {t * 1e3:.3f} ms/step")

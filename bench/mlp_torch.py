@@ -10,6 +10,22 @@ import sys
 import time
 
 IN, HID, OUT = 784, 256, 10
+SHAPES = [(IN, HID), (HID,), (HID, HID), (HID,), (HID, OUT), (OUT,)]
+
+
+def sgd_step(params, x, y, opt):
+    """One training step of the MLP (params: w1, b1, w2, b2, w3, b3, with
+    gradients; opt: their SGD); the loss before the update. gpu_torch.py runs
+    it too."""
+    import torch.nn.functional as F
+    w1, b1, w2, b2, w3, b3 = params
+    opt.zero_grad(set_to_none=True)
+    h = F.relu(x @ w1 + b1)
+    h = F.relu(h @ w2 + b2)
+    loss = F.cross_entropy(h @ w3 + b3, y)
+    loss.backward()
+    opt.step()
+    return loss
 
 
 def main():
@@ -27,14 +43,13 @@ def main():
 
     try:
         import torch
-        import torch.nn.functional as F
     except ImportError as e:
         print(f"mlp_torch: PyTorch is not importable by {sys.executable} ({e}); no peer")
         return 0
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(42)
-    shapes = [(IN, HID), (HID,), (HID, HID), (HID,), (HID, OUT), (OUT,)]
+    shapes = SHAPES
     if args.init:
         with open(args.init, "rb") as f:
             raw = bytearray(f.read())
@@ -56,18 +71,11 @@ def main():
 
     def bench(batch, steps):
         params = [p.clone().requires_grad_() for p in init]
-        w1, b1, w2, b2, w3, b3 = params
         x, y = x64[:batch].contiguous(), y64[:batch].contiguous()
         opt = torch.optim.SGD(params, lr=0.01)
 
         def step():
-            opt.zero_grad(set_to_none=True)
-            h = F.relu(x @ w1 + b1)
-            h = F.relu(h @ w2 + b2)
-            loss = F.cross_entropy(h @ w3 + b3, y)
-            loss.backward()
-            opt.step()
-            return loss
+            return sgd_step(params, x, y, opt)
 
         loss0 = step().item()  # before any update, as bench_mlp
         done = 1
