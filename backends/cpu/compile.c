@@ -2393,9 +2393,7 @@ char *cpu_program_text(cpu_program *p, const char *stage) {
   if (!jit_get()) return NULL;
   LLVMContextRef ctx = LLVMContextCreate();
   LLVMModuleRef m = NULL;
-  char *out = NULL, *text = NULL, *msg = NULL;
-  LLVMMemoryBufferRef ob = NULL;
-  LLVMTargetMachineRef tm = NULL;
+  char *out = NULL;
   const void *part[2];
   size_t len_of[2];
   int n = cpu_parts_unpack(p->bitcode, p->bitcode_len, 2, part, len_of);
@@ -2410,14 +2408,28 @@ char *cpu_program_text(cpu_program *p, const char *stage) {
     else if (read)
       read = !LLVMLinkModules2(m, mi); /* takes mi */
   }
-  if (!read) {
-    kiln_set_error("cpu: @%s: cannot read back the module", p->name);
-  } else if (!assembly) {
+  char who[300];
+  snprintf(who, sizeof who, "cpu: @%s", p->name);
+  if (!read)
+    kiln_set_error("%s: cannot read back the module", who);
+  else
+    out = cpu_module_text(m, assembly, who);
+  if (m) LLVMDisposeModule(m);
+  LLVMContextDispose(ctx);
+  return out;
+}
+
+char *cpu_module_text(void *module, bool assembly, const char *who) {
+  LLVMModuleRef m = module;
+  char *out = NULL, *text = NULL, *msg = NULL;
+  LLVMMemoryBufferRef ob = NULL;
+  LLVMTargetMachineRef tm = NULL;
+  if (!assembly) {
     text = LLVMPrintModuleToString(m);
   } else if (!(tm = host_machine())) {
-    kiln_set_error("cpu: @%s: %s", p->name, jit_error);
+    kiln_set_error("%s: %s", who, jit_error);
   } else if (LLVMTargetMachineEmitToMemoryBuffer(tm, m, LLVMAssemblyFile, &msg, &ob)) {
-    kiln_set_error("cpu: @%s: no assembly: %s", p->name, msg ? msg : "");
+    kiln_set_error("%s: no assembly: %s", who, msg ? msg : "");
   }
   const char *src = text ? text : ob ? LLVMGetBufferStart(ob) : NULL;
   size_t len = text ? strlen(text) : ob ? LLVMGetBufferSize(ob) : 0;
@@ -2425,13 +2437,11 @@ char *cpu_program_text(cpu_program *p, const char *stage) {
     memcpy(out, src, len);
     out[len] = 0;
   } else if (src) {
-    kiln_set_error("cpu: out of memory");
+    kiln_set_error("%s: out of memory", who);
   }
   if (text) LLVMDisposeMessage(text);
   if (msg) LLVMDisposeMessage(msg);
   if (ob) LLVMDisposeMemoryBuffer(ob);
   if (tm) LLVMDisposeTargetMachine(tm);
-  if (m) LLVMDisposeModule(m);
-  LLVMContextDispose(ctx);
   return out;
 }

@@ -139,6 +139,10 @@ void cpu_jit_forget(void *lib);
  * JITDylib of its own, which stays for the life of the process: the address
  * of symbol name. NULL / 0 with the error set. */
 void *cpu_jit_host_machine(void);
+/* An LLVMModuleRef as LLVM IR text or, with assembly, the host's assembly
+ * (the text stages of programs and of gemm.c's kernels): malloc'd; NULL
+ * with "<who>: ..." in the error. */
+char *cpu_module_text(void *module, bool assembly, const char *who);
 uintptr_t cpu_jit_link(const void *obj, size_t len, const char *name);
 
 /* The disk cache (cache.c). An entry's parts; on a load they point into

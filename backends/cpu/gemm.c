@@ -428,30 +428,13 @@ char *cpu_gemm_text(kiln_dtype dt, gemm_epilogue epi, const char *stage) {
     return kiln_set_error("gemm: no compiled micro-kernel for this CPU (x86-64 with AVX2 and FMA)"), NULL;
   }
   LLVMContextRef ctx = LLVMContextCreate();
-  char name[96], *text = NULL, *msg = NULL;
+  char name[96];
   tile t;
   LLVMModuleRef mod = build_module(ctx, dt, epi, tm, target, name, sizeof name, &t);
-  char *s = NULL;
-  LLVMMemoryBufferRef buf = NULL;
-  if (!asm_text) {
-    s = LLVMPrintModuleToString(mod);
-  } else if (LLVMTargetMachineEmitToMemoryBuffer(tm, mod, LLVMAssemblyFile, &msg, &buf)) {
-    kiln_set_error("gemm: code generation failed: %s", msg ? msg : "");
-  }
-  if (msg) LLVMDisposeMessage(msg);
-  const char *src = s ? s : buf ? LLVMGetBufferStart(buf) : NULL;
-  size_t len = s ? strlen(s) : buf ? LLVMGetBufferSize(buf) : 0;
-  if (src && (text = malloc(len + 1))) {
-    memcpy(text, src, len);
-    text[len] = 0;
-  } else if (src) {
-    kiln_set_error("gemm: out of memory");
-  }
-  if (s) LLVMDisposeMessage(s);
-  if (buf) LLVMDisposeMemoryBuffer(buf);
+  LLVMDisposeTargetMachine(tm);
+  char *text = cpu_module_text(mod, asm_text, "gemm");
   LLVMDisposeModule(mod);
   LLVMContextDispose(ctx);
-  LLVMDisposeTargetMachine(tm);
   return text;
 }
 
