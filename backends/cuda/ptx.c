@@ -783,6 +783,25 @@ static void rplan_init(rplan *rp, const kgroup *g) {
   rp->trailing_flat = trailing && llvm_group_is_flat(f, g->member, rp->x);
 }
 
+
+/* Each reduction of the kernel's group takes its input's element at xidx
+ * (of dtype dt) into its accumulator acc[q] (of type at[q], by ops[q]); 0,
+ * or -1 when an element cannot be emitted. */
+static int accumulate(kctx *k, llvm_group *lg, kiln_dtype dt, const op_id *ops, LLVMTypeRef *at, LLVMValueRef *acc,
+                      llvm_index *xidx) {
+  llvm_emit *e = &k->cb->e;
+  const kgroup *g = k->g;
+  const ir_func *f = g->f;
+  for (int q = 0; q < g->n_out; q++) {
+    const ir_instr *rk = &f->instrs[f->def[g->out[q]]];
+    LLVMValueRef xv = llvm_emit_value(lg, rk->in[0], xidx);
+    if (!xv) return -1;
+    LLVMBuildStore(e->b, llvm_reduce_combine(e, ops[q], dt, LLVMBuildLoad2(e->b, at[q], acc[q], ""), xv), acc[q]);
+  }
+  flush_bad(e, lg, k->bad);
+  llvm_group_forget(lg);
+  return 0;
+}
 /* the input index of output o (i64), reduction position r (i64) */
 static void reduce_index(llvm_emit *e, const rplan *rp, LLVMValueRef o, LLVMValueRef r, llvm_index *xidx) {
   LLVMBuilderRef b = e->b;
@@ -876,14 +895,7 @@ static int emit_reduce(kctx *k, llvm_group *lg) {
   LLVMValueRef r = zext64(e, sloop_begin(e, &lr, r0, llvm_const_i(rt, rp.len), rstep, "r"));
   llvm_index xidx;
   reduce_index(e, &rp, o, r, &xidx);
-  for (int q = 0; q < g->n_out; q++) {
-    const ir_instr *rk = &f->instrs[f->def[g->out[q]]];
-    LLVMValueRef xv = llvm_emit_value(lg, rk->in[0], &xidx);
-    if (!xv) return -1;
-    LLVMBuildStore(b, llvm_reduce_combine(e, ops[q], dt, LLVMBuildLoad2(b, at[q], acc[q], ""), xv), acc[q]);
-  }
-  flush_bad(e, lg, k->bad);
-  llvm_group_forget(lg);
+  if (accumulate(k, lg, dt, ops, at, acc, &xidx)) return -1;
   sloop_end(e, &lr);
   LLVMValueRef v[16];
   for (int q = 0; q < g->n_out; q++) v[q] = LLVMBuildLoad2(b, at[q], acc[q], "");
@@ -977,14 +989,7 @@ static int emit_column(kctx *k, llvm_group *lg) {
   LLVMValueRef r = sloop_begin(e, &lr, LLVMBuildAdd(b, lo, zext64(e, ty), ""), hi, llvm_i64(e, cp->ty), "r");
   llvm_index xidx;
   reduce_index(e, &rp, o, r, &xidx);
-  for (int q = 0; q < g->n_out; q++) {
-    const ir_instr *rk = &f->instrs[f->def[g->out[q]]];
-    LLVMValueRef xv = llvm_emit_value(lg, rk->in[0], &xidx);
-    if (!xv) return -1;
-    LLVMBuildStore(b, llvm_reduce_combine(e, ops[q], dt, LLVMBuildLoad2(b, at[q], acc[q], ""), xv), acc[q]);
-  }
-  flush_bad(e, lg, k->bad);
-  llvm_group_forget(lg);
+  if (accumulate(k, lg, dt, ops, at, acc, &xidx)) return -1;
   sloop_end(e, &lr);
   LLVMBuildBr(b, tree);
   LLVMPositionBuilderAtEnd(b, tree);
