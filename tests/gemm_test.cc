@@ -328,10 +328,23 @@ TEST(Gemm, TransposedOperandsArePackedInPlace) {
 // has it), and gives the C kernel's bits: the same sum per element.
 bool host_has_kernels() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 
+// A host without AVX2 and FMA has no compiled micro-kernel: the provider
+// says so for every dtype and epilogue (the C kernel then runs) and the
+// kernel's text is an error naming gemm.
+void expect_no_compiled_kernels() {
+  for (kiln_dtype dt : {KILN_F32, KILN_F64})
+    for (gemm_epilogue epi : kEpilogues) {
+      gemm_ukernel uk;
+      EXPECT_FALSE(cpu_gemm_ukernel(dt, epi, &uk)) << kiln_dtype_name(dt) << " " << epi;
+    }
+  EXPECT_EQ(cpu_gemm_text(KILN_F32, GEMM_EPI_NONE, "asm"), nullptr);
+  EXPECT_THAT(kiln_last_error(), HasSubstr("gemm: no compiled micro-kernel for this CPU"));
+}
+
 TEST(Gemm, CompiledMicroKernelIsTheCKernelBitForBit) {
-  if (!host_has_kernels()) GTEST_SKIP() << "no compiled micro-kernels without AVX2 and FMA";
   EnvGuard cpu("KILN_BACKEND", "cpu"), any("KILN_GEMM", nullptr);
   Scoped scope;
+  if (!host_has_kernels()) return expect_no_compiled_kernels();
   for (kiln_dtype dt : {KILN_F32, KILN_F64})
     for (gemm_epilogue epi : kEpilogues) {
       gemm_ukernel uk;
@@ -525,9 +538,10 @@ TEST(Gemm, AnyThreadCountGivesTheSameBits) {
 
 // The micro-kernels are in the disk cache as programs are: a second process
 // links them instead of running LLVM, and gets the same bits; damaged
-// entries are compiled again.
+// entries are compiled again. A host without them caches nothing and gets
+// the same bits too.
 TEST(Gemm, ASecondProcessLoadsTheKernelsFromTheDiskCache) {
-  if (!host_has_kernels()) GTEST_SKIP() << "no compiled micro-kernels on this CPU (x86-64 with AVX2 and FMA)";
+  const size_t kernels = host_has_kernels() ? 8 : 0;  // f32 and f64, four epilogues each
   uint64_t here;
   {
     Scoped scope;
@@ -546,26 +560,27 @@ TEST(Gemm, ASecondProcessLoadsTheKernelsFromTheDiskCache) {
   int rc;
   std::string cold = run_child(env, &rc);
   EXPECT_EQ(rc, 0) << cold;
-  EXPECT_EQ(count(cold, ": miss"), 8u) << cold;  // f32 and f64, four epilogues each
+  EXPECT_EQ(count(cold, ": miss"), kernels) << cold;
   EXPECT_EQ(checksum(cold), here) << cold;
   std::string warm = run_child(env, &rc);
   EXPECT_EQ(rc, 0) << warm;
-  EXPECT_EQ(count(warm, ": hit"), 8u) << warm;
+  EXPECT_EQ(count(warm, ": hit"), kernels) << warm;
   EXPECT_EQ(count(warm, ": miss"), 0u) << warm;
   EXPECT_EQ(checksum(warm), here) << warm;
   // every entry cut in half: each is noticed, rebuilt and stored again
   std::vector<std::string> entries;
-  for (const auto &e : std::filesystem::directory_iterator(dir))
-    if (e.path().extension() == ".kco") entries.push_back(e.path().string());
-  EXPECT_EQ(entries.size(), 8u);
+  if (std::filesystem::is_directory(dir))
+    for (const auto &e : std::filesystem::directory_iterator(dir))
+      if (e.path().extension() == ".kco") entries.push_back(e.path().string());
+  EXPECT_EQ(entries.size(), kernels);
   for (const std::string &e : entries) std::filesystem::resize_file(e, std::filesystem::file_size(e) / 2);
   std::string rebuilt = run_child(env, &rc);
   EXPECT_EQ(rc, 0) << rebuilt;
-  EXPECT_EQ(count(rebuilt, "rebuilding it"), 8u) << rebuilt;
-  EXPECT_EQ(count(rebuilt, ": miss"), 8u) << rebuilt;
+  EXPECT_EQ(count(rebuilt, "rebuilding it"), kernels) << rebuilt;
+  EXPECT_EQ(count(rebuilt, ": miss"), kernels) << rebuilt;
   EXPECT_EQ(checksum(rebuilt), here) << rebuilt;
   std::string again = run_child(env, &rc);
-  EXPECT_EQ(count(again, ": hit"), 8u) << again;
+  EXPECT_EQ(count(again, ": hit"), kernels) << again;
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
 }
