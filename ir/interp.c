@@ -86,6 +86,14 @@ static int arena_open(const ir_func *f, arena_run *a) {
   for (int i = 0; i < f->n_instrs; i++)
     for (int k = 0; k < f->instrs[i].n_in; k++) a->last[f->instrs[i].in[k]] = i;
   for (int r = 0; r < f->n_results; r++) a->last[f->results[r]] = f->n_instrs;
+  /* a planned view shares its base's bytes: they are poisoned once, when
+   * the last of the base and its views has been read */
+  for (int v = 0; v < f->n_values; v++) {
+    ir_value b = ir_alias_base(f, v);
+    if (b == v || f->buf_offset[v] < 0) continue;
+    if (a->last[v] > a->last[b]) a->last[b] = a->last[v];
+    a->last[v] = -1;
+  }
   return 0;
 }
 

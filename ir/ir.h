@@ -156,6 +156,16 @@ static inline int64_t ir_buf_bytes(const op_type *t) {
 }
 /* Frees f's plan, if any. */
 KILN_EXPORT void ir_plan_drop(ir_func *f);
+/* The value whose bytes v reads: v itself, or, for a view (identity,
+ * stop_gradient, reshape: the same bytes read with another type), the
+ * base of its input. Backends compile views as aliases of their base, so
+ * the plan gives them the base's buffer and keeps the base alive for as
+ * long as any of its views is live or returned. */
+static inline ir_value ir_alias_base(const ir_func *f, ir_value v) {
+  for (const ir_instr *d = ir_def(f, v); d && kiln_ops[d->op].kind == OPK_VIEW && d->n_in == 1; d = ir_def(f, v))
+    v = d->in[0];
+  return v;
+}
 
 /* ---- text form (print.c, parse.c) ---- */
 /* malloc'd text of the module / function; NULL on out of memory */

@@ -5,7 +5,11 @@
  * elementwise kernel writes over an operand that dies at it when the bytes
  * match; buffers then go best-fit, in two orders (largest first, earliest
  * first), and the smaller arena wins. Parameters, results and constants
- * stay outside the arena. The plan is ir_func.buf_offset. */
+ * stay outside the arena. A view (identity, stop_gradient, reshape) is an
+ * alias: it gets its base's buffer, and the base lives until the last
+ * reader of any of its views, or to the end when a view is returned (the
+ * backends copy such a result out after the last kernel). The plan is
+ * ir_func.buf_offset. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,11 +25,30 @@ static bool is_temporary(const ir_func *f, const bool *is_result, ir_value v) {
   return d && d->op != OP_CONSTANT && !is_result[v];
 }
 
+/* A view whose bytes are a temporary's: it lives in that buffer. */
+static bool is_alias(const ir_func *f, const bool *is_result, ir_value v) {
+  ir_value b = ir_alias_base(f, v);
+  return b != v && is_temporary(f, is_result, b);
+}
+
 /* each value's last reader (instruction index); its own step when unread */
 static void last_uses(const ir_func *f, int32_t *last) {
   for (int v = 0; v < f->n_values; v++) last[v] = f->def[v];
   for (int i = 0; i < f->n_instrs; i++)
     for (int k = 0; k < f->instrs[i].n_in; k++) last[f->instrs[i].in[k]] = i;
+}
+
+/* last_uses over aliases: a base's bytes are read until the last reader
+ * of any view of it, and until after the last instruction (n_instrs) when
+ * a view of it is a result. Views get their base's figure. */
+static void alias_last_uses(const ir_func *f, const bool *is_result, int32_t *last) {
+  last_uses(f, last);
+  for (int v = 0; v < f->n_values; v++) {
+    ir_value b = ir_alias_base(f, v);
+    int32_t end = b != v && is_result[v] ? f->n_instrs : last[v];
+    if (end > last[b]) last[b] = end;
+  }
+  for (int v = 0; v < f->n_values; v++) last[v] = last[ir_alias_base(f, v)];
 }
 
 /* ---- in-place reuse ---- */
@@ -70,6 +93,11 @@ static bool can_share(const ir_func *f, const ir_instr *ins, int k, ir_value x) 
   if (elementwise_kind(kind)) return true;
   if (ins->op != OP_FUSION || !ins->attrs.callee) return false;
   const ir_func *g = ins->attrs.callee;
+  /* A kernel of several results stores each as soon as it is computed,
+   * and may read the operand again for a later one: only one result may
+   * go over an operand, and only a kernel's sole result (found by
+   * tests/user_programs_test.cc, seed 134: a gradient's sign flipped) */
+  if (g->n_results > 1) return false;
   bool small[16] = {false}, *param = g->n_params > 16 ? calloc((size_t)g->n_params, sizeof *param) : small;
   if (!param) return false;
   for (int j = 0; j < ins->n_in && j < g->n_params; j++) param[j] = ins->in[j] == x;
@@ -148,7 +176,7 @@ int kiln_pass_buffers(ir_func *f) {
     goto done;
   }
   for (int r = 0; r < f->n_results; r++) is_result[f->results[r]] = true;
-  last_uses(f, last);
+  alias_last_uses(f, is_result, last);
   /* in-place reuse: each result of a kernel may take over the buffer of an
    * operand that dies there, one operand per result */
   for (int v = 0; v < nv; v++) root[v] = v;
@@ -156,18 +184,18 @@ int kiln_pass_buffers(ir_func *f) {
     const ir_instr *ins = &f->instrs[i];
     for (int k = 0; k < ins->n_out; k++) {
       ir_value o = ins->out + k;
-      if (!is_temporary(f, is_result, o)) continue;
+      if (!is_temporary(f, is_result, o) || is_alias(f, is_result, o)) continue;
       for (int j = 0; j < ins->n_in; j++) {
-        ir_value x = ins->in[j];
-        if (!is_temporary(f, is_result, x) || last[x] != i || taken[root[x]] ||
+        ir_value x = ins->in[j], b = ir_alias_base(f, x); /* x's bytes are b's */
+        if (!is_temporary(f, is_result, b) || last[x] != i || taken[root[b]] ||
             ir_type_bytes(&f->types[x]) != ir_type_bytes(&f->types[o]) || !can_share(f, ins, k, x))
           continue;
-        root[o] = root[x];
-        taken[root[x]] = true; /* until this kernel is done: one result per operand */
+        root[o] = root[b];
+        taken[root[b]] = true; /* until this kernel is done: one result per operand */
         break;
       }
     }
-    for (int j = 0; j < ins->n_in; j++) taken[root[ins->in[j]]] = false;
+    for (int j = 0; j < ins->n_in; j++) taken[root[ir_alias_base(f, ins->in[j])]] = false;
     for (int k = 0; k < ins->n_out; k++) taken[root[ins->out + k]] = false;
   }
   /* one buffer per root, live from its first kernel to the last reader of
@@ -175,6 +203,10 @@ int kiln_pass_buffers(ir_func *f) {
   int nb = 0;
   for (int v = 0; v < nv; v++) {
     buf_of[v] = -1;
+    if (is_alias(f, is_result, v)) { /* a view lives in its base's buffer, returned or not */
+      buf_of[v] = buf_of[ir_alias_base(f, v)];
+      continue;
+    }
     if (!is_temporary(f, is_result, v)) continue;
     if (root[v] == v) {
       bufs[nb] = (pl_buf){ir_buf_bytes(&f->types[v]), 0, f->def[v], last[v], nb};
@@ -229,22 +261,28 @@ int pass_buffer_stats_of(const ir_func *f, pass_buffer_stats *out) {
   int nv = f->n_values;
   int32_t *last = malloc(((size_t)nv + 1) * sizeof *last);
   int64_t *iv = malloc(((size_t)nv + 1) * 2 * sizeof *iv); /* [lo, hi) pairs */
-  if (!last || !iv) {
+  bool *is_result = calloc((size_t)nv + 1, sizeof *is_result);
+  if (!last || !iv || !is_result) {
     free(last);
     free(iv);
+    free(is_result);
     return kiln_set_error("buffers: out of memory");
   }
-  last_uses(f, last);
+  for (int r = 0; r < f->n_results; r++) is_result[f->results[r]] = true;
+  alias_last_uses(f, is_result, last);
+  free(is_result);
   out->peak_bytes = f->arena_bytes;
+  /* a view's bytes are its base's: counted once, with the base */
+#define OWN_BUFFER(v) (f->buf_offset[v] >= 0 && ir_alias_base(f, v) == (v))
   for (int v = 0; v < nv; v++)
-    if (f->buf_offset[v] >= 0) out->temporaries++, out->unshared_bytes += ir_buf_bytes(&f->types[v]);
+    if (OWN_BUFFER(v)) out->temporaries++, out->unshared_bytes += ir_buf_bytes(&f->types[v]);
   for (int i = 0; i < f->n_instrs; i++) {
     const ir_instr *ins = &f->instrs[i];
     out->kernels += ins->op != OP_CONSTANT;
     for (int k = 0; k < ins->n_out; k++) {
       ir_value o = ins->out + k;
       bool shared = false;
-      for (int j = 0; j < ins->n_in && f->buf_offset[o] >= 0 && !shared; j++)
+      for (int j = 0; j < ins->n_in && OWN_BUFFER(o) && !shared; j++)
         shared = f->buf_offset[ins->in[j]] == f->buf_offset[o] && last[ins->in[j]] == i && ir_buf_bytes(&f->types[o]);
       out->in_place += shared;
     }
@@ -252,7 +290,7 @@ int pass_buffer_stats_of(const ir_func *f, pass_buffer_stats *out) {
      * share a buffer in place count once) */
     int n = 0;
     for (int v = 0; v < nv; v++)
-      if (f->buf_offset[v] >= 0 && f->def[v] <= i && i <= last[v]) {
+      if (OWN_BUFFER(v) && f->def[v] <= i && i <= last[v]) {
         iv[2 * n] = f->buf_offset[v];
         iv[2 * n + 1] = f->buf_offset[v] + ir_buf_bytes(&f->types[v]);
         n++;
@@ -266,6 +304,7 @@ int pass_buffer_stats_of(const ir_func *f, pass_buffer_stats *out) {
     }
     if (live > out->lower_bound) out->lower_bound = live;
   }
+#undef OWN_BUFFER
   free(last);
   free(iv);
   return 0;

@@ -37,6 +37,22 @@ static int arg_error(const cpu_program *p, int i, const kiln_tensor *t) {
   return kiln_set_error("cpu: @%s: argument %d is %s, the parameter is %s", p->name, i, have, want);
 }
 
+/* KILN_POISON=1 (tests, debugging): every call starts with its arena and
+ * its new result buffers filled with 0xff bytes (NaN, -1, true), so code
+ * that reads a buffer before writing it, or after another value took it
+ * over, gives visibly wrong results instead of yesterday's right ones. Read
+ * once per process. */
+static bool poison_buffers(void) {
+  static _Atomic int state; /* 0 unread, 1 off, 2 on */
+  int s = atomic_load_explicit(&state, memory_order_relaxed);
+  if (!s) {
+    const char *env = getenv("KILN_POISON");
+    s = env && !strcmp(env, "1") ? 2 : 1;
+    atomic_store_explicit(&state, s, memory_order_relaxed);
+  }
+  return s == 2;
+}
+
 int cpu_run(cpu_program *p, kiln_tensor *const *args, kiln_tensor **results) {
   return cpu_run_donating(p, args, results, NULL);
 }
@@ -61,6 +77,7 @@ int cpu_run_donating(cpu_program *p, kiln_tensor *const *args, kiln_tensor **res
   void **rp = p->n_results <= SMALL ? small_r : malloc((size_t)p->n_results * sizeof *rp);
   kiln_tensor **outs = p->n_results <= SMALL ? small_o : calloc((size_t)p->n_results, sizeof *outs);
   int rc = 0;
+  bool poison = poison_buffers();
   if (!pp || !rp || !outs) rc = kiln_set_error("cpu: out of memory");
   for (int i = 0; !rc && i < p->n_params; i++) pp[i] = args[i]->data;
   for (int r = 0; !rc && r < p->n_results; r++) {
@@ -76,12 +93,14 @@ int cpu_run_donating(cpu_program *p, kiln_tensor *const *args, kiln_tensor **res
     const op_type *t = &p->result_types[r];
     if (!(outs[r] = tensor_alloc("cpu", t->dtype, t->rank, t->shape))) rc = -1;
     if (outs[r]) rp[r] = outs[r]->data;
+    if (outs[r] && poison) memset(rp[r], 0xff, (size_t)outs[r]->size * kiln_dtype_size(outs[r]->dtype));
   }
   int32_t cls = 0;
   _Alignas(KILN_ALIGN) char none[KILN_ALIGN]; /* kernels may assume 64-byte alignment */
   void *arena = none;
   if (!rc && p->arena_bytes && !(arena = mem_alloc(p->arena_bytes, &cls)))
     rc = kiln_set_error("cpu: @%s: out of memory for a %zu-byte arena", p->name, p->arena_bytes);
+  if (!rc && poison && arena != none) memset(arena, 0xff, p->arena_bytes);
   if (!rc) {
     cpu_call call = {0, -1, p};
     rc = p->entry(pp, rp, arena, &call);

@@ -1,0 +1,744 @@
+// user_programs_test.cc — random programs shaped like what users write,
+// run through the public API only: a staged function's body made of kiln_*
+// calls, traced, optimized and compiled exactly as a user's would be. Each
+// program runs eagerly (the body as plain C), staged and compiled, and
+// staged and interpreted, twice each (the second call a cache hit, with the
+// variables the first call wrote), and everything is compared: outputs,
+// variables, and the gradients of the first output through kiln_gradients
+// against an eager tape.
+//
+// What the generator favours is what broke before: views (reshape,
+// identity, stop_gradient, expand_dims, squeeze, transpose) as outputs and
+// as inputs of later elementwise ops that could run in place; values read
+// many times (deep DAGs of shared subexpressions); concat / slice / gather;
+// reductions broadcast back; variable reads and writes; several outputs
+// that alias one another (the same value twice, a view and its base, an
+// input returned as is); long elementwise chains; and, now and then, big
+// tensors whose kernels run on the thread pool.
+//
+// The whole test binary runs with KILN_POISON=1 (set below, before any
+// call): compiled programs fill their arena and new results with 0xff bytes
+// before each call, and the interpreter replays the buffer plan over an
+// arena that it poisons as values die, so a plan that lets two live values
+// share bytes changes the results. ctest runs this suite a second time with
+// KILN_NUM_THREADS=1.
+//
+// KILN_RANDOM_PROGRAMS=N (default 300) and KILN_RANDOM_SEED=S (default 1)
+// choose the programs; a failure prints the seed and the program.
+#include <gtest/gtest.h>
+#include <kiln.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+using namespace kiln_test;
+
+static const bool poisoned = (setenv("KILN_POISON", "1", 0), true);
+
+namespace {
+
+struct Rng {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  int below(int n) { return n <= 1 ? 0 : (int)(next() % (uint64_t)n); }
+  bool chance(double p) { return (double)(next() >> 11) * 0x1p-53 < p; }
+};
+
+using Shape = std::vector<int64_t>;
+
+int64_t count(const Shape &s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+std::string shape_str(const Shape &s) {
+  std::string r = "(";
+  for (size_t i = 0; i < s.size(); i++) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + (s.size() == 1 ? ",)" : ")");
+}
+
+// One step of a program. Operands are indices of earlier values; the
+// values are the inputs, then one per step (a variable write makes the
+// variable's new value).
+enum Kind {
+  UNARY,      // u = op(a)                         op: 0 neg 1 sin 2 tanh 3 sigmoid 4 relu 5 abs 6 cos 7 square(tanh)
+  BINARY,     // u = op(a, b), b may broadcast     op: 0 add 1 sub 2 mul 3 max 4 min 5 div by 1+|b|
+  SELECT,     // u = select(a > b, a, b)
+  RESHAPE,    // views
+  IDENTITY,
+  STOPGRAD,
+  EXPAND,     // expand_dims(a, axis)
+  SQUEEZE,    // squeeze(a, axis) of a dim 1
+  TRANSPOSE,  // reversed axes
+  CONCAT,     // concat(a, b) on axis
+  SLICE,      // a box of a
+  GATHER,     // rows of a (axis 0) at constant indices
+  REDUCE,     // reduce_sum / reduce_max over axis, keepdims, broadcast back by a binary op later
+  MATMUL,     // a [m,k] . b [k,n]
+  VAR_READ,   // the variable's current value
+  VAR_ADD,    // assign_add(var, a); the value is the variable's new value (a read)
+};
+
+struct Step {
+  explicit Step(Kind k) : kind(k) {}
+  Kind kind;
+  int a = -1, b = -1, op = 0, axis = 0, var = 0;
+  Shape shape;           // the result's (RESHAPE: the target)
+  Shape begin, size;     // SLICE
+  std::vector<int64_t> idx;  // GATHER
+};
+
+struct Program {
+  uint64_t seed;
+  std::vector<Shape> inputs, vars;
+  std::vector<Step> steps;
+  std::vector<int> outs;
+  std::vector<Shape> shapes;  // of every value
+  bool writes = false;
+
+  std::string str() const {
+    static const char *names[] = {"unary",  "binary", "select", "reshape", "identity", "stop_gradient",
+                                  "expand", "squeeze", "transpose", "concat", "slice", "gather",
+                                  "reduce", "matmul", "var_read", "var_assign_add"};
+    std::string r = "program " + std::to_string(seed) + " (KILN_RANDOM_SEED=" + std::to_string(seed) +
+                    " KILN_RANDOM_PROGRAMS=1)\n";
+    for (size_t i = 0; i < inputs.size(); i++) r += "  v" + std::to_string(i) + " = input " + shape_str(inputs[i]) + "\n";
+    for (size_t i = 0; i < vars.size(); i++) r += "  var" + std::to_string(i) + " " + shape_str(vars[i]) + "\n";
+    for (size_t i = 0; i < steps.size(); i++) {
+      const Step &s = steps[i];
+      r += "  v" + std::to_string(inputs.size() + i) + " = " + names[s.kind] + "(";
+      if (s.kind == VAR_READ || s.kind == VAR_ADD) r += "var" + std::to_string(s.var) + (s.a >= 0 ? ", " : "");
+      if (s.a >= 0) r += "v" + std::to_string(s.a);
+      if (s.b >= 0) r += ", v" + std::to_string(s.b);
+      r += ") op=" + std::to_string(s.op) + " axis=" + std::to_string(s.axis) + " -> " +
+           shape_str(shapes[inputs.size() + i]) + "\n";
+    }
+    r += "  return";
+    for (int o : outs) r += " v" + std::to_string(o);
+    return r + "\n";
+  }
+};
+
+struct Gen {
+  Rng rng;
+  Program p;
+  std::vector<int> uses;
+  std::vector<bool> is_view;
+  std::vector<int> returned;  // views picked as outputs when they were made
+
+  explicit Gen(uint64_t seed) : rng{seed * 0x2545F4914F6CDD1Dull + 7} { p.seed = seed; }
+
+  int n() const { return (int)p.shapes.size(); }
+  const Shape &sh(int v) const { return p.shapes[(size_t)v]; }
+
+  // an operand: recent values and views more often; some values are read
+  // many times (the shared subexpressions of a deep DAG)
+  int pick() {
+    int k = n();
+    if (rng.chance(0.3)) {
+      for (int t = 0; t < 4; t++) {
+        int v = k - 1 - rng.below(std::min(k, 6));
+        if (is_view[(size_t)v]) return v;
+      }
+    }
+    if (rng.chance(0.5)) return k - 1 - rng.below(std::min(k, 4));
+    return rng.below(k);
+  }
+  int pick_where(bool (*ok)(const Shape &)) {
+    for (int t = 0; t < 12; t++) {
+      int v = pick();
+      if (ok(sh(v))) return v;
+    }
+    for (int v = n() - 1; v >= 0; v--)
+      if (ok(sh(v))) return v;
+    return -1;
+  }
+
+  int add(Step s, const Shape &shape, bool view = false) {
+    if (s.a >= 0) uses[(size_t)s.a]++;
+    if (s.b >= 0) uses[(size_t)s.b]++;
+    p.steps.push_back(std::move(s));
+    p.shapes.push_back(shape);
+    uses.push_back(0);
+    is_view.push_back(view);
+    return n() - 1;
+  }
+
+  // a second operand for a, broadcasting: the same shape, a scalar, or a
+  // trailing row; made from an existing value when one fits
+  int partner(int a) {
+    const Shape &s = sh(a);
+    std::vector<int> same;
+    for (int v = 0; v < n(); v++)
+      if (v != a && (sh(v) == s || sh(v).empty() || (s.size() >= 1 && sh(v) == Shape{s.back()}))) same.push_back(v);
+    if (!same.empty() && rng.chance(0.85)) return same[(size_t)rng.below((int)same.size())];
+    return a;  // x op x
+  }
+
+  void step() {
+    int kind = rng.below(100);
+    if (kind < 22) {  // unary
+      Step s{UNARY};
+      s.a = pick();
+      s.op = rng.below(8);
+      add(s, sh(s.a));
+    } else if (kind < 44) {  // binary
+      Step s{BINARY};
+      s.a = pick();
+      s.b = partner(s.a);
+      s.op = rng.below(6);
+      if (rng.chance(0.3)) std::swap(s.a, s.b);
+      Shape out = sh(s.a).size() >= sh(s.b).size() ? sh(s.a) : sh(s.b);
+      if (count(sh(s.a)) != count(out) && count(sh(s.b)) != count(out)) return;
+      add(s, out);
+    } else if (kind < 48) {
+      Step s{SELECT};
+      s.a = pick();
+      s.b = partner(s.a);
+      if (sh(s.a) != sh(s.b)) return;
+      add(s, sh(s.a));
+    } else if (kind < 60) {  // views
+      int v = pick();
+      // of a value that is materialized (not fused away) more often: its
+      // buffer is the one a returned view must keep alive
+      for (int t = 0; t < 6 && rng.chance(0.6); t++) {
+        int c = rng.below(n()) , d = c - (int)p.inputs.size();
+        if (d >= 0) {
+          Kind k = p.steps[(size_t)d].kind;
+          if (k == CONCAT || k == SLICE || k == GATHER || k == MATMUL || k == REDUCE) {
+            v = c;
+            break;
+          }
+        }
+      }
+      size_t before = p.steps.size();
+      int which = rng.below(6);
+      Shape s0 = sh(v);
+      Step s{RESHAPE};
+      s.a = v;
+      if (which == 0 || which == 5) {  // reshape: flatten, or split a dim, or merge two
+        Shape t;
+        int64_t c = count(s0);
+        if (rng.chance(0.4) || s0.size() < 2) {
+          t = {c};
+          if (c % 2 == 0 && c > 2 && rng.chance(0.5)) t = {2, c / 2};
+        } else {
+          t = s0;
+          size_t i = (size_t)rng.below((int)s0.size() - 1);
+          t[i] *= t[i + 1];
+          t.erase(t.begin() + (long)i + 1);
+        }
+        s.shape = t;
+        add(s, t, true);
+      } else if (which == 1) {
+        s.kind = IDENTITY;
+        add(s, s0, true);
+      } else if (which == 2) {
+        s.kind = STOPGRAD;
+        add(s, s0, true);
+      } else if (which == 3) {
+        if (s0.size() >= 4) return;
+        s.kind = EXPAND;
+        s.axis = rng.below((int)s0.size() + 1);
+        Shape t = s0;
+        t.insert(t.begin() + s.axis, 1);
+        add(s, t, true);
+      } else {
+        int one = -1;
+        for (size_t i = 0; i < s0.size(); i++)
+          if (s0[i] == 1) one = (int)i;
+        if (one >= 0) {
+          s.kind = SQUEEZE;
+          s.axis = one;
+          Shape t = s0;
+          t.erase(t.begin() + one);
+          add(s, t, true);
+        } else if (s0.size() >= 2) {
+          s.kind = TRANSPOSE;
+          Shape t(s0.rbegin(), s0.rend());
+          add(s, t, true);
+        }
+      }
+      // returned now and then, and read by what follows (in-place candidates)
+      if (p.steps.size() > before && rng.chance(0.3)) returned.push_back(n() - 1);
+    } else if (kind < 65) {  // concat along an axis with a value of the same shape
+      Step s{CONCAT};
+      s.a = pick_where([](const Shape &x) { return !x.empty(); });
+      if (s.a < 0) return;
+      s.b = partner(s.a);
+      if (sh(s.b) != sh(s.a)) s.b = s.a;
+      s.axis = rng.below((int)sh(s.a).size());
+      Shape t = sh(s.a);
+      t[(size_t)s.axis] *= 2;
+      if (count(t) > (1 << 19)) return;
+      add(s, t);
+    } else if (kind < 71) {  // slice
+      Step s{SLICE};
+      s.a = pick_where([](const Shape &x) { return !x.empty(); });
+      if (s.a < 0) return;
+      Shape t = sh(s.a);
+      for (int64_t &d : t) {
+        int64_t len = 1 + rng.below((int)d);
+        int64_t b = rng.below((int)(d - len + 1));
+        s.begin.push_back(b);
+        s.size.push_back(len);
+        d = len;
+      }
+      add(s, t);
+    } else if (kind < 76) {  // gather rows
+      Step s{GATHER};
+      s.a = pick_where([](const Shape &x) { return !x.empty() && x[0] > 1; });
+      if (s.a < 0) return;
+      int k = 1 + rng.below(5);
+      for (int i = 0; i < k; i++) s.idx.push_back(rng.below((int)sh(s.a)[0]));
+      Shape t = sh(s.a);
+      t[0] = k;
+      add(s, t);
+    } else if (kind < 82) {  // reduce over an axis, keepdims: broadcasts back later
+      Step s{REDUCE};
+      s.a = pick_where([](const Shape &x) { return !x.empty(); });
+      if (s.a < 0) return;
+      s.op = rng.below(2);
+      s.axis = rng.below((int)sh(s.a).size());
+      Shape t = sh(s.a);
+      t[(size_t)s.axis] = 1;
+      add(s, t);
+    } else if (kind < 87) {  // matmul of 2-D values
+      Step s{MATMUL};
+      s.a = pick_where([](const Shape &x) { return x.size() == 2 && count(x) <= 4096; });
+      if (s.a < 0) return;
+      std::vector<int> bs;
+      for (int v = 0; v < n(); v++)
+        if (sh(v).size() == 2 && sh(v)[0] == sh(s.a)[1] && count(sh(v)) <= 4096) bs.push_back(v);
+      if (bs.empty()) return;
+      s.b = bs[(size_t)rng.below((int)bs.size())];
+      add(s, Shape{sh(s.a)[0], sh(s.b)[1]});
+    } else if (!p.vars.empty()) {  // variables
+      Step s{VAR_READ};
+      s.var = rng.below((int)p.vars.size());
+      const Shape &vs = p.vars[(size_t)s.var];
+      if (rng.chance(0.5)) {
+        std::vector<int> fit;
+        for (int v = 0; v < n(); v++)
+          if (sh(v) == vs) fit.push_back(v);
+        if (!fit.empty()) {
+          s.kind = VAR_ADD;
+          s.a = fit[(size_t)rng.below((int)fit.size())];
+          p.writes = true;
+        }
+      }
+      add(s, vs);
+    }
+  }
+
+  Program make() {
+    bool big = rng.chance(0.12);
+    std::vector<int64_t> palette = {1, 2, 3, 4, 5, 8};
+    int n_in = 1 + rng.below(3);
+    Shape base;
+    int rank = 1 + rng.below(3);
+    for (int i = 0; i < rank; i++) base.push_back(palette[(size_t)rng.below((int)palette.size())]);
+    if (big) base = {256, 1024};  // 256K elements: kernels of vector math run on the pool
+    for (int i = 0; i < n_in; i++) {
+      Shape s = base;
+      if (i > 0 && rng.chance(0.3)) s = {base.back()};  // a row that broadcasts
+      if (i > 0 && !big && rng.chance(0.2)) s = {base.back(), 1 + (int64_t)rng.below(6)};  // for matmul
+      p.inputs.push_back(s);
+    }
+    int n_vars = rng.chance(0.4) ? 1 + rng.below(2) : 0;
+    for (int i = 0; i < n_vars; i++) p.vars.push_back(rng.chance(0.7) ? p.inputs[0] : base);
+    for (const Shape &s : p.inputs) {
+      p.shapes.push_back(s);
+      uses.push_back(0);
+      is_view.push_back(false);
+    }
+    int target = 4 + rng.below(big ? 10 : 24);
+    for (int t = 0; t < 4 * target && (int)p.steps.size() < target; t++) step();
+    // outputs: 1-4, favouring views, the last value, unread values, and
+    // outputs that alias one another
+    int n_out = 1 + rng.below(4);
+    int last = n() - 1;
+    p.outs.push_back(last);
+    for (size_t k = 0; k < returned.size() && (int)p.outs.size() < 6; k++) p.outs.push_back(returned[k]);
+    for (int k = (int)p.outs.size(); k < n_out; k++) {
+      int r = rng.below(10);
+      int v;
+      if (r < 3) {
+        v = last;
+        for (int t = 0; t < 8; t++) {
+          int c = rng.below(n());
+          if (is_view[(size_t)c]) {
+            v = c;
+            break;
+          }
+        }
+      } else if (r < 5) {
+        v = p.outs[(size_t)rng.below((int)p.outs.size())];  // the same value twice
+      } else if (r < 6) {
+        v = rng.below((int)p.inputs.size());  // an input as is
+      } else {
+        v = rng.below(n());
+        for (int t = 0; t < 6 && uses[(size_t)v]; t++) v = rng.below(n());
+      }
+      p.outs.push_back(v);
+    }
+    return p;
+  }
+};
+
+// ---- running a program ----
+
+struct Ctx {
+  const Program *p;
+  std::vector<kiln_variable *> vars;
+};
+
+kiln_tensor *unary(int op, kiln_tensor *a) {
+  switch (op) {
+    case 0: return kiln_neg(a);
+    case 1: return kiln_sin(a);
+    case 2: return kiln_tanh(a);
+    case 3: return kiln_sigmoid(a);
+    case 4: return kiln_relu(a);
+    case 5: return kiln_abs(a);
+    case 6: return kiln_cos(a);
+    default: return kiln_square(kiln_tanh(a));
+  }
+}
+
+kiln_tensor *binary(int op, kiln_tensor *a, kiln_tensor *b) {
+  switch (op) {
+    case 0: return kiln_add(a, b);
+    case 1: return kiln_sub(a, b);
+    case 2: return kiln_mul(kiln_tanh(a), b);  // bounded: long chains of products stay finite
+    case 3: return kiln_maximum(a, b);
+    case 4: return kiln_minimum(a, b);
+    default: return kiln_div(a, kiln_add(kiln_abs(b), kiln_scalar_like(b, 1)));
+  }
+}
+
+int body(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  const Ctx *c = (const Ctx *)user;
+  const Program &p = *c->p;
+  std::vector<kiln_tensor *> v(in, in + n_in);
+  for (const Step &s : p.steps) {
+    kiln_tensor *a = s.a >= 0 ? v[(size_t)s.a] : nullptr, *b = s.b >= 0 ? v[(size_t)s.b] : nullptr, *r = nullptr;
+    int axis = s.axis;
+    switch (s.kind) {
+      case UNARY: r = unary(s.op, a); break;
+      case BINARY: r = binary(s.op, a, b); break;
+      case SELECT: r = kiln_select(kiln_greater(a, b), a, b); break;
+      case RESHAPE: r = kiln_reshape(a, (int)s.shape.size(), s.shape.data()); break;
+      case IDENTITY: r = kiln_identity(a); break;
+      case STOPGRAD: r = kiln_stop_gradient(a); break;
+      case EXPAND: r = kiln_expand_dims(a, s.axis); break;
+      case SQUEEZE: r = kiln_squeeze(a, s.axis); break;
+      case TRANSPOSE: r = kiln_transpose(a, kiln_tensor_rank(a), nullptr); break;
+      case CONCAT: {
+        kiln_tensor *ts[2] = {a, b};
+        r = kiln_concat(2, ts, s.axis);
+        break;
+      }
+      case SLICE: r = kiln_slice(a, s.begin.data(), s.size.data()); break;
+      case GATHER: {
+        const int64_t len = (int64_t)s.idx.size();
+        kiln_tensor *idx = kiln_tensor_new(KILN_I64, 1, &len, s.idx.data());
+        r = kiln_gather(a, idx, 0);
+        break;
+      }
+      case REDUCE:
+        r = s.op ? kiln_reduce_max(a, 1, &axis, true) : kiln_reduce_sum(kiln_mul(a, kiln_scalar_like(a, 0.25)), 1, &axis, true);
+        break;
+      case MATMUL: r = kiln_matmul(a, b); break;
+      case VAR_READ: r = kiln_variable_read(c->vars[(size_t)s.var]); break;
+      case VAR_ADD:
+        if (kiln_variable_assign_add(c->vars[(size_t)s.var], a)) return -1;
+        r = kiln_variable_read(c->vars[(size_t)s.var]);
+        break;
+    }
+    if (!r) return -1;
+    v.push_back(r);
+  }
+  for (int k = 0; k < n_out; k++) out[k] = v[(size_t)p.outs[(size_t)k]];
+  return 0;
+}
+
+std::vector<kiln_tensor *> make_inputs(const Program &p) {
+  kiln_random_seed(p.seed);
+  std::vector<kiln_tensor *> in;
+  for (const Shape &s : p.inputs) in.push_back(kiln_random_uniform(KILN_F32, (int)s.size(), s.data(), -2, 2));
+  return in;
+}
+
+std::vector<kiln_variable *> make_vars(const Program &p) {
+  std::vector<kiln_variable *> vs;
+  kiln_random_seed(p.seed + 99);
+  for (size_t i = 0; i < p.vars.size(); i++) {
+    const Shape &s = p.vars[i];
+    kiln_tensor *init = kiln_random_uniform(KILN_F32, (int)s.size(), s.data(), -1, 1);
+    vs.push_back(kiln_variable_new(init, ("var" + std::to_string(i)).c_str()));
+  }
+  return vs;
+}
+
+// What one way of running a program gave: the outputs of two calls, the
+// variables after them, and the gradients of the first output (when no
+// variable is written: a gradient function replays the body).
+struct Result {
+  std::vector<kiln_tensor *> outs;  // 2 * n_out
+  std::vector<kiln_tensor *> vars;
+  std::vector<kiln_tensor *> grads;  // n_in, NULL where out[0] does not depend on an input
+  std::string error;
+};
+
+enum Mode { EAGER, COMPILED, INTERPRETED };
+
+Result run(const Program &p, Mode mode) {
+  Result r;
+  EnvGuard backend("KILN_BACKEND", mode == INTERPRETED ? "interp" : "cpu");
+  Ctx c{&p, make_vars(p)};
+  std::vector<kiln_tensor *> in = make_inputs(p);
+  int n_in = (int)in.size(), n_out = (int)p.outs.size();
+  kiln_function *f = kiln_function_new("user", body, &c, n_in, n_out);
+  kiln_function_set_eager(f, mode == EAGER);
+  r.outs.assign((size_t)(2 * n_out), nullptr);
+  for (int call = 0; call < 2 && r.error.empty(); call++)
+    if (kiln_function_call(f, in.data(), r.outs.data() + call * n_out))
+      r.error = std::string("call ") + std::to_string(call) + ": " + kiln_last_error();
+  for (kiln_variable *v : c.vars) r.vars.push_back(kiln_variable_read(v));
+  bool float_out = r.error.empty() && kiln_tensor_dtype(r.outs[0]) == KILN_F32;
+  if (!p.writes && float_out) {
+    r.grads.assign((size_t)n_in, nullptr);
+    if (mode == EAGER) {
+      kiln_tape *t = kiln_tape_begin(false);
+      for (kiln_tensor *x : in) kiln_tape_watch(t, x);
+      kiln_tensor *o[8] = {nullptr};
+      int rc = body(&c, n_in, in.data(), n_out, o);
+      kiln_tensor *loss = rc ? nullptr : kiln_reduce_sum(o[0], 0, nullptr, false);
+      kiln_tape_end(t);
+      if (!loss || kiln_tape_gradient(t, loss, n_in, in.data(), r.grads.data()))
+        r.error = std::string("tape: ") + kiln_last_error();
+      kiln_tape_free(t);
+    } else {
+      kiln_function *g = kiln_gradients(f);
+      if (!g || kiln_function_call(g, in.data(), r.grads.data()))
+        r.error = std::string("kiln_gradients: ") + kiln_last_error();
+      kiln_function_free(g);
+    }
+  }
+  kiln_function_free(f);
+  for (kiln_variable *v : c.vars) kiln_variable_free(v);
+  return r;
+}
+
+// "" when a and b agree within a relative tolerance of their scale (the
+// compiled code contracts multiplies and adds and has its own vector
+// math); NULL a gradient stands for zeros
+std::string compare(const kiln_tensor *a, const kiln_tensor *b, double rel) {
+  if (!a && !b) return "";
+  const kiln_tensor *t = a ? a : b;
+  if (a && b && shape_of(a) != shape_of(b)) return "shapes differ";
+  VD va = a ? values(a) : VD((size_t)kiln_tensor_size(t), 0.0), vb = b ? values(b) : VD((size_t)kiln_tensor_size(t), 0.0);
+  double scale = 0;
+  for (double x : va)
+    if (std::isfinite(x)) scale = std::max(scale, std::fabs(x));
+  for (size_t i = 0; i < va.size(); i++) {
+    bool same = (std::isnan(va[i]) && std::isnan(vb[i])) || va[i] == vb[i] ||
+                std::fabs(va[i] - vb[i]) <= rel * (scale + 1);
+    if (!same) {
+      char m[160];
+      std::snprintf(m, sizeof m, "element %zu: %.9g vs %.9g (of %zu)", i, va[i], vb[i], va.size());
+      return m;
+    }
+  }
+  return "";
+}
+
+int program_count() {
+  const char *s = std::getenv("KILN_RANDOM_PROGRAMS");
+  long n = s ? std::strtol(s, nullptr, 10) : 0;
+  return n > 0 ? (int)n : 300;
+}
+
+uint64_t first_seed() {
+  const char *s = std::getenv("KILN_RANDOM_SEED");
+  return s && *s ? std::strtoull(s, nullptr, 10) : 1;
+}
+
+// "" or what differs between the eager run and another one
+std::string differ(const Program &p, const Result &want, const Result &got, const char *what) {
+  if (!got.error.empty()) return std::string(what) + " failed: " + got.error;
+  for (size_t k = 0; k < want.outs.size(); k++) {
+    std::string m = compare(want.outs[k], got.outs[k], 1e-4);
+    if (!m.empty())
+      return std::string(what) + ": call " + std::to_string(k / p.outs.size()) + " output " +
+             std::to_string(k % p.outs.size()) + ": " + m;
+  }
+  for (size_t k = 0; k < want.vars.size(); k++) {
+    std::string m = compare(want.vars[k], got.vars[k], 1e-4);
+    if (!m.empty()) return std::string(what) + ": var" + std::to_string(k) + ": " + m;
+  }
+  for (size_t k = 0; k < want.grads.size() && k < got.grads.size(); k++) {
+    std::string m = compare(want.grads[k], got.grads[k], 1e-3);
+    if (!m.empty()) return std::string(what) + ": gradient of input " + std::to_string(k) + ": " + m;
+  }
+  if (want.grads.size() != got.grads.size()) return std::string(what) + ": gradients missing";
+  return "";
+}
+
+TEST(UserPrograms, PoisonIsOnForTheWholeSuite) { EXPECT_TRUE(poisoned && getenv("KILN_POISON")); }
+
+TEST(UserPrograms, GeneratorIsDeterministicAndCoversWhatUsersWrite) {
+  int kinds[VAR_ADD + 1] = {0}, view_outs = 0, aliased_outs = 0, big = 0;
+  for (uint64_t s = 1; s <= 300; s++) {
+    Program a = Gen(s).make(), b = Gen(s).make();
+    ASSERT_EQ(a.str(), b.str());
+    for (const Step &st : a.steps) kinds[st.kind]++;
+    size_t n_in = a.inputs.size();
+    for (size_t k = 0; k < a.outs.size(); k++) {
+      int o = a.outs[k];
+      if (o >= (int)n_in) {
+        Kind kd = a.steps[(size_t)o - n_in].kind;
+        view_outs += kd == RESHAPE || kd == IDENTITY || kd == STOPGRAD || kd == EXPAND || kd == SQUEEZE;
+      }
+      for (size_t j = 0; j < k; j++) aliased_outs += a.outs[j] == o;
+    }
+    big += count(a.inputs[0]) > 65536;
+  }
+  for (int k = 0; k <= VAR_ADD; k++) EXPECT_GT(kinds[k], 10) << "step kind " << k;
+  EXPECT_GT(view_outs, 30);
+  EXPECT_GT(aliased_outs, 20);
+  EXPECT_GT(big, 10);
+}
+
+TEST(UserPrograms, EagerCompiledAndInterpretedAgree) {
+  Scoped scope;
+  int n = program_count(), compared = 0;
+  for (uint64_t s = first_seed(); s < first_seed() + (uint64_t)n; s++) {
+    Program p = Gen(s).make();
+    kiln_scope_push();
+    Result want = run(p, EAGER);
+    ASSERT_EQ(want.error, "") << p.str();
+    Result compiled = run(p, COMPILED), interpreted = run(p, INTERPRETED);
+    std::string m = differ(p, want, compiled, "compiled");
+    if (m.empty()) m = differ(p, want, interpreted, "interpreted");
+    EXPECT_EQ(m, "") << p.str();
+    kiln_scope_pop();
+    compared++;
+    if (!m.empty()) break;
+  }
+  std::printf("  %d programs compared\n", compared);
+}
+
+// ---- the cases the generator was built from, by hand ----
+
+// c = concat(x, -x); out0 = reshape(c); out1 = concat(z, z) with z from
+// out0: the buffers pass let z's kernel take over c's buffer, which the
+// returned view still read (out0 came back as z's values)
+int returned_view(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *ts[2] = {in[0], kiln_neg(in[0])};
+  kiln_tensor *c = kiln_concat(2, ts, 0);
+  out[0] = kiln_reshape(c, KILN_SHAPE(2, 4));
+  kiln_tensor *z = kiln_mul(kiln_sin(out[0]), kiln_scalar(KILN_F32, 3));
+  kiln_tensor *zz[2] = {z, z};
+  out[1] = kiln_concat(2, zz, 0);
+  return out[1] ? 0 : -1;
+}
+
+TEST(UserPrograms, AReturnedViewKeepsItsBaseAlive) {
+  for (const char *backend : {"cpu", "interp"}) {
+    Scoped scope;
+    EnvGuard env("KILN_BACKEND", backend);
+    kiln_function *f = kiln_function_new("returned_view", returned_view, nullptr, 1, 2);
+    kiln_tensor *x = f32({1, 2, 3, 4}), *out[2];
+    ASSERT_EQ(kiln_function_call(f, &x, out), 0) << kiln_last_error();
+    EXPECT_EQ(values(out[0]), (VD{1, 2, 3, 4, -1, -2, -3, -4})) << backend;
+    EXPECT_EQ(shape_of(out[0]), (V64{2, 4}));
+    VD z = values(out[1]);
+    ASSERT_EQ(z.size(), 16u);
+    EXPECT_NEAR(z[0], 3 * std::sin(1.0), 1e-5) << backend;
+    EXPECT_NEAR(z[12], 3 * std::sin(-1.0), 1e-5) << backend;
+    kiln_function_free(f);
+  }
+}
+
+// Gradients whose backward sums over a broadcast and reshapes the sum: the
+// reshaped sum was returned while a later temporary took over its buffer.
+struct GradCase {
+  const char *name;
+  kiln_body_fn body;
+  std::vector<Shape> shapes;
+};
+
+int batched_matmul(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_reduce_sum(kiln_matmul(in[0], in[1]), 0, nullptr, false);  // a [3,4] against b [2,4,5]
+  return out[0] ? 0 : -1;
+}
+int pow_shapes(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_pow(kiln_add(kiln_abs(in[0]), kiln_scalar(KILN_F32, 0.5)), in[1]);  // [2,3] ** [3]
+  return out[0] ? 0 : -1;
+}
+int through_broadcast(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *b = kiln_broadcast_to(in[0], KILN_SHAPE(4, 2, 3));
+  out[0] = kiln_mul(kiln_sin(b), in[1]);
+  return out[0] ? 0 : -1;
+}
+
+TEST(UserPrograms, GradientsThroughBroadcastsMatchTheTape) {
+  const GradCase cases[] = {
+      {"batched_matmul", batched_matmul, {{3, 4}, {2, 4, 5}}},
+      {"pow_shapes", pow_shapes, {{2, 3}, {3}}},
+      {"through_broadcast", through_broadcast, {{2, 3}, {4, 2, 3}}},
+  };
+  for (const GradCase &gc : cases) {
+    for (const char *backend : {"cpu", "interp"}) {
+      Scoped scope;
+      EnvGuard env("KILN_BACKEND", backend);
+      kiln_random_seed(5);
+      std::vector<kiln_tensor *> in;
+      for (const Shape &s : gc.shapes) in.push_back(kiln_random_uniform(KILN_F32, (int)s.size(), s.data(), -1, 1));
+      kiln_tape *t = kiln_tape_begin(false);
+      for (kiln_tensor *x : in) kiln_tape_watch(t, x);
+      kiln_tensor *y = nullptr;
+      ASSERT_EQ(gc.body(nullptr, (int)in.size(), in.data(), 1, &y), 0) << kiln_last_error();
+      kiln_tensor *loss = kiln_reduce_sum(y, 0, nullptr, false);
+      kiln_tape_end(t);
+      std::vector<kiln_tensor *> want(in.size()), got(in.size());
+      ASSERT_EQ(kiln_tape_gradient(t, loss, (int)in.size(), in.data(), want.data()), 0) << kiln_last_error();
+      kiln_tape_free(t);
+      kiln_function *f = kiln_function_new(gc.name, gc.body, nullptr, (int)in.size(), 1);
+      kiln_function *g = kiln_gradients(f);
+      ASSERT_EQ(kiln_function_call(g, in.data(), got.data()), 0) << kiln_last_error();
+      for (size_t k = 0; k < in.size(); k++)
+        EXPECT_EQ(compare(want[k], got[k], 1e-5), "") << gc.name << " input " << k << " " << backend;
+      // and a tape over the staged call
+      kiln_tape *t2 = kiln_tape_begin(false);
+      for (kiln_tensor *x : in) kiln_tape_watch(t2, x);
+      kiln_tensor *ys = nullptr;
+      ASSERT_EQ(kiln_function_call(f, in.data(), &ys), 0) << kiln_last_error();
+      kiln_tensor *loss2 = kiln_reduce_sum(ys, 0, nullptr, false);
+      kiln_tape_end(t2);
+      ASSERT_EQ(kiln_tape_gradient(t2, loss2, (int)in.size(), in.data(), got.data()), 0) << kiln_last_error();
+      kiln_tape_free(t2);
+      for (size_t k = 0; k < in.size(); k++)
+        EXPECT_EQ(compare(want[k], got[k], 1e-5), "") << gc.name << " (tape over the staged call) input " << k << " "
+                                                       << backend;
+      kiln_function_free(g);
+      kiln_function_free(f);
+    }
+  }
+}
+
+}  // namespace
