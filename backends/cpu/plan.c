@@ -457,27 +457,33 @@ static bool same_shape(const op_type *a, const op_type *b) {
 
 static bool same_type(const op_type *a, const op_type *b) { return a->dtype == b->dtype && same_shape(a, b); }
 
-/* Whether g evaluates value u only at the index of the element it stores:
- * u is an output, or every member reading it is elementwise over u's shape
- * and such a value itself. memo (per value): 0 unknown, 1 yes, 2 no. */
-static bool at_store_index(const kgroup *g, ir_value u, uint8_t *memo) {
-  if (memo[u]) return memo[u] == 1;
+/* For each value u of g's function, whether g evaluates u only at the
+ * index of the element it stores: u is an output, or every member reading
+ * it is elementwise over u's shape and such a value itself (at, per value).
+ * One pass over the instructions from the last: a value's readers come
+ * after it, so theirs are known by then (no recursion along a chain, no
+ * walk per value). */
+static void at_store_index(const kgroup *g, bool *at) {
   const ir_func *f = g->f;
-  bool used = false, ok = true;
-  for (int k = 0; k < g->n_out; k++) used = used || g->out[k] == u;
-  for (int i = 0; i < f->n_instrs && ok; i++) {
+  bool *used = calloc((size_t)f->n_values + 1, sizeof *used);
+  for (int v = 0; v < f->n_values; v++) at[v] = used ? true : false; /* out of memory: nothing is */
+  if (!used) return;
+  for (int k = 0; k < g->n_out; k++) used[g->out[k]] = true;
+  for (int i = f->n_instrs - 1; i >= 0; i--) {
     const ir_instr *in = &f->instrs[i];
-    bool reads = false;
-    for (int k = 0; k < in->n_in; k++) reads = reads || in->in[k] == u;
-    if (!g->member[i] || !reads) continue;
+    if (!g->member[i]) continue;
     op_kind kind = kiln_ops[in->op].kind;
     bool elementwise =
         kind == OPK_UNARY || kind == OPK_BINARY || kind == OPK_COMPARE || kind == OPK_SELECT || kind == OPK_CONVERT;
-    ok = elementwise && same_shape(&f->types[in->out], &f->types[u]) && at_store_index(g, in->out, memo);
-    used = true;
+    bool ok = elementwise && in->n_out == 1 && used[in->out] && at[in->out];
+    for (int k = 0; k < in->n_in; k++) {
+      ir_value u = in->in[k];
+      used[u] = true;
+      at[u] = at[u] && ok && same_shape(&f->types[in->out], &f->types[u]);
+    }
   }
-  memo[u] = ok && used ? 1 : 2;
-  return memo[u] == 1;
+  for (int v = 0; v < f->n_values; v++) at[v] = at[v] && used[v];
+  free(used);
 }
 
 /* whether a step reads slot s, or can fail */
@@ -545,15 +551,15 @@ static int plan_donors(cpu_build *cb) {
         if (taken[q] || !same_type(&f->types[q], &p->result_types[os->index])) continue;
         bool ok = true;
         for (int later = s + 1; later < cb->n_steps && ok; later++) ok = !step_reads(cb, &cb->steps[later], pslot[q]);
-        uint8_t *memo = calloc((size_t)g->f->n_values + 1, 1);
-        if (!memo) {
+        bool *at = calloc((size_t)g->f->n_values + 1, sizeof *at);
+        if (!at) {
           rc = cpu_oom();
           break;
         }
+        at_store_index(g, at);
         for (int v = 0; v < g->f->n_values && ok; v++)
-          if (g->leaf[v] == pslot[q])
-            ok = same_type(&g->f->types[v], &f->types[q]) && at_store_index(g, v, memo);
-        free(memo);
+          if (g->leaf[v] == pslot[q]) ok = same_type(&g->f->types[v], &f->types[q]) && at[v];
+        free(at);
         if (ok) p->donor[os->index] = q, taken[q] = true;
       }
     }
