@@ -1,7 +1,8 @@
 /* emit.c — the element emitter shared by the backends: the value of a
- * group's instruction at one index, pulled recursively from its inputs
- * (elementwise ops compute, broadcast / reshape / transpose / slice only
- * remap the index), plus the pieces of reductions. Every op gives exactly
+ * group's instruction at one index, pulled from its inputs (elementwise
+ * ops compute, broadcast / reshape / transpose / slice only remap the
+ * index) on an explicit stack, each value once per index however often it
+ * is read, plus the pieces of reductions. Every op gives exactly
  * the eager kernels' results (lib/kernels_*.c), bit for bit, except the
  * vector math (vecmath.c: a few ulp) and FMA contraction when asked. */
 #include <math.h>
