@@ -62,11 +62,14 @@ typedef struct fz {
   /* union-find groups; a group's data lives at its root */
   int32_t *parent, *head, *next, *tail, *gmin, *gmax, *nred, *gdot, *gred;
   bool *has_elem;
+  uint8_t *gmoves; /* GROUP_EXPENSIVE | GROUP_MOVES of its members (moves_expensive) */
   op_type *dom; /* the loop domain: the root's shape, a reduction's input */
   /* graph walks */
   int32_t *mark, *stack, *expmark, *scratch, *work;
   int32_t stamp;
 } fz;
+
+enum { GROUP_EXPENSIVE = 1, GROUP_MOVES = 2 };
 
 /* ---- what an instruction is ---- */
 
@@ -315,6 +318,7 @@ static int build(fz *z) {
   z->gdot = malloc(((size_t)n + 1) * sizeof *z->gdot);
   z->gred = malloc(((size_t)n + 1) * sizeof *z->gred);
   z->has_elem = malloc(((size_t)n + 1) * sizeof *z->has_elem);
+  z->gmoves = malloc(((size_t)n + 1) * sizeof *z->gmoves);
   z->dom = malloc(((size_t)n + 1) * sizeof *z->dom);
   z->mark = calloc((size_t)n + 1, sizeof *z->mark);
   z->stack = malloc(((size_t)n + 1) * sizeof *z->stack);
@@ -322,7 +326,7 @@ static int build(fz *z) {
   z->scratch = malloc(((size_t)n + 1) * sizeof *z->scratch);
   z->work = malloc(((size_t)n + 1) * sizeof *z->work);
   if (!z->vdef || !z->ustart || !z->users || !z->parent || !z->head || !z->next || !z->tail || !z->gmin ||
-      !z->gmax || !z->nred || !z->gdot || !z->gred || !z->has_elem || !z->dom || !z->mark || !z->stack ||
+      !z->gmax || !z->nred || !z->gdot || !z->gred || !z->has_elem || !z->gmoves || !z->dom || !z->mark || !z->stack ||
       !z->expmark || !z->scratch || !z->work)
     return kiln_set_error("fuse: out of memory");
   for (int v = 0; v < z->n_vals; v++) z->vdef[v] = -1;
@@ -347,6 +351,9 @@ static int build(fz *z) {
     z->gdot[k] = nd->cls == CLS_DOT ? k : -1;
     z->gred[k] = nd->cls == CLS_REDUCE ? k : -1;
     z->has_elem[k] = nd->cls == CLS_ELEM;
+    op_id op = nd->ins->op;
+    z->gmoves[k] = (uint8_t)((is_expensive(op) ? GROUP_EXPENSIVE : 0) |
+                             (op == OP_TRANSPOSE || op == OP_BROADCAST || op == OP_SLICE ? GROUP_MOVES : 0));
     z->dom[k] = nd->cls == CLS_REDUCE ? z->vtype[nd->in[0]] : z->vtype[nd->out];
   }
   return 0;
@@ -374,6 +381,7 @@ static void fz_free(fz *z) {
   free(z->gdot);
   free(z->gred);
   free(z->has_elem);
+  free(z->gmoves);
   free(z->dom);
   free(z->mark);
   free(z->stack);
@@ -403,6 +411,7 @@ static void merge(fz *z, int32_t a, int32_t b) {
   if (z->gdot[a] < 0) z->gdot[a] = z->gdot[b];
   if (z->gred[a] < 0) z->gred[a] = z->gred[b];
   z->has_elem[a] |= z->has_elem[b];
+  z->gmoves[a] |= z->gmoves[b];
 }
 
 static bool single(const fz *z, int32_t g) { return z->gmin[g] == z->gmax[g]; }
@@ -486,6 +495,10 @@ static bool feeds_dot(fz *z, int32_t p, int32_t g) {
  * transpose, broadcast or slice? Its elements would then be computed again
  * for every index they are read at. */
 static bool moves_expensive(fz *z, int32_t a, int32_t b) {
+  /* only a kernel with both can (this keeps a long chain of cheap ops from
+   * sorting its kernel's members at every merge: quadratic) */
+  uint8_t kinds = (uint8_t)(z->gmoves[a] | (b >= 0 ? z->gmoves[b] : 0));
+  if (kinds != (GROUP_EXPENSIVE | GROUP_MOVES)) return false;
   int n = 0;
   for (int32_t g = a;; g = b) {
     for (int32_t m = z->head[g]; m >= 0; m = z->next[m]) z->scratch[n++] = m;

@@ -132,9 +132,9 @@ struct cpu_program {
 /* The runtime helpers the generated code calls (run.c). */
 int cpu_rt_helper(cpu_call *call, int32_t helper, void **bufs);
 void cpu_rt_kernel_fail(cpu_call *call, int32_t kernel);
-/* Drops a program's code from the JIT (compile.c). */
+/* Drops a program's code from the JIT (jit.c). */
 void cpu_jit_forget(void *lib);
-/* For gemm.c (compile.c): a new target machine for the host CPU (an
+/* For gemm.c (jit.c): a new target machine for the host CPU (an
  * LLVMTargetMachineRef the caller disposes), and object code linked into a
  * JITDylib of its own, which stays for the life of the process: the address
  * of symbol name. NULL / 0 with the error set. */

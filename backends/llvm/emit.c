@@ -1,7 +1,8 @@
 /* emit.c — the element emitter shared by the backends: the value of a
- * group's instruction at one index, pulled recursively from its inputs
- * (elementwise ops compute, broadcast / reshape / transpose / slice only
- * remap the index), plus the pieces of reductions. Every op gives exactly
+ * group's instruction at one index, pulled from its inputs (elementwise
+ * ops compute, broadcast / reshape / transpose / slice only remap the
+ * index) on an explicit stack, each value once per index however often it
+ * is read, plus the pieces of reductions. Every op gives exactly
  * the eager kernels' results (lib/kernels_*.c), bit for bit, except the
  * vector math (vecmath.c: a few ulp) and FMA contraction when asked. */
 #include <math.h>
@@ -213,54 +214,98 @@ static void broadcast_index(llvm_emit *e, llvm_index *idx, const op_type *in, ll
   llvm_index_dims(out, in, dims);
 }
 
-/* ---- memo: (value, index) -> element, so a value read twice at one index
- * (diamonds in the dataflow) is emitted once ---- */
+/* ---- memo: (value, index) -> element, so a value read several times at
+ * one index (the diamonds of a DAG of shared values) is emitted once per
+ * element: the entries of each value are a list (first[v], then next), so
+ * a lookup looks only at v's entries ---- */
 
 typedef struct {
   ir_value v;
+  int next; /* v's next entry, or -1 */
   llvm_index idx;
   LLVMValueRef val;
 } memo_entry;
 
+/* An operand the emitter still has to compute: value v at idx. */
+typedef struct {
+  ir_value v;
+  llvm_index idx;
+} elem_req;
+
+/* A value being emitted: its operands are reqs[req0, req0 + n_req), the
+ * first `done` of them computed (their elements in vals[req0, ...)). */
+typedef struct {
+  ir_value v;
+  int req0, n_req, done;
+  llvm_index idx;
+} emit_frame;
+
 struct llvm_memo {
   memo_entry *e;
   int n, cap;
+  int *first; /* per value of the group's function: its newest entry, or -1 */
+  /* the emitter's explicit stack (no recursion: a chain of 10,000 ops
+   * would overflow the thread's stack) */
+  emit_frame *frames;
+  int n_frames, cap_frames;
+  elem_req *reqs;
+  LLVMValueRef *vals;
+  int n_reqs, cap_reqs;
 };
 
 void llvm_group_init(llvm_group *g) {
   g->bad = NULL;
   g->bad_op = OP_COUNT;
   g->memo = calloc(1, sizeof *g->memo);
+  int n = g->f ? g->f->n_values : 0;
+  if (g->memo && !(g->memo->first = malloc(((size_t)n + 1) * sizeof *g->memo->first))) {
+    free(g->memo);
+    g->memo = NULL; /* llvm_emit_value then fails, out of memory */
+  }
+  for (int v = 0; g->memo && v < n; v++) g->memo->first[v] = -1;
 }
 
 void llvm_group_dispose(llvm_group *g) {
-  if (g->memo) free(g->memo->e);
+  if (g->memo) {
+    free(g->memo->e);
+    free(g->memo->first);
+    free(g->memo->frames);
+    free(g->memo->reqs);
+    free(g->memo->vals);
+  }
   free(g->memo);
   g->memo = NULL;
 }
 
 void llvm_group_forget(llvm_group *g) {
-  if (g->memo) g->memo->n = 0;
+  llvm_memo *m = g->memo;
+  if (!m) return;
+  for (int i = 0; i < m->n; i++) m->first[m->e[i].v] = -1;
+  m->n = 0;
 }
 
+/* Whether a and b (indices into one value) are the same element: the same
+ * linear index, or the same multi-index (either may have been computed
+ * since the other was made, so neither needs both). */
 static bool same_index(const llvm_index *a, const llvm_index *b) {
-  if (a->rank != b->rank || a->linear != b->linear) return false;
+  if (a->rank != b->rank) return false;
   for (int i = 0; i < a->rank; i++)
-    if (a->dim[i] != b->dim[i] || a->shape[i] != b->shape[i]) return false;
-  return true;
+    if (a->shape[i] != b->shape[i]) return false;
+  if (a->linear && a->linear == b->linear) return true;
+  for (int i = 0; i < a->rank; i++)
+    if (!a->dim[i] || a->dim[i] != b->dim[i]) return false;
+  return true; /* rank 0: its one element */
 }
 
 static LLVMValueRef memo_find(llvm_group *g, ir_value v, const llvm_index *idx) {
   llvm_memo *m = g->memo;
-  if (!m) return NULL;
-  for (int i = m->n - 1; i >= 0; i--)
-    if (m->e[i].v == v && same_index(&m->e[i].idx, idx)) return m->e[i].val;
+  for (int i = m->first[v]; i >= 0; i = m->e[i].next)
+    if (same_index(&m->e[i].idx, idx)) return m->e[i].val;
   return NULL;
 }
 
 static void memo_add(llvm_group *g, ir_value v, const llvm_index *idx, LLVMValueRef val) {
   llvm_memo *m = g->memo;
-  if (!m) return;
   if (m->n == m->cap) {
     int cap = m->cap ? 2 * m->cap : 32;
     memo_entry *q = realloc(m->e, (size_t)cap * sizeof *q);
@@ -268,7 +313,8 @@ static void memo_add(llvm_group *g, ir_value v, const llvm_index *idx, LLVMValue
     m->e = q;
     m->cap = cap;
   }
-  m->e[m->n++] = (memo_entry){v, *idx, val};
+  m->e[m->n] = (memo_entry){v, m->first[v], *idx, val};
+  m->first[v] = m->n++;
 }
 
 /* ---- loads and stores ---- */
@@ -532,7 +578,7 @@ static LLVMValueRef binary(llvm_group *g, op_id op, kiln_dtype dt, LLVMValueRef 
   return icmp(e, dt == KILN_BOOL ? up[k] : sp[k], x, y);
 }
 
-/* ---- the recursive emitter ---- */
+/* ---- the element emitter ---- */
 
 bool llvm_fusion_one_kernel(const ir_func *c, bool (*dot_ok)(const ir_func *c, const ir_instr *in)) {
   if (c->n_results < 1) return false;
@@ -611,15 +657,6 @@ static int fail(const llvm_group *g, ir_value v, const char *why) {
   return kiln_set_error("llvm: @%s: value %d: %s", g->f->name, (int)v, why);
 }
 
-/* input k of instruction in, read at the index its result is read at */
-static LLVMValueRef operand(llvm_group *g, const ir_instr *in, int k, const op_type *rt, llvm_index *idx) {
-  const op_type *it = &g->f->types[in->in[k]];
-  if (same_shape(it, rt)) return llvm_emit_value(g, in->in[k], idx);
-  llvm_index sub;
-  broadcast_index(g->e, idx, it, &sub);
-  return llvm_emit_value(g, in->in[k], &sub);
-}
-
 /* a transpose that moves only unit dims keeps the elements' order */
 static bool transpose_keeps_order(const ir_instr *in, const op_type *rt) {
   int last = -1;
@@ -631,65 +668,72 @@ static bool transpose_keeps_order(const ir_instr *in, const op_type *rt) {
   return true;
 }
 
-static LLVMValueRef emit_instr(llvm_group *g, ir_value v, const ir_instr *in, llvm_index *idx) {
+/* One more operand request (value u at idx); false out of memory. */
+static bool request(llvm_group *g, ir_value u, const llvm_index *idx) {
+  llvm_memo *m = g->memo;
+  if (m->n_reqs == m->cap_reqs) {
+    int cap = m->cap_reqs ? 2 * m->cap_reqs : 64;
+    elem_req *q = realloc(m->reqs, (size_t)cap * sizeof *q);
+    if (q) m->reqs = q;
+    LLVMValueRef *w = q ? realloc(m->vals, (size_t)cap * sizeof *w) : NULL;
+    if (!w) return kiln_set_error("llvm: out of memory"), false;
+    m->vals = w;
+    m->cap_reqs = cap;
+  }
+  m->reqs[m->n_reqs++] = (elem_req){u, *idx};
+  return true;
+}
+
+/* input k of instruction in, requested at the index its result (type rt)
+ * is read at (idx), broadcast where the shapes differ */
+static bool request_operand(llvm_group *g, const ir_instr *in, int k, const op_type *rt, llvm_index *idx) {
+  const op_type *it = &g->f->types[in->in[k]];
+  if (same_shape(it, rt)) return request(g, in->in[k], idx);
+  llvm_index sub;
+  broadcast_index(g->e, idx, it, &sub);
+  return request(g, in->in[k], &sub);
+}
+
+/* Requests the operands that value v (defined by in) reads at idx, in the
+ * order finish_instr takes them; index arithmetic is emitted here. False
+ * with the error set when in cannot be part of a kernel. */
+static bool request_operands(llvm_group *g, ir_value v, const ir_instr *in, llvm_index *idx) {
   llvm_emit *e = g->e;
   const ir_func *f = g->f;
   const op_type *rt = &f->types[v];
   const op_info *info = &kiln_ops[in->op];
-  kiln_dtype kdt = in->n_in ? f->types[in->in[in->op == OP_SELECT ? 1 : 0]].dtype : rt->dtype;
   llvm_index sub;
   switch (info->kind) {
-    case OPK_UNARY: {
-      LLVMValueRef x = operand(g, in, 0, rt, idx);
-      return x ? unary(e, in->op, kdt, x) : NULL;
-    }
+    case OPK_UNARY:
     case OPK_BINARY:
-    case OPK_COMPARE: {
-      LLVMValueRef x = operand(g, in, 0, rt, idx);
-      LLVMValueRef y = x ? operand(g, in, 1, rt, idx) : NULL;
-      return y ? binary(g, in->op, kdt, x, y) : NULL;
-    }
-    case OPK_SELECT: {
-      LLVMValueRef c = operand(g, in, 0, rt, idx);
-      LLVMValueRef x = c ? operand(g, in, 1, rt, idx) : NULL;
-      LLVMValueRef y = x ? operand(g, in, 2, rt, idx) : NULL;
-      return y ? sel(e, c, x, y) : NULL;
-    }
-    case OPK_CONVERT: {
-      LLVMValueRef x = operand(g, in, 0, rt, idx);
-      return x ? convert(e, x, kdt, rt->dtype) : NULL;
-    }
+    case OPK_COMPARE:
+    case OPK_SELECT:
+    case OPK_CONVERT:
+      for (int k = 0; k < in->n_in; k++)
+        if (!request_operand(g, in, k, rt, idx)) return false;
+      return true;
     case OPK_VIEW: /* identity, stop_gradient, reshape: the same elements in order */
-      if (same_shape(&f->types[in->in[0]], rt)) return llvm_emit_value(g, in->in[0], idx);
+      if (same_shape(&f->types[in->in[0]], rt)) return request(g, in->in[0], idx);
       llvm_index_linear(&sub, &f->types[in->in[0]], llvm_index_get_linear(e, idx));
-      return llvm_emit_value(g, in->in[0], &sub);
-    case OPK_CONST: {
-      const kiln_tensor *t = in->attrs.value;
-      if (t->size == 1) return immediate(e, t);
-      LLVMValueRef p = e->const_data ? e->const_data(e->user, t) : NULL;
-      if (!p) return fail(g, v, "a constant of more than one element has no address here"), NULL;
-      return llvm_emit_load(e, (kiln_dtype)t->dtype, p, llvm_index_get_linear(e, idx));
-    }
-    case OPK_SOURCE: { /* iota: element i is (T)i */
-      LLVMValueRef i = llvm_index_get_linear(e, idx);
-      return dtype_is_float(rt->dtype) ? LLVMBuildSIToFP(e->b, i, llvm_value_type(e, rt->dtype), "")
-                                       : LLVMBuildTrunc(e->b, i, llvm_value_type(e, rt->dtype), "");
-    }
+      return request(g, in->in[0], &sub);
+    case OPK_CONST:
+    case OPK_SOURCE: return true;
     case OPK_MOVE: {
       const op_type *it = &f->types[in->in[0]];
       if (in->op == OP_BROADCAST) {
         broadcast_index(e, idx, it, &sub);
-        return llvm_emit_value(g, in->in[0], &sub);
+        return request(g, in->in[0], &sub);
       }
       if (type_size(it) == type_size(rt) && (in->op == OP_SLICE || transpose_keeps_order(in, rt))) {
         llvm_index_linear(&sub, it, llvm_index_get_linear(e, idx)); /* the same order: no multi-index */
-        return llvm_emit_value(g, in->in[0], &sub);
+        return request(g, in->in[0], &sub);
       }
       LLVMValueRef dims[KILN_MAX_RANK];
-      llvm_index_get_dims(e, idx);
       if (in->op == OP_TRANSPOSE) {
+        llvm_index_get_dims(e, idx);
         for (int i = 0; i < rt->rank; i++) dims[in->attrs.axes[i]] = idx->dim[i];
       } else if (in->op == OP_SLICE) {
+        llvm_index_get_dims(e, idx);
         for (int i = 0; i < rt->rank; i++)
           dims[i] =
               in->attrs.begin[i] ? LLVMBuildAdd(e->b, idx->dim[i], llvm_i64(e, in->attrs.begin[i]), "") : idx->dim[i];
@@ -697,15 +741,13 @@ static LLVMValueRef emit_instr(llvm_group *g, ir_value v, const ir_instr *in, ll
         break;
       }
       llvm_index_dims(&sub, it, dims);
-      return llvm_emit_value(g, in->in[0], &sub);
+      return request(g, in->in[0], &sub);
     }
-    case OPK_DOT: { /* sum over k of a[batch, i, k] * b[batch, k, j], unrolled, k ascending, with FMAs:
-                       the eager kernels' rounding */
+    case OPK_DOT: { /* a[batch, i, k] and b[batch, k, j] for each k, ascending */
       if (!llvm_dot_inline(f, in)) break;
       const op_type *at = &f->types[in->in[0]], *bt = &f->types[in->in[1]];
       int r = rt->rank;
       llvm_index_get_dims(e, idx);
-      LLVMValueRef acc = NULL;
       for (int64_t k = 0; k < at->shape[at->rank - 1]; k++) {
         LLVMValueRef ad[KILN_MAX_RANK], bd[KILN_MAX_RANK];
         for (int d = 0; d < at->rank - 2; d++) /* batch dims broadcast, aligned right */
@@ -718,41 +760,132 @@ static LLVMValueRef emit_instr(llvm_group *g, ir_value v, const ir_instr *in, ll
         llvm_index ai, bi;
         llvm_index_dims(&ai, at, ad);
         llvm_index_dims(&bi, bt, bd);
-        LLVMValueRef x = llvm_emit_value(g, in->in[0], &ai);
-        LLVMValueRef y = x ? llvm_emit_value(g, in->in[1], &bi) : NULL;
-        if (!y) return NULL;
-        if (!acc) {
-          acc = binary(g, OP_MUL, rt->dtype, x, y);
-        } else if (dtype_is_float(rt->dtype)) { /* fused, as the eager matmul kernels accumulate */
-          LLVMValueRef args[3] = {x, y, acc};
-          acc = llvm_intr(e, "llvm.fma", args, 3);
-        } else {
-          acc = binary(g, OP_ADD, rt->dtype, acc, binary(g, OP_MUL, rt->dtype, x, y));
-        }
+        if (!request(g, in->in[0], &ai) || !request(g, in->in[1], &bi)) return false;
       }
-      return acc;
+      return true;
     }
     default: break;
   }
   kiln_set_error("llvm: @%s: value %d: %s cannot be part of a kernel", f->name, (int)v, info->name);
-  return NULL;
+  return false;
 }
 
-LLVMValueRef llvm_emit_value(llvm_group *g, ir_value v, llvm_index *idx) {
-  LLVMValueRef r = memo_find(g, v, idx);
-  if (r) return r;
+/* The element of v (defined by in) at idx from its operands' elements x
+ * (request_operands' order). NULL with the error set. */
+static LLVMValueRef finish_instr(llvm_group *g, ir_value v, const ir_instr *in, llvm_index *idx,
+                                 LLVMValueRef *x) {
+  llvm_emit *e = g->e;
   const ir_func *f = g->f;
-  const op_type *t = &f->types[v];
-  if (g->buf[v]) {
-    LLVMValueRef i = type_size(t) <= 1 ? llvm_i64(g->e, 0) : llvm_index_get_linear(g->e, idx);
-    r = llvm_emit_load(g->e, t->dtype, g->buf[v], i);
-  } else {
-    int d = f->def[v];
-    if (d < 0) return fail(g, v, "a parameter with no buffer"), NULL;
-    r = emit_instr(g, v, &f->instrs[d], idx);
+  const op_type *rt = &f->types[v];
+  const op_info *info = &kiln_ops[in->op];
+  kiln_dtype kdt = in->n_in ? f->types[in->in[in->op == OP_SELECT ? 1 : 0]].dtype : rt->dtype;
+  LLVMValueRef r = NULL;
+  switch (info->kind) {
+    case OPK_UNARY: r = unary(e, in->op, kdt, x[0]); break;
+    case OPK_BINARY:
+    case OPK_COMPARE: r = binary(g, in->op, kdt, x[0], x[1]); break;
+    case OPK_SELECT: r = sel(e, x[0], x[1], x[2]); break;
+    case OPK_CONVERT: r = convert(e, x[0], kdt, rt->dtype); break;
+    case OPK_VIEW:
+    case OPK_MOVE: r = x[0]; break;
+    case OPK_CONST: {
+      const kiln_tensor *t = in->attrs.value;
+      if (t->size == 1) return immediate(e, t);
+      LLVMValueRef p = e->const_data ? e->const_data(e->user, t) : NULL;
+      if (!p) return fail(g, v, "a constant of more than one element has no address here"), NULL;
+      return llvm_emit_load(e, (kiln_dtype)t->dtype, p, llvm_index_get_linear(e, idx));
+    }
+    case OPK_SOURCE: { /* iota: element i is (T)i */
+      LLVMValueRef i = llvm_index_get_linear(e, idx);
+      return dtype_is_float(rt->dtype) ? LLVMBuildSIToFP(e->b, i, llvm_value_type(e, rt->dtype), "")
+                                       : LLVMBuildTrunc(e->b, i, llvm_value_type(e, rt->dtype), "");
+    }
+    case OPK_DOT: { /* sum over k of a * b, unrolled, k ascending, with FMAs: the eager kernels' rounding */
+      const op_type *at = &f->types[in->in[0]];
+      for (int64_t k = 0; k < at->shape[at->rank - 1]; k++) {
+        LLVMValueRef a = x[2 * k], b = x[2 * k + 1];
+        if (!r) {
+          r = binary(g, OP_MUL, rt->dtype, a, b);
+        } else if (dtype_is_float(rt->dtype)) { /* fused, as the eager matmul kernels accumulate */
+          LLVMValueRef args[3] = {a, b, r};
+          r = llvm_intr(e, "llvm.fma", args, 3);
+        } else {
+          r = binary(g, OP_ADD, rt->dtype, r, binary(g, OP_MUL, rt->dtype, a, b));
+        }
+      }
+      break;
+    }
+    default: break;
   }
-  if (r) memo_add(g, v, idx, r);
+  if (!r && !kiln_has_error())
+    kiln_set_error("llvm: @%s: value %d: %s cannot be part of a kernel", f->name, (int)v, info->name);
   return r;
+}
+
+/* v at idx when it is already known: memoized, or a load from the group's
+ * buffer of v (then memoized); else NULL */
+static LLVMValueRef known(llvm_group *g, ir_value v, llvm_index *idx) {
+  LLVMValueRef r = memo_find(g, v, idx);
+  if (r || !g->buf[v]) return r;
+  const op_type *t = &g->f->types[v];
+  LLVMValueRef i = type_size(t) <= 1 ? llvm_i64(g->e, 0) : llvm_index_get_linear(g->e, idx);
+  r = llvm_emit_load(g->e, t->dtype, g->buf[v], i);
+  memo_add(g, v, idx, r);
+  return r;
+}
+
+/* A frame for v at idx, its operands requested; false with the error set. */
+static bool push_frame(llvm_group *g, ir_value v, const llvm_index *idx) {
+  llvm_memo *m = g->memo;
+  int d = g->f->def[v];
+  if (d < 0) return fail(g, v, "a parameter with no buffer"), false;
+  if (m->n_frames == m->cap_frames) {
+    int cap = m->cap_frames ? 2 * m->cap_frames : 32;
+    emit_frame *q = realloc(m->frames, (size_t)cap * sizeof *q);
+    if (!q) return kiln_set_error("llvm: out of memory"), false;
+    m->frames = q;
+    m->cap_frames = cap;
+  }
+  emit_frame *fr = &m->frames[m->n_frames++];
+  *fr = (emit_frame){.v = v, .req0 = m->n_reqs, .idx = *idx};
+  if (!request_operands(g, v, &g->f->instrs[d], &fr->idx)) return false;
+  fr->n_req = m->n_reqs - fr->req0;
+  return true;
+}
+
+/* Each value is computed once per index (memo) after its operands, with an
+ * explicit stack of frames: work and depth are linear in the group's
+ * instructions, whatever the sharing. */
+LLVMValueRef llvm_emit_value(llvm_group *g, ir_value v, llvm_index *idx) {
+  llvm_memo *m = g->memo;
+  if (!m) return kiln_set_error("llvm: out of memory"), NULL;
+  LLVMValueRef r = known(g, v, idx);
+  if (r) return r;
+  int base = m->n_frames, req_base = m->n_reqs;
+  if (!push_frame(g, v, idx)) goto failed;
+  for (;;) {
+    emit_frame *fr = &m->frames[m->n_frames - 1];
+    if (fr->done < fr->n_req) { /* the next operand: known, or a frame of its own */
+      elem_req *q = &m->reqs[fr->req0 + fr->done];
+      LLVMValueRef x = known(g, q->v, &q->idx);
+      if (x)
+        m->vals[fr->req0 + fr->done++] = x;
+      else if (!push_frame(g, q->v, &q->idx))
+        goto failed;
+      continue;
+    }
+    r = finish_instr(g, fr->v, &g->f->instrs[g->f->def[fr->v]], &fr->idx, m->vals + fr->req0);
+    if (!r) goto failed;
+    memo_add(g, fr->v, &fr->idx, r);
+    m->n_reqs = fr->req0;
+    if (--m->n_frames == base) return r;
+    fr = &m->frames[m->n_frames - 1];
+    m->vals[fr->req0 + fr->done++] = r;
+  }
+failed:
+  m->n_frames = base;
+  m->n_reqs = req_base;
+  return NULL;
 }
 
 /* ---- flatness: can the group run over linear indices alone? ---- */
@@ -762,11 +895,9 @@ static bool flat_read(const op_type *in, const op_type *out) {
   return n == 1 || n == type_size(out);
 }
 
-bool llvm_group_is_flat(const ir_func *f, const bool *member, ir_value v) {
-  int d = f->def[v];
-  if (d < 0 || !member[d]) return true;
-  const ir_instr *in = &f->instrs[d];
-  const op_type *rt = &f->types[v];
+/* whether member instruction in, defining rt, reads its inputs at its own
+ * linear index (or at a single element) */
+static bool reads_flat(const ir_func *f, const ir_instr *in, const op_type *rt) {
   switch (kiln_ops[in->op].kind) {
     case OPK_UNARY:
     case OPK_BINARY:
@@ -789,12 +920,34 @@ bool llvm_group_is_flat(const ir_func *f, const bool *member, ir_value v) {
       return false;
     default: return false;
   }
-  for (int k = 0; k < in->n_in; k++) {
-    const op_type *it = &f->types[in->in[k]];
-    if (kiln_ops[in->op].kind != OPK_VIEW && in->op != OP_TRANSPOSE && !flat_read(it, rt)) return false;
-    if (!llvm_group_is_flat(f, member, in->in[k])) return false;
-  }
+  for (int k = 0; k < in->n_in; k++)
+    if (kiln_ops[in->op].kind != OPK_VIEW && in->op != OP_TRANSPOSE && !flat_read(&f->types[in->in[k]], rt))
+      return false;
   return true;
+}
+
+/* Flat when every member instruction v reaches reads flat: a walk that
+ * visits each value once (a DAG of shared values is no tree), with a stack
+ * of its own. Out of memory: not flat (the multi-index is always right). */
+bool llvm_group_is_flat(const ir_func *f, const bool *member, ir_value v) {
+  bool *seen = calloc((size_t)f->n_values + 1, sizeof *seen);
+  ir_value *stack = malloc(((size_t)f->n_values + 1) * sizeof *stack);
+  bool flat = seen && stack;
+  int top = 0;
+  if (flat) stack[top++] = v, seen[v] = true;
+  while (flat && top > 0) {
+    ir_value u = stack[--top];
+    int d = f->def[u];
+    if (d < 0 || !member[d]) continue;
+    const ir_instr *in = &f->instrs[d];
+    flat = reads_flat(f, in, &f->types[u]);
+    for (int k = 0; flat && k < in->n_in && kiln_ops[in->op].kind != OPK_CONST && kiln_ops[in->op].kind != OPK_SOURCE;
+         k++)
+      if (!seen[in->in[k]]) seen[in->in[k]] = true, stack[top++] = in->in[k];
+  }
+  free(seen);
+  free(stack);
+  return flat;
 }
 
 /* ---- reductions ---- */

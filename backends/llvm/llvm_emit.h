@@ -84,8 +84,11 @@ void llvm_group_dispose(llvm_group *g);
 void llvm_group_forget(llvm_group *g);
 
 /* The value v (of f) at idx, emitted at the builder's position, in
- * llvm_value_type of v's dtype. NULL with "llvm: ..." in the error when an
- * instruction cannot be emitted. */
+ * llvm_value_type of v's dtype. Each value of the group is emitted once per
+ * index (memoized until llvm_group_forget), so the work is linear in the
+ * group's instructions however much they share, and no C recursion follows
+ * the dataflow (a chain of 10,000 ops is fine on a small stack). NULL with
+ * "llvm: ..." in the error when an instruction cannot be emitted. */
 LLVMValueRef llvm_emit_value(llvm_group *g, ir_value v, llvm_index *idx);
 /* Loads / stores one element of type dt at linear index i of buffer p
  * (the store instruction is returned, for metadata). */
@@ -94,7 +97,8 @@ LLVMValueRef llvm_emit_store(llvm_emit *e, kiln_dtype dt, LLVMValueRef p, LLVMVa
 
 /* Whether every instruction of the group reads its inputs at the output's
  * own linear index (or at a single element): then the group can run as one
- * flat loop over linear indices, with no multi-index at all. */
+ * flat loop over linear indices, with no multi-index at all. Visits each
+ * value v reaches once. */
 bool llvm_group_is_flat(const ir_func *f, const bool *member, ir_value v);
 /* Whether op can be part of a group (elementwise, views, broadcast,
  * transpose, slice, constants; reductions as the group's result). */

@@ -1,0 +1,695 @@
+/* kernel.c — one kernel of the plan as LLVM IR: a function over a range of
+ * task units (flat blocks, rows, tiles, reduction outputs) that computes
+ * each output element with llvm_emit's element emitter, stores it (around
+ * the caches when it is large), and raises an error flag when an element
+ * fails; plus the task that the thread pool calls. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cpu/compile.h"
+
+enum {
+  FLAT_BLOCK = 64,   /* elements: a flat kernel's tasks start 64-byte aligned, whatever the dtype */
+  ROW_BLOCK = 16384, /* a long innermost row is cut into blocks of this many (tasks) */
+  NARROW_ROW = 4,    /* innermost rows up to this long are unrolled (vectors run across rows) */
+  TILE_ROWS = 16,    /* the tiles of a kernel that reads across rows (a transpose) */
+  TILE_COLS = 64,
+};
+/* outputs of at least this many bytes are stored around the caches (x86) */
+#define NT_MIN_BYTES ((int64_t)32 << 20)
+/* flat kernels with outputs of at least this many bytes prefetch their
+ * inputs (parts.c's prefetches); PF_ATTR marks them */
+#define PF_MIN_BYTES ((int64_t)8 << 20)
+
+void cpu_add_fn_attr(LLVMContextRef ctx, LLVMValueRef fn, const char *name) {
+  unsigned kind = LLVMGetEnumAttributeKindForName(name, strlen(name));
+  LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex, LLVMCreateEnumAttribute(ctx, kind, 0));
+}
+
+void cpu_add_target_attrs(LLVMContextRef ctx, LLVMValueRef fn) {
+  const char *cpu = cpu_host_cpu(), *features = cpu_host_features();
+  LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
+                          LLVMCreateStringAttribute(ctx, "target-cpu", 10, cpu, (unsigned)strlen(cpu)));
+  LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
+                          LLVMCreateStringAttribute(ctx, "target-features", 15, features, (unsigned)strlen(features)));
+  /* LLVM picks 256-bit vectors on AVX-512 machines unless told: whole
+   * registers run the vector math 30-40% faster (tanh(x*a+b)*c+x: 0.42 vs
+   * 0.54 ns per element in cache, measured) */
+  if (strstr(features, "+avx512f"))
+    LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
+                            LLVMCreateStringAttribute(ctx, "prefer-vector-width", 19, "512", 3));
+}
+
+/* ORs g->bad into the kernel's flag and forgets it */
+static void flush_bad(llvm_emit *e, llvm_group *g, LLVMValueRef bad_slot) {
+  if (!g->bad) return;
+  LLVMValueRef old = LLVMBuildLoad2(e->b, e->t_i1, bad_slot, "");
+  LLVMBuildStore(e->b, LLVMBuildOr(e->b, old, g->bad, ""), bad_slot);
+  g->bad = NULL;
+}
+
+/* kept input dims of a reduction from its output index */
+static void reduce_dims(llvm_emit *e, const ir_instr *in, const op_type *it, llvm_index *oidx, LLVMValueRef *dims,
+                        bool *reduced) {
+  for (int d = 0; d < it->rank; d++) reduced[d] = false;
+  for (int k = 0; k < in->attrs.naxes; k++) reduced[in->attrs.axes[k]] = true;
+  llvm_index_get_dims(e, oidx);
+  for (int d = 0, pos = 0; d < it->rank; d++) {
+    if (reduced[d]) {
+      dims[d] = NULL;
+      if (in->attrs.keepdims) pos++;
+    } else {
+      dims[d] = oidx->dim[pos++];
+    }
+  }
+}
+
+/* the bytes a slot covers in the arena (type of the value g stores or reads there) */
+static int64_t slot_bytes(const cpu_build *cb, const kgroup *g, int s) {
+  int64_t bytes = 0;
+  for (int k = 0; k < g->n_out; k++)
+    if (g->out_slot[k] == s) bytes = cpu_type_bytes(&g->f->types[g->out[k]]);
+  for (int v = 0; v < g->f->n_values; v++)
+    if (g->leaf[v] == s && cpu_type_bytes(&g->f->types[v]) > bytes) bytes = cpu_type_bytes(&g->f->types[v]);
+  (void)cb;
+  return bytes;
+}
+
+static bool slots_overlap(const cpu_build *cb, const kgroup *g, int a, int b) {
+  const slot *x = &cb->slots[a], *y = &cb->slots[b];
+  if (a == b) return true;
+  if (x->kind != SLOT_ARENA || y->kind != SLOT_ARENA) return false;
+  return x->offset < y->offset + slot_bytes(cb, g, b) && y->offset < x->offset + slot_bytes(cb, g, a);
+}
+
+enum { COL_TILE = 256 }; /* outputs a column reduction accumulates at once */
+
+/* A reduction whose innermost input dims are kept: for each tile of an
+ * output row, the rows of the reduced dims accumulate into an array, the
+ * innermost loop running along contiguous memory (it vectorizes). */
+static int emit_reduce_columns(cpu_build *cb, const kgroup *g, llvm_group *lg, LLVMValueRef fn, LLVMValueRef begin,
+                               LLVMValueRef end, LLVMValueRef bad_slot, kinfo *ki) {
+  llvm_emit *e = &cb->e;
+  LLVMBuilderRef b = e->b;
+  const ir_func *f = g->f;
+  const ir_instr *first = &f->instrs[f->def[g->out[0]]];
+  ir_value x = first->in[0];
+  const op_type *it = &f->types[x], *ot = &f->types[g->out[0]];
+  bool reduced[KILN_MAX_RANK] = {false};
+  for (int k = 0; k < first->attrs.naxes; k++) reduced[first->attrs.axes[k]] = true;
+  int nt = 0; /* the trailing kept dims, `inner` elements */
+  int64_t inner = 1;
+  for (int d = it->rank - 1; d >= 0 && !reduced[d]; d--) nt++, inner *= it->shape[d];
+  int64_t n_out = cpu_type_size(ot), n_in = cpu_type_size(it);
+  int64_t tile = inner < COL_TILE ? inner : COL_TILE, ntile = (inner + tile - 1) / tile, rows = n_out / inner;
+  ki->units = rows * ntile;
+  ki->per_unit = tile * (n_in / n_out);
+  if (g->n_out > 64) return kiln_set_error("cpu: @%s: a kernel with more than 64 reductions", cb->f->name);
+  LLVMValueRef acc[64];
+  LLVMTypeRef at[64];
+  for (int k = 0; k < g->n_out; k++) {
+    at[k] = llvm_reduce_type(e, f->instrs[f->def[g->out[k]]].op, it->dtype);
+    acc[k] = LLVMBuildAlloca(b, LLVMArrayType2(at[k], (uint64_t)tile), "acc");
+  }
+  llvm_loop lu, lj, lr[KILN_MAX_RANK];
+  LLVMValueRef u = llvm_loop_begin(e, &lu, begin, end, "tile");
+  LLVMValueRef row = u, j0 = llvm_i64(e, 0), w = llvm_i64(e, inner);
+  if (ntile > 1) {
+    row = LLVMBuildUDiv(b, u, llvm_i64(e, ntile), "");
+    j0 = LLVMBuildMul(b, LLVMBuildURem(b, u, llvm_i64(e, ntile), ""), llvm_i64(e, tile), "");
+    LLVMValueRef left = LLVMBuildSub(b, llvm_i64(e, inner), j0, "");
+    w = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSLT, left, llvm_i64(e, tile), ""), left, llvm_i64(e, tile), "");
+  }
+  /* acc = identity */
+  LLVMValueRef jj = llvm_loop_begin(e, &lj, llvm_i64(e, 0), w, "init");
+  for (int k = 0; k < g->n_out; k++) {
+    op_id op = f->instrs[f->def[g->out[k]]].op;
+    LLVMBuildStore(b, llvm_reduce_identity(e, op, it->dtype), LLVMBuildGEP2(b, at[k], acc[k], &jj, 1, ""));
+  }
+  llvm_loop_end(e, &lj);
+  /* the kept outer dims from the output row; the reduced ones loop */
+  op_type oo = *ot, io = *it;
+  oo.rank -= nt;
+  io.rank -= nt;
+  llvm_index ridx;
+  llvm_index_linear(&ridx, &oo, row);
+  llvm_index_get_dims(e, &ridx);
+  LLVMValueRef dims[KILN_MAX_RANK];
+  int nloops = 0;
+  for (int d = 0, pos = 0; d < io.rank; d++) {
+    if (reduced[d]) {
+      dims[d] = NULL;
+      if (first->attrs.keepdims) pos++;
+    } else {
+      dims[d] = ridx.dim[pos++];
+    }
+  }
+  for (int d = 0; d < io.rank; d++)
+    if (reduced[d]) dims[d] = llvm_loop_begin(e, &lr[nloops++], llvm_i64(e, 0), llvm_i64(e, it->shape[d]), "red");
+  llvm_index oidx;
+  llvm_index_dims(&oidx, &io, dims);
+  LLVMValueRef base = LLVMBuildMul(b, llvm_index_get_linear(e, &oidx), llvm_i64(e, inner), "");
+  jj = llvm_loop_begin(e, &lj, llvm_i64(e, 0), w, "col");
+  LLVMValueRef col = LLVMBuildAdd(b, j0, jj, "");
+  llvm_index xidx;
+  if (llvm_group_is_flat(f, g->member, x)) {
+    llvm_index_linear(&xidx, it, LLVMBuildAdd(b, base, col, ""));
+  } else {
+    op_type tt = *it;
+    tt.rank = nt;
+    for (int d = 0; d < nt; d++) tt.shape[d] = it->shape[it->rank - nt + d];
+    llvm_index tidx;
+    llvm_index_linear(&tidx, &tt, col);
+    llvm_index_get_dims(e, &tidx);
+    for (int d = 0; d < nt; d++) dims[io.rank + d] = tidx.dim[d];
+    llvm_index_dims(&xidx, it, dims);
+  }
+  for (int k = 0; k < g->n_out; k++) {
+    const ir_instr *rk = &f->instrs[f->def[g->out[k]]];
+    LLVMValueRef xv = llvm_emit_value(lg, rk->in[0], &xidx);
+    if (!xv) return -1;
+    LLVMValueRef a = LLVMBuildGEP2(b, at[k], acc[k], &jj, 1, "");
+    LLVMBuildStore(b, llvm_reduce_combine(e, rk->op, it->dtype, LLVMBuildLoad2(b, at[k], a, ""), xv), a);
+  }
+  flush_bad(e, lg, bad_slot);
+  llvm_group_forget(lg);
+  llvm_loop_end(e, &lj);
+  while (nloops > 0) llvm_loop_end(e, &lr[--nloops]);
+  /* out = acc */
+  LLVMValueRef obase = LLVMBuildAdd(b, LLVMBuildMul(b, row, llvm_i64(e, inner), ""), j0, "");
+  jj = llvm_loop_begin(e, &lj, llvm_i64(e, 0), w, "store");
+  for (int k = 0; k < g->n_out; k++) {
+    const ir_instr *rk = &f->instrs[f->def[g->out[k]]];
+    LLVMValueRef a = LLVMBuildLoad2(b, at[k], LLVMBuildGEP2(b, at[k], acc[k], &jj, 1, ""), "");
+    llvm_emit_store(e, ot->dtype, LLVMGetParam(fn, (unsigned)k), LLVMBuildAdd(b, obase, jj, ""),
+                    llvm_reduce_finish(e, rk->op, it->dtype, a));
+  }
+  llvm_loop_end(e, &lj);
+  llvm_loop_end(e, &lu);
+  return 0;
+}
+
+enum { NT_TILE = 1024 }; /* elements a streaming kernel computes into L1 before storing them */
+
+/* A kernel of cheap ops waits on memory: streaming stores then save a third
+ * of its traffic (measured: x + x on 16M f32, 6.6 -> 10.1 GB/s). One with
+ * vector math computes as long as it moves data; there computing tiles,
+ * then storing them, overlaps the two worse than plain stores (tanh(x*a+b)*c+x:
+ * 6.4 -> 5.0 GB/s), so it does not stream. */
+static bool memory_bound(const kgroup *g) {
+  for (int i = 0; i < g->f->n_instrs; i++) {
+    if (!g->member[i]) continue;
+    switch (g->f->instrs[i].op) {
+      case OP_EXP:
+      case OP_LOG:
+      case OP_LOG1P:
+      case OP_SIN:
+      case OP_COS:
+      case OP_TANH:
+      case OP_SIGMOID:
+      case OP_POW:
+      case OP_MOD: return false;
+      default: break;
+    }
+  }
+  return true;
+}
+
+/* memory_bound, and no dot summing more than a few products per element
+ * (an SGD update's batch-1 outer product is cheap) */
+bool cpu_cheap_kernel(const kgroup *g) {
+  const ir_func *f = g->f;
+  for (int i = 0; i < f->n_instrs; i++) {
+    const ir_instr *in = &f->instrs[i];
+    const op_type *a = in->n_in ? &f->types[in->in[0]] : NULL;
+    if (g->member[i] && in->op == OP_DOT && (a->rank == 0 || a->shape[a->rank - 1] > 4)) return false;
+  }
+  return memory_bound(g);
+}
+
+/* A flat kernel's elements [lo, hi) (lo a multiple of FLAT_BLOCK) with
+ * streaming stores: each tile of NT_TILE elements is computed into an
+ * aligned stack buffer by the ordinary (vectorized) loop, then copied out in
+ * 64-byte non-temporal stores, aligned because tiles start at multiples of
+ * FLAT_BLOCK; a last partial tile is copied plainly. */
+static int emit_streaming(cpu_build *cb, const kgroup *g, llvm_group *lg, LLVMValueRef fn, LLVMValueRef lo,
+                          LLVMValueRef hi, LLVMValueRef bad_slot) {
+  llvm_emit *e = &cb->e;
+  LLVMBuilderRef b = e->b;
+  const ir_func *f = g->f;
+  const op_type *ot = &f->types[g->out[0]];
+  LLVMValueRef tile[8];
+  LLVMTypeRef line = LLVMVectorType(e->t_i64, 8); /* 64 bytes */
+  for (int k = 0; k < g->n_out; k++) {
+    tile[k] = LLVMBuildAlloca(b, LLVMArrayType2(llvm_memory_type(e, f->types[g->out[k]].dtype), NT_TILE), "tile");
+    LLVMSetAlignment(tile[k], KILN_ALIGN);
+  }
+  LLVMValueRef ntiles = LLVMBuildUDiv(b, LLVMBuildAdd(b, LLVMBuildSub(b, hi, lo, ""), llvm_i64(e, NT_TILE - 1), ""),
+                                      llvm_i64(e, NT_TILE), "");
+  llvm_loop lq, li, lc;
+  LLVMValueRef q = llvm_loop_begin(e, &lq, llvm_i64(e, 0), ntiles, "tile");
+  LLVMValueRef start = LLVMBuildAdd(b, lo, LLVMBuildMul(b, q, llvm_i64(e, NT_TILE), ""), "");
+  LLVMValueRef left = LLVMBuildSub(b, hi, start, "");
+  LLVMValueRef full = LLVMBuildICmp(b, LLVMIntSGE, left, llvm_i64(e, NT_TILE), "");
+  LLVMValueRef m = LLVMBuildSelect(b, full, llvm_i64(e, NT_TILE), left, "");
+  LLVMValueRef i = llvm_loop_begin(e, &li, llvm_i64(e, 0), m, "i");
+  llvm_index idx;
+  llvm_index_linear(&idx, ot, LLVMBuildAdd(b, start, i, ""));
+  for (int k = 0; k < g->n_out; k++) {
+    LLVMValueRef v = llvm_emit_value(lg, g->out[k], &idx);
+    if (!v) return -1;
+    llvm_emit_store(e, f->types[g->out[k]].dtype, tile[k], i, v);
+  }
+  flush_bad(e, lg, bad_slot);
+  llvm_group_forget(lg);
+  llvm_loop_end(e, &li);
+  LLVMBasicBlockRef stream = LLVMAppendBasicBlockInContext(e->ctx, fn, "stream");
+  LLVMBasicBlockRef plain = LLVMAppendBasicBlockInContext(e->ctx, fn, "plain");
+  LLVMBasicBlockRef next = LLVMAppendBasicBlockInContext(e->ctx, fn, "next");
+  LLVMBuildCondBr(b, full, stream, plain);
+  LLVMPositionBuilderAtEnd(b, stream);
+  LLVMMetadataRef one = LLVMValueAsMetadata(llvm_i32(e, 1));
+  LLVMValueRef nt = LLVMMetadataAsValue(e->ctx, LLVMMDNodeInContext2(e->ctx, &one, 1));
+  unsigned nt_kind = LLVMGetMDKindIDInContext(e->ctx, "nontemporal", 11);
+  for (int k = 0; k < g->n_out; k++) {
+    int64_t es = (int64_t)kiln_dtype_sizes[f->types[g->out[k]].dtype];
+    LLVMValueRef dst = LLVMBuildGEP2(b, e->t_i8, LLVMGetParam(fn, (unsigned)k),
+                                     (LLVMValueRef[]){LLVMBuildMul(b, start, llvm_i64(e, es), "")}, 1, "");
+    LLVMValueRef c = llvm_loop_begin(e, &lc, llvm_i64(e, 0), llvm_i64(e, NT_TILE * es / 64), "line");
+    LLVMValueRef ld = LLVMBuildLoad2(b, line, LLVMBuildGEP2(b, line, tile[k], &c, 1, ""), "");
+    LLVMSetAlignment(ld, KILN_ALIGN);
+    LLVMValueRef st = LLVMBuildStore(b, ld, LLVMBuildGEP2(b, line, dst, &c, 1, ""));
+    LLVMSetAlignment(st, KILN_ALIGN);
+    LLVMSetMetadata(st, nt_kind, nt);
+    llvm_loop_end(e, &lc);
+  }
+  LLVMBuildBr(b, next);
+  LLVMPositionBuilderAtEnd(b, plain);
+  for (int k = 0; k < g->n_out; k++) {
+    int64_t es = (int64_t)kiln_dtype_sizes[f->types[g->out[k]].dtype];
+    LLVMValueRef off = LLVMBuildMul(b, start, llvm_i64(e, es), "");
+    LLVMValueRef dst = LLVMBuildGEP2(b, e->t_i8, LLVMGetParam(fn, (unsigned)k), &off, 1, "");
+    LLVMBuildMemCpy(b, dst, KILN_ALIGN, tile[k], KILN_ALIGN, LLVMBuildMul(b, m, llvm_i64(e, es), ""));
+  }
+  LLVMBuildBr(b, next);
+  LLVMPositionBuilderAtEnd(b, next);
+  llvm_loop_end(e, &lq);
+  /* order the streaming stores before the task ends */
+  LLVMTypeRef ft;
+  LLVMValueRef fence = llvm_intrinsic(e, "llvm.x86.sse.sfence", NULL, 0, &ft);
+  llvm_call(e, fence, ft, NULL, 0);
+  return 0;
+}
+
+/* A kernel that is one transpose of the last two dims of 4-byte elements,
+ * both at least 16: moved in 16x16 tiles through registers. */
+static const ir_instr *tile_transpose(const kgroup *g) {
+  const ir_func *f = g->f;
+  const ir_instr *t = NULL;
+  for (int i = 0; i < f->n_instrs; i++) {
+    if (!g->member[i]) continue;
+    if (t) return NULL;
+    t = &f->instrs[i];
+  }
+  if (!t || t->op != OP_TRANSPOSE || g->n_out != 1 || g->out[0] != t->out || g->leaf[t->in[0]] < 0) return NULL;
+  const op_type *it = &f->types[t->in[0]];
+  int r = it->rank;
+  if (r < 2 || kiln_dtype_sizes[it->dtype] != 4 || it->shape[r - 1] < 16 || it->shape[r - 2] < 16) return NULL;
+  for (int k = 0; k < r - 2; k++)
+    if (t->attrs.axes[k] != k) return NULL;
+  return t->attrs.axes[r - 2] == r - 1 && t->attrs.axes[r - 1] == r - 2 ? t : NULL;
+}
+
+/* 4-byte element at + i (i in elements) */
+static LLVMValueRef elem_ptr(llvm_emit *e, LLVMValueRef at, LLVMValueRef i) {
+  return LLVMBuildGEP2(e->b, e->t_i32, at, &i, 1, "");
+}
+
+/* out[r][c] = in[c][r] for r in [r0, r1), c in [c0, c1), element by element */
+static void copy_transposed(llvm_emit *e, LLVMValueRef src, LLVMValueRef dst, LLVMValueRef in0, LLVMValueRef out0,
+                            int64_t R, int64_t C, LLVMValueRef r0, LLVMValueRef r1, LLVMValueRef c0,
+                            LLVMValueRef c1) {
+  LLVMBuilderRef b = e->b;
+  llvm_loop lr, lc;
+  LLVMValueRef r = llvm_loop_begin(e, &lr, r0, r1, "r");
+  LLVMValueRef c = llvm_loop_begin(e, &lc, c0, c1, "c");
+  LLVMValueRef from = LLVMBuildAdd(b, in0, LLVMBuildAdd(b, LLVMBuildMul(b, c, llvm_i64(e, R), ""), r, ""), "");
+  LLVMValueRef to = LLVMBuildAdd(b, out0, LLVMBuildAdd(b, LLVMBuildMul(b, r, llvm_i64(e, C), ""), c, ""), "");
+  LLVMValueRef v = LLVMBuildLoad2(b, e->t_i32, elem_ptr(e, src, from), "");
+  LLVMSetAlignment(v, 4);
+  LLVMSetAlignment(LLVMBuildStore(b, v, elem_ptr(e, dst, to)), 4);
+  llvm_loop_end(e, &lc);
+  llvm_loop_end(e, &lr);
+}
+
+/* The tile transpose: each task unit is 16 output rows of one matrix of the
+ * batch; its full 16x16 tiles go through registers (16 row loads, four
+ * butterfly stages of shuffles that swap the off-diagonal b x b blocks of
+ * each 2b x 2b block, 16 row stores), the rest element by element. About 4x
+ * the gathers of the generic kernel (the MLP step's 256x256 transpose). */
+static void emit_transpose_tiles(cpu_build *cb, const kgroup *g, const ir_instr *t, LLVMValueRef src,
+                                 LLVMValueRef dst, LLVMValueRef begin, LLVMValueRef end, kinfo *ki) {
+  llvm_emit *e = &cb->e;
+  LLVMBuilderRef b = e->b;
+  const op_type *it = &g->f->types[t->in[0]];
+  int64_t C = it->shape[it->rank - 2], R = it->shape[it->rank - 1], nrb = (R + 15) / 16;
+  ki->units = cpu_type_size(it) / (C * R) * nrb;
+  ki->per_unit = 16 * C;
+  LLVMTypeRef vt = LLVMVectorType(e->t_i32, 16);
+  llvm_loop lu, lb;
+  LLVMValueRef u = llvm_loop_begin(e, &lu, begin, end, "unit");
+  LLVMValueRef m = LLVMBuildUDiv(b, u, llvm_i64(e, nrb), "");
+  LLVMValueRef r0 = LLVMBuildMul(b, LLVMBuildURem(b, u, llvm_i64(e, nrb), ""), llvm_i64(e, 16), "");
+  LLVMValueRef base = LLVMBuildMul(b, m, llvm_i64(e, C * R), ""); /* both matrices start here */
+  LLVMValueRef fn = LLVMGetBasicBlockParent(LLVMGetInsertBlock(b));
+  LLVMBasicBlockRef tiles = LLVMAppendBasicBlockInContext(e->ctx, fn, "tiles");
+  LLVMBasicBlockRef edge = LLVMAppendBasicBlockInContext(e->ctx, fn, "edge");
+  LLVMBasicBlockRef next = LLVMAppendBasicBlockInContext(e->ctx, fn, "next");
+  LLVMValueRef r16 = LLVMBuildAdd(b, r0, llvm_i64(e, 16), "");
+  LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, r16, llvm_i64(e, R), ""), tiles, edge);
+
+  LLVMPositionBuilderAtEnd(b, tiles);
+  LLVMValueRef cblk = llvm_loop_begin(e, &lb, llvm_i64(e, 0), llvm_i64(e, C / 16), "cb");
+  LLVMValueRef c0 = LLVMBuildMul(b, cblk, llvm_i64(e, 16), ""), row[16];
+  for (int k = 0; k < 16; k++) {
+    LLVMValueRef c = LLVMBuildAdd(b, c0, llvm_i64(e, k), "");
+    LLVMValueRef at = LLVMBuildAdd(b, base, LLVMBuildAdd(b, LLVMBuildMul(b, c, llvm_i64(e, R), ""), r0, ""), "");
+    row[k] = LLVMBuildLoad2(b, vt, elem_ptr(e, src, at), "");
+    LLVMSetAlignment(row[k], 4);
+  }
+  for (int w = 8; w >= 1; w /= 2) {
+    LLVMValueRef lo_mask[16], hi_mask[16];
+    for (int j = 0; j < 16; j++) {
+      lo_mask[j] = llvm_i32(e, (j & w) ? 16 + j - w : j);
+      hi_mask[j] = llvm_i32(e, (j & w) ? 16 + j : j + w);
+    }
+    LLVMValueRef lo = LLVMConstVector(lo_mask, 16), hi = LLVMConstVector(hi_mask, 16);
+    for (int i = 0; i < 16; i++) {
+      if (i & w) continue;
+      LLVMValueRef x = row[i], y = row[i + w];
+      row[i] = LLVMBuildShuffleVector(b, x, y, lo, "");
+      row[i + w] = LLVMBuildShuffleVector(b, x, y, hi, "");
+    }
+  }
+  for (int k = 0; k < 16; k++) {
+    LLVMValueRef r = LLVMBuildAdd(b, r0, llvm_i64(e, k), "");
+    LLVMValueRef at = LLVMBuildAdd(b, base, LLVMBuildAdd(b, LLVMBuildMul(b, r, llvm_i64(e, C), ""), c0, ""), "");
+    LLVMSetAlignment(LLVMBuildStore(b, row[k], elem_ptr(e, dst, at)), 4);
+  }
+  llvm_loop_end(e, &lb);
+  if (C % 16)
+    copy_transposed(e, src, dst, base, base, R, C, r0, r16, llvm_i64(e, C / 16 * 16), llvm_i64(e, C));
+  LLVMBuildBr(b, next);
+
+  LLVMPositionBuilderAtEnd(b, edge); /* the last rows, fewer than 16 */
+  copy_transposed(e, src, dst, base, base, R, C, r0, llvm_i64(e, R), llvm_i64(e, 0), llvm_i64(e, C));
+  LLVMBuildBr(b, next);
+  LLVMPositionBuilderAtEnd(b, next);
+  llvm_loop_end(e, &lu);
+}
+
+/* Whether g reads some input across its rows: a transpose that brings a
+ * dim other than the input's innermost (of more than one element) to the
+ * output's innermost, so consecutive output elements lie a row apart. */
+static bool reads_across_rows(const kgroup *g) {
+  const ir_func *f = g->f;
+  for (int i = 0; i < f->n_instrs; i++) {
+    const ir_instr *in = &f->instrs[i];
+    if (!g->member[i] || in->op != OP_TRANSPOSE) continue;
+    const op_type *it = &f->types[in->in[0]];
+    int r = it->rank;
+    if (r >= 2 && in->attrs.axes[r - 1] != r - 1 && it->shape[r - 1] > 1) return true;
+  }
+  return false;
+}
+
+/* Stores each of g's outputs at idx (linear index at). */
+static int emit_outputs(const kgroup *g, llvm_group *lg, LLVMValueRef fn, llvm_index *idx, LLVMValueRef at) {
+  for (int k = 0; k < g->n_out; k++) {
+    LLVMValueRef v = llvm_emit_value(lg, g->out[k], idx);
+    if (!v) return -1;
+    llvm_emit_store(lg->e, g->f->types[g->out[k]].dtype, LLVMGetParam(fn, (unsigned)k), at, v);
+  }
+  return 0;
+}
+
+int cpu_emit_kernel(cpu_build *cb, const kgroup *g, int id, kinfo *ki) {
+  llvm_emit *e = &cb->e;
+  const ir_func *f = g->f;
+  memset(ki, 0, sizeof *ki);
+  ki->buf_slot = malloc(((size_t)g->n_out + (size_t)f->n_values + 1) * sizeof *ki->buf_slot);
+  LLVMTypeRef *params = malloc(((size_t)g->n_out + (size_t)f->n_values + 4) * sizeof *params);
+  if (!ki->buf_slot || !params) {
+    free(params);
+    return cpu_oom();
+  }
+  for (int k = 0; k < g->n_out; k++) ki->buf_slot[ki->n_bufs++] = g->out_slot[k];
+  for (int v = 0; v < f->n_values; v++) {
+    if (g->leaf[v] < 0) continue;
+    bool seen = false;
+    for (int k = 0; k < ki->n_bufs && !seen; k++) seen = ki->buf_slot[k] == g->leaf[v];
+    if (!seen) ki->buf_slot[ki->n_bufs++] = g->leaf[v];
+  }
+  int nb = ki->n_bufs;
+  for (int k = 0; k < nb; k++) params[k] = e->t_ptr;
+  params[nb] = e->t_ptr;     /* the error flag */
+  params[nb + 1] = e->t_i64; /* begin */
+  params[nb + 2] = e->t_i64; /* end */
+  ki->fn_type = LLVMFunctionType(e->t_void, params, (unsigned)nb + 3, 0);
+  free(params);
+  char name[32];
+  snprintf(name, sizeof name, "kernel%d", id);
+  LLVMValueRef fn = ki->fn = LLVMAddFunction(e->mod, name, ki->fn_type);
+  LLVMSetLinkage(fn, LLVMInternalLinkage);
+  cpu_add_fn_attr(e->ctx, fn, "nounwind");
+  cpu_add_target_attrs(e->ctx, fn);
+  /* noalias: an output shares its buffer with nothing else (inputs are only
+   * read), unless the buffers pass put it over an input that dies here */
+  unsigned noalias = LLVMGetEnumAttributeKindForName("noalias", 7), align = LLVMGetEnumAttributeKindForName("align", 5);
+  for (int k = 0; k < nb; k++) {
+    bool alone = true;
+    for (int q = 0; q < nb && alone; q++)
+      if (q != k && (q < g->n_out || k < g->n_out)) alone = !slots_overlap(cb, g, ki->buf_slot[k], ki->buf_slot[q]);
+    if (alone) LLVMAddAttributeAtIndex(fn, (unsigned)k + 1, LLVMCreateEnumAttribute(e->ctx, noalias, 0));
+    /* tensors, the arena and its offsets are all 64-byte aligned */
+    LLVMAddAttributeAtIndex(fn, (unsigned)k + 1, LLVMCreateEnumAttribute(e->ctx, align, KILN_ALIGN));
+  }
+  LLVMPositionBuilderAtEnd(e->b, LLVMAppendBasicBlockInContext(e->ctx, fn, "entry"));
+  LLVMValueRef begin = LLVMGetParam(fn, (unsigned)nb + 1), end = LLVMGetParam(fn, (unsigned)nb + 2);
+  LLVMValueRef *buf = calloc((size_t)f->n_values + 1, sizeof *buf);
+  if (!buf) return kiln_set_error("cpu: out of memory");
+  for (int v = 0; v < f->n_values; v++) {
+    if (g->leaf[v] < 0) continue;
+    for (int k = 0; k < nb; k++)
+      if (ki->buf_slot[k] == g->leaf[v]) buf[v] = LLVMGetParam(fn, (unsigned)k);
+  }
+  LLVMValueRef bad_slot = LLVMBuildAlloca(e->b, e->t_i1, "bad");
+  LLVMBuildStore(e->b, LLVMConstInt(e->t_i1, 0, 0), bad_slot);
+  llvm_group lg = {.e = e, .f = f, .buf = buf};
+  llvm_group_init(&lg);
+  int rc = 0;
+  const ir_instr *first = &f->instrs[f->def[g->out[0]]];
+  const op_type *ot = &f->types[g->out[0]];
+  bool column = false; /* a reduction that keeps the innermost dim: rows accumulate into a tile */
+  if (llvm_op_is_reduce(first->op)) {
+    const op_type *it = &f->types[first->in[0]];
+    bool kept_last = it->rank > 0 && first->attrs.naxes > 0;
+    for (int k = 0; k < first->attrs.naxes; k++) kept_last = kept_last && first->attrs.axes[k] != it->rank - 1;
+    column = kept_last && it->shape[it->rank - 1] >= 8 && cpu_type_size(ot) > 0 && cpu_type_size(it) > cpu_type_size(ot);
+  }
+  const ir_instr *tt = tile_transpose(g);
+  if (tt) {
+    emit_transpose_tiles(cb, g, tt, buf[tt->in[0]], LLVMGetParam(fn, 0), begin, end, ki);
+  } else if (column) {
+    rc = emit_reduce_columns(cb, g, &lg, fn, begin, end, bad_slot, ki);
+  } else if (llvm_op_is_reduce(first->op)) {
+    /* for each output element: loops over the reduced dims */
+    ir_value x = first->in[0];
+    const op_type *it = &f->types[x];
+    int64_t n_out = cpu_type_size(ot), n_in = cpu_type_size(it);
+    ki->units = n_out;
+    ki->per_unit = n_out ? n_in / n_out : 0;
+    LLVMValueRef acc_slot[64];
+    LLVMTypeRef acc_type[64];
+    if (g->n_out > 64) {
+      free(buf);
+      return kiln_set_error("cpu: @%s: a kernel with more than 64 reductions", cb->f->name);
+    }
+    for (int k = 0; k < g->n_out; k++) {
+      const ir_instr *rk = &f->instrs[f->def[g->out[k]]];
+      acc_type[k] = llvm_reduce_type(e, rk->op, it->dtype);
+      acc_slot[k] = LLVMBuildAlloca(e->b, acc_type[k], "acc");
+    }
+    llvm_loop lo;
+    LLVMValueRef o = llvm_loop_begin(e, &lo, begin, end, "out");
+    for (int k = 0; k < g->n_out; k++) {
+      const ir_instr *rk = &f->instrs[f->def[g->out[k]]];
+      LLVMBuildStore(e->b, llvm_reduce_identity(e, rk->op, it->dtype), acc_slot[k]);
+    }
+    bool trailing = true, reduced[KILN_MAX_RANK];
+    for (int k = 0; k < first->attrs.naxes; k++)
+      trailing = trailing && first->attrs.axes[k] == it->rank - first->attrs.naxes + k;
+    llvm_index oidx, xidx;
+    llvm_index_linear(&oidx, ot, o);
+    llvm_loop loops[KILN_MAX_RANK];
+    int nloops = 0;
+    if (trailing && llvm_group_is_flat(f, g->member, x)) { /* one loop over a contiguous run */
+      int64_t span = ki->per_unit;
+      LLVMValueRef base = LLVMBuildMul(e->b, o, llvm_i64(e, span), "");
+      LLVMValueRef r = llvm_loop_begin(e, &loops[nloops++], llvm_i64(e, 0), llvm_i64(e, span), "red");
+      llvm_index_linear(&xidx, it, LLVMBuildAdd(e->b, base, r, ""));
+    } else {
+      LLVMValueRef dims[KILN_MAX_RANK];
+      reduce_dims(e, first, it, &oidx, dims, reduced);
+      for (int d = 0; d < it->rank; d++)
+        if (reduced[d])
+          dims[d] = llvm_loop_begin(e, &loops[nloops++], llvm_i64(e, 0), llvm_i64(e, it->shape[d]), "red");
+      llvm_index_dims(&xidx, it, dims);
+    }
+    for (int k = 0; k < g->n_out && !rc; k++) {
+      const ir_instr *rk = &f->instrs[f->def[g->out[k]]];
+      LLVMValueRef xv = llvm_emit_value(&lg, rk->in[0], &xidx);
+      if (!xv) {
+        rc = -1;
+        break;
+      }
+      LLVMValueRef acc = LLVMBuildLoad2(e->b, acc_type[k], acc_slot[k], "");
+      LLVMBuildStore(e->b, llvm_reduce_combine(e, rk->op, it->dtype, acc, xv), acc_slot[k]);
+    }
+    flush_bad(e, &lg, bad_slot);
+    llvm_group_forget(&lg);
+    while (nloops > 0) llvm_loop_end(e, &loops[--nloops]);
+    for (int k = 0; k < g->n_out && !rc; k++) {
+      const ir_instr *rk = &f->instrs[f->def[g->out[k]]];
+      LLVMValueRef acc = LLVMBuildLoad2(e->b, acc_type[k], acc_slot[k], "");
+      llvm_emit_store(e, ot->dtype, LLVMGetParam(fn, (unsigned)k), o, llvm_reduce_finish(e, rk->op, it->dtype, acc));
+    }
+    llvm_loop_end(e, &lo);
+  } else {
+    int64_t n = cpu_type_size(ot);
+    bool flat = true;
+    for (int k = 0; k < g->n_out; k++) flat = flat && llvm_group_is_flat(f, g->member, g->out[k]);
+    llvm_index idx;
+    llvm_loop lo, li, lt;
+    LLVMValueRef at = NULL;
+    int64_t inner = ot->rank ? ot->shape[ot->rank - 1] : 1;
+    bool rows = !flat && ot->rank > 0 && n > 0;
+    /* rows of a few elements (a dot's [batch, 2] output, say): vectors across
+     * rows beat one short vector per row */
+    bool narrow = rows && inner <= NARROW_ROW && n / inner >= 16;
+    /* a transposed read walks its input across rows: tiles of TILE_ROWS rows
+     * by TILE_COLS columns keep the input lines they read in L1 meanwhile
+     * (row by row, a 256x256 f32 transpose read 16x the matrix from L2) */
+    bool tiled = rows && !narrow && reads_across_rows(g) && n / inner >= 2 * TILE_ROWS && inner >= 2 * TILE_ROWS;
+    int64_t nblk = 1, blk = inner, per_task_rows = tiled ? TILE_ROWS : 1;
+    if (!rows) { /* one loop over linear indices, tasks taking whole blocks of FLAT_BLOCK */
+      ki->units = (n + FLAT_BLOCK - 1) / FLAT_BLOCK;
+      ki->per_unit = FLAT_BLOCK;
+      LLVMValueRef lo_i = LLVMBuildMul(e->b, begin, llvm_i64(e, FLAT_BLOCK), "");
+      LLVMValueRef hi_i = LLVMBuildMul(e->b, end, llvm_i64(e, FLAT_BLOCK), "");
+      hi_i = LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, hi_i, llvm_i64(e, n), ""), hi_i, llvm_i64(e, n), "");
+      /* an output far bigger than the caches goes around them: nothing reads it
+       * from there, and the store then costs no read for ownership */
+      if (cb->x86 && cpu_type_bytes(ot) >= PF_MIN_BYTES) { /* found by its attribute after the passes */
+        LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
+                                LLVMCreateStringAttribute(e->ctx, PF_ATTR, (unsigned)strlen(PF_ATTR), "", 0));
+        cpu_add_fn_attr(e->ctx, fn, "noinline");
+      }
+      if (cb->x86 && cpu_type_bytes(ot) >= NT_MIN_BYTES && g->n_out <= 8 && memory_bound(g)) {
+        rc = emit_streaming(cb, g, &lg, fn, lo_i, hi_i, bad_slot);
+        goto flat_done;
+      }
+      at = llvm_loop_begin(e, &lo, lo_i, hi_i, "i");
+      llvm_index_linear(&idx, ot, at);
+    } else { /* rows of the innermost dim, a multi-index per row */
+      if (inner > ROW_BLOCK) nblk = (inner + ROW_BLOCK - 1) / ROW_BLOCK, blk = ROW_BLOCK;
+      if (tiled) nblk = (inner + TILE_COLS - 1) / TILE_COLS, blk = TILE_COLS;
+      int64_t nrows = n / inner, groups = (nrows + per_task_rows - 1) / per_task_rows;
+      ki->units = groups * nblk;
+      ki->per_unit = blk * per_task_rows;
+      LLVMValueRef u = llvm_loop_begin(e, &lo, begin, end, "row");
+      LLVMValueRef row = u, j0 = llvm_i64(e, 0), j1 = llvm_i64(e, inner);
+      if (nblk > 1) {
+        row = LLVMBuildUDiv(e->b, u, llvm_i64(e, nblk), "");
+        j0 = LLVMBuildMul(e->b, LLVMBuildURem(e->b, u, llvm_i64(e, nblk), ""), llvm_i64(e, blk), "");
+        LLVMValueRef j1c = LLVMBuildAdd(e->b, j0, llvm_i64(e, blk), "");
+        j1 = LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, j1c, j1, ""), j1c, j1, "");
+      }
+      if (tiled) { /* the rows of this tile */
+        LLVMValueRef r0 = LLVMBuildMul(e->b, row, llvm_i64(e, TILE_ROWS), "");
+        LLVMValueRef r1 = LLVMBuildAdd(e->b, r0, llvm_i64(e, TILE_ROWS), "");
+        LLVMValueRef last = llvm_i64(e, nrows);
+        r1 = LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, r1, last, ""), r1, last, "");
+        row = llvm_loop_begin(e, &lt, r0, r1, "tile");
+      }
+      op_type outer = *ot;
+      outer.rank--;
+      llvm_index ridx;
+      llvm_index_linear(&ridx, &outer, row);
+      llvm_index_get_dims(e, &ridx);
+      LLVMValueRef rowbase = LLVMBuildMul(e->b, row, llvm_i64(e, inner), "");
+      LLVMValueRef dims[KILN_MAX_RANK];
+      for (int d = 0; d < outer.rank; d++) dims[d] = ridx.dim[d];
+      if (narrow) { /* every column of the row, unrolled: the row loop vectorizes */
+        for (int64_t jc = 0; jc < inner && !rc; jc++) {
+          dims[ot->rank - 1] = llvm_i64(e, jc);
+          llvm_index_dims(&idx, ot, dims);
+          at = idx.linear = LLVMBuildAdd(e->b, rowbase, llvm_i64(e, jc), "");
+          rc = emit_outputs(g, &lg, fn, &idx, at);
+          llvm_group_forget(&lg);
+        }
+      } else {
+        LLVMValueRef j = llvm_loop_begin(e, &li, j0, j1, "j");
+        dims[ot->rank - 1] = j;
+        llvm_index_dims(&idx, ot, dims);
+        at = idx.linear = LLVMBuildAdd(e->b, rowbase, j, "");
+      }
+    }
+    if (!narrow && !rc) rc = emit_outputs(g, &lg, fn, &idx, at);
+    flush_bad(e, &lg, bad_slot);
+    llvm_group_forget(&lg);
+    if (rows && !narrow) llvm_loop_end(e, &li);
+    if (tiled) llvm_loop_end(e, &lt);
+    llvm_loop_end(e, &lo);
+  flat_done:;
+  }
+  ki->can_fail = lg.bad_op != OP_COUNT;
+  ki->fail_op = lg.bad_op;
+  llvm_group_dispose(&lg);
+  free(buf);
+  if (rc) return -1;
+  /* raise the flag once, after the loops */
+  if (ki->can_fail) {
+    LLVMBasicBlockRef set = LLVMAppendBasicBlockInContext(e->ctx, fn, "fail");
+    LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(e->ctx, fn, "done");
+    LLVMBuildCondBr(e->b, LLVMBuildLoad2(e->b, e->t_i1, bad_slot, ""), set, done);
+    LLVMPositionBuilderAtEnd(e->b, set);
+    LLVMValueRef st = LLVMBuildStore(e->b, llvm_i32(e, 1), LLVMGetParam(fn, (unsigned)nb));
+    LLVMSetOrdering(st, LLVMAtomicOrderingMonotonic); /* several tasks may fail at once */
+    LLVMSetAlignment(st, 4);
+    LLVMBuildBr(e->b, done);
+    LLVMPositionBuilderAtEnd(e->b, done);
+  }
+  LLVMBuildRetVoid(e->b);
+
+  /* the thread pool's task: (ctx = buffers and flag, begin, end) */
+  snprintf(name, sizeof name, "kernel%d.task", id);
+  ki->task = LLVMAddFunction(e->mod, name, cb->ty_task);
+  LLVMSetLinkage(ki->task, LLVMInternalLinkage);
+  cpu_add_fn_attr(e->ctx, ki->task, "nounwind");
+  cpu_add_target_attrs(e->ctx, ki->task);
+  LLVMPositionBuilderAtEnd(e->b, LLVMAppendBasicBlockInContext(e->ctx, ki->task, "entry"));
+  LLVMValueRef *args = malloc(((size_t)nb + 3) * sizeof *args);
+  if (!args) return cpu_oom();
+  LLVMValueRef ctx = LLVMGetParam(ki->task, 0);
+  for (int k = 0; k <= nb; k++) {
+    LLVMValueRef ix = llvm_i64(e, k);
+    args[k] = LLVMBuildLoad2(e->b, e->t_ptr, LLVMBuildGEP2(e->b, e->t_ptr, ctx, &ix, 1, ""), "");
+  }
+  args[nb + 1] = LLVMGetParam(ki->task, 1);
+  args[nb + 2] = LLVMGetParam(ki->task, 2);
+  LLVMBuildCall2(e->b, ki->fn_type, ki->fn, args, (unsigned)nb + 3, "");
+  LLVMBuildRetVoid(e->b);
+  free(args);
+  return 0;
+}

@@ -1,0 +1,195 @@
+/* program.c — the entry function of a compiled program: a pointer to each
+ * slot computed up front, then the plan's steps in order: each kernel
+ * called on this thread or over the pool, each runtime helper through
+ * kiln_rt_helper, each copy into a result's buffer, returning -1 after a
+ * step that failed. Constants are read through the symbols kiln_const<i>. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cpu/compile.h"
+
+enum {
+  PAR_MIN = 65536,   /* elements of work below which a kernel stays on the calling thread */
+  PAR_GRAIN = 16384, /* elements of work per task, at least */
+  /* ... for a kernel of cheap ops: its inputs are usually in this core's
+   * caches (the kernel before wrote them), and another core would first
+   * have to pull its half over (the MLP batch-1 training step ran in 0.062
+   * ms on one thread and 0.095 ms on two, measured) */
+  PAR_MIN_CHEAP = 1 << 19,
+};
+
+/* the alignment the code may assume of a constant's data (part of the key) */
+unsigned cpu_const_align(const kiln_tensor *t) {
+  unsigned a = 1;
+  while (a < KILN_ALIGN && (uintptr_t)t->data % (2 * a) == 0) a *= 2;
+  return a;
+}
+
+/* The symbol kiln_const<i> of t's first listing (the program retains every
+ * constant, so its data stays put while the code lives). */
+LLVMValueRef cpu_const_data(void *user, const kiln_tensor *t) {
+  cpu_build *cb = user;
+  llvm_emit *e = &cb->e;
+  int i = 0;
+  while (i < cb->consts->n && cb->consts->t[i] != t) i++;
+  if (i == cb->consts->n) return NULL;
+  char name[32];
+  snprintf(name, sizeof name, "kiln_const%d", i);
+  LLVMValueRef g = LLVMGetNamedGlobal(e->mod, name);
+  if (!g) { /* a declaration: the JITDylib has its address, the code loads it from the GOT */
+    g = LLVMAddGlobal(e->mod, LLVMArrayType2(e->t_i8, 0), name);
+    LLVMSetAlignment(g, cpu_const_align(t));
+  }
+  return g;
+}
+
+
+/* Whether the program runs a matmul big enough for the eager kernel to
+ * thread it (lib/kernels_matmul.c splits from 2 x 2^18 multiply-adds): the
+ * pool's workers are then awake anyway, and keeping its cheap kernels on
+ * one thread only lets them fall asleep in between (the MLP batch-64 step:
+ * 0.54 ms per step with those split, 0.65 without, measured) */
+static bool threaded_matmuls(const cpu_build *cb) {
+  for (int s = 0; s < cb->n_steps; s++) {
+    const step *st = &cb->steps[s];
+    if (st->kind != STEP_HELPER || cb->p->helpers[st->index].op != OP_DOT) continue;
+    const cpu_helper *h = &cb->p->helpers[st->index];
+    const op_type *a = &h->in_types[0], *c = &h->out_types[0];
+    if (a->rank < 1) continue;
+    if (cpu_type_size(c) * a->shape[a->rank - 1] >= (int64_t)1 << 19) return true;
+  }
+  return false;
+}
+
+
+/* the entry function's pointer to each slot, computed up front */
+static void emit_slot_ptrs(cpu_build *cb, LLVMValueRef params, LLVMValueRef results, LLVMValueRef arena) {
+  llvm_emit *e = &cb->e;
+  LLVMBuilderRef b = cb->eb;
+  for (int s = 0; s < cb->n_slots; s++) {
+    const slot *sl = &cb->slots[s];
+    LLVMValueRef ix;
+    switch (sl->kind) {
+      case SLOT_PARAM:
+      case SLOT_RESULT:
+        ix = llvm_i64(e, sl->index);
+        cb->slot_ptr[s] = LLVMBuildLoad2(
+            b, e->t_ptr, LLVMBuildGEP2(b, e->t_ptr, sl->kind == SLOT_PARAM ? params : results, &ix, 1, ""), "");
+        break;
+      case SLOT_ARENA:
+        ix = llvm_i64(e, sl->offset);
+        cb->slot_ptr[s] = LLVMBuildGEP2(b, e->t_i8, arena, &ix, 1, "");
+        break;
+      default: cb->slot_ptr[s] = cpu_const_data(cb, sl->cst); break;
+    }
+  }
+}
+
+/* if (cond) return -1 after calling fail (when given) */
+static void emit_bail(cpu_build *cb, LLVMValueRef cond, int32_t kernel) {
+  llvm_emit *e = &cb->e;
+  LLVMBuilderRef b = cb->eb;
+  LLVMBasicBlockRef bad = LLVMAppendBasicBlockInContext(e->ctx, cb->entry, "bail");
+  LLVMBasicBlockRef next = LLVMAppendBasicBlockInContext(e->ctx, cb->entry, "next");
+  LLVMBuildCondBr(b, cond, bad, next);
+  LLVMPositionBuilderAtEnd(b, bad);
+  if (kernel >= 0) {
+    LLVMValueRef args[2] = {cb->call_arg, llvm_i32(e, kernel)};
+    LLVMBuildCall2(b, cb->ty_fail, cb->fn_fail, args, 2, "");
+  }
+  LLVMBuildRet(b, llvm_i32(e, -1));
+  LLVMPositionBuilderAtEnd(b, next);
+}
+
+int cpu_emit_program(cpu_build *cb, const char *entry_name) {
+  llvm_emit *e = &cb->e;
+  cpu_program *p = cb->p;
+  LLVMTypeRef pp[4] = {e->t_i64, e->t_i64, e->t_ptr, e->t_ptr}; /* parallel_for(n, grain, fn, ctx) */
+  cb->ty_par = LLVMFunctionType(e->t_void, pp, 4, 0);
+  cb->fn_par = LLVMAddFunction(e->mod, "kiln_rt_parallel_for", cb->ty_par);
+  LLVMTypeRef hp[3] = {e->t_ptr, e->t_i32, e->t_ptr};
+  cb->ty_helper = LLVMFunctionType(e->t_i32, hp, 3, 0);
+  cb->fn_helper = LLVMAddFunction(e->mod, "kiln_rt_helper", cb->ty_helper);
+  cb->ty_fail = LLVMFunctionType(e->t_void, hp, 2, 0);
+  cb->fn_fail = LLVMAddFunction(e->mod, "kiln_rt_kernel_fail", cb->ty_fail);
+  LLVMTypeRef tp[3] = {e->t_ptr, e->t_i64, e->t_i64};
+  cb->ty_task = LLVMFunctionType(e->t_void, tp, 3, 0);
+
+  LLVMTypeRef ep[4] = {e->t_ptr, e->t_ptr, e->t_ptr, e->t_ptr};
+  LLVMTypeRef ety = LLVMFunctionType(e->t_i32, ep, 4, 0);
+  cb->entry = LLVMAddFunction(e->mod, entry_name, ety);
+  cpu_add_fn_attr(e->ctx, cb->entry, "nounwind");
+  cpu_add_target_attrs(e->ctx, cb->entry);
+  cb->eb = LLVMCreateBuilderInContext(e->ctx);
+  LLVMPositionBuilderAtEnd(cb->eb, LLVMAppendBasicBlockInContext(e->ctx, cb->entry, "entry"));
+  cb->call_arg = LLVMGetParam(cb->entry, 3);
+  cb->slot_ptr = calloc((size_t)cb->n_slots + 1, sizeof *cb->slot_ptr);
+  p->kernel_fail_op = calloc((size_t)cb->n_groups + 1, sizeof *p->kernel_fail_op);
+  if (!cb->slot_ptr || !p->kernel_fail_op) return kiln_set_error("cpu: out of memory");
+  LLVMTypeRef arr = LLVMArrayType2(e->t_ptr, (uint64_t)cb->max_bufs + 1);
+  cb->ctx_array = LLVMBuildAlloca(cb->eb, arr, "bufs");
+  emit_slot_ptrs(cb, LLVMGetParam(cb->entry, 0), LLVMGetParam(cb->entry, 1), LLVMGetParam(cb->entry, 2));
+  LLVMBuilderRef b = cb->eb;
+  bool pool_busy = threaded_matmuls(cb);
+  for (int s = 0; s < cb->n_steps; s++) {
+    const step *st = &cb->steps[s];
+    if (st->kind == STEP_KERNEL) {
+      kinfo ki;
+      int id = st->index, rc = cpu_emit_kernel(cb, &cb->groups[id], id, &ki);
+      if (rc) {
+        free(ki.buf_slot);
+        return -1;
+      }
+      p->kernel_fail_op[id] = ki.can_fail ? ki.fail_op : OP_COUNT;
+      p->n_kernels++;
+      if (ki.units == 0) {
+        free(ki.buf_slot);
+        continue;
+      }
+      LLVMValueRef *args = malloc(((size_t)ki.n_bufs + 3) * sizeof *args);
+      if (!args) {
+        free(ki.buf_slot);
+        return cpu_oom();
+      }
+      for (int k = 0; k < ki.n_bufs; k++) args[k] = cb->slot_ptr[ki.buf_slot[k]];
+      args[ki.n_bufs] = cb->call_arg;
+      int64_t work = ki.units * (ki.per_unit > 0 ? ki.per_unit : 1);
+      if (work > cb->max_work) cb->max_work = work;
+      bool cheap = !pool_busy && cpu_cheap_kernel(&cb->groups[id]);
+      if (work >= (cheap ? PAR_MIN_CHEAP : PAR_MIN) && ki.units >= 2) { /* over the pool */
+        for (int k = 0; k <= ki.n_bufs; k++) {
+          LLVMValueRef ix = llvm_i64(e, k);
+          LLVMBuildStore(b, args[k], LLVMBuildGEP2(b, e->t_ptr, cb->ctx_array, &ix, 1, ""));
+        }
+        int64_t grain = PAR_GRAIN / (ki.per_unit > 0 ? ki.per_unit : 1);
+        LLVMValueRef pa[4] = {llvm_i64(e, ki.units), llvm_i64(e, grain > 0 ? grain : 1), ki.task, cb->ctx_array};
+        LLVMBuildCall2(b, cb->ty_par, cb->fn_par, pa, 4, "");
+      } else {
+        args[ki.n_bufs + 1] = llvm_i64(e, 0);
+        args[ki.n_bufs + 2] = llvm_i64(e, ki.units);
+        LLVMBuildCall2(b, ki.fn_type, ki.fn, args, (unsigned)ki.n_bufs + 3, "");
+      }
+      free(args);
+      free(ki.buf_slot);
+      if (ki.can_fail) {
+        LLVMValueRef flag = LLVMBuildLoad2(b, e->t_i32, cb->call_arg, "");
+        LLVMSetOrdering(flag, LLVMAtomicOrderingMonotonic);
+        LLVMSetAlignment(flag, 4);
+        emit_bail(cb, LLVMBuildICmp(b, LLVMIntNE, flag, llvm_i32(e, 0), ""), id);
+      }
+    } else if (st->kind == STEP_HELPER) {
+      /* bufs = {outs..., ins...}; kiln_rt_helper(call, h, bufs) */
+      for (int k = 0; k < st->n_slots; k++) {
+        LLVMValueRef ix = llvm_i64(e, k);
+        LLVMBuildStore(b, cb->slot_ptr[st->slots[k]], LLVMBuildGEP2(b, e->t_ptr, cb->ctx_array, &ix, 1, ""));
+      }
+      LLVMValueRef ha[3] = {cb->call_arg, llvm_i32(e, st->index), cb->ctx_array};
+      LLVMValueRef rc = LLVMBuildCall2(b, cb->ty_helper, cb->fn_helper, ha, 3, "");
+      emit_bail(cb, LLVMBuildICmp(b, LLVMIntNE, rc, llvm_i32(e, 0), ""), -1);
+    } else if (st->bytes > 0) { /* a result computed elsewhere, into its buffer */
+      LLVMBuildMemCpy(b, cb->slot_ptr[st->slots[0]], 1, cb->slot_ptr[st->slots[1]], 1, llvm_i64(e, st->bytes));
+    }
+  }
+  LLVMBuildRet(b, llvm_i32(e, 0));
+  return 0;
+}
