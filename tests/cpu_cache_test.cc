@@ -817,12 +817,26 @@ TEST(CpuCacheSecurity, LinksAndOversizedEntriesAreNotRead) {
   EXPECT_TRUE(S_ISREG(st.st_mode)) << "the store replaced the link, not its target";
   EXPECT_TRUE(compile_check(p, "rewritten"));
   {
-    // the entry is some kilobytes: over a bound of 1000 bytes it is not read
+    // the entry is some kilobytes: over a bound of 1000 bytes it is not
+    // read, and the store under that bound trims it
     ASSERT_GT(st.st_size, 1000);
     EnvGuard limit("KILN_CACHE_MAX_MB", "0.0009");
     EXPECT_FALSE(compile_check(p, "over the bound"));
+    EXPECT_TRUE(dir.entries().empty());
   }
-  EXPECT_TRUE(compile_check(p, "under the default bound"));
+  EXPECT_FALSE(compile_check(p, "under the default bound"));
+  EXPECT_TRUE(compile_check(p, "under the default bound, again"));
+  // over 256 MB (a sparse file) an entry is not read at all: a miss, rewritten
+  {
+    int fd = open(entry.c_str(), O_WRONLY | O_TRUNC);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, (off_t)300 << 20), 0);
+    close(fd);
+  }
+  EXPECT_FALSE(compile_check(p, "a 300 MB entry"));
+  ASSERT_EQ(stat(entry.c_str(), &st), 0);
+  EXPECT_LT(st.st_size, 1 << 20);
+  EXPECT_TRUE(compile_check(p, "rewritten after 300 MB"));
   if (geteuid() == 0) {  // root: an entry of another user's is not read either
     ASSERT_EQ(chown(entry.c_str(), 65534, 65534), 0);
     EXPECT_FALSE(compile_check(p, "another user's entry"));

@@ -513,6 +513,7 @@ int cpu_cache_store(const char *dir, const uint8_t key[16], const char *meta, co
   if ((uint64_t)total > (uint64_t)entry_max_bytes()) {
     if (cpu_cache_log())
       fprintf(stderr, "kiln: cache: %s: an entry of %zu bytes is over the bound; not cached\n", dir, total);
+    account(dir, 0); /* a new, smaller bound still trims what is there */
     return -1;
   }
   unsigned char *file = malloc(total);
