@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "files.h"
 #include "jit.h"
 
 /* The first return address outside libkiln: the user's op call. */
@@ -182,7 +183,8 @@ void traced_fn_free_locs(traced_fn *fn) {
   fn->pcs = NULL;
 }
 
-/* KILN_DUMP=DIR: <name>.<trace>.<step>.<stage>.kir */
+/* KILN_DUMP=DIR: <name>.<trace>.<step>.<stage>.kir; DIR is made as
+ * mkdir -p would (0755), or one line says why it cannot be */
 int jit_dump(const char *name, int trace, int step, const char *stage, const char *text) {
   const char *dir = getenv("KILN_DUMP");
   if (!dir || !*dir) return 0;
@@ -197,6 +199,11 @@ int jit_dump(const char *name, int trace, int step, const char *stage, const cha
   char path[4096];
   const char *ext = !strcmp(stage, "llvm") ? "ll" : !strcmp(stage, "asm") ? "s" : !strcmp(stage, "ptx") ? "ptx" : "kir";
   snprintf(path, sizeof path, "%s/%s.%d.%02d.%s.%s", dir, safe, trace, step, stage, ext);
+  if (files_mkdirs(dir, 0755)) {
+    fprintf(stderr, "kiln: KILN_DUMP: cannot create the directory %s: %s; @%s is not dumped\n", dir,
+            strerror(errno), name);
+    return -1;
+  }
   FILE *out = fopen(path, "w");
   bool ok = out && fputs(text, out) >= 0;
   int err = errno;

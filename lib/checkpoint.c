@@ -14,6 +14,7 @@
 
 #include "autodiff.h"
 #include "checkpoint.h"
+#include "files.h"
 
 /* The reference implementation's limit; a larger header is corrupt. */
 #define MAX_HEADER_BYTES 100000000ull
@@ -970,15 +971,21 @@ static int build_header(save_item *items, int n, sbuf *h) {
   return h->oom ? kiln_set_error("checkpoint_save: out of memory") : 0;
 }
 
-/* A new file next to path: rename() over path is then atomic. */
-static int open_temp(const char *path, char *tmp, size_t n) {
-  static atomic_uint counter;
-  for (int tries = 0; tries < 100; tries++) {
-    snprintf(tmp, n, "%s.tmp-%ld-%u", path, (long)getpid(), atomic_fetch_add(&counter, 1));
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd >= 0 || errno != EEXIST) return fd;
-  }
-  return -1;
+/* What lstat says path is, when it is something a save must not replace:
+ * a save renames a new file over path, which would swap a device, a FIFO
+ * or a link (run as root, /dev/null) for a regular file. NULL when path is
+ * a regular file or absent. */
+static const char *not_regular(const char *path) {
+  struct stat st;
+  if (lstat(path, &st)) return NULL; /* absent (or unreachable: creating the file says why) */
+  if (S_ISREG(st.st_mode)) return NULL;
+  return S_ISDIR(st.st_mode)    ? "a directory"
+         : S_ISLNK(st.st_mode)  ? "a symbolic link"
+         : S_ISFIFO(st.st_mode) ? "a FIFO"
+         : S_ISCHR(st.st_mode)  ? "a character device"
+         : S_ISBLK(st.st_mode)  ? "a block device"
+         : S_ISSOCK(st.st_mode) ? "a socket"
+                                : "not a file";
 }
 
 static int save(const char *path, int n, kiln_variable *const *vars, save_item *items) {
@@ -1020,13 +1027,19 @@ static int save(const char *path, int n, kiln_variable *const *vars, save_item *
     free(h.s);
     return -1;
   }
+  const char *kind = not_regular(path);
+  if (kind) {
+    free(h.s);
+    return kiln_set_error("%s: %s is not a regular file (%s); a save replaces only a regular file", who,
+                          path, kind);
+  }
   size_t tmp_n = strlen(path) + 64;
   char *tmp = malloc(tmp_n);
   if (!tmp) {
     free(h.s);
     return kiln_set_error("%s: out of memory", who);
   }
-  int fd = open_temp(path, tmp, tmp_n);
+  int fd = files_open_temp(path, tmp, tmp_n, 0666);
   if (fd < 0) {
     int e = errno;
     free(h.s);

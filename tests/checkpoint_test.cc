@@ -548,6 +548,59 @@ TEST(Checkpoint, UnreadablePaths) {
   EXPECT_EQ(f32s(w), (std::vector<float>{5, 6}));
 }
 
+// A save renames a new file over its path, which would swap whatever is
+// there for a regular file: run as root, it replaced /dev/null. Only a
+// regular file (or nothing) is replaced; a FIFO, a directory, a device or a
+// symbolic link (even to a regular file: the link is not the checkpoint) is
+// an error that names the path and leaves it as it was.
+TEST(Checkpoint, SaveReplacesOnlyARegularFile) {
+  Scoped s;
+  Owned own;
+  TempDir dir;
+  kiln_variable *w = own.var(f32({1, 2}), "w");
+  auto refused = [&](const std::string &path, const char *kind) {
+    EXPECT_EQ(kiln_checkpoint_save(path.c_str(), 1, &w), -1) << path;
+    EXPECT_EQ(kiln_last_error(), "checkpoint_save: " + path + " is not a regular file (" + kind +
+                                     "); a save replaces only a regular file");
+  };
+  std::string fifo = dir.file("fifo");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  refused(fifo, "a FIFO");
+  std::string sub = dir.file("sub");
+  ASSERT_EQ(mkdir(sub.c_str(), 0700), 0);
+  refused(sub, "a directory");
+  std::string null_link = dir.file("null.safetensors");
+  ASSERT_EQ(symlink("/dev/null", null_link.c_str()), 0);
+  refused(null_link, "a symbolic link");
+  refused("/dev/null", "a character device");
+  std::string target = dir.file("target.safetensors"), link = dir.file("link.safetensors");
+  write_file(target, "not a checkpoint");
+  ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
+  refused(link, "a symbolic link");
+  struct stat st;
+  ASSERT_EQ(lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  ASSERT_EQ(lstat(null_link.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISLNK(st.st_mode));
+  ASSERT_EQ(stat("/dev/null", &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+  std::ifstream in(target);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "not a checkpoint");
+  // no temporary file left behind
+  int n = 0;
+  for (const auto &e : fs::directory_iterator(dir.path)) n += e.path().filename().string().find(".tmp-") != std::string::npos;
+  EXPECT_EQ(n, 0);
+  // a regular file is replaced, and a missing one made
+  std::string plain = dir.file("plain.safetensors");
+  write_file(plain, "old");
+  EXPECT_EQ(kiln_checkpoint_save(plain.c_str(), 1, &w), 0) << kiln_last_error();
+  EXPECT_EQ(kiln_checkpoint_save(dir.file("new.safetensors").c_str(), 1, &w), 0) << kiln_last_error();
+  kiln_variable *back = own.var(f32({0, 0}), "w");
+  EXPECT_EQ(kiln_checkpoint_restore(plain.c_str(), 1, &back), 0) << kiln_last_error();
+  EXPECT_EQ(f32s(back), (std::vector<float>{1, 2}));
+}
+
 TEST(Checkpoint, SaveErrors) {
   Scoped s;
   Owned own;
@@ -568,7 +621,8 @@ TEST(Checkpoint, SaveErrors) {
   EXPECT_THAT(kiln_last_error(), StartsWith("checkpoint_save: /proc/kiln_checkpoint_test.safetensors: cannot create"));
   fs::create_directory(dir.file("sub"));
   EXPECT_EQ(kiln_checkpoint_save(dir.file("sub").c_str(), 1, &w), -1);
-  EXPECT_EQ(kiln_last_error(), "checkpoint_save: " + dir.file("sub") + ": cannot write: Is a directory");
+  EXPECT_EQ(kiln_last_error(), "checkpoint_save: " + dir.file("sub") +
+                                   " is not a regular file (a directory); a save replaces only a regular file");
   if (geteuid() != 0) {  // root writes anywhere
     fs::create_directory(dir.file("ro"));
     chmod(dir.file("ro").c_str(), 0500);

@@ -8,10 +8,12 @@
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -749,6 +751,124 @@ TEST(CpuCache, HitsAreRecentAndStoresKeepTheLimit) {
   ASSERT_TRUE(make_program(q, 1)) << kiln_last_error();
   EXPECT_FALSE(compile_check(q, "cold, then trimmed"));
   EXPECT_TRUE(dir.entries().empty());
+}
+
+// ---- the cache holds code we execute ----
+
+// waits for a child at most `seconds`; kills it (and says so) past that
+int wait_child_for(pid_t pid, int seconds) {
+  for (int i = 0; i < seconds * 20; i++) {
+    int status = 0;
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    if (r < 0) return -1;
+    usleep(50000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  return -2;  // hung
+}
+
+// The program's entry in dir (compiled cold here): its path.
+std::string entry_of(const Program &p, const TempDir &dir) {
+  EXPECT_FALSE(compile_check(p, "cold"));
+  std::vector<std::string> es = dir.entries();
+  EXPECT_EQ(es.size(), 1u);
+  return es.empty() ? "" : es[0];
+}
+
+// A FIFO named like an entry hung every process that compiled the program
+// (open() blocked for a writer); now it is a miss, and the store replaces
+// it with a regular file. A child compiles, so a hang fails the test.
+TEST(CpuCacheSecurity, AFifoNamedLikeAnEntryDoesNotHang) {
+  Scoped scope;
+  TempDir dir;
+  CacheEnv env(dir.path.c_str());
+  Program p;
+  ASSERT_TRUE(make_program(p, 1)) << kiln_last_error();
+  std::string entry = entry_of(p, dir);
+  ASSERT_FALSE(entry.empty());
+  ASSERT_EQ(unlink(entry.c_str()), 0);
+  ASSERT_EQ(mkfifo(entry.c_str(), 0600), 0) << strerror(errno);
+  EXPECT_EQ(wait_child_for(spawn_child(dir.path, 1), 60), CHILD_MISS) << "-2: the child hung on the FIFO";
+  struct stat st;
+  ASSERT_EQ(lstat(entry.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode)) << "the store replaced the FIFO";
+  EXPECT_EQ(st.st_mode & 0777, 0600u) << "entries are private";
+  EXPECT_TRUE(compile_check(p, "after the FIFO"));
+}
+
+// An entry that is a symbolic link (even to a valid entry) is never read,
+// nor one too large for the bound; both are misses that still compile.
+TEST(CpuCacheSecurity, LinksAndOversizedEntriesAreNotRead) {
+  Scoped scope;
+  TempDir dir, elsewhere;
+  CacheEnv env(dir.path.c_str());
+  Program p;
+  ASSERT_TRUE(make_program(p, 0)) << kiln_last_error();
+  std::string entry = entry_of(p, dir);
+  ASSERT_FALSE(entry.empty());
+  std::string moved = elsewhere.path + "/valid.kco";
+  ASSERT_EQ(rename(entry.c_str(), moved.c_str()), 0);
+  ASSERT_EQ(symlink(moved.c_str(), entry.c_str()), 0);
+  EXPECT_FALSE(compile_check(p, "a link to a valid entry"));
+  struct stat st;
+  ASSERT_EQ(lstat(entry.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode)) << "the store replaced the link, not its target";
+  EXPECT_TRUE(compile_check(p, "rewritten"));
+  {
+    // the entry is some kilobytes: over a bound of 1000 bytes it is not
+    // read, and the store under that bound trims it
+    ASSERT_GT(st.st_size, 1000);
+    EnvGuard limit("KILN_CACHE_MAX_MB", "0.0009");
+    EXPECT_FALSE(compile_check(p, "over the bound"));
+    EXPECT_TRUE(dir.entries().empty());
+  }
+  EXPECT_FALSE(compile_check(p, "under the default bound"));
+  EXPECT_TRUE(compile_check(p, "under the default bound, again"));
+  // over 256 MB (a sparse file) an entry is not read at all: a miss, rewritten
+  {
+    int fd = open(entry.c_str(), O_WRONLY | O_TRUNC);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, (off_t)300 << 20), 0);
+    close(fd);
+  }
+  EXPECT_FALSE(compile_check(p, "a 300 MB entry"));
+  ASSERT_EQ(stat(entry.c_str(), &st), 0);
+  EXPECT_LT(st.st_size, 1 << 20);
+  EXPECT_TRUE(compile_check(p, "rewritten after 300 MB"));
+  if (geteuid() == 0) {  // root: an entry of another user's is not read either
+    ASSERT_EQ(chown(entry.c_str(), 65534, 65534), 0);
+    EXPECT_FALSE(compile_check(p, "another user's entry"));
+  }
+}
+
+// A directory that others may write (or another user owns) is not a cache:
+// one line on stderr, once, names it and why; compiles still work.
+TEST(CpuCacheSecurity, AWorldWritableDirectoryIsNoCache) {
+  Scoped scope;
+  TempDir dir;
+  std::string open_dir = dir.path + "/shared";
+  ASSERT_EQ(mkdir(open_dir.c_str(), 0700), 0);
+  ASSERT_EQ(chmod(open_dir.c_str(), 0777), 0);
+  CacheEnv env(open_dir.c_str());
+  Program p;
+  ASSERT_TRUE(make_program(p, 1)) << kiln_last_error();
+  testing::internal::CaptureStderr();
+  EXPECT_FALSE(compile_check(p, "world-writable"));
+  EXPECT_FALSE(compile_check(p, "world-writable, again"));
+  std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_THAT(err, HasSubstr(open_dir + ": writable by others (mode 777)"));
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+  EXPECT_TRUE(fs::is_empty(open_dir));
+  // a missing directory is made private
+  std::string fresh = dir.path + "/a/b/kiln";
+  CacheEnv env2(fresh.c_str());
+  EXPECT_FALSE(compile_check(p, "fresh"));
+  EXPECT_TRUE(compile_check(p, "fresh, again"));
+  struct stat st;
+  ASSERT_EQ(stat(fresh.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
 }
 
 }  // namespace

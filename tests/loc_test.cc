@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <filesystem>
 #include <string>
 #include <unistd.h>
 
@@ -132,21 +133,37 @@ TEST(Loc, DumpWritesOneFilePerStage) {
       unlink((p + "00.traced.kir").c_str());
       unlink(last.c_str());
     }
-    EXPECT_EQ(rmdir(dir.c_str()), 0) << "unexpected extra files in " << dir;
+    EXPECT_EQ(std::filesystem::is_empty(dir), true) << "unexpected extra files in " << dir;
 
-    // a directory that cannot be written: the call still succeeds, one warning
-    std::string bad = dir + "/missing/sub";
-    ASSERT_EQ(setenv("KILN_DUMP", bad.c_str(), 1), 0);
+    // a directory that is missing is made, parents too (it once wrote nothing)
+    std::string made = dir + "/missing/sub";
+    ASSERT_EQ(setenv("KILN_DUMP", made.c_str(), 1), 0);
     kiln_tensor *c = f32({4}, {1, 2, 3, 4});
     testing::internal::CaptureStderr();
     int rc = kiln_function_call(f, &c, &y);
     std::string err = testing::internal::GetCapturedStderr();
     EXPECT_EQ(rc, 0) << kiln_last_error();
+    EXPECT_EQ(err, "");
+    EXPECT_EQ(read_all(made + "/dumped.2.00.traced.kir").empty(), false);
+    // one that cannot be made (under a plain file, even for root): the call
+    // still succeeds, one line says why
+    std::string file = dir + "/plain";
+    FILE *pf = fopen(file.c_str(), "w");
+    ASSERT_NE(pf, nullptr);
+    fclose(pf);
+    std::string bad = file + "/sub";
+    ASSERT_EQ(setenv("KILN_DUMP", bad.c_str(), 1), 0);
+    kiln_tensor *d = f32({5}, {1, 2, 3, 4, 5});
+    testing::internal::CaptureStderr();
+    rc = kiln_function_call(f, &d, &y);
+    err = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(rc, 0) << kiln_last_error();
     EXPECT_NE(y, nullptr);
-    EXPECT_THAT(err, HasSubstr("KILN_DUMP"));
-    EXPECT_THAT(err, HasSubstr(bad));
+    EXPECT_THAT(err, HasSubstr("KILN_DUMP: cannot create the directory " + bad + ": Not a directory"));
     EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
     kiln_function_free(f);
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
   }
   if (old)
     setenv("KILN_DUMP", saved.c_str(), 1);

@@ -6,8 +6,15 @@
  * into place (readers never see half an entry); a reader checks its magic,
  * version, key and checksum and treats anything else as a miss. Nothing here
  * fails a compile: an unreadable, corrupt or unwritable cache is no cache.
- * KILN_CACHE_MAX_MB (default 1024) bounds the directory: each store trims
- * the least recently used entries beyond it. */
+ * The entries are code this process executes, so the directory must be this
+ * user's and writable by no one else (else no cache, said once on stderr),
+ * and an entry is read only if it is a regular file of ours of a sane size
+ * (never following a link or blocking on a FIFO: lib/files.c).
+ * KILN_CACHE_MAX_MB (default 1024) bounds the directory: stores count the
+ * bytes they add to a total taken by one scan, and trim the least recently
+ * used entries (down to 90%) only when it passes the bound, or after a tenth
+ * of it was written (other processes store too), so a store costs O(1)
+ * amortized rather than a scan of the directory. */
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -22,6 +29,7 @@
 #undef DT_NUM /* elf.h's (link.h); ops.h has its own */
 
 #include "cpu/cpu.h"
+#include "files.h"
 
 /* ---- hashing: MurmurHash3 x64-128 (Austin Appleby, public domain) ---- */
 
@@ -138,6 +146,55 @@ bool cpu_cache_log(void) {
   return env && strstr(env, "cache");
 }
 
+/* The directories refused (or found unusable) so far: each is said once. */
+static pthread_mutex_t said_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t said[32];
+static int n_said;
+
+static bool first_time(const char *what) {
+  uint8_t h[16];
+  uint64_t k;
+  cpu_hash128(what, strlen(what), h);
+  memcpy(&k, h, 8);
+  pthread_mutex_lock(&said_lock);
+  bool first = true;
+  for (int i = 0; i < n_said && i < 32 && first; i++) first = said[i] != k;
+  if (first) said[n_said++ % 32] = k;
+  pthread_mutex_unlock(&said_lock);
+  return first;
+}
+
+/* Whether dir (created, private, if missing) may hold code we execute: a
+ * directory owned by this user that no one else may write. */
+static bool dir_usable(const char *dir) {
+  struct stat st;
+  const char *why = NULL;
+  char buf[64];
+  if (stat(dir, &st) && errno == ENOENT && files_mkdirs(dir, 0700)) {
+    /* cannot be made (read-only, under a file): no cache, as before */
+    if (cpu_cache_log() && first_time(dir))
+      fprintf(stderr, "kiln: cache: %s: cannot create the directory (%s); not caching\n", dir, strerror(errno));
+    return false;
+  }
+  if (stat(dir, &st))
+    why = strerror(errno);
+  else if (!S_ISDIR(st.st_mode))
+    why = "not a directory";
+  else if (st.st_uid != geteuid())
+    snprintf(buf, sizeof buf, "owned by uid %lu, not by this user (uid %lu)", (unsigned long)st.st_uid,
+             (unsigned long)geteuid()),
+        why = buf;
+  else if (st.st_mode & (S_IWGRP | S_IWOTH))
+    snprintf(buf, sizeof buf, "writable by %s (mode %03o)", st.st_mode & S_IWOTH ? "others" : "its group",
+             (unsigned)(st.st_mode & 0777)),
+        why = buf;
+  if (why && first_time(dir))
+    fprintf(stderr, "kiln: cache: %s: %s; it holds code that runs, so it must be a directory of this user's "
+                    "that no one else may write: not caching (chmod 700 it or set KILN_CACHE_DIR)\n",
+            dir, why);
+  return why == NULL;
+}
+
 bool cpu_cache_dir(char *buf, size_t n) {
   const char *dir = getenv("KILN_CACHE_DIR");
   int len;
@@ -151,24 +208,7 @@ bool cpu_cache_dir(char *buf, size_t n) {
   } else {
     return false;
   }
-  return len > 0 && (size_t)len < n;
-}
-
-/* mkdir -p, private as XDG asks of ~/.cache */
-static int make_dirs(const char *dir) {
-  char path[4096];
-  size_t n = strlen(dir);
-  if (n == 0 || n >= sizeof path) return -1;
-  memcpy(path, dir, n + 1);
-  for (size_t i = 1; i <= n; i++) {
-    if (path[i] != '/' && path[i] != 0) continue;
-    char c = path[i];
-    path[i] = 0;
-    if (mkdir(path, 0700) && errno != EEXIST) return -1;
-    path[i] = c;
-  }
-  struct stat st;
-  return !stat(dir, &st) && S_ISDIR(st.st_mode) ? 0 : -1;
+  return len > 0 && (size_t)len < n && dir_usable(buf);
 }
 
 /* ---- the key ---- */
@@ -275,43 +315,50 @@ static int write_all(int fd, const void *buf, size_t n) {
   return 0;
 }
 
+/* The most an entry may hold: a program's objects are megabytes at most;
+ * anything near this is not ours (and is never read whole into memory). */
+static int64_t entry_max_bytes(void) {
+  int64_t cap = (int64_t)256 << 20, limit = cpu_cache_limit_bytes();
+  return limit < cap ? limit : cap;
+}
+
 int cpu_cache_load(const char *dir, const uint8_t key[16], const char *meta, cpu_cache_entry *e) {
   char path[4200];
   memset(e, 0, sizeof *e);
   entry_path(path, sizeof path, dir, key);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  struct stat st;
+  int64_t size = 0;
   const char *why = NULL;
+  int fd = files_open_regular(path, entry_max_bytes(), 1, &size, &why);
+  if (fd < 0 && errno == ENOENT) return 0;
   cache_header h;
   memset(&h, 0, sizeof h);
   unsigned char *file = NULL;
-  if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
-    why = "not a file";
-  } else if ((uint64_t)st.st_size < sizeof h || (uint64_t)st.st_size > ((uint64_t)1 << 32)) {
-    why = "truncated or oversized";
-  } else if (!(file = malloc((size_t)st.st_size))) {
+  if (fd < 0) {
+    /* why says it: a link, a FIFO, another user's, too large */
+  } else if ((uint64_t)size < sizeof h) {
+    why = "truncated";
+  } else if (!(file = malloc((size_t)size))) {
     why = "out of memory";
-  } else if (read_all(fd, file, (size_t)st.st_size)) {
+  } else if (read_all(fd, file, (size_t)size)) {
     why = "unreadable";
   } else {
     memcpy(&h, file, sizeof h);
     uint64_t total = sizeof h;
     bool fits = true;
     for (int k = 0; k < 4; k++) {
-      fits = fits && h.len[k] <= (uint64_t)st.st_size;
+      fits = fits && h.len[k] <= (uint64_t)size;
       total += fits ? h.len[k] : 0;
     }
     size_t meta_len = strlen(meta);
     uint8_t sum[16] = {0};
-    if (fits && total == (uint64_t)st.st_size) cpu_hash128(file + sizeof h, (size_t)(total - sizeof h), sum);
+    if (fits && total == (uint64_t)size) cpu_hash128(file + sizeof h, (size_t)(total - sizeof h), sum);
     if (memcmp(h.magic, CACHE_MAGIC, 8))
       why = "bad magic";
     else if (h.format != CACHE_FORMAT || h.header_bytes != sizeof h)
       why = "another format";
     else if (memcmp(h.key, key, 16))
       why = "another key";
-    else if (!fits || total != (uint64_t)st.st_size)
+    else if (!fits || total != (uint64_t)size)
       why = "truncated";
     else if (memcmp(sum, h.sum, 16))
       why = "bad checksum";
@@ -320,13 +367,13 @@ int cpu_cache_load(const char *dir, const uint8_t key[16], const char *meta, cpu
     else if (h.len[2] == 0 || h.len[3] == 0)
       why = "empty";
   }
-  close(fd);
+  if (!why) futimens(fd, NULL); /* recently used: the trimming keeps it longest */
+  if (fd >= 0) close(fd);
   if (why) {
     if (cpu_cache_log()) fprintf(stderr, "kiln: cache: %s: %s; rebuilding it\n", path, why);
     free(file);
     return -1;
   }
-  utimensat(AT_FDCWD, path, NULL, 0); /* recently used: the trimming keeps it longest */
   unsigned char *at = file + sizeof h + h.len[0];
   e->file = file;
   e->info = at, e->info_len = (size_t)h.len[1], at += h.len[1];
@@ -340,7 +387,32 @@ void cpu_cache_entry_free(cpu_cache_entry *e) {
   memset(e, 0, sizeof *e);
 }
 
-static _Atomic uint64_t tmp_counter;
+/* ---- the bound: KILN_CACHE_MAX_MB, a positive number of megabytes (a
+ * fraction too); anything else is said once and replaced, never read as a
+ * negative or wrapped size that would empty the directory ---- */
+
+#define LIMIT_DEFAULT_MB 1024.0
+#define LIMIT_MAX_MB 1099511627776.0 /* 2^40 MB = 2^60 bytes: "no bound" */
+
+int64_t cpu_cache_limit_bytes(void) {
+  const char *env = getenv("KILN_CACHE_MAX_MB");
+  if (!env || !*env) return (int64_t)LIMIT_DEFAULT_MB << 20;
+  char *end = NULL;
+  double mb = strtod(env, &end);
+  while (end && (*end == ' ' || *end == '\t' || *end == '\n')) end++;
+  const char *why = NULL;
+  if (end == env || !end || *end || mb != mb || mb <= 0)
+    why = "is not a positive number of megabytes; using the default, 1024", mb = LIMIT_DEFAULT_MB;
+  else if (mb > LIMIT_MAX_MB)
+    why = "is more than 2^40 MB; using 2^40 MB (no bound)", mb = LIMIT_MAX_MB;
+  if (why) {
+    char what[160];
+    snprintf(what, sizeof what, "KILN_CACHE_MAX_MB=%s", env);
+    if (first_time(what)) fprintf(stderr, "kiln: cache: KILN_CACHE_MAX_MB=\"%.60s\" %s\n", env, why);
+  }
+  double bytes = mb * 1048576.0;
+  return bytes < 1 ? 1 : (int64_t)bytes;
+}
 
 /* ---- trimming: entries beyond the size limit go, least recently used
  * first (a hit touches its entry), and temporary files that a writer left
@@ -348,39 +420,34 @@ static _Atomic uint64_t tmp_counter;
 
 typedef struct {
   char name[80];
-  time_t mtime;
+  struct timespec mtime;
   off_t size;
 } entry_stat;
 
 static int by_mtime(const void *a, const void *b) {
   const entry_stat *x = a, *y = b;
-  return (x->mtime > y->mtime) - (x->mtime < y->mtime);
+  if (x->mtime.tv_sec != y->mtime.tv_sec)
+    return (x->mtime.tv_sec > y->mtime.tv_sec) - (x->mtime.tv_sec < y->mtime.tv_sec);
+  return (x->mtime.tv_nsec > y->mtime.tv_nsec) - (x->mtime.tv_nsec < y->mtime.tv_nsec);
 }
 
-int64_t cpu_cache_limit_bytes(void) {
-  const char *env = getenv("KILN_CACHE_MAX_MB");
-  double mb = env && *env ? strtod(env, NULL) : 1024;
-  return mb > 0 ? (int64_t)(mb * 1024 * 1024) : (int64_t)1024 << 20;
-}
-
-void cpu_cache_trim(const char *dir, int64_t limit) {
+int64_t cpu_cache_trim(const char *dir, int64_t limit) {
   DIR *d = opendir(dir);
-  if (!d) return;
+  if (!d) return 0;
+  int dfd = dirfd(d);
   entry_stat *es = NULL;
   int n = 0, cap = 0;
   int64_t total = 0;
   time_t now = time(NULL);
-  char path[4400];
   for (struct dirent *de; (de = readdir(d));) {
     const char *nm = de->d_name;
     size_t len = strlen(nm);
     bool tmp = strstr(nm, ".kco.tmp-") != NULL, entry = len > 4 && !strcmp(nm + len - 4, ".kco");
     struct stat st;
     if ((!tmp && !entry) || len >= sizeof es->name) continue;
-    snprintf(path, sizeof path, "%s/%s", dir, nm);
-    if (lstat(path, &st) || !S_ISREG(st.st_mode)) continue;
+    if (fstatat(dfd, nm, &st, AT_SYMLINK_NOFOLLOW)) continue;
     if (tmp) {
-      if (now - st.st_mtime > 3600) unlink(path);
+      if (S_ISREG(st.st_mode) && now - st.st_mtime > 3600) unlinkat(dfd, nm, 0);
       continue;
     }
     if (n == cap) {
@@ -388,22 +455,50 @@ void cpu_cache_trim(const char *dir, int64_t limit) {
       if (!q) break;
       es = q;
     }
+    /* a link or FIFO named like an entry is never read; it goes first */
+    bool odd = !S_ISREG(st.st_mode);
     snprintf(es[n].name, sizeof es[n].name, "%s", nm);
-    es[n].mtime = st.st_mtime;
-    es[n].size = st.st_size;
-    total += st.st_size;
+    es[n].mtime = odd ? (struct timespec){0, 0} : st.st_mtim;
+    es[n].size = odd ? 0 : st.st_size;
+    total += es[n].size;
     n++;
   }
-  closedir(d);
   if (total > limit) {
     qsort(es, (size_t)n, sizeof *es, by_mtime);
     for (int i = 0; i < n && total > limit - limit / 10; i++) { /* down to 90%: not again at the next store */
-      snprintf(path, sizeof path, "%s/%s", dir, es[i].name);
-      if (!unlink(path)) total -= es[i].size;
-      if (cpu_cache_log()) fprintf(stderr, "kiln: cache: trimmed %s\n", path);
+      if (!unlinkat(dfd, es[i].name, 0)) total -= es[i].size;
+      if (cpu_cache_log()) fprintf(stderr, "kiln: cache: trimmed %s/%s\n", dir, es[i].name);
     }
   }
+  closedir(d);
   free(es);
+  return total;
+}
+
+/* What this process knows of the directory it stores into: the bytes of
+ * its entries at the last scan plus what it stored since. Other processes'
+ * stores are not counted, so a scan also comes after this one wrote a tenth
+ * of the bound. */
+static struct {
+  pthread_mutex_t lock;
+  char dir[4096];
+  int64_t limit, total, since_scan;
+  bool known;
+} usage = {PTHREAD_MUTEX_INITIALIZER, "", 0, 0, 0, false};
+
+static void account(const char *dir, int64_t bytes) {
+  int64_t limit = cpu_cache_limit_bytes();
+  pthread_mutex_lock(&usage.lock);
+  bool same = usage.known && usage.limit == limit && !strcmp(usage.dir, dir);
+  if (same) usage.total += bytes, usage.since_scan += bytes;
+  if (!same || usage.total > limit || usage.since_scan > limit / 10) {
+    usage.total = cpu_cache_trim(dir, limit);
+    usage.since_scan = 0;
+    usage.limit = limit;
+    usage.known = strlen(dir) < sizeof usage.dir;
+    if (usage.known) memcpy(usage.dir, dir, strlen(dir) + 1);
+  }
+  pthread_mutex_unlock(&usage.lock);
 }
 
 int cpu_cache_store(const char *dir, const uint8_t key[16], const char *meta, const cpu_cache_entry *e) {
@@ -415,6 +510,12 @@ int cpu_cache_store(const char *dir, const uint8_t key[16], const char *meta, co
   memcpy(h.key, key, 16);
   h.len[0] = strlen(meta), h.len[1] = e->info_len, h.len[2] = e->obj_len, h.len[3] = e->bc_len;
   size_t total = sizeof h + (size_t)(h.len[0] + h.len[1] + h.len[2] + h.len[3]);
+  if ((uint64_t)total > (uint64_t)entry_max_bytes()) {
+    if (cpu_cache_log())
+      fprintf(stderr, "kiln: cache: %s: an entry of %zu bytes is over the bound; not cached\n", dir, total);
+    account(dir, 0); /* a new, smaller bound still trims what is there */
+    return -1;
+  }
   unsigned char *file = malloc(total);
   if (!file) return -1;
   unsigned char *at = file + sizeof h;
@@ -427,16 +528,8 @@ int cpu_cache_store(const char *dir, const uint8_t key[16], const char *meta, co
 
   char path[4200], tmp[4300];
   entry_path(path, sizeof path, dir, key);
-  int fd = -1;
-  const char *why = make_dirs(dir) ? "cannot create the directory" : NULL;
-  for (int tries = 0; !why && fd < 0 && tries < 8; tries++) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t r = fmix64((uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32) ^ atomic_fetch_add(&tmp_counter, 1));
-    snprintf(tmp, sizeof tmp, "%s.tmp-%ld-%016llx", path, (long)getpid(), (unsigned long long)r);
-    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0 && errno != EEXIST) why = "cannot create a file";
-  }
+  const char *why = files_mkdirs(dir, 0700) ? "cannot create the directory" : NULL;
+  int fd = why ? -1 : files_open_temp(path, tmp, sizeof tmp, 0600);
   if (!why && fd < 0) why = "cannot create a file";
   if (!why) {
     if (write_all(fd, file, total)) why = "cannot write";
@@ -451,7 +544,7 @@ int cpu_cache_store(const char *dir, const uint8_t key[16], const char *meta, co
     return -1;
   }
   if (cpu_cache_log()) fprintf(stderr, "kiln: cache: stored %s\n", path);
-  cpu_cache_trim(dir, cpu_cache_limit_bytes());
+  account(dir, (int64_t)total);
   return 0;
 }
 

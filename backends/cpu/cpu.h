@@ -163,8 +163,10 @@ typedef struct cpu_cache_entry {
  * for a malformed buffer. */
 KILN_EXPORT void *cpu_parts_pack(int n, const void *const *data, const size_t *len, size_t *out_len);
 KILN_EXPORT int cpu_parts_unpack(const void *buf, size_t len, int max, const void **data, size_t *lens);
-/* The cache directory into buf; false when the cache is off. */
-bool cpu_cache_dir(char *buf, size_t n);
+/* The cache directory into buf (created, 0700, if missing); false when the
+ * cache is off, or the directory may not hold code we run: not this user's,
+ * or writable by others (said once on stderr), or it cannot be made. */
+KILN_EXPORT bool cpu_cache_dir(char *buf, size_t n);
 /* KILN_LOG names "cache". */
 bool cpu_cache_log(void);
 /* Identifies the build of this library (a line of text). */
@@ -176,16 +178,23 @@ void cpu_hash128(const void *data, size_t len, uint8_t out[16]);
 int cpu_cache_key(const ir_func *f, const char *meta, uint8_t key[16]);
 /* 1: a valid entry for key and meta, in e; 0: none; -1: a corrupt or stale
  * one (to be rebuilt). Never an error. */
-int cpu_cache_load(const char *dir, const uint8_t key[16], const char *meta, cpu_cache_entry *e);
-void cpu_cache_entry_free(cpu_cache_entry *e);
-/* Writes an entry atomically (a temporary file renamed into place),
- * creating dir as needed. 0, or -1 when it could not (never an error). */
-int cpu_cache_store(const char *dir, const uint8_t key[16], const char *meta, const cpu_cache_entry *e);
+KILN_EXPORT int cpu_cache_load(const char *dir, const uint8_t key[16], const char *meta, cpu_cache_entry *e);
+KILN_EXPORT void cpu_cache_entry_free(cpu_cache_entry *e);
+/* Writes an entry atomically (a temporary file, 0600, renamed into place),
+ * creating dir as needed; an entry over the bound (below) is not stored. 0,
+ * or -1 when it could not (never an error). Trims dir when the bytes it
+ * stored pass the bound or a tenth of it since the last scan (amortized
+ * O(1) per store). */
+KILN_EXPORT int cpu_cache_store(const char *dir, const uint8_t key[16], const char *meta, const cpu_cache_entry *e);
 /* Deletes the least recently used entries of dir until they total at most
  * 90% of limit bytes (when they exceed limit), and temporary files older
- * than an hour. cpu_cache_store calls it with cpu_cache_limit_bytes(). */
-KILN_EXPORT void cpu_cache_trim(const char *dir, int64_t limit);
-KILN_EXPORT int64_t cpu_cache_limit_bytes(void); /* KILN_CACHE_MAX_MB, default 1024 MB */
+ * than an hour. Returns the bytes of the entries left. */
+KILN_EXPORT int64_t cpu_cache_trim(const char *dir, int64_t limit);
+/* KILN_CACHE_MAX_MB in bytes: default 1024 MB; a value that is not a
+ * positive number is said once on stderr and the default is used; one over
+ * 2^40 MB (inf, 1e13) is said once and clamped. An entry holds at most the
+ * smaller of this and 256 MB. */
+KILN_EXPORT int64_t cpu_cache_limit_bytes(void);
 
 #ifdef __cplusplus
 }

@@ -5,7 +5,11 @@
  * hash of the printed IR with its callees, the architecture, the LLVM
  * version and the build of the library. The plan itself is cheap and made
  * on every compile; a hit skips LLVM. An entry that does not fit the plan
- * is a miss (and is rewritten); nothing here fails a compile. */
+ * is a miss (and is rewritten); nothing here fails a compile. PTX is code
+ * that runs, so the CPU cache's rules hold through the same functions: a
+ * private directory of this user's, entries read only as regular files of
+ * ours (no links, no FIFOs) of a sane size, stores atomic and 0600, trimming
+ * amortized. */
 #include <llvm-c/Core.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -9,8 +9,11 @@
 // Part of the cuda_runtime_test executable (its main points the runtime at
 // the fake driver).
 #include <dlfcn.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <gmock/gmock.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -681,6 +684,57 @@ TEST(CudaPtxCache, CorruptEntriesAreRebuilt) {
     expect_same_plan(cold, p);
     cuda_program_free(p);
   }
+  cuda_program_free(cold);
+  ir_module_free(m);
+}
+
+// PTX is code that runs: the PTX cache reads through the CPU cache's safe
+// open, so a FIFO named like an entry (it hung every process: an alarm
+// kills this one if it still does), or a link to a valid entry, is a miss
+// that the store replaces with a regular file; a directory others may
+// write is no cache, said once.
+TEST(CudaPtxCache, OnlyRegularEntriesInAPrivateDirectory) {
+  GpuTest s;
+  Scoped sc;
+  CacheEnv env("");
+  ir_module *m = ir_parse(kCacheProg, "cache.kir");
+  ASSERT_NE(m, nullptr) << error();
+  const ir_func *f = m->funcs[0];
+  cuda_program *cold = cuda_compile(f, "sm_90");
+  ASSERT_NE(cold, nullptr) << error();
+  ASSERT_EQ(env.entries().size(), 1u);
+  std::string path = env.entries()[0], copy = env.dir + "/copy";
+  fs::copy_file(path, copy);
+  for (int how = 0; how < 2; how++) {
+    SCOPED_TRACE(how == 0 ? "a FIFO" : "a link to a valid entry");
+    ASSERT_EQ(unlink(path.c_str()), 0);
+    ASSERT_EQ(how == 0 ? mkfifo(path.c_str(), 0600) : symlink(copy.c_str(), path.c_str()), 0);
+    alarm(60);
+    cuda_program *p = cuda_compile(f, "sm_90");
+    alarm(0);
+    ASSERT_NE(p, nullptr) << error();
+    EXPECT_FALSE(cuda_program_from_cache(p));
+    cuda_program_free(p);
+    struct stat st;
+    ASSERT_EQ(lstat(path.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISREG(st.st_mode));
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+  }
+  std::string open_dir = env.dir + "/open";
+  ASSERT_EQ(mkdir(open_dir.c_str(), 0700), 0);
+  ASSERT_EQ(chmod(open_dir.c_str(), 0777), 0);
+  EnvGuard g("KILN_CACHE_DIR", open_dir.c_str());
+  testing::internal::CaptureStderr();
+  for (int k = 0; k < 2; k++) {
+    cuda_program *p = cuda_compile(f, "sm_90");
+    ASSERT_NE(p, nullptr) << error();
+    EXPECT_FALSE(cuda_program_from_cache(p));
+    cuda_program_free(p);
+  }
+  std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_THAT(err, HasSubstr(open_dir + ": writable by others"));
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+  EXPECT_TRUE(fs::is_empty(open_dir));
   cuda_program_free(cold);
   ir_module_free(m);
 }
