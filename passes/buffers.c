@@ -184,7 +184,7 @@ int kiln_pass_buffers(ir_func *f) {
     const ir_instr *ins = &f->instrs[i];
     for (int k = 0; k < ins->n_out; k++) {
       ir_value o = ins->out + k;
-      if (!is_temporary(f, is_result, o) || is_alias(f, is_result, o)) continue;
+      if (!is_temporary(f, is_result, o) || ir_alias_base(f, o) != o) continue;
       for (int j = 0; j < ins->n_in; j++) {
         ir_value x = ins->in[j], b = ir_alias_base(f, x); /* x's bytes are b's */
         if (!is_temporary(f, is_result, b) || last[x] != i || taken[root[b]] ||
@@ -203,8 +203,8 @@ int kiln_pass_buffers(ir_func *f) {
   int nb = 0;
   for (int v = 0; v < nv; v++) {
     buf_of[v] = -1;
-    if (is_alias(f, is_result, v)) { /* a view lives in its base's buffer, returned or not */
-      buf_of[v] = buf_of[ir_alias_base(f, v)];
+    if (ir_alias_base(f, v) != v) { /* a view lives where its base does, returned or not */
+      if (is_alias(f, is_result, v)) buf_of[v] = buf_of[ir_alias_base(f, v)];
       continue;
     }
     if (!is_temporary(f, is_result, v)) continue;

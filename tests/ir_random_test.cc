@@ -507,14 +507,37 @@ bool in_place_ok(const ir_func *f, const ir_instr &ins, ir_value x, int64_t n) {
 // result exactly over an operand that dies at it and in_place_ok says so.
 // (The poisoned interpreter cannot see an unsafe in-place write: it reads
 // every operand before it writes.)
+//
+// Views (identity, stop_gradient, reshape) are compiled as aliases of their
+// base, so the plan must give a view its base's bytes, and the bytes of a
+// base stay live for as long as any alias is read, or to the end when an
+// alias is returned (results that are views of temporaries are copied out
+// after the last instruction).
+ir_value view_base(const ir_func *f, ir_value v) {
+  for (;;) {
+    const ir_instr *d = f->def[v] >= 0 ? &f->instrs[f->def[v]] : nullptr;
+    if (!d || kiln_ops[d->op].kind != OPK_VIEW) return v;
+    v = d->in[0];
+  }
+}
+
 std::string plan_problem(const ir_func *f) {
   if (!f->buf_offset) return "";
   int n = f->n_values;
   std::vector<int> last((size_t)n);
-  std::vector<char> outside((size_t)n, 0);
+  std::vector<char> outside((size_t)n, 0), returned((size_t)n, 0);
   for (int v = 0; v < n; v++) last[(size_t)v] = f->def[v];
   for (int i = 0; i < f->n_instrs; i++)
     for (int k = 0; k < f->instrs[i].n_in; k++) last[(size_t)f->instrs[i].in[k]] = i;
+  for (int r = 0; r < f->n_results; r++) returned[(size_t)f->results[r]] = 1;
+  // the bytes of a base: live to the last read of any alias, or the end
+  std::vector<int> group_last(last);
+  for (int v = 0; v < n; v++) {
+    ir_value b = view_base(f, v);
+    int end = returned[(size_t)v] && b != v ? f->n_instrs : last[(size_t)v];
+    group_last[(size_t)b] = std::max(group_last[(size_t)b], end);
+  }
+  for (int v = 0; v < n; v++) last[(size_t)v] = group_last[(size_t)view_base(f, v)];
   for (int v = 0; v < f->n_params; v++) outside[(size_t)v] = 1;
   for (int r = 0; r < f->n_results; r++) outside[(size_t)f->results[r]] = 1;
   for (int i = 0; i < f->n_instrs; i++)
@@ -522,8 +545,12 @@ std::string plan_problem(const ir_func *f) {
   auto name = [&](ir_value v) { return "value " + std::to_string(v); };
   for (ir_value v = 0; v < n; v++) {
     int64_t off = f->buf_offset[v], bytes = ir_type_bytes(&f->types[v]);
+    ir_value b = view_base(f, v);
+    if (b != v && !outside[(size_t)b] && off != f->buf_offset[b])
+      return name(v) + " is a view of " + name(b) + " but not at its offset";
     if (off < 0) continue;
-    if (outside[(size_t)v]) return name(v) + " (a parameter, result or constant) is in the arena";
+    if (b != v && outside[(size_t)b]) return name(v) + " is a view of a parameter, result or constant but in the arena";
+    if (outside[(size_t)v] && b == v) return name(v) + " (a parameter, result or constant) is in the arena";
     if (off + bytes > f->arena_bytes) return name(v) + " does not fit in the arena";
   }
   for (ir_value u = 0; u < n; u++) {
@@ -531,6 +558,7 @@ std::string plan_problem(const ir_func *f) {
       int64_t ou = f->buf_offset[u], ov = f->buf_offset[v];
       int64_t bu = ir_type_bytes(&f->types[u]), bv = ir_type_bytes(&f->types[v]);
       if (ou < 0 || ov < 0 || !bu || !bv || ou + bu <= ov || ov + bv <= ou) continue;  // no shared byte
+      if (view_base(f, u) == view_base(f, v)) continue;  // one of them a view of the other
       ir_value a = f->def[u] <= f->def[v] ? u : v, b = a == u ? v : u;  // a made first
       if (last[(size_t)a] < f->def[b]) continue;  // a is dead before b is made
       const ir_instr &at = f->instrs[f->def[b]];
