@@ -12,6 +12,7 @@
 #include "autodiff.h"
 #include "function.h"
 #include "../passes/buffers.h"
+#include "../lib/variable.h"
 
 typedef struct {
   uint8_t dtype, device;
@@ -257,22 +258,44 @@ fail:
   return NULL;
 }
 
+/* The variables fn writes, locked in increasing id (no two calls can wait
+ * for each other), into locked[0 .. n_writes). */
+static void lock_writes(const traced_fn *fn, kiln_variable **locked) {
+  for (int w = 0; w < fn->n_writes; w++) {
+    kiln_variable *v = fn->vars[fn->writes[w]];
+    int j = w;
+    for (; j > 0 && variable_id(locked[j - 1]) > variable_id(v); j--) locked[j] = locked[j - 1];
+    locked[j] = v;
+  }
+  for (int w = 0; w < fn->n_writes; w++) variable_lock(locked[w]);
+}
+
 /* Runs a trace: explicit inputs, captures, variables' current values; the
  * IR's random instructions draw fresh blocks of the global stream, in
- * program order, as the eager body would. Variable writes land after. */
+ * program order, as the eager body would. Variable writes land after.
+ * The variables the call writes stay locked from the read of their values
+ * to the write of the results (API.md §8): concurrent calls lose no update. */
 static int run_trace(const cached_trace *c, int n_in, kiln_tensor *const *in, kiln_tensor **out) {
   const traced_fn *fn = &c->fn;
   int np = fn->func->n_params, nr = fn->func->n_results, rc;
   kiln_tensor *small[16], **args = np + nr <= 16 ? small : malloc((size_t)(np + nr) * sizeof *args);
-  if (!args) return kiln_set_error("function_call: out of memory");
+  kiln_variable *small_l[8], **locked = fn->n_writes <= 8 ? small_l : malloc((size_t)fn->n_writes * sizeof *locked);
+  if (!args || !locked) {
+    if (args != small) free(args);
+    if (locked != small_l) free(locked);
+    return kiln_set_error("function_call: out of memory");
+  }
   kiln_tensor **res = args + np;
   for (int i = 0; i < n_in; i++) args[i] = in[i];
   for (int i = 0; i < fn->n_caps; i++) args[n_in + i] = fn->caps[i];
-  for (int i = 0; i < fn->n_vars; i++) args[n_in + fn->n_caps + i] = kiln_retain(variable_value(fn->vars[i]));
+  lock_writes(fn, locked);
+  /* a written variable's value under its lock (held: the locks are recursive) */
+  for (int i = 0; i < fn->n_vars; i++) args[n_in + fn->n_caps + i] = variable_acquire(fn->vars[i]);
   /* A variable assigned here whose value nothing else holds (the variable
    * and args[] are its only references, and it is no view) gives its
    * buffer up: the new value may be written over the old in place, as
-   * XLA does with donated buffers. */
+   * XLA does with donated buffers. Race-free: the variable is locked, and
+   * a new reference to its value is only ever taken under its lock. */
   bool small_d[16], *donate = NULL;
   if (fn->n_writes && fn->cpu) {
     donate = np <= 16 ? small_d : calloc((size_t)np, sizeof *donate);
@@ -287,14 +310,17 @@ static int run_trace(const cached_trace *c, int n_in, kiln_tensor *const *in, ki
   if (donate != small_d) free(donate);
   int n_out = nr - fn->n_writes;
   if (!rc) {
-    for (int w = 0; w < fn->n_writes; w++) variable_set_value(fn->vars[fn->writes[w]], kiln_retain(res[n_out + w]));
+    for (int w = 0; w < fn->n_writes; w++)
+      variable_set_value_locked(fn->vars[fn->writes[w]], kiln_retain(res[n_out + w]));
     for (int k = 0; k < n_out; k++) kiln_retain(res[k]);
   }
+  for (int w = fn->n_writes; w-- > 0;) variable_unlock(locked[w]);
   kiln_scope_pop();
   if (!rc)
     for (int k = 0; k < n_out; k++) out[k] = scope_own(res[k]);
   for (int i = 0; i < fn->n_vars; i++) kiln_release(args[n_in + fn->n_caps + i]);
   if (args != small) free(args);
+  if (locked != small_l) free(locked);
   return rc;
 }
 
@@ -666,7 +692,7 @@ int kiln_function_call(kiln_function *f, kiln_tensor *const *in, kiln_tensor **o
   if (!c) return -1;
   if (KILN_UNLIKELY(tape_active_count))
     for (int i = 0; i < c->fn.n_vars; i++) {
-      kiln_tensor *v = variable_value(c->fn.vars[i]);
+      const kiln_tensor *v = variable_type(c->fn.vars[i]);
       if (v->dtype == KILN_F32 || v->dtype == KILN_F64)
         return kiln_set_error("%s: @%s: reads variable '%s' while a gradient tape is active; gradients "
                               "through staged functions reach their explicit inputs only (pass the "
