@@ -20,7 +20,7 @@ namespace {
 
 using namespace kiln_test;
 
-constexpr int64_t kLen = 1024; // big enough for the compiled kernel to take a while
+constexpr int64_t kLen = 1 << 16; // each update takes a while: threads overlap inside it
 
 // v += in[0]; returns -in[0] (the output does not alias the variable)
 int add_to_var(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
@@ -60,18 +60,24 @@ VD var_values(kiln_variable *v) {
   return out;
 }
 
-// runs body(t) on n threads and joins them
+// runs body(t) on n threads, started together, and joins them
 template <typename F>
 void on_threads(int n, F body) {
+  std::atomic<int> waiting{n};
   std::vector<std::thread> ts;
-  for (int t = 0; t < n; t++) ts.emplace_back(body, t);
+  for (int t = 0; t < n; t++)
+    ts.emplace_back([&, t] {
+      waiting--;
+      while (waiting.load() > 0) std::this_thread::yield();
+      body(t);
+    });
   for (auto &th : ts) th.join();
 }
 
 class ThreadsStaged : public ::testing::TestWithParam<int> {};
 
 TEST_P(ThreadsStaged, AssignAddLosesNoUpdate) {
-  const int n_threads = GetParam(), calls = 150;
+  const int n_threads = GetParam(), calls = 100;
   Scoped s;
   Owned own;
   kiln_variable *v = own.var(kiln_zeros(KILN_F32, 1, &kLen), "acc");
@@ -98,7 +104,7 @@ TEST_P(ThreadsStaged, AssignAddLosesNoUpdate) {
 // Every call's result is the variable after exactly its own update: the
 // results of all calls are 1, 2, ..., threads * calls, each once, each whole.
 TEST_P(ThreadsStaged, EachCallSeesItsOwnUpdate) {
-  const int n_threads = GetParam(), calls = 100;
+  const int n_threads = GetParam(), calls = 60;
   Scoped s;
   Owned own;
   kiln_variable *v = own.var(kiln_zeros(KILN_F64, 1, &kLen), "acc");
@@ -141,7 +147,7 @@ TEST(Threads, EagerAssignAddLosesNoUpdate) {
   Scoped s;
   Owned own;
   kiln_variable *v = own.var(kiln_zeros(KILN_F32, 1, &kLen), "acc");
-  const int n_threads = 4, calls = 300;
+  const int n_threads = 4, calls = 200;
   std::vector<int> bad(n_threads, 0);
   on_threads(n_threads, [&](int t) {
     kiln_scope_push();
