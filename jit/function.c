@@ -258,16 +258,37 @@ fail:
   return NULL;
 }
 
-/* The variables fn writes, locked in increasing id (no two calls can wait
- * for each other), into locked[0 .. n_writes). */
-static void lock_writes(const traced_fn *fn, kiln_variable **locked) {
-  for (int w = 0; w < fn->n_writes; w++) {
-    kiln_variable *v = fn->vars[fn->writes[w]];
-    int j = w;
-    for (; j > 0 && variable_id(locked[j - 1]) > variable_id(v); j--) locked[j] = locked[j - 1];
-    locked[j] = v;
+/* A variable of a trace, in the order calls lock them. */
+typedef struct {
+  uint64_t id;
+  int var;      /* index into fn->vars */
+  bool written; /* the call writes it: its lock is held to the end of the call */
+} var_ref;
+
+static int by_id(const void *a, const void *b) {
+  uint64_t x = ((const var_ref *)a)->id, y = ((const var_ref *)b)->id;
+  return (x > y) - (x < y);
+}
+
+/* Takes fn's variables' values into vals. Every variable is locked in
+ * increasing id, so no two calls wait for each other (a call that reads u
+ * and writes v runs beside one that reads v and writes u); the locks of
+ * the variables fn writes stay held (see unlock_writes). */
+static void acquire_vars(const traced_fn *fn, var_ref *order, kiln_tensor **vals) {
+  for (int i = 0; i < fn->n_vars; i++) order[i] = (var_ref){variable_id(fn->vars[i]), i, false};
+  for (int w = 0; w < fn->n_writes; w++) order[fn->writes[w]].written = true;
+  if (fn->n_vars > 1) qsort(order, (size_t)fn->n_vars, sizeof *order, by_id);
+  for (int k = 0; k < fn->n_vars; k++) {
+    kiln_variable *v = fn->vars[order[k].var];
+    variable_lock(v);
+    vals[order[k].var] = kiln_retain(variable_value_locked(v));
+    if (!order[k].written) variable_unlock(v);
   }
-  for (int w = 0; w < fn->n_writes; w++) variable_lock(locked[w]);
+}
+
+static void unlock_writes(const traced_fn *fn, const var_ref *order) {
+  for (int k = fn->n_vars; k-- > 0;)
+    if (order[k].written) variable_unlock(fn->vars[order[k].var]);
 }
 
 /* Runs a trace: explicit inputs, captures, variables' current values; the
@@ -279,18 +300,16 @@ static int run_trace(const cached_trace *c, int n_in, kiln_tensor *const *in, ki
   const traced_fn *fn = &c->fn;
   int np = fn->func->n_params, nr = fn->func->n_results, rc;
   kiln_tensor *small[16], **args = np + nr <= 16 ? small : malloc((size_t)(np + nr) * sizeof *args);
-  kiln_variable *small_l[8], **locked = fn->n_writes <= 8 ? small_l : malloc((size_t)fn->n_writes * sizeof *locked);
-  if (!args || !locked) {
+  var_ref small_o[8], *order = fn->n_vars <= 8 ? small_o : malloc((size_t)fn->n_vars * sizeof *order);
+  if (!args || !order) {
     if (args != small) free(args);
-    if (locked != small_l) free(locked);
+    if (order != small_o) free(order);
     return kiln_set_error("function_call: out of memory");
   }
   kiln_tensor **res = args + np;
   for (int i = 0; i < n_in; i++) args[i] = in[i];
   for (int i = 0; i < fn->n_caps; i++) args[n_in + i] = fn->caps[i];
-  lock_writes(fn, locked);
-  /* a written variable's value under its lock (held: the locks are recursive) */
-  for (int i = 0; i < fn->n_vars; i++) args[n_in + fn->n_caps + i] = variable_acquire(fn->vars[i]);
+  acquire_vars(fn, order, args + n_in + fn->n_caps);
   /* A variable assigned here whose value nothing else holds (the variable
    * and args[] are its only references, and it is no view) gives its
    * buffer up: the new value may be written over the old in place, as
@@ -314,13 +333,13 @@ static int run_trace(const cached_trace *c, int n_in, kiln_tensor *const *in, ki
       variable_set_value_locked(fn->vars[fn->writes[w]], kiln_retain(res[n_out + w]));
     for (int k = 0; k < n_out; k++) kiln_retain(res[k]);
   }
-  for (int w = fn->n_writes; w-- > 0;) variable_unlock(locked[w]);
+  unlock_writes(fn, order);
   kiln_scope_pop();
   if (!rc)
     for (int k = 0; k < n_out; k++) out[k] = scope_own(res[k]);
   for (int i = 0; i < fn->n_vars; i++) kiln_release(args[n_in + fn->n_caps + i]);
   if (args != small) free(args);
-  if (locked != small_l) free(locked);
+  if (order != small_o) free(order);
   return rc;
 }
 

@@ -237,6 +237,45 @@ TEST(Threads, AHeldReadKeepsItsValue) {
   kiln_function_free(f);
 }
 
+struct Pair {
+  kiln_variable *read, *write;
+};
+
+// write += read * 0 + 1: reads one variable, writes another
+int cross(void *user, int, kiln_tensor *const *, int, kiln_tensor **out) {
+  Pair *p = (Pair *)user;
+  kiln_tensor *r = kiln_variable_read(p->read);
+  kiln_tensor *d = r ? kiln_add(kiln_mul(r, kiln_scalar(KILN_F32, 0)), kiln_scalar(KILN_F32, 1)) : nullptr;
+  if (!d || kiln_variable_assign_add(p->write, d)) return -1;
+  out[0] = kiln_variable_read(p->write);
+  return out[0] ? 0 : -1;
+}
+
+// One call reads u and writes v while another reads v and writes u: neither
+// waits for the other for ever (variables are locked in one order).
+TEST(Threads, CallsReadingWhatTheOtherWritesDoNotDeadlock) {
+  Scoped s;
+  Owned own;
+  kiln_variable *u = own.var(kiln_zeros(KILN_F32, 1, &kLen), "u"), *v = own.var(kiln_zeros(KILN_F32, 1, &kLen), "v");
+  Pair uv = {u, v}, vu = {v, u};
+  kiln_function *f[2] = {kiln_function_new("u_to_v", cross, &uv, 0, 1), kiln_function_new("v_to_u", cross, &vu, 0, 1)};
+  const int calls = 60;
+  std::vector<int> bad(2, 0);
+  on_threads(2, [&](int t) {
+    for (int i = 0; i < calls; i++) {
+      kiln_scope_push();
+      kiln_tensor *out = nullptr;
+      if (kiln_function_call(f[t], nullptr, &out)) bad[t]++;
+      kiln_scope_pop();
+    }
+  });
+  EXPECT_EQ(bad, std::vector<int>(2, 0)) << kiln_last_error();
+  EXPECT_EQ(var_values(u), VD(kLen, calls));
+  EXPECT_EQ(var_values(v), VD(kLen, calls));
+  kiln_function_free(f[0]);
+  kiln_function_free(f[1]);
+}
+
 // ---- training from two threads ----
 
 struct Linear {
