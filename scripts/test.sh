@@ -217,8 +217,9 @@ fi
 # ---------------------------------------------------------------------------
 section "ThreadSanitizer build (build-tsan/): the threaded tests"
 # Only the test binary, and only the tests that share variables, functions
-# and optimizers between threads (about N minutes on 2 cores, most of it the
-# build). Any report fails the stage (halt_on_error); tests/tsan.supp lists
+# and optimizers between threads: measured on 2 cores shared with other jobs
+# (load 10-16), a fresh build 22 min and the tests 60 s; an idle machine
+# takes a fraction of that. Any report fails the stage (halt_on_error); tests/tsan.supp lists
 # the benign reports of code TSan cannot see into, each with its reason.
 tsan_filter='Threads*:Staging.Concurrent*'
 if configure build-tsan -DKILN_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_NATIVE=ON &&
