@@ -73,7 +73,8 @@ run_ctest() {
 # run_gtest BINARY FILTER: runs the tests of one GoogleTest binary that FILTER
 # names and adds their counts to the totals. A run that ends before gtest's
 # summary (a sanitizer's report with halt_on_error, a crash) counts as one
-# failure, as does a non-zero exit with no failed test.
+# failure, as do a filter that matches nothing and a non-zero exit with no
+# failed test.
 run_gtest() {
   local bin=$1 filter=$2 log
   log=$(mktemp)
@@ -89,6 +90,10 @@ run_gtest() {
   fi
   np=${np:-0}
   nf=${nf:-0}
+  if [ $((np + nf)) -eq 0 ]; then
+    fail "$bin --gtest_filter='$filter' matched no test"
+    return
+  fi
   passed=$((passed + np))
   failed=$((failed + nf))
   [ "$nf" -eq 0 ] || failures+=("$nf test(s) of $bin --gtest_filter='$filter'")
