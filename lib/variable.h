@@ -6,8 +6,8 @@
  * Threads (API.md §8): a variable's value is replaced only under the
  * variable's lock, and a reference to it is taken only under that lock, so
  * a reader holds either the old or the new value, never a freed one. A
- * staged call that writes variables locks them, in the order of their ids,
- * from the read of their values to the write of its results. */
+ * staged call locks its variables in increasing id; those it writes stay
+ * locked from the read of their values to the write of its results. */
 #ifndef KILN_VARIABLE_H
 #define KILN_VARIABLE_H
 
