@@ -12,6 +12,7 @@
 #include "autodiff.h"
 #include "function.h"
 #include "../passes/buffers.h"
+#include "../lib/variable.h"
 
 typedef struct {
   uint8_t dtype, device;
@@ -257,22 +258,63 @@ fail:
   return NULL;
 }
 
+/* A variable of a trace, in the order calls lock them. */
+typedef struct {
+  uint64_t id;
+  int var;      /* index into fn->vars */
+  bool written; /* the call writes it: its lock is held to the end of the call */
+} var_ref;
+
+static int by_id(const void *a, const void *b) {
+  uint64_t x = ((const var_ref *)a)->id, y = ((const var_ref *)b)->id;
+  return (x > y) - (x < y);
+}
+
+/* Takes fn's variables' values into vals. Every variable is locked in
+ * increasing id, so no two calls wait for each other (a call that reads u
+ * and writes v runs beside one that reads v and writes u); the locks of
+ * the variables fn writes stay held (see unlock_writes). */
+static void acquire_vars(const traced_fn *fn, var_ref *order, kiln_tensor **vals) {
+  for (int i = 0; i < fn->n_vars; i++) order[i] = (var_ref){variable_id(fn->vars[i]), i, false};
+  for (int w = 0; w < fn->n_writes; w++) order[fn->writes[w]].written = true;
+  if (fn->n_vars > 1) qsort(order, (size_t)fn->n_vars, sizeof *order, by_id);
+  for (int k = 0; k < fn->n_vars; k++) {
+    kiln_variable *v = fn->vars[order[k].var];
+    variable_lock(v);
+    vals[order[k].var] = kiln_retain(variable_value_locked(v));
+    if (!order[k].written) variable_unlock(v);
+  }
+}
+
+static void unlock_writes(const traced_fn *fn, const var_ref *order) {
+  for (int k = fn->n_vars; k-- > 0;)
+    if (order[k].written) variable_unlock(fn->vars[order[k].var]);
+}
+
 /* Runs a trace: explicit inputs, captures, variables' current values; the
  * IR's random instructions draw fresh blocks of the global stream, in
- * program order, as the eager body would. Variable writes land after. */
+ * program order, as the eager body would. Variable writes land after.
+ * The variables the call writes stay locked from the read of their values
+ * to the write of the results (API.md §8): concurrent calls lose no update. */
 static int run_trace(const cached_trace *c, int n_in, kiln_tensor *const *in, kiln_tensor **out) {
   const traced_fn *fn = &c->fn;
   int np = fn->func->n_params, nr = fn->func->n_results, rc;
   kiln_tensor *small[16], **args = np + nr <= 16 ? small : malloc((size_t)(np + nr) * sizeof *args);
-  if (!args) return kiln_set_error("function_call: out of memory");
+  var_ref small_o[8], *order = fn->n_vars <= 8 ? small_o : malloc((size_t)fn->n_vars * sizeof *order);
+  if (!args || !order) {
+    if (args != small) free(args);
+    if (order != small_o) free(order);
+    return kiln_set_error("function_call: out of memory");
+  }
   kiln_tensor **res = args + np;
   for (int i = 0; i < n_in; i++) args[i] = in[i];
   for (int i = 0; i < fn->n_caps; i++) args[n_in + i] = fn->caps[i];
-  for (int i = 0; i < fn->n_vars; i++) args[n_in + fn->n_caps + i] = kiln_retain(variable_value(fn->vars[i]));
+  acquire_vars(fn, order, args + n_in + fn->n_caps);
   /* A variable assigned here whose value nothing else holds (the variable
    * and args[] are its only references, and it is no view) gives its
    * buffer up: the new value may be written over the old in place, as
-   * XLA does with donated buffers. */
+   * XLA does with donated buffers. Race-free: the variable is locked, and
+   * a new reference to its value is only ever taken under its lock. */
   bool small_d[16], *donate = NULL;
   if (fn->n_writes && fn->cpu) {
     donate = np <= 16 ? small_d : calloc((size_t)np, sizeof *donate);
@@ -287,14 +329,17 @@ static int run_trace(const cached_trace *c, int n_in, kiln_tensor *const *in, ki
   if (donate != small_d) free(donate);
   int n_out = nr - fn->n_writes;
   if (!rc) {
-    for (int w = 0; w < fn->n_writes; w++) variable_set_value(fn->vars[fn->writes[w]], kiln_retain(res[n_out + w]));
+    for (int w = 0; w < fn->n_writes; w++)
+      variable_set_value_locked(fn->vars[fn->writes[w]], kiln_retain(res[n_out + w]));
     for (int k = 0; k < n_out; k++) kiln_retain(res[k]);
   }
+  unlock_writes(fn, order);
   kiln_scope_pop();
   if (!rc)
     for (int k = 0; k < n_out; k++) out[k] = scope_own(res[k]);
   for (int i = 0; i < fn->n_vars; i++) kiln_release(args[n_in + fn->n_caps + i]);
   if (args != small) free(args);
+  if (order != small_o) free(order);
   return rc;
 }
 
@@ -666,7 +711,7 @@ int kiln_function_call(kiln_function *f, kiln_tensor *const *in, kiln_tensor **o
   if (!c) return -1;
   if (KILN_UNLIKELY(tape_active_count))
     for (int i = 0; i < c->fn.n_vars; i++) {
-      kiln_tensor *v = variable_value(c->fn.vars[i]);
+      const kiln_tensor *v = variable_type(c->fn.vars[i]);
       if (v->dtype == KILN_F32 || v->dtype == KILN_F64)
         return kiln_set_error("%s: @%s: reads variable '%s' while a gradient tape is active; gradients "
                               "through staged functions reach their explicit inputs only (pass the "

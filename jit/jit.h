@@ -34,10 +34,8 @@ kiln_tensor *trace_variable_read(kiln_variable *v, const kiln_tensor *value);
  * each call of the staged function assigns it when it returns. current is v's
  * value now (for its type). 0 / -1. */
 int trace_variable_write(kiln_variable *v, const kiln_tensor *current, kiln_tensor *value);
-/* The variable's current value (variable.c); not retained. */
-kiln_tensor *variable_value(kiln_variable *v);
-/* Replaces v's value by value (a reference the variable takes over). */
-void variable_set_value(kiln_variable *v, kiln_tensor *value);
+/* A variable's value and type: lib/variable.h (read and replaced under the
+ * variable's lock). */
 
 /* A finished trace: the IR and what its implicit parameters are bound to.
  * Parameters: the explicit inputs, then caps (retained), then the values

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "jit.h"
+#include "../lib/variable.h"
 #include "cpu/cpu.h"
 #include "cuda/ptx.h"
 
@@ -320,7 +321,7 @@ int trace_call(const traced_fn *callee, int n_in, kiln_tensor *const *in, kiln_t
   rc = 0;
   for (int w = 0; w < callee->n_writes && !rc; w++) {
     kiln_variable *v = callee->vars[callee->writes[w]];
-    rc = trace_variable_write(v, variable_value(v), res[n_out + w]);
+    rc = trace_variable_write(v, variable_type(v), res[n_out + w]);
   }
 done:
   free(args);

@@ -7,18 +7,18 @@
 #include <stdlib.h>
 
 #include "autodiff.h"
+#include "variable.h"
 
 typedef enum { OPT_SGD, OPT_MOMENTUM, OPT_ADAM } opt_kind;
 
-/* Per-variable state, found by the variable's address. The dtype and shape
- * are kept so that a slot left by a freed variable is not inherited by a
- * different variable that happens to get the same address. */
+/* Per-variable state, found by the variable's id (never by its address:
+ * a new variable may get a freed one's). A variable's free drops its slots
+ * (opt_drop); the optimizer's free unlinks it from its variables. The table
+ * is read and changed under the variables' links lock (variable.h). */
 typedef struct {
-  const kiln_variable *var; /* NULL = empty bucket */
+  uint64_t id;              /* 0 = empty bucket */
+  kiln_variable *var;       /* alive while the slot is */
   kiln_variable *m, *v;     /* first moment (momentum, Adam), second moment (Adam) */
-  kiln_dtype dtype;
-  int rank;
-  int64_t shape[KILN_MAX_RANK];
 } slot;
 
 struct kiln_optimizer {
@@ -99,6 +99,10 @@ kiln_optimizer *kiln_adam_new(double learning_rate, double beta1, double beta2, 
 
 void kiln_optimizer_free(kiln_optimizer *o) {
   if (!o) return;
+  variable_links_lock(); /* from here no variable's free reaches o */
+  for (int64_t i = 0; i < o->cap; i++)
+    if (o->slots[i].id) variable_unlink(o->slots[i].var, o);
+  variable_links_unlock();
   for (int64_t i = 0; i < o->cap; i++) {
     kiln_variable_free(o->slots[i].m);
     kiln_variable_free(o->slots[i].v);
@@ -108,38 +112,64 @@ void kiln_optimizer_free(kiln_optimizer *o) {
   free(o);
 }
 
-/* ---- slots ---- */
+/* ---- slots (under the links lock) ---- */
 
-static uint64_t hash_ptr(const void *p) {
-  uint64_t h = (uint64_t)(uintptr_t)p;
+static uint64_t home(const kiln_optimizer *o, uint64_t id) {
+  uint64_t h = id;
   h ^= h >> 33;
   h *= 0xff51afd7ed558ccdull;
   h ^= h >> 33;
-  return h;
+  return h & (uint64_t)(o->cap - 1);
 }
 
-static slot *slot_find(kiln_optimizer *o, const kiln_variable *var) {
+static slot *slot_find(kiln_optimizer *o, uint64_t id) {
   if (!o->cap) return NULL;
-  for (uint64_t i = hash_ptr(var) & (uint64_t)(o->cap - 1);; i = (i + 1) & (uint64_t)(o->cap - 1)) {
-    if (o->slots[i].var == var) return &o->slots[i];
-    if (!o->slots[i].var) return NULL;
+  for (uint64_t i = home(o, id);; i = (i + 1) & (uint64_t)(o->cap - 1)) {
+    if (o->slots[i].id == id) return &o->slots[i];
+    if (!o->slots[i].id) return NULL;
   }
 }
 
 static int slots_grow(kiln_optimizer *o) {
-  int64_t cap = o->cap ? 2 * o->cap : 16;
-  slot *s = calloc((size_t)cap, sizeof *s);
+  int64_t old_cap = o->cap, cap = old_cap ? 2 * old_cap : 16;
+  slot *s = calloc((size_t)cap, sizeof *s), *old = o->slots;
   if (!s) return kiln_set_error("optimizer_apply: out of memory");
-  for (int64_t j = 0; j < o->cap; j++) {
-    if (!o->slots[j].var) continue;
-    uint64_t i = hash_ptr(o->slots[j].var) & (uint64_t)(cap - 1);
-    while (s[i].var) i = (i + 1) & (uint64_t)(cap - 1);
-    s[i] = o->slots[j];
-  }
-  free(o->slots);
   o->slots = s;
   o->cap = cap;
+  for (int64_t j = 0; j < old_cap; j++) {
+    if (!old[j].id) continue;
+    uint64_t i = home(o, old[j].id);
+    while (s[i].id) i = (i + 1) & (uint64_t)(cap - 1);
+    s[i] = old[j];
+  }
+  free(old);
   return 0;
+}
+
+/* Empties bucket i, moving later entries of its probe run back (no tombstones). */
+static void slot_remove(kiln_optimizer *o, uint64_t i) {
+  uint64_t mask = (uint64_t)(o->cap - 1);
+  for (uint64_t j = (i + 1) & mask; o->slots[j].id; j = (j + 1) & mask) {
+    uint64_t k = home(o, o->slots[j].id); /* j's entry may move to i when i lies on its way from k */
+    bool movable = i <= j ? (k <= i || k > j) : (k <= i && k > j);
+    if (movable) {
+      o->slots[i] = o->slots[j];
+      i = j;
+    }
+  }
+  o->slots[i] = (slot){0};
+  o->count--;
+}
+
+/* var is being freed: its slot goes with it. */
+static void opt_drop(void *owner, kiln_variable *var) {
+  kiln_optimizer *o = owner;
+  slot *s = slot_find(o, variable_id(var));
+  if (!s) return;
+  kiln_variable *m = s->m, *v = s->v;
+  slot_remove(o, (uint64_t)(s - o->slots));
+  kiln_variable_free(m);
+  kiln_variable_free(v);
 }
 
 /* f16 and bf16 are storage types: their updates and slots are f32. */
@@ -156,40 +186,39 @@ static kiln_variable *slot_var(const kiln_variable *var, const kiln_tensor *valu
 }
 
 /* The slot of var (whose current value is value), created on first use. */
-static slot *slot_get(kiln_optimizer *o, const kiln_variable *var, const kiln_tensor *value) {
-  int rank = kiln_tensor_rank(value);
-  const int64_t *shape = kiln_tensor_shape(value);
-  slot *s = slot_find(o, var);
-  if (s && s->dtype == kiln_tensor_dtype(value) && s->rank == rank &&
-      memcmp(s->shape, shape, (size_t)rank * sizeof *shape) == 0)
-    return s;
+static slot *slot_get(kiln_optimizer *o, kiln_variable *var, const kiln_tensor *value) {
+  uint64_t id = variable_id(var);
+  slot *s = slot_find(o, id);
+  if (s) return s;
   kiln_variable *m = NULL, *v = NULL;
   if (o->kind != OPT_SGD && !(m = slot_var(var, value, "m"))) return NULL;
-  if (o->kind == OPT_ADAM && !(v = slot_var(var, value, "v"))) {
-    kiln_variable_free(m);
-    return NULL;
+  if (o->kind == OPT_ADAM && !(v = slot_var(var, value, "v"))) goto fail;
+  if (2 * (o->count + 1) > o->cap && slots_grow(o)) goto fail;
+  if (variable_link(var, o, opt_drop)) goto fail;
+  uint64_t i = home(o, id);
+  while (o->slots[i].id) i = (i + 1) & (uint64_t)(o->cap - 1);
+  o->slots[i] = (slot){id, var, m, v};
+  o->count++;
+  return &o->slots[i];
+fail:
+  kiln_variable_free(m);
+  kiln_variable_free(v);
+  return NULL;
+}
+
+/* The slots of vars with gradients, copied out of the table (which another
+ * thread's variable free may change), into ms and vs. 0 / -1. */
+static int slots_of(kiln_optimizer *o, int n, kiln_variable *const *vars, kiln_tensor *const *grads,
+                    kiln_tensor *const *values, slot *out) {
+  int rc = 0;
+  variable_links_lock();
+  for (int i = 0; i < n && !rc; i++) {
+    slot *s = grads[i] ? slot_get(o, vars[i], values[i]) : NULL;
+    if (grads[i] && !s) rc = -1;
+    if (s) out[i] = *s;
   }
-  if (s) { /* a stale slot of a freed variable at the same address */
-    kiln_variable_free(s->m);
-    kiln_variable_free(s->v);
-  } else {
-    if (2 * (o->count + 1) > o->cap && slots_grow(o)) {
-      kiln_variable_free(m);
-      kiln_variable_free(v);
-      return NULL;
-    }
-    uint64_t i = hash_ptr(var) & (uint64_t)(o->cap - 1);
-    while (o->slots[i].var) i = (i + 1) & (uint64_t)(o->cap - 1);
-    s = &o->slots[i];
-    o->count++;
-  }
-  s->var = var;
-  s->m = m;
-  s->v = v;
-  s->dtype = kiln_tensor_dtype(value);
-  s->rank = rank;
-  memcpy(s->shape, shape, (size_t)rank * sizeof *shape);
-  return s;
+  variable_links_unlock();
+  return rc;
 }
 
 /* ---- one step ---- */
@@ -209,7 +238,7 @@ static kiln_tensor *correction(kiln_tensor *t, double beta) {
 }
 
 /* Computes the update of one variable and writes var, m and v. */
-static int update(kiln_optimizer *o, kiln_variable *var, kiln_dtype dt, kiln_tensor *g, slot *s,
+static int update(kiln_optimizer *o, kiln_variable *var, kiln_dtype dt, kiln_tensor *g, const slot *s,
                   const adam_step *as) {
   kiln_dtype cd = compute_dtype(dt);
   if (cd != dt) g = kiln_cast(g, cd);
@@ -277,16 +306,14 @@ static int check_args(int n, kiln_variable *const *vars, kiln_tensor *const *gra
 
 static int apply(kiln_optimizer *o, int n, kiln_variable *const *vars, kiln_tensor *const *grads) {
   kiln_tensor **values = calloc((size_t)n + 1, sizeof *values);
-  slot **slots = calloc((size_t)n + 1, sizeof *slots);
+  slot *slots = calloc((size_t)n + 1, sizeof *slots);
   int rc = -1;
   if (!values || !slots) {
     kiln_set_error("optimizer_apply: out of memory");
     goto done;
   }
   if (check_args(n, vars, grads, values)) goto done;
-  for (int i = 0; i < n; i++) /* creating slots may move the table: find them once all exist */
-    if (grads[i] && o->kind != OPT_SGD && !slot_get(o, vars[i], values[i])) goto done;
-  for (int i = 0; i < n; i++) slots[i] = grads[i] && o->kind != OPT_SGD ? slot_find(o, vars[i]) : NULL;
+  if (o->kind != OPT_SGD && slots_of(o, n, vars, grads, values, slots)) goto done;
   adam_step as = {0};
   if (o->kind == OPT_ADAM) {
     as.t = kiln_add(kiln_variable_read(o->step), kiln_scalar(KILN_F64, 1));
@@ -300,7 +327,7 @@ static int apply(kiln_optimizer *o, int n, kiln_variable *const *vars, kiln_tens
     }
   }
   for (int i = 0; i < n; i++)
-    if (grads[i] && update(o, vars[i], kiln_tensor_dtype(values[i]), grads[i], slots[i], &as)) goto done;
+    if (grads[i] && update(o, vars[i], kiln_tensor_dtype(values[i]), grads[i], &slots[i], &as)) goto done;
   rc = as.t ? kiln_variable_assign(o->step, as.t) : 0;
 done:
   free(values);

@@ -100,8 +100,15 @@ kiln_tensor *tensor_view(kiln_tensor *base, int rank, const int64_t *shape) {
     kiln_set_error("view: out of memory");
     return NULL;
   }
-  *t = *base;
+  /* field by field: base may be shared, and other threads change its refs */
   atomic_init(&t->refs, 1);
+  t->dtype = base->dtype;
+  t->device = base->device;
+  t->flags = base->flags;
+  t->size = base->size;
+  t->data = base->data;
+  t->data_class = base->data_class;
+  t->sym = base->sym;
   t->mem_class = cls;
   t->rank = (int8_t)rank;
   for (int i = 0; i < rank; i++) t->shape[i] = shape[i];
