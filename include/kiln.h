@@ -162,16 +162,22 @@ const void *kiln_tensor_data(const kiln_tensor *);
  * - one_hot: an index outside [0, depth) gives a row of zeros (TensorFlow's
  *   rule; torch.nn.functional.one_hot raises). gather and scatter_add reject
  *   negative indices (NumPy's take wraps them).
- * - sign(-0.0) is -0.0: zeros pass through (NumPy and PyTorch give +0.0).
+ * - sign(-0.0) is -0.0: zeros pass through (NumPy and PyTorch give +0.0);
+ *   sign(NaN) is NaN, as NumPy (PyTorch gives 0).
  * Gradients (a tape or kiln_gradients):
  * - pow: d/db a^b = a^b log(a) where a > 0 and 0 elsewhere (TensorFlow's
  *   rule; PyTorch gives NaN for a < 0 and inf at a = 0, b < 0). d/da is
  *   b a^(b-1), and 0 where b = 0, as PyTorch.
+ * - rsqrt's gradient is -out / (2x): -inf * dy at -0 as at +0 (PyTorch's
+ *   -out^3 / 2 is +inf at -0).
  * - clip_by_norm of an all-zero tensor has a finite gradient (the norm is
  *   taken as s > 0 ? sqrt(s) : 0); sqrt's 0 * inf gives NaN in PyTorch.
  * - As PyTorch 1.13 (unlike TensorFlow): maximum/minimum split the gradient
  *   evenly between equal operands, reduce_max/reduce_min among tied
  *   elements; relu and abs have gradient 0 at 0; sqrt's at 0 is inf.
+ * - At NaN inputs: relu's gradient is 0 (dy where x > 0), and maximum/
+ *   minimum give the whole gradient to the second operand; PyTorch passes
+ *   dy through relu and to both operands.
  * - softmax_cross_entropy differentiates with respect to labels too
  *   (-log_softmax(logits)), as TensorFlow's v2 op.
  * ---------------------------------------------------------------------- */

@@ -204,9 +204,11 @@ def log1p(x):
 
 
 def sign(x):
-    # Kiln: sign(-0.0) is -0.0 (zeros and NaN pass through); PyTorch and
-    # NumPy give +0.0
-    return torch.where(x == 0, x.detach(), torch.sign(x)) if x.is_floating_point() else torch.sign(x)
+    # Kiln: sign(-0.0) is -0.0 (zeros pass through; NumPy and PyTorch give
+    # +0.0) and sign(NaN) is NaN (as NumPy; PyTorch gives 0)
+    if not x.is_floating_point():
+        return torch.sign(x)
+    return torch.where((x == 0) | torch.isnan(x), x.detach(), torch.sign(x))
 
 
 class KilnPow(torch.autograd.Function):
@@ -230,9 +232,26 @@ class KilnPow(torch.autograd.Function):
         return ga.sum_to_size(a.shape), gb.sum_to_size(b.shape)
 
 
+class KilnRsqrt(torch.autograd.Function):
+    # Kiln's gradient of rsqrt is -out / (2x): at -0 that is -inf, as at +0;
+    # PyTorch's -out^3 / 2 gives +inf at -0 (rsqrt(-0) = -inf). Elsewhere
+    # PyTorch's own formula.
+    @staticmethod
+    def forward(ctx, x):
+        out = torch.rsqrt(x)
+        ctx.save_for_backward(x, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        x, out = ctx.saved_tensors
+        d = -0.5 * out * out * out
+        return g * torch.where(x == 0, torch.full_like(x, -float("inf")), d)
+
+
 UNARY = {
     "neg": torch.neg, "abs": torch.abs, "sign": lambda x: sign(x), "exp": torch.exp, "log": torch.log,
-    "log1p": lambda x: log1p(x), "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "square": torch.square,
+    "log1p": lambda x: log1p(x), "sqrt": torch.sqrt, "rsqrt": lambda x: KilnRsqrt.apply(x), "square": torch.square,
     "sin": torch.sin, "cos": torch.cos, "tanh": torch.tanh, "sigmoid": torch.sigmoid,
     "floor": torch.floor, "ceil": torch.ceil, "identity": lambda x: x.clone(),
     "stop_gradient": lambda x: x.detach().clone(), "logical_not": torch.logical_not,
@@ -244,14 +263,50 @@ COMPARE = {
 }
 
 
+class KilnRelu(torch.autograd.Function):
+    # The gradient of relu is dy where x > 0: 0 at 0 in both, and 0 at NaN in
+    # Kiln (PyTorch passes dy through a NaN).
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.relu(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return torch.where(x > 0, g, torch.zeros_like(g))
+
+
 def relu(x):
-    # relu(x) = max(x, 0): the gradient at 0 is 0 in both
-    return torch.relu(x)
+    return KilnRelu.apply(x) if x.requires_grad else torch.relu(x)
+
+
+class KilnExtremum(torch.autograd.Function):
+    # PyTorch 1.13's rule: the winner takes the gradient, equal operands get
+    # half each (so does Kiln). Where either operand is NaN, Kiln gives the
+    # whole gradient to b (neither a > b nor a == b); PyTorch gives it to both.
+    @staticmethod
+    def forward(ctx, a, b, is_max):
+        ctx.save_for_backward(a, b)
+        ctx.is_max = is_max
+        return torch.maximum(a, b) if is_max else torch.minimum(a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        a_wins = a > b if ctx.is_max else a < b
+        b_wins = b > a if ctx.is_max else b < a
+        tie = a == b
+        nan = torch.isnan(a) | torch.isnan(b)
+        z = torch.zeros_like(g)
+        ga = torch.where(a_wins, g, torch.where(tie, g / 2, z))
+        gb = torch.where(b_wins | nan, g, torch.where(tie, g / 2, z))
+        return ga.sum_to_size(a.shape), gb.sum_to_size(b.shape), None
 
 
 def maximum(a, b, is_max):
-    # PyTorch 1.13 splits the gradient of maximum/minimum equally between
-    # equal operands (grad / 2 each); so does Kiln.
+    if a.requires_grad or b.requires_grad:
+        return KilnExtremum.apply(a, b, is_max)
     return torch.maximum(a, b) if is_max else torch.minimum(a, b)
 
 
