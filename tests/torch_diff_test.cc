@@ -965,6 +965,32 @@ TEST(TorchDiff, ComparisonCatchesWrongValues) {
   EXPECT_NE(compare(f32h({1.1f}), f32h({1}), tolerance(c, KILN_F32, false, 1)), "");
 }
 
+// Found by the differential test: d/da a^b at b = 0 is 0, also at a = 0
+// (b a^(b-1) there is 0 * inf = NaN); on a tape and through kiln_gradients.
+int pow_sum(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_reduce_sum(kiln_pow(in[0], in[1]), 0, nullptr, false);
+  return out[0] ? 0 : -1;
+}
+
+TEST(TorchDiff, PowGradientAtZeroExponentIsZero) {
+  Scoped s;
+  kiln_tensor *a = f64({0, 0, 2, -3}), *b = f64({0, 1, 0, 2});
+  kiln_tape *tape = kiln_tape_begin(false);
+  kiln_tape_watch(tape, a);
+  kiln_tensor *y = kiln_reduce_sum(kiln_pow(a, b), 0, nullptr, false), *g = nullptr;
+  ASSERT_EQ(kiln_tape_gradient(tape, y, 1, &a, &g), 0) << kiln_last_error();
+  kiln_tape_free(tape);
+  EXPECT_EQ(values(g), (VD{0, 1, 0, -6}));
+  kiln_function *f = kiln_function_new("pow_sum", pow_sum, nullptr, 2, 1);
+  kiln_function *df = kiln_gradients(f);
+  ASSERT_NE(df, nullptr) << kiln_last_error();
+  kiln_tensor *in[2] = {a, b}, *out[2] = {nullptr, nullptr};
+  ASSERT_EQ(kiln_function_call(df, in, out), 0) << kiln_last_error();
+  EXPECT_EQ(values(out[0]), (VD{0, 1, 0, -6}));
+  kiln_function_free(df);
+  kiln_function_free(f);
+}
+
 // Mixing dtypes is an error, not a promotion as in NumPy and PyTorch.
 TEST(TorchDiff, MixedDtypesAreAnErrorNotAPromotion) {
   Scoped s;
