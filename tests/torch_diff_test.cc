@@ -15,7 +15,8 @@
 //
 // KILN_TORCH_CASES sets the number of cases (default 300), KILN_TORCH_SEED
 // the seed (default 14), KILN_TORCH_OPS=op,op,... limits the ops (to replay
-// a failure), KILN_TORCH_VERBOSE=1 prints known-bug hits too.
+// a failure), KILN_TORCH_VERBOSE=1 prints known-bug hits too, KILN_TORCH_REF
+// names another torch_ref.py.
 // Without /usr/bin/python3 importing torch the test skips, naming
 // python3-torch.
 #include <gtest/gtest.h>
