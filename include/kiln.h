@@ -138,6 +138,48 @@ const void *kiln_tensor_data(const kiln_tensor *);
  *   reduce_mean of an empty axis is NaN (0/0). argmax picks the first
  *   maximum; argmax of an empty axis is an error.
  * - sign(0) = 0; relu(x) = max(x, 0); sigmoid is computed without overflow.
+ *
+ * Deliberate differences from NumPy and PyTorch. tests/torch_diff_test.cc
+ * compares every op, its gradient and its staged form with PyTorch 1.13 and
+ * maps exactly these (tests/torch_ref.py); anything else that differs is a bug.
+ * - No type promotion: binary ops, select, concat and matmul need equal
+ *   dtypes (cast first). Integer reduce_sum/reduce_prod keep the input dtype
+ *   and wrap (PyTorch sums i32 into i64).
+ * - Integer div truncates toward zero (C); PyTorch's div is true division,
+ *   NumPy's // floors. INT_MIN / -1 wraps to INT_MIN (a trap in plain C).
+ * - mod takes the sign of the dividend (C's % and fmod, torch.fmod), not of
+ *   the divisor (NumPy's %, torch.remainder). x mod -1 is 0.
+ * - Integer pow with a negative exponent is 0 unless the base is 1 or -1
+ *   (NumPy and PyTorch raise an error).
+ * - reduce_mean of an integer tensor stays an integer, truncated toward zero
+ *   (NumPy returns a float, PyTorch raises).
+ * - reduce_max/reduce_min of an empty axis give -inf/+inf (the integer
+ *   type's min/max); NumPy and PyTorch raise an error.
+ * - cast from float to integer: truncation, NaN -> 0, saturation at the
+ *   type's range (undefined in C, NumPy and PyTorch: x86 gives INT_MIN).
+ *   f64 and integers -> f16/bf16 round once to nearest even, as NumPy does
+ *   for f16; PyTorch converts through f32 and can round twice.
+ * - one_hot: an index outside [0, depth) gives a row of zeros (TensorFlow's
+ *   rule; torch.nn.functional.one_hot raises). gather and scatter_add reject
+ *   negative indices (NumPy's take wraps them).
+ * - sign(-0.0) is -0.0: zeros pass through (NumPy and PyTorch give +0.0);
+ *   sign(NaN) is NaN, as NumPy (PyTorch gives 0).
+ * Gradients (a tape or kiln_gradients):
+ * - pow: d/db a^b = a^b log(a) where a > 0 and 0 elsewhere (TensorFlow's
+ *   rule; PyTorch gives NaN for a < 0 and inf at a = 0, b < 0). d/da is
+ *   b a^(b-1), and 0 where b = 0, as PyTorch.
+ * - rsqrt's gradient is -out / (2x): -inf * dy at -0 as at +0 (PyTorch's
+ *   -out^3 / 2 is +inf at -0).
+ * - clip_by_norm of an all-zero tensor has a finite gradient (the norm is
+ *   taken as s > 0 ? sqrt(s) : 0); sqrt's 0 * inf gives NaN in PyTorch.
+ * - As PyTorch 1.13 (unlike TensorFlow): maximum/minimum split the gradient
+ *   evenly between equal operands, reduce_max/reduce_min among tied
+ *   elements; relu and abs have gradient 0 at 0; sqrt's at 0 is inf.
+ * - At NaN inputs: relu's gradient is 0 (dy where x > 0), and maximum/
+ *   minimum give the whole gradient to the second operand; PyTorch passes
+ *   dy through relu and to both operands.
+ * - softmax_cross_entropy differentiates with respect to labels too
+ *   (-log_softmax(logits)), as TensorFlow's v2 op.
  * ---------------------------------------------------------------------- */
 
 /* elementwise binary, NumPy broadcasting */

@@ -83,9 +83,14 @@ static int g_div(const grad_args *g) { /* a/b: 1/b and -a/b^2 = -out/b */
   if (NEED(1)) g->dx[1] = UNB(kiln_neg(kiln_div(kiln_mul(DOUT, OUT), X(1))), 1);
   return done(g);
 }
-static int g_pow(const grad_args *g) { /* a^b: b a^(b-1), and out log a where a > 0 (else 0) */
+/* a^b: b a^(b-1) (0 where b == 0: at a == 0 that is 0 * inf), and out log a
+ * where a > 0 (else 0) */
+static int g_pow(const grad_args *g) {
   kiln_tensor *a = X(0), *b = X(1);
-  if (NEED(0)) g->dx[0] = UNB(kiln_mul(DOUT, kiln_mul(b, kiln_pow(a, kiln_sub(b, C(b, 1))))), 0);
+  if (NEED(0)) {
+    kiln_tensor *d = kiln_mul(DOUT, kiln_mul(b, kiln_pow(a, kiln_sub(b, C(b, 1)))));
+    g->dx[0] = UNB(kiln_select(kiln_equal(b, C(b, 0)), C(d, 0), d), 0);
+  }
   if (NEED(1)) {
     kiln_tensor *pos = kiln_greater(a, C(a, 0));
     kiln_tensor *loga = kiln_select(pos, kiln_log(kiln_select(pos, a, C(a, 1))), C(a, 0));

@@ -8,6 +8,10 @@ set -euo pipefail
 # the library itself never links it.
 packages=(cmake ninja-build llvm-19-dev llvm-19-tools libffi-dev libgtest-dev libgmock-dev
           pkg-config g++ python3 libopenblas-dev)
+# Optional: the tests run without them and say so. python3-torch (PyTorch
+# 1.13) and python3-numpy are the independent implementation that
+# tests/torch_diff_test.cc compares every op, gradient and staged form with.
+optional=(python3-torch python3-numpy)
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "setup.sh: no dpkg here (not Debian?); install these by hand: ${packages[*]}" >&2
@@ -15,13 +19,17 @@ if ! command -v dpkg-query >/dev/null 2>&1; then
 fi
 
 # One dpkg-query for all of them; unknown packages print nothing.
-installed=$(dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' "${packages[@]}" 2>/dev/null |
+installed=$(dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' "${packages[@]}" "${optional[@]}" 2>/dev/null |
             awk '$1 == "ii" { print $2 }' || true)
 missing=()
 for p in "${packages[@]}"; do
   grep -qx -- "$p" <<<"$installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -eq 0 ]; then
+missing_optional=()
+for p in "${optional[@]}"; do
+  grep -qx -- "$p" <<<"$installed" || missing_optional+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ] && [ ${#missing_optional[@]} -eq 0 ]; then
   exit 0
 fi
 
@@ -30,11 +38,22 @@ if [ "$(id -u)" -eq 0 ]; then
 elif command -v sudo >/dev/null 2>&1; then
   as_root=(sudo)
 else
+  if [ ${#missing[@]} -eq 0 ]; then
+    echo "setup.sh: optional ${missing_optional[*]} not installed (no root or sudo); the tests that need them skip" >&2
+    exit 0
+  fi
   echo "setup.sh: missing ${missing[*]}, and neither root nor sudo is available" >&2
   exit 1
 fi
 
-echo "setup.sh: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 "${as_root[@]}" apt-get update -q
-"${as_root[@]}" apt-get install -y -q -o DPkg::Lock::Timeout=900 "${missing[@]}"
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup.sh: installing ${missing[*]}"
+  "${as_root[@]}" apt-get install -y -q -o DPkg::Lock::Timeout=900 "${missing[@]}"
+fi
+if [ ${#missing_optional[@]} -gt 0 ]; then
+  echo "setup.sh: installing optional ${missing_optional[*]}"
+  "${as_root[@]}" apt-get install -y -q -o DPkg::Lock::Timeout=900 "${missing_optional[@]}" ||
+    echo "setup.sh: could not install optional ${missing_optional[*]}; the tests that need them skip" >&2
+fi
