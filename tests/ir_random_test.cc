@@ -516,7 +516,7 @@ bool in_place_ok(const ir_func *f, const ir_instr &ins, ir_value x, int64_t n) {
 ir_value view_base(const ir_func *f, ir_value v) {
   for (;;) {
     const ir_instr *d = f->def[v] >= 0 ? &f->instrs[f->def[v]] : nullptr;
-    if (!d || kiln_ops[d->op].kind != OPK_VIEW) return v;
+    if (!d || ir_op_info(d->op)->kind != OPK_VIEW) return v;
     v = d->in[0];
   }
 }
@@ -562,10 +562,11 @@ std::string plan_problem(const ir_func *f) {
       ir_value a = f->def[u] <= f->def[v] ? u : v, b = a == u ? v : u;  // a made first
       if (last[(size_t)a] < f->def[b]) continue;  // a is dead before b is made
       const ir_instr &at = f->instrs[f->def[b]];
-      bool reads_a = false;
-      for (int k = 0; k < at.n_in; k++) reads_a = reads_a || at.in[k] == a;
-      if (last[(size_t)a] == f->def[b] && reads_a && ou == ov && bu == bv &&
-          in_place_ok(f, at, a, elements(f->types[b])))
+      ir_value read = -1;  // the operand of b's instruction that reads a's bytes (a, or a view of its base)
+      for (int k = 0; k < at.n_in; k++)
+        if (view_base(f, at.in[k]) == view_base(f, a)) read = at.in[k];
+      if (last[(size_t)a] == f->def[b] && read >= 0 && ou == ov && bu == bv &&
+          in_place_ok(f, at, read, elements(f->types[b])))
         continue;  // b written over a as a dies, element by element
       return name(a) + " and " + name(b) + " share bytes while both are live (instruction " +
              std::to_string(f->def[b]) + ", " + ir_op_info(at.op)->name + ")";

@@ -754,12 +754,6 @@ struct KnownBug {
 
 const std::vector<KnownBug> &known_bugs() {
   static const std::vector<KnownBug> bugs = {
-      {"matmul", "staged grad", [](const Case &c) { return c.in[0].shape.size() != c.in[1].shape.size() ||
-                                                          !std::equal(c.in[0].shape.begin(), c.in[0].shape.end() - 2,
-                                                                      c.in[1].shape.begin()); },
-       "issue 14: the compiled gradient of matmul with a broadcast batch reuses a buffer that a returned "
-       "view aliases (the returned-view bug of the buffers pass); the gradient of a comes back as a's values "
-       "or another temporary"},
       {"cast", "", [](const Case &c) { return c.in[0].dt == KILN_F64 && (c.ints[0] == KILN_F16 || c.ints[0] == KILN_BF16); },
        "issue 14: cast f64 -> f16/bf16 rounds twice (through f32): f64 2705.00002 gives f16 2704, not 2706"},
   };
