@@ -379,6 +379,26 @@ typedef struct { kiln_dtype dtype; int rank; int64_t shape[8]; } kiln_spec;
 typedef int (*kiln_host_fn)(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out);
 int kiln_host_call(kiln_host_fn fn, void *user, int n_in, kiln_tensor *const *in,
                    int n_out, const kiln_spec *out_specs, kiln_tensor **out);
+/* The same with a gradient (py_func under a tape). fn runs as a black box:
+   the tapes do not record the ops inside it (nor inside grad), so a host
+   call without a gradient has none: a tape gradient that needs it fails
+   with an error naming the callback ("tape_gradient: host_call @fn has no
+   gradient ..."); one that reaches it only through kiln_stop_gradient or
+   not at all is fine. grad receives the inputs, the outputs and their
+   cotangents dout (the gradient of each output; zeros for an output the
+   target does not depend on) and writes din[i] with in[i]'s dtype and
+   shape (NULL = none, i.e. zeros). It runs as a host call itself: eagerly
+   at kiln_tape_gradient, and in a staged backward pass (kiln_gradients, a
+   tape over a staged call) as a host_call instruction at each call; a tape
+   differentiating the gradient again fails naming grad. grad may be called
+   once per float output that receives a gradient. grad and user must stay
+   valid while a staged function holding them lives (each distinct (grad,
+   user) pair costs the process one small entry, kept until exit). */
+typedef int (*kiln_host_grad_fn)(void *user, int n_in, kiln_tensor *const *in, int n_out,
+                                 kiln_tensor *const *out, kiln_tensor *const *dout, kiln_tensor **din);
+int kiln_host_call_with_gradient(kiln_host_fn fn, kiln_host_grad_fn grad, void *user,
+                                 int n_in, kiln_tensor *const *in, int n_out,
+                                 const kiln_spec *out_specs, kiln_tensor **out);
 
 /* ------------------------------------------------------------------------
  * 6. Inspecting compiled code. Setting KILN_LOG=retrace prints each retrace
