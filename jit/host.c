@@ -128,17 +128,33 @@ static void spec_of(const kiln_tensor *t, kiln_spec *s) {
   for (int d = 0; d < t->rank; d++) s->shape[d] = t->shape[d];
 }
 
+static int no_gradient(kiln_host_fn fn, void *user) {
+  char name[300];
+  return kiln_set_error("tape_gradient: host_call %s has no gradient (give it one with "
+                        "kiln_host_call_with_gradient, or kiln_stop_gradient its inputs)",
+                        callback_name(fn, user, name, sizeof name));
+}
+
+/* The gradient of a host call without one, in staged code: user is fn (or,
+ * for a gradient's own host call, its grad_entry). */
+static int fail_no_gradient(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  (void)n_in, (void)in, (void)n_out, (void)out;
+  kiln_host_fn fn;
+  memcpy(&fn, &user, sizeof fn);
+  return no_gradient(fn, NULL);
+}
+static int fail_no_gradient_of_gradient(void *user, int n_in, kiln_tensor *const *in, int n_out,
+                                        kiln_tensor **out) {
+  (void)n_in, (void)in, (void)n_out, (void)out;
+  return no_gradient(host_grad_run, user);
+}
+
 /* The rule of output y: dx = grad(x, outputs, cotangents), the cotangent of
  * y being dy and the others' zeros, through a host call of host_grad_run. */
 static int node_gradient(void *user, int n, kiln_tensor *const *xs, kiln_tensor *y, kiln_tensor *dy,
                          kiln_tensor **dxs) {
   host_node *h = user;
-  if (!h->grad) {
-    char name[300];
-    return kiln_set_error("tape_gradient: host_call %s has no gradient (give it one with "
-                          "kiln_host_call_with_gradient, or kiln_stop_gradient its inputs)",
-                          callback_name(h->fn, h->user, name, sizeof name));
-  }
+  if (!h->grad && !trace_current) return no_gradient(h->fn, h->user);
   int n_in = n + 2 * h->n_out, rc = 0;
   kiln_tensor **in = calloc((size_t)n_in, sizeof *in);
   kiln_spec *specs = calloc((size_t)(n ? n : 1), sizeof *specs);
@@ -150,7 +166,14 @@ static int node_gradient(void *user, int n, kiln_tensor *const *xs, kiln_tensor 
     in[n + h->n_out + k] = o == y ? dy : kiln_zeros((kiln_dtype)o->dtype, o->rank, o->shape);
     if (!in[n + h->n_out + k]) rc = -1;
   }
-  if (!rc) rc = kiln_host_call(host_grad_run, h->grad, n_in, in, n, specs, dxs);
+  if (!rc && h->grad) {
+    rc = kiln_host_call(host_grad_run, h->grad, n_in, in, n, specs, dxs);
+  } else if (!rc) { /* staged: fails when run, as a backward pass is traced before it is known to be needed */
+    void *fn_ptr;
+    memcpy(&fn_ptr, &h->fn, sizeof fn_ptr);
+    rc = h->fn == host_grad_run ? kiln_host_call(fail_no_gradient_of_gradient, h->user, n, xs, n, specs, dxs)
+                                : kiln_host_call(fail_no_gradient, fn_ptr, n, xs, n, specs, dxs);
+  }
   free(in);
   free(specs);
   return rc;

@@ -486,7 +486,10 @@ TEST(Gradient, ReduceProdSecondDerivativeNestedTapes) {
       kiln_tape_free(inner);
       kiln_tape_free(outer);
       expect_close(values(g), d1, 1e-12, "first derivative");
-      expect_close(values(gg), d2, 1e-12, "second derivative");
+      if (c.x.size() == 1)  // the first derivative is the constant 1: no second one
+        EXPECT_EQ(gg, nullptr);
+      else
+        expect_close(values(gg), d2, 1e-12, "second derivative");
       kiln_scope_pop();
     }
   }
@@ -524,7 +527,7 @@ TEST(Gradient, ReduceProdDerivativesMatchFiniteDifferences) {
       kiln_tape_free(t);
       return g;
     };
-    check_gradients(first, {f64(c.shape, c.x)});
+    if (c.x.size() > 1) check_gradients(first, {f64(c.shape, c.x)});
   }
 }
 
