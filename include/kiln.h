@@ -133,6 +133,13 @@ const void *kiln_tensor_data(const kiln_tensor *);
  * - cast from float to an integer truncates toward zero; NaN gives 0 and
  *   values out of range saturate. Integer to narrower integer wraps (keeps
  *   the low bits, as C and NumPy do). Casting to bool gives x != 0.
+ *   Casting to f16 or bf16 rounds once, to nearest even, from the source
+ *   value (f64 and integers included: f64 2049.0000000000005 gives f16
+ *   2050, as NumPy does, not 2048 through f32); beyond the largest finite
+ *   value it gives inf, NaN stays NaN.
+ * - Shapes: a 0 anywhere makes a shape empty (size 0), whatever its other
+ *   dimensions, e.g. (2^40, 2^40, 0); without one, an element count past
+ *   2^59 is an error naming the op.
  * - Reductions of an empty axis give the identity: sum 0, prod 1,
  *   max -inf (integer: the type's minimum), min +inf (integer: maximum).
  *   reduce_mean of an empty axis is NaN (0/0). argmax picks the first
@@ -260,7 +267,8 @@ kiln_tensor *kiln_gather(kiln_tensor *params, kiln_tensor *indices, int axis);
  * [0, shape[axis]) (negative indices are errors); axis in [-rank, rank). */
 kiln_tensor *kiln_scatter_add(kiln_tensor *updates, kiln_tensor *indices, int axis, int rank,
                               const int64_t *shape);
-/* indices (i32/i64) -> indices.shape + (depth,); out-of-range rows are all 0 */
+/* indices (i32/i64) -> indices.shape + (depth,); out-of-range rows are all 0.
+   A depth whose result cannot be counted or allocated fails as one_hot. */
 kiln_tensor *kiln_one_hot(kiln_tensor *indices, int64_t depth, kiln_dtype);
 
 /* neural-network helpers (float dtypes) */
@@ -268,7 +276,11 @@ kiln_tensor *kiln_softmax(kiln_tensor *t, int axis);
 kiln_tensor *kiln_log_softmax(kiln_tensor *t, int axis);
 /* labels and logits [..., classes] -> per example [...] */
 kiln_tensor *kiln_softmax_cross_entropy(kiln_tensor *labels, kiln_tensor *logits);
-/* labels i32/i64 [...] in [0, classes), logits [..., classes] -> [...] */
+/* labels i32/i64 [...] in [0, classes), logits [..., classes] -> [...]. A
+   label out of range is an error naming it ("sparse_softmax_cross_entropy:
+   labels[1] = -1 is not in [0, 10)"), staged too: on the CPU a staged call
+   checks the labels with a host_call at each call and fails with the same
+   message after "@function: " (on a GPU it reads "gather: indices[i] ..."). */
 kiln_tensor *kiln_sparse_softmax_cross_entropy(kiln_tensor *labels, kiln_tensor *logits);
 /* t * max_norm / max(l2norm(t), max_norm) */
 kiln_tensor *kiln_clip_by_norm(kiln_tensor *t, double max_norm);
@@ -366,7 +378,10 @@ typedef int (*kiln_body_fn)(void *user, int n_in, kiln_tensor *const *in, int n_
 /* NULL name = "f". Thread-safe to call from several threads at once. */
 kiln_function *kiln_function_new(const char *name, kiln_body_fn body, void *user, int n_in, int n_out);
 /* Writes n_out tensors, owned as op results are; 0, or -1 with the error
- * set (the body's own message when the body failed; no trace is kept). */
+ * set (the body's own message when the body failed; no trace is kept).
+ * An op that fails while a compiled or interpreted call runs (an index out
+ * of range) reads the same either way: "@name: " and the op's own message,
+ * e.g. "@f: gather: indices[1] = 7 is not in [0, 3)". */
 int  kiln_function_call(kiln_function *, kiln_tensor *const *in, kiln_tensor **out);
 void kiln_function_free(kiln_function *);
 void kiln_function_set_eager(kiln_function *, bool eager);  /* run the body op by op, for debugging */
@@ -421,6 +436,26 @@ typedef struct { kiln_dtype dtype; int rank; int64_t shape[8]; } kiln_spec;
 typedef int (*kiln_host_fn)(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out);
 int kiln_host_call(kiln_host_fn fn, void *user, int n_in, kiln_tensor *const *in,
                    int n_out, const kiln_spec *out_specs, kiln_tensor **out);
+/* The same with a gradient (py_func under a tape). fn runs as a black box:
+   the tapes do not record the ops inside it (nor inside grad), so a host
+   call without a gradient has none: a tape gradient that needs it fails
+   with an error naming the callback ("tape_gradient: host_call @fn has no
+   gradient ..."); one that reaches it only through kiln_stop_gradient or
+   not at all is fine. grad receives the inputs, the outputs and their
+   cotangents dout (the gradient of each output; zeros for an output the
+   target does not depend on) and writes din[i] with in[i]'s dtype and
+   shape (NULL = none, i.e. zeros). It runs as a host call itself: eagerly
+   at kiln_tape_gradient, and in a staged backward pass (kiln_gradients, a
+   tape over a staged call) as a host_call instruction at each call; a tape
+   differentiating the gradient again fails naming grad. grad may be called
+   once per float output that receives a gradient. grad and user must stay
+   valid while a staged function holding them lives (each distinct (grad,
+   user) pair costs the process one small entry, kept until exit). */
+typedef int (*kiln_host_grad_fn)(void *user, int n_in, kiln_tensor *const *in, int n_out,
+                                 kiln_tensor *const *out, kiln_tensor *const *dout, kiln_tensor **din);
+int kiln_host_call_with_gradient(kiln_host_fn fn, kiln_host_grad_fn grad, void *user,
+                                 int n_in, kiln_tensor *const *in, int n_out,
+                                 const kiln_spec *out_specs, kiln_tensor **out);
 
 /* ------------------------------------------------------------------------
  * 6. Inspecting compiled code. Setting KILN_LOG=retrace prints each retrace

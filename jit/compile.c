@@ -103,15 +103,33 @@ int jit_exec(const traced_fn *fn, kiln_tensor *const *args, kiln_tensor **res) {
   return jit_exec_donating(fn, args, res, NULL);
 }
 
-int jit_exec_donating(const traced_fn *fn, kiln_tensor *const *args, kiln_tensor **res, const bool *donate) {
-  if (KILN_UNLIKELY(fn->cuda != NULL)) return exec_gpu(fn, args, res);
-  if (KILN_LIKELY(fn->cpu != NULL)) {
-    int np = fn->opt_func->n_params;
-    bool host = true;
-    for (int i = 0; i < np; i++) host = host && args[i]->device == 0;
-    if (KILN_LIKELY(host)) return cpu_run_donating(fn->cpu, args, res, donate);
+/* A call that failed while running reads the same compiled and
+ * interpreted: "@name: " and the failing op's message (the interpreter's
+ * "interpret: @name: %value: " is dropped; its other errors stay). -1. */
+static int run_error(const traced_fn *fn) {
+  const char *name = fn->opt_func->name, *m = kiln_last_error();
+  char pre[300], msg[1024];
+  int n = snprintf(pre, sizeof pre, "interpret: @%s: %%", name);
+  if (n > 0 && (size_t)n < sizeof pre && !strncmp(m, pre, (size_t)n)) {
+    const char *c = strstr(m + n, ": ");
+    if (c) m = c + 2;
+  } else if (!strncmp(m, "interpret:", 10) || (m[0] == '@' && !strncmp(m + 1, name, strlen(name)))) {
+    return -1;
   }
-  return ir_run(fn->opt_func, args, res);
+  snprintf(msg, sizeof msg, "%s", m);
+  return kiln_set_error("@%s: %s", name, msg);
+}
+
+int jit_exec_donating(const traced_fn *fn, kiln_tensor *const *args, kiln_tensor **res, const bool *donate) {
+  int rc;
+  if (KILN_UNLIKELY(fn->cuda != NULL)) {
+    rc = exec_gpu(fn, args, res);
+  } else {
+    bool host = fn->cpu != NULL;
+    for (int i = 0; host && i < fn->opt_func->n_params; i++) host = args[i]->device == 0;
+    rc = KILN_LIKELY(host) ? cpu_run_donating(fn->cpu, args, res, donate) : ir_run(fn->opt_func, args, res);
+  }
+  return KILN_LIKELY(rc == 0) ? 0 : run_error(fn);
 }
 
 char *jit_stage_text(traced_fn *fn, const char *name, const char *stage) {

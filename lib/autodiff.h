@@ -27,6 +27,19 @@ void tape_watch_variable_read(kiln_variable *var, kiln_tensor *t);
 int tape_gradient_seeded(kiln_tape *tape, kiln_tensor *target, kiln_tensor *dy, int n, kiln_tensor *const *sources,
                          kiln_tensor **grads);
 
+/* Records a node out = f(in) whose gradient is grad (a kiln_custom_gradient
+ * rule) on every active tape that tracks one of in. With a closure, each
+ * node holds a reference to user (closure->retain) and drops it when the
+ * tape frees its nodes (closure->release); what names the node in errors.
+ * 0 / -1 (out of memory). */
+typedef struct tape_closure {
+  void (*retain)(void *user);
+  void (*release)(void *user);
+  const char *what;
+} tape_closure;
+int tape_record_custom(int n, kiln_tensor *const *in, kiln_tensor *out, kiln_gradient_fn grad, void *user,
+                       const tape_closure *closure);
+
 /* ---- gradient rules (gradients.c) ----
  * A rule computes, with public ops, the gradient of each input from dout
  * (the gradient of out, with out's shape and dtype). It writes dx[i] (NULL

@@ -230,6 +230,11 @@ kiln_tensor *kiln_one_hot(kiln_tensor *indices, int64_t depth, kiln_dtype dt) {
   }
   int ax = 0;
   if (new_axis(op, -1, indices->rank, &ax)) return NULL;
+  int64_t shape[KILN_MAX_RANK], size;
+  for (int d = 0; d < indices->rank; d++) shape[d] = indices->shape[d];
+  shape[indices->rank] = depth;
+  if (shape_check(op, indices->rank + 1, shape, &size)) return NULL; /* too large: named here */
+  if (size == 0) return kiln_zeros(dt, indices->rank + 1, shape);    /* no arange(depth) to make */
   kiln_scope_push();
   kiln_tensor *idx = indices;
   if (it == KILN_I32 && depth > INT32_MAX) { /* arange(depth) would not fit in i32 */
@@ -237,7 +242,13 @@ kiln_tensor *kiln_one_hot(kiln_tensor *indices, int64_t depth, kiln_dtype dt) {
     it = KILN_I64;
   }
   kiln_tensor *hot = kiln_equal(kiln_expand_dims(idx, -1), kiln_arange(it, depth));
-  return finish(dt == KILN_BOOL ? hot : kiln_cast(hot, dt));
+  kiln_tensor *r = finish(dt == KILN_BOOL ? hot : kiln_cast(hot, dt));
+  if (!r && strncmp(kiln_last_error(), "one_hot:", 8)) { /* out of memory in a part: say so as one_hot */
+    char why[512];
+    snprintf(why, sizeof why, "%s", kiln_last_error());
+    kiln_set_error("%s: depth = %lld: %s", op, (long long)depth, why);
+  }
+  return r;
 }
 
 /* ---- neural-network helpers ---- */
@@ -323,6 +334,23 @@ static int check_labels(const char *op, const kiln_tensor *labels, int64_t class
   return 0;
 }
 
+/* check_labels at each call of a staged function: a host call that passes
+ * the labels on (so that the gather after it waits for it) and fails as the
+ * eager op does, naming this op and the label. user is the class count. */
+static int check_labels_host(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  (void)n_in, (void)n_out;
+  if (check_labels("sparse_softmax_cross_entropy", in[0], (int64_t)(intptr_t)user)) return -1;
+  return (out[0] = kiln_identity(in[0])) ? 0 : -1;
+}
+
+static kiln_tensor *staged_label_check(kiln_tensor *labels, int64_t classes) {
+  kiln_spec spec = {(kiln_dtype)labels->dtype, labels->rank, {0}};
+  for (int d = 0; d < labels->rank; d++) spec.shape[d] = labels->shape[d];
+  kiln_tensor *checked = NULL;
+  if (kiln_host_call(check_labels_host, (void *)(intptr_t)classes, 1, &labels, 1, &spec, &checked)) return NULL;
+  return checked;
+}
+
 /* -log_softmax(logits)[label] per example, picked by one gather from the
  * flattened log-probabilities at row * classes + label (O(examples), where
  * one_hot would cost O(examples * classes)). */
@@ -345,12 +373,16 @@ kiln_tensor *kiln_sparse_softmax_cross_entropy(kiln_tensor *labels, kiln_tensor 
   int64_t classes = logits->shape[logits->rank - 1], n = labels->size;
   if (check_labels(op, labels, classes)) return NULL;
   kiln_scope_push();
+  if ((labels->flags & TF_SYMBOLIC) && labels->device == 0 && !(labels = staged_label_check(labels, classes)))
+    return finish(NULL);
   kiln_tensor *flat = kiln_reshape(kiln_log_softmax(logits, -1), 1, (int64_t[]){n * classes});
   kiln_tensor *label = kiln_reshape(labels->dtype == KILN_I64 ? labels : kiln_cast(labels, KILN_I64), 1,
                                     (int64_t[]){n});
   kiln_tensor *row_start = kiln_mul(kiln_arange(KILN_I64, n), kiln_scalar(KILN_I64, (double)classes));
   kiln_tensor *at = kiln_add(row_start, label);
-  if (labels->flags & TF_SYMBOLIC) { /* unchecked: send a bad label out of range so gather reports it */
+  if ((labels->flags & TF_SYMBOLIC) && labels->device != 0) {
+    /* no host call on a GPU: a bad label goes out of range, so that the
+     * gather reports it (as "gather: indices[i] = -1 ...") */
     kiln_tensor *ok = kiln_logical_and(kiln_greater_equal(label, kiln_scalar(KILN_I64, 0)),
                                        kiln_less(label, kiln_scalar(KILN_I64, (double)classes)));
     at = kiln_select(ok, at, kiln_scalar(KILN_I64, -1));

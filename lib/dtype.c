@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "runtime.h"
+#include "round_odd.h"
 
 const uint8_t kiln_dtype_sizes[KILN_DTYPE_COUNT] = {4, 8, 4, 8, 1, 2, 2};
 static const char *const dtype_names[KILN_DTYPE_COUNT] = {"f32",  "f64", "i32", "i64",
@@ -79,7 +80,7 @@ void dtype_store(kiln_dtype dt, void *data, int64_t i, double v) {
     case KILN_I32: ((int32_t *)data)[i] = sat_i32(v); break;
     case KILN_I64: ((int64_t *)data)[i] = sat_i64(v); break;
     case KILN_BOOL: ((uint8_t *)data)[i] = v != 0; break;
-    case KILN_F16: ((uint16_t *)data)[i] = kiln_f32_to_f16((float)v); break;
-    case KILN_BF16: ((uint16_t *)data)[i] = kiln_f32_to_bf16((float)v); break;
+    case KILN_F16: ((uint16_t *)data)[i] = kiln_f32_to_f16(f64_to_f32_odd(v)); break;
+    case KILN_BF16: ((uint16_t *)data)[i] = kiln_f32_to_bf16(f64_to_f32_odd(v)); break;
   }
 }

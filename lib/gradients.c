@@ -185,20 +185,61 @@ static kiln_tensor *expand_reduced(const grad_args *g, kiln_tensor *t) {
   return kiln_broadcast_to(kept, x->rank, x->shape);
 }
 static int g_reduce_sum(const grad_args *g) { return g->dx[0] = expand_reduced(g, DOUT), done(g); }
-/* The product of the others: prod / x with no zero in the group; with one
- * zero, the product of the nonzeros for the zero and 0 for the rest; with
- * two or more, 0 everywhere (prod / x would give NaN at a zero). */
-static int g_reduce_prod(const grad_args *g) {
+/* Exclusive products along the last axis of t (length n >= 1): prefix[i]
+ * = t[0] * .. * t[i-1], suffix[i] = t[i+1] * .. * t[n-1], each an inclusive
+ * scan by doubling (log2 n multiplies of shifted copies) shifted by one. */
+static kiln_tensor *exclusive_prod(kiln_tensor *t, bool suffix) {
+  if (!t) return NULL;
+  int r = t->rank, last = r - 1;
+  int64_t n = t->shape[last], begin[KILN_MAX_RANK] = {0}, size[KILN_MAX_RANK], ones[KILN_MAX_RANK];
+  for (int d = 0; d < r; d++) size[d] = ones[d] = t->shape[d];
+  kiln_tensor *scan = t;
+  for (int64_t step = 1; step < n && scan; step *= 2) {
+    begin[last] = suffix ? step : 0;
+    size[last] = n - step;
+    ones[last] = step;
+    kiln_tensor *shifted = kiln_slice(scan, begin, size), *pad = kiln_ones((kiln_dtype)t->dtype, r, ones);
+    kiln_tensor *parts[2] = {suffix ? shifted : pad, suffix ? pad : shifted};
+    scan = kiln_mul(scan, kiln_concat(2, parts, last));
+  }
+  if (!scan) return NULL;
+  begin[last] = suffix ? 1 : 0;
+  size[last] = n - 1;
+  ones[last] = 1;
+  kiln_tensor *kept = kiln_slice(scan, begin, size), *pad = kiln_ones((kiln_dtype)t->dtype, r, ones);
+  kiln_tensor *parts[2] = {suffix ? kept : pad, suffix ? pad : kept};
+  return kiln_concat(2, parts, last);
+}
+
+/* The product of the other elements of each reduced group, prefix times
+ * suffix exclusive products: exact at zeros (prod / x is NaN there) and
+ * made of mul, slice and concat only, so it is itself differentiable at
+ * zeros too (d^2 prod(x)/dx^2 at x = [0, 2, 3] is [5, 3, 2]). The reduced
+ * axes are moved last and flattened into one. */
+static kiln_tensor *prod_of_others(const grad_args *g) {
   const op_attrs *a = g->attrs;
-  kiln_tensor *x = X(0), *zero = C(x, 0), *one = C(x, 1);
-  kiln_tensor *is0 = kiln_equal(x, zero), *nonzero = kiln_select(is0, one, x);
-  kiln_tensor *prod = expand_reduced(g, kiln_reduce_prod(nonzero, a->naxes, a->axes, a->keepdims));
-  kiln_tensor *zeros = kiln_reduce_sum(kiln_cast(is0, (kiln_dtype)x->dtype), a->naxes, a->axes, a->keepdims);
-  zeros = expand_reduced(g, zeros);
-  kiln_tensor *lone_zero = kiln_logical_and(is0, kiln_equal(zeros, one));
-  kiln_tensor *others = kiln_select(kiln_equal(zeros, zero), kiln_div(prod, nonzero),
-                                    kiln_select(lone_zero, prod, zero));
-  return g->dx[0] = kiln_mul(expand_reduced(g, DOUT), others), done(g);
+  kiln_tensor *x = X(0);
+  int r = x->rank, perm[KILN_MAX_RANK], inv[KILN_MAX_RANK], np = 0;
+  bool reduced[KILN_MAX_RANK] = {false}, moved = false;
+  for (int k = 0; k < a->naxes; k++) reduced[a->axes[k]] = true;
+  int64_t shape[KILN_MAX_RANK + 1], n = 1;
+  for (int i = 0; i < r; i++)
+    if (!reduced[i]) shape[np] = x->shape[i], perm[np++] = i;
+  int kept = np;
+  for (int i = 0; i < r; i++)
+    if (reduced[i]) n *= x->shape[i], perm[np++] = i;
+  if (x->size == 0 || n == 1) return kiln_fill((kiln_dtype)x->dtype, r, x->shape, 1);
+  for (int i = 0; i < r; i++) moved |= perm[i] != i, inv[perm[i]] = i;
+  kiln_tensor *xt = moved ? kiln_transpose(x, r, perm) : x;
+  shape[kept] = n;
+  kiln_tensor *flat = kiln_reshape(xt, kept + 1, shape);
+  kiln_tensor *others = kiln_mul(exclusive_prod(flat, false), exclusive_prod(flat, true));
+  if (!others || !xt) return NULL;
+  others = kiln_reshape(others, r, xt->shape);
+  return moved ? kiln_transpose(others, r, inv) : others;
+}
+static int g_reduce_prod(const grad_args *g) {
+  return g->dx[0] = kiln_mul(expand_reduced(g, DOUT), prod_of_others(g)), done(g);
 }
 static int g_reduce_extremum(const grad_args *g) { /* ties share the gradient evenly */
   kiln_tensor *x = X(0), *mask = kiln_cast(kiln_equal(x, expand_reduced(g, OUT)), (kiln_dtype)x->dtype);

@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "ops.h"
+#include "round_odd.h"
 
 enum { GRAIN = 32768 };
 
@@ -47,7 +48,23 @@ static inline int64_t f64_i64(double x) {
 /* ---- f16 and bf16: the same results as kiln_f16_to_f32, kiln_f32_to_f16,
  * kiln_bf16_to_f32 and kiln_f32_to_bf16 (runtime.h; round to nearest even,
  * checked equal on every input), written without branches so they vectorize.
- * Other dtypes go through f32, as dtype_store does. */
+ * Other dtypes go through f32, as dtype_store does: f64 (and the integers,
+ * through f64) rounded to odd first (f64_to_f32_odd), so that the value is
+ * rounded once. */
+
+/* i64 -> f64 rounded to odd where inexact (|x| > 2^53), as f64_to_f32_odd;
+ * round-to-odd twice (53 then 24 bits) is still rounding once to odd. */
+static inline double i64_f64_odd(int64_t x) {
+  double d = (double)x;
+  bool top = d >= 0x1p63; /* x near INT64_MAX rounded up to 2^63 */
+  int64_t back = top ? INT64_MAX : (int64_t)d;
+  uint64_t inexact = top || back != x, away = top || (x < 0 ? back < x : back > x);
+  uint64_t u;
+  memcpy(&u, &d, 8);
+  u = (u - away) | inexact;
+  memcpy(&d, &u, 8);
+  return d;
+}
 
 static inline float f16_f32(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ffu;
@@ -96,20 +113,20 @@ static inline uint16_t f32_bf16(float f) {
   X(f64, i32, double, int32_t, f64_i32(x))                      \
   X(f64, i64, double, int64_t, f64_i64(x))                      \
   X(f64, b8, double, uint8_t, x != 0)                           \
-  X(f64, f16, double, uint16_t, f32_f16((float)x))              \
-  X(f64, bf16, double, uint16_t, f32_bf16((float)x))            \
+  X(f64, f16, double, uint16_t, f32_f16(f64_to_f32_odd(x)))              \
+  X(f64, bf16, double, uint16_t, f32_bf16(f64_to_f32_odd(x)))            \
   X(i32, f32, int32_t, float, (float)x)                         \
   X(i32, f64, int32_t, double, (double)x)                       \
   X(i32, i64, int32_t, int64_t, (int64_t)x)                     \
   X(i32, b8, int32_t, uint8_t, x != 0)                          \
-  X(i32, f16, int32_t, uint16_t, f32_f16((float)x))             \
-  X(i32, bf16, int32_t, uint16_t, f32_bf16((float)x))           \
+  X(i32, f16, int32_t, uint16_t, f32_f16(f64_to_f32_odd(x)))             \
+  X(i32, bf16, int32_t, uint16_t, f32_bf16(f64_to_f32_odd(x)))           \
   X(i64, f32, int64_t, float, (float)x)                         \
   X(i64, f64, int64_t, double, (double)x)                       \
   X(i64, i32, int64_t, int32_t, (int32_t)(uint32_t)(uint64_t)x) \
   X(i64, b8, int64_t, uint8_t, x != 0)                          \
-  X(i64, f16, int64_t, uint16_t, f32_f16((float)x))             \
-  X(i64, bf16, int64_t, uint16_t, f32_bf16((float)x))           \
+  X(i64, f16, int64_t, uint16_t, f32_f16(f64_to_f32_odd(i64_f64_odd(x))))             \
+  X(i64, bf16, int64_t, uint16_t, f32_bf16(f64_to_f32_odd(i64_f64_odd(x))))           \
   X(b8, f32, uint8_t, float, (float)x)                          \
   X(b8, f64, uint8_t, double, (double)x)                        \
   X(b8, i32, uint8_t, int32_t, (int32_t)x)                      \

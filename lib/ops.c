@@ -263,6 +263,8 @@ kiln_tensor *kiln_reshape(kiln_tensor *t, int rank, const int64_t *shape) {
   }
   int infer_at = -1;
   int64_t known = 1;
+  bool empty = false; /* a 0 makes the count 0 whatever the others: no overflow */
+  for (int i = 0; i < rank; i++) empty |= shape[i] == 0;
   a.rank = rank;
   for (int i = 0; i < rank; i++) {
     a.shape[i] = shape[i];
@@ -275,6 +277,8 @@ kiln_tensor *kiln_reshape(kiln_tensor *t, int rank, const int64_t *shape) {
     } else if (shape[i] < 0) {
       kiln_set_error("reshape: shape[%d] = %lld is negative", i, (long long)shape[i]);
       return NULL;
+    } else if (empty) {
+      known = 0;
     } else if (KILN_MUL_OVERFLOW(known, shape[i], &known)) {
       kiln_set_error("reshape: the element count of the shape overflows");
       return NULL;

@@ -86,6 +86,7 @@ typedef struct {
   op_attrs *attrs;                 /* malloc'd copy; NULL for ops without attributes */
   kiln_gradient_fn custom;
   void *user;
+  const tape_closure *closure; /* user's retain/release, or NULL (user not owned) */
 } tape_node;
 
 static kiln_tensor **node_inputs(tape_node *nd) { return nd->n <= NODE_SMALL ? nd->small : nd->big; }
@@ -162,6 +163,7 @@ static void free_nodes(kiln_tape *tape) {
     kiln_tensor **ins = node_inputs(nd);
     for (int j = 0; j < nd->n; j++) kiln_release(ins[j]);
     kiln_release(nd->out);
+    if (nd->closure) nd->closure->release(nd->user);
     free(nd->big);
     free(nd->attrs);
   }
@@ -210,7 +212,7 @@ void tape_resume(tape_state s) {
 }
 
 static int push_node(kiln_tape *tape, op_id op, const op_attrs *attrs, int n, kiln_tensor *const *in,
-                     kiln_tensor *out, kiln_gradient_fn custom, void *user) {
+                     kiln_tensor *out, kiln_gradient_fn custom, void *user, const tape_closure *closure) {
   if (tape->n_nodes == tape->cap_nodes) {
     int64_t cap = tape->cap_nodes ? 2 * tape->cap_nodes : 64;
     tape_node *nodes = realloc(tape->nodes, (size_t)cap * sizeof *nodes);
@@ -218,7 +220,7 @@ static int push_node(kiln_tape *tape, op_id op, const op_attrs *attrs, int n, ki
     tape->nodes = nodes;
     tape->cap_nodes = cap;
   }
-  tape_node nd = {.op = op, .n = n, .custom = custom, .user = user};
+  tape_node nd = {.op = op, .n = n, .custom = custom, .user = user, .closure = closure};
   if (n > NODE_SMALL && !(nd.big = malloc((size_t)n * sizeof *nd.big)))
     return kiln_set_error("tape: out of memory");
   if (attrs && op < OP_COUNT && kiln_ops[op].attrs[0]) {
@@ -236,23 +238,30 @@ static int push_node(kiln_tape *tape, op_id op, const op_attrs *attrs, int n, ki
   kiln_tensor **ins = node_inputs(&nd);
   for (int i = 0; i < n; i++) ins[i] = kiln_retain(in[i]);
   nd.out = kiln_retain(out);
+  if (closure) closure->retain(user);
   tape->nodes[tape->n_nodes++] = nd;
   return 0;
 }
 
-static void record(op_id op, const op_attrs *attrs, int n, kiln_tensor *const *in, kiln_tensor *out,
-                   kiln_gradient_fn custom, void *user) {
-  if (!differentiable(out)) return;
+static int record(op_id op, const op_attrs *attrs, int n, kiln_tensor *const *in, kiln_tensor *out,
+                  kiln_gradient_fn custom, void *user, const tape_closure *closure) {
+  if (!differentiable(out)) return 0;
   for (kiln_tape *tape = innermost; tape; tape = tape->outer) {
     bool depends = false;
     for (int i = 0; i < n && !depends; i++) depends = tracks(tape, in[i]);
-    if (depends) push_node(tape, op, attrs, n, in, out, custom, user);
+    if (depends && push_node(tape, op, attrs, n, in, out, custom, user, closure)) return -1;
   }
+  return 0;
+}
+
+int tape_record_custom(int n, kiln_tensor *const *in, kiln_tensor *out, kiln_gradient_fn grad, void *user,
+                       const tape_closure *closure) {
+  return tape_active_count ? record(OP_COUNT, NULL, n, in, out, grad, user, closure) : 0;
 }
 
 void tape_record(op_id op, const op_attrs *attrs, int n, kiln_tensor *const *in, kiln_tensor *out) {
   if (op == OP_STOP_GRADIENT || !kiln_grads[op]) return;
-  record(op, attrs, n, in, out, NULL, NULL);
+  record(op, attrs, n, in, out, NULL, NULL, NULL);
 }
 
 void tape_watch_variable_read(kiln_variable *var, kiln_tensor *t) {
@@ -301,7 +310,7 @@ kiln_tensor *kiln_custom_gradient(kiln_forward_fn fwd, kiln_gradient_fn grad, vo
     if (!kiln_has_error()) kiln_set_error("custom_gradient: fwd returned NULL without an error");
     return NULL;
   }
-  if (tape_active_count) record(OP_COUNT, NULL, n, xs, y, grad, user);
+  if (tape_active_count) record(OP_COUNT, NULL, n, xs, y, grad, user, NULL);
   return y;
 }
 
@@ -358,7 +367,7 @@ static int backward(kiln_tape *tape, int64_t end, const ptr_map *useful, ptr_map
     int rc;
     const char *what;
     if (nd->custom) {
-      what = "custom_gradient";
+      what = nd->closure ? nd->closure->what : "custom_gradient";
       rc = nd->custom(nd->user, nd->n, in, nd->out, e->value, dx);
       if (rc && !kiln_has_error()) kiln_set_error("tape_gradient: a custom gradient failed without an error");
     } else {

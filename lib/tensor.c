@@ -20,15 +20,19 @@ int shape_check(const char *op, int rank, const int64_t *shape, int64_t *size) {
     return kiln_set_error("%s: rank %d is not in [0, %d]", op, rank, KILN_MAX_RANK);
   if (rank > 0 && !shape) return kiln_set_error("%s: shape is NULL for rank %d", op, rank);
   int64_t n = 1;
+  bool empty = false; /* a 0 anywhere makes the size 0, whatever the other dims (0 x 2^62 x 2^62) */
   for (int i = 0; i < rank; i++) {
     if (shape[i] < 0) return kiln_set_error("%s: shape[%d] = %lld is negative", op, i, (long long)shape[i]);
+    empty |= shape[i] == 0;
+  }
+  for (int i = 0; i < rank && !empty; i++) {
     if (KILN_MUL_OVERFLOW(n, shape[i], &n) || n > (INT64_MAX >> 4)) {
       char buf[256];
       return kiln_set_error("%s: the element count of shape %s overflows", op,
                             shape_str(buf, sizeof buf, rank, shape));
     }
   }
-  *size = n;
+  *size = empty ? 0 : n;
   return 0;
 }
 

@@ -10,7 +10,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
 #include <limits>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "test_util.h"
@@ -356,6 +359,170 @@ TEST(Cast, AllPairsZeroAndOne) {
       EXPECT_EQ(kiln_tensor_item(o), 1.0) << f << " -> " << t;
     }
   }
+}
+
+// ---- f64 and the integers to f16/bf16: rounded once ----
+// The exact reference: x (a long double holds every f64 and i64 exactly)
+// rounded to nearest even at the target's precision, straight to its bits.
+struct Half {
+  int man_bits, emin, emax;  // f16: 10, -14, 15; bf16: 7, -126, 127
+};
+const Half kF16 = {10, -14, 15}, kBf16 = {7, -126, 127};
+
+uint16_t exact_half(long double x, const Half &h) {
+  int bias = h.emax, exp_shift = h.man_bits;
+  uint16_t sign = std::signbit(x) ? (uint16_t)(1u << 15) : 0, inf = (uint16_t)(((2 * bias + 1) << exp_shift));
+  if (std::isnan(x)) return (uint16_t)(sign | inf | (1u << (exp_shift - 1)));
+  long double a = std::fabs(x);
+  if (std::isinf(a)) return (uint16_t)(sign | inf);
+  if (a == 0) return sign;
+  int e = std::max(std::ilogb(a), h.emin);
+  long double q = std::ldexp(1.0L, e - h.man_bits);  // the spacing of the target's values near x
+  long double n = std::nearbyint(a / q);              // exact scaling; ties to even
+  long double r = n * q;
+  if (r >= std::ldexp(1.0L, h.emax + 1)) return (uint16_t)(sign | inf);
+  int re = std::ilogb(r);
+  if (re < h.emin) return (uint16_t)(sign | (uint16_t)std::ldexp(r, h.man_bits - h.emin));  // subnormal
+  uint32_t man = (uint32_t)(std::ldexp(r, h.man_bits - re) - std::ldexp(1.0L, h.man_bits));
+  return (uint16_t)(sign | (uint32_t)(re + bias) << exp_shift | man);
+}
+
+bool same_half(uint16_t got, uint16_t want, const Half &h) {
+  uint16_t inf = (uint16_t)((2 * h.emax + 1) << h.man_bits);
+  bool nan_w = (want & 0x7fff) > inf, nan_g = (got & 0x7fff) > inf;
+  return nan_w ? nan_g : got == want;
+}
+
+// Doubles around the rounding points of the target: every kind of edge the
+// f32 detour got wrong (just off a tie, just below the overflow point), ties,
+// subnormals, overflow, zeros, NaN and infinities, plus random ones.
+std::vector<double> half_edge_cases(const Half &h) {
+  std::vector<double> v = {2049.0000000000005, 2049.0, 2051.0, 2049.0 - 0x1p-42, -2049.0000000000005,
+                           0.0, -0.0, kNan, -kNan, kInf, -kInf, 1e300, -1e300, 1e-300, -1e-300,
+                           0x1p-24, 0x1p-25, 0x1p-25 + 0x1p-60, 0x1p-25 - 0x1p-60, 0x1.8p-24, 0x1.8p-24 + 0x1p-70,
+                           0x1p-133, 0x1p-134, 0x1p-134 + 0x1p-170, 0x1.8p-133, 0x1p-126, 0x1.fcp-127,
+                           65504.0, 65519.99999999999, 65520.0, 65520.00000000001, 65536.0,
+                           0x1.fep127, 0x1.ffp127 - 0x1p80, 0x1.ffp127, 0x1.ffp127 + 0x1p80, 3.5e38, 1.0 / 3};
+  std::mt19937_64 g(1401);
+  int top = h.emax + 1, bottom = h.emin - h.man_bits - 1;
+  std::uniform_int_distribution<int> ex(bottom, top);
+  std::uniform_int_distribution<int> man(0, (1 << h.man_bits) - 1), off(-3, 3), tail(1, 40);
+  for (int i = 0; i < 20000; i++) {
+    // a tie between two neighbours of the target, moved by a few f64 ulps or 2^-tail of its spacing
+    int e = ex(g);
+    double q = std::ldexp(1.0, e - h.man_bits);
+    double tie = std::ldexp(1.0, e) + (man(g) + 0.5) * q;
+    double x = i % 2 ? tie + off(g) * tie * 0x1p-52 : tie + (off(g) < 0 ? -1 : 1) * q * std::ldexp(1.0, -tail(g));
+    v.push_back(i % 3 ? x : -x);
+  }
+  return v;
+}
+
+int cast_body(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_cast(in[0], *static_cast<kiln_dtype *>(user));
+  return out[0] ? 0 : -1;
+}
+
+struct BackendEnv {  // KILN_BACKEND for the traces compiled while it lives
+  std::string old;
+  bool had;
+  explicit BackendEnv(const char *v) {
+    const char *o = getenv("KILN_BACKEND");
+    had = o != nullptr;
+    if (had) old = o;
+    setenv("KILN_BACKEND", v, 1);
+  }
+  ~BackendEnv() {
+    if (had) setenv("KILN_BACKEND", old.c_str(), 1);
+    else unsetenv("KILN_BACKEND");
+  }
+};
+
+// The cast of x to dt eagerly, then staged compiled and interpreted.
+std::vector<std::vector<uint16_t>> cast_three_ways(kiln_tensor *x, kiln_dtype dt) {
+  std::vector<std::vector<uint16_t>> out;
+  out.push_back(cast<uint16_t>(x, dt));
+  for (const char *backend : {"cpu", "interp"}) {
+    BackendEnv env(backend);
+    kiln_function *f = kiln_function_new("cast_half", cast_body, &dt, 1, 1);
+    kiln_tensor *r = nullptr;
+    EXPECT_EQ(kiln_function_call(f, &x, &r), 0) << backend << ": " << kiln_last_error();
+    out.push_back(r ? read<uint16_t>(r) : std::vector<uint16_t>{});
+    kiln_function_free(f);
+  }
+  return out;
+}
+
+void expect_rounded_once(kiln_tensor *x, const std::vector<long double> &exact, kiln_dtype dt, const char *what) {
+  const Half &h = dt == KILN_F16 ? kF16 : kBf16;
+  std::vector<std::vector<uint16_t>> got = cast_three_ways(x, dt);
+  const char *way[] = {"eager", "compiled", "interpreted"};
+  for (int w = 0; w < 3; w++) {
+    ASSERT_EQ(got[(size_t)w].size(), exact.size()) << way[w];
+    int bad = 0;
+    for (size_t i = 0; i < exact.size() && bad < 5; i++) {
+      uint16_t want = exact_half(exact[i], h);
+      if (same_half(got[(size_t)w][i], want, h)) continue;
+      bad++;
+      ADD_FAILURE() << what << " -> " << kiln_dtype_name(dt) << ", " << way[w] << ": element " << i << " = "
+                    << std::hexfloat << (double)exact[i] << " gave 0x" << std::hex << got[(size_t)w][i]
+                    << ", rounding once gives 0x" << want;
+    }
+  }
+}
+
+TEST(Cast, F64ToHalfRoundsOnce) {
+  Scoped s;
+  for (kiln_dtype dt : {KILN_F16, KILN_BF16}) {
+    std::vector<double> v = half_edge_cases(dt == KILN_F16 ? kF16 : kBf16);
+    expect_rounded_once(vec(KILN_F64, v), std::vector<long double>(v.begin(), v.end()), dt, "f64");
+  }
+  // the case, literally: NumPy's float16(2049.0000000000005) is 2050
+  kiln_tensor *x = kiln_scalar(KILN_F64, 2049.0000000000005);
+  uint16_t h = 0;
+  ASSERT_EQ(kiln_tensor_read(kiln_cast(x, KILN_F16), &h, 2), 0);
+  EXPECT_EQ(h, 0x6801);
+  EXPECT_EQ(kiln_tensor_item(kiln_cast(x, KILN_F16)), 2050.0);
+  // kiln_fill/kiln_scalar of a half dtype round a double the same way
+  EXPECT_EQ(kiln_tensor_item(kiln_scalar(KILN_F16, 2049.0000000000005)), 2050.0);
+  EXPECT_EQ(kiln_tensor_item(kiln_scalar(KILN_F16, 65519.99999999999)), 65504.0);
+}
+
+TEST(Cast, IntegersToHalfRoundOnce) {
+  Scoped s;
+  std::mt19937_64 g(7);
+  std::vector<int64_t> v64 = {0, 1, -1, 2049, 2051, 65504, 65519, 65520, 65535, 1 << 24, (1 << 24) + (1 << 16) + 1,
+                              -((1 << 24) + (1 << 16) + 1), INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, INT64_MAX - 1,
+                              (int64_t)1 << 53, ((int64_t)1 << 56) + ((int64_t)1 << 48) + 1,
+                              ((int64_t)1 << 62) + ((int64_t)1 << 54) + 1, -(((int64_t)1 << 62) + ((int64_t)1 << 54) + 1)};
+  for (int i = 0; i < 5000; i++) {  // ties of bf16 at every magnitude, a little off
+    int e = (int)(g() % 62) + 8;
+    int64_t tie = ((int64_t)1 << e) + ((int64_t)(g() % 128) << (e - 7)) + ((int64_t)1 << (e - 8));
+    int64_t off = (int64_t)(g() % 5) - 2;
+    v64.push_back(i % 2 ? tie + off : -(tie + off));
+  }
+  std::vector<int32_t> v32;
+  for (int64_t x : v64)
+    if (x >= INT32_MIN && x <= INT32_MAX) v32.push_back((int32_t)x);
+  for (kiln_dtype dt : {KILN_F16, KILN_BF16}) {
+    expect_rounded_once(vec(KILN_I64, v64), std::vector<long double>(v64.begin(), v64.end()), dt, "i64");
+    expect_rounded_once(vec(KILN_I32, v32), std::vector<long double>(v32.begin(), v32.end()), dt, "i32");
+  }
+}
+
+// The reference itself, on values it must get right.
+TEST(Cast, ExactHalfReference) {
+  EXPECT_EQ(exact_half(1.0L, kF16), 0x3C00);
+  EXPECT_EQ(exact_half(65504.0L, kF16), 0x7BFF);
+  EXPECT_EQ(exact_half(65520.0L, kF16), 0x7C00);
+  EXPECT_EQ(exact_half(0x1p-24L, kF16), 0x0001);
+  EXPECT_EQ(exact_half(0x1p-25L, kF16), 0x0000);
+  EXPECT_EQ(exact_half(-0.0L, kF16), 0x8000);
+  EXPECT_EQ(exact_half(2050.0L, kF16), 0x6801);
+  EXPECT_EQ(exact_half(1.0L, kBf16), 0x3F80);
+  EXPECT_EQ(exact_half(0x1p-133L, kBf16), 0x0001);
+  EXPECT_EQ(exact_half(0x1.fep127L, kBf16), 0x7F7F);
+  EXPECT_EQ(exact_half(0x1.ffp127L, kBf16), 0x7F80);
 }
 
 TEST(Cast, BadInputs) {

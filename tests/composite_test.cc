@@ -9,11 +9,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "test_util.h"
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 namespace {
@@ -554,6 +556,126 @@ TEST(Composite, NullKeepsFirstError) {
   kiln_clear_error();
   EXPECT_EQ(kiln_softmax(kiln_add(f32({2}, {1, 2}), f32({3}, {1, 2, 3})), 0), nullptr);
   EXPECT_THAT(kiln_last_error(), StartsWith("add: "));
+}
+
+// ---- errors that read the same staged as eagerly ----
+
+struct BackendEnv {  // KILN_BACKEND for the traces compiled while it lives
+  std::string old;
+  bool had;
+  explicit BackendEnv(const char *v) {
+    const char *o = getenv("KILN_BACKEND");
+    had = o != nullptr;
+    if (had) old = o;
+    setenv("KILN_BACKEND", v, 1);
+  }
+  ~BackendEnv() {
+    if (had) setenv("KILN_BACKEND", old.c_str(), 1);
+    else unsetenv("KILN_BACKEND");
+  }
+};
+
+int sparse_ce_body(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_reduce_mean(kiln_sparse_softmax_cross_entropy(in[0], in[1]), 0, nullptr, false);
+  return out[0] ? 0 : -1;
+}
+
+// A staged sparse_softmax_cross_entropy with a bad label fails naming the op
+// and the label, as eagerly (it said "gather: indices[1] = -1 ..."), compiled
+// and interpreted; good labels give the eager value.
+TEST(Composite, StagedSparseSoftmaxCrossEntropyNamesTheBadLabel) {
+  Scoped s;
+  kiln_tensor *logits = f32({4, 3}, {1, 2, 3, 0, 0, 0, -1, 2, 0.5f, 3, 1, 2});
+  struct {
+    kiln_tensor *labels;
+    const char *eager;
+  } bad[] = {
+      {i32({4}, {0, -1, 2, 1}), "sparse_softmax_cross_entropy: labels[1] = -1 is not in [0, 3)"},
+      {i64({4}, {0, 1, 2, 3}), "sparse_softmax_cross_entropy: labels[3] = 3 is not in [0, 3)"},
+  };
+  kiln_tensor *good = i32({4}, {2, 0, 1, 0});
+  kiln_tensor *want = kiln_reduce_mean(kiln_sparse_softmax_cross_entropy(good, logits), 0, nullptr, false);
+  for (const char *backend : {"cpu", "interp"}) {
+    SCOPED_TRACE(backend);
+    BackendEnv env(backend);
+    for (auto &b : bad) {
+      kiln_clear_error();
+      EXPECT_EQ(kiln_sparse_softmax_cross_entropy(b.labels, logits), nullptr);
+      EXPECT_STREQ(kiln_last_error(), b.eager);
+      kiln_function *f = kiln_function_new("loss", sparse_ce_body, nullptr, 2, 1);
+      kiln_tensor *in[2] = {b.labels, logits}, *out = nullptr;
+      EXPECT_EQ(kiln_function_call(f, in, &out), -1);
+      EXPECT_EQ(kiln_last_error(), std::string("@loss: ") + b.eager);
+      EXPECT_THAT(kiln_last_error(), Not(HasSubstr("gather")));
+      // the same trace with good labels
+      kiln_tensor *in2[2] = {b.labels == bad[0].labels ? good : kiln_cast(good, KILN_I64), logits};
+      ASSERT_EQ(kiln_function_call(f, in2, &out), 0) << kiln_last_error();
+      EXPECT_NEAR(kiln_tensor_item(out), kiln_tensor_item(want), 1e-6);
+      EXPECT_EQ(kiln_function_trace_count(f), 1);
+      kiln_function_free(f);
+    }
+  }
+}
+
+// one_hot with a depth whose result cannot exist fails as one_hot, not as a
+// crash or another op's allocation error; with no indices it is empty.
+TEST(Composite, OneHotHugeDepth) {
+  Scoped s;
+  for (int64_t depth : {INT64_MAX / 2, INT64_MAX, (int64_t)1 << 62}) {
+    kiln_clear_error();
+    EXPECT_EQ(kiln_one_hot(i32({2}, {0, 1}), depth, KILN_F32), nullptr);
+    EXPECT_THAT(kiln_last_error(), StartsWith("one_hot: "));
+    kiln_clear_error();
+    EXPECT_EQ(kiln_one_hot(kiln_scalar(KILN_I64, 3), depth, KILN_BOOL), nullptr);
+    EXPECT_THAT(kiln_last_error(), StartsWith("one_hot: "));
+  }
+  // large but countable: fails as one_hot when it cannot be allocated (1 << 56 f64 is 512 PiB)
+  kiln_clear_error();
+  EXPECT_EQ(kiln_one_hot(i32({1}, {0}), (int64_t)1 << 56, KILN_F64), nullptr);
+  EXPECT_THAT(kiln_last_error(), StartsWith("one_hot: "));
+  // no indices: an empty result, whatever the depth
+  kiln_tensor *e = kiln_one_hot(kiln_zeros(KILN_I32, KILN_SHAPE(0)), INT64_MAX / 2, KILN_F32);
+  ASSERT_NE(e, nullptr) << kiln_last_error();
+  EXPECT_EQ(shape_of(e), (std::vector<int64_t>{0, INT64_MAX / 2}));
+  EXPECT_EQ(kiln_tensor_size(e), 0);
+}
+
+// A zero anywhere in a shape makes it empty, whatever the size and order of
+// the other dimensions.
+TEST(Composite, ZeroSizeShapesInAnyOrder) {
+  Scoped s;
+  const int64_t big = (int64_t)1 << 40;
+  std::vector<std::vector<int64_t>> shapes = {
+      {0, 5}, {5, 0}, {3, 0, 1000000000000}, {big, big, 0}, {0, big, big}, {big, 0, big}, {INT64_MAX, 0}};
+  for (auto &sh : shapes) {
+    SCOPED_TRACE(::testing::PrintToString(sh));
+    int r = (int)sh.size();
+    kiln_tensor *z = kiln_zeros(KILN_F32, r, sh.data());
+    ASSERT_NE(z, nullptr) << kiln_last_error();
+    EXPECT_EQ(kiln_tensor_size(z), 0);
+    EXPECT_EQ(shape_of(z), sh);
+    kiln_tensor *t = kiln_tensor_new(KILN_F64, r, sh.data(), nullptr);
+    ASSERT_NE(t, nullptr) << kiln_last_error();
+    ASSERT_NE(kiln_fill(KILN_I32, r, sh.data(), 7), nullptr) << kiln_last_error();
+    kiln_tensor *e = kiln_exp(kiln_add(z, z));
+    ASSERT_NE(e, nullptr) << kiln_last_error();
+    EXPECT_EQ(shape_of(e), sh);
+    std::vector<int64_t> rev(sh.rbegin(), sh.rend());
+    kiln_tensor *re = kiln_reshape(z, r, rev.data());
+    ASSERT_NE(re, nullptr) << kiln_last_error();
+    EXPECT_EQ(shape_of(re), rev);
+    kiln_tensor *tr = kiln_transpose(z, r, nullptr);
+    ASSERT_NE(tr, nullptr) << kiln_last_error();
+    EXPECT_EQ(shape_of(tr), rev);
+    kiln_tensor *c = kiln_cast(z, KILN_F16);
+    ASSERT_NE(c, nullptr) << kiln_last_error();
+    EXPECT_EQ(kiln_tensor_size(c), 0);
+  }
+  // without a zero, an overflowing count is still an error
+  int64_t huge[3] = {big, big, 2};
+  kiln_clear_error();
+  EXPECT_EQ(kiln_zeros(KILN_F32, 3, huge), nullptr);
+  EXPECT_THAT(kiln_last_error(), HasSubstr("overflows"));
 }
 
 }  // namespace

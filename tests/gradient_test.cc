@@ -393,6 +393,192 @@ TEST(Gradient, ReduceProdWithZeros) {
                   {f64({3, 2}, {0.5, 0, -1.5, 2, 3, 1.25})});
 }
 
+// ---- reduce_prod's second derivative at zeros ----
+// The rule (the product of the others, as exclusive prefix times suffix
+// products) must itself be differentiable where x has zeros: the Hessian of
+// prod(x) is prod of all but i and j off the diagonal, 0 on it.
+
+// prod over `axes` of x, every group's product of all elements but i and j
+// (i != j, same group) summed over j: d/dx_i of sum(d prod/dx).
+struct ProdCase {
+  Shape shape;
+  std::vector<double> x;
+  std::vector<int> axes;  // empty: every axis
+};
+
+// The exact first derivative and d/dx of sum(first derivative), by brute force.
+void prod_derivatives(const ProdCase &c, std::vector<double> *d1, std::vector<double> *d2) {
+  int r = (int)c.shape.size();
+  std::vector<bool> red((size_t)r, c.axes.empty());
+  for (int a : c.axes) red[(size_t)(a < 0 ? a + r : a)] = true;
+  int64_t n = count(c.shape);
+  auto group = [&](int64_t flat) {  // the flat index with the reduced coordinates zeroed
+    int64_t key = 0, stride = 1;
+    for (int d = r - 1; d >= 0; d--) {
+      int64_t coord = flat / stride % c.shape[(size_t)d];
+      if (!red[(size_t)d]) key += coord * stride;
+      stride *= c.shape[(size_t)d];
+    }
+    return key;
+  };
+  d1->assign((size_t)n, 0);
+  d2->assign((size_t)n, 0);
+  for (int64_t i = 0; i < n; i++) {
+    double p = 1;
+    for (int64_t k = 0; k < n; k++)
+      if (k != i && group(k) == group(i)) p *= c.x[(size_t)k];
+    (*d1)[(size_t)i] = p;
+    for (int64_t j = 0; j < n; j++) {
+      if (j == i || group(j) != group(i)) continue;
+      double q = 1;
+      for (int64_t k = 0; k < n; k++)
+        if (k != i && k != j && group(k) == group(i)) q *= c.x[(size_t)k];
+      (*d2)[(size_t)i] += q;
+    }
+  }
+}
+
+const std::vector<ProdCase> &prod_cases() {
+  static const std::vector<ProdCase> cases = {
+      {{3}, {0, 2, 3}, {}},                            // the case: [6 0 0] then [5 3 2]
+      {{3}, {1.5, 2, 3}, {}},                          // no zero
+      {{4}, {0, 2, 0, 3}, {}},                         // two zeros
+      {{5}, {0, 0, 0, 1.5, 2}, {}},                    // three zeros
+      {{1}, {0}, {}},                                  // one element
+      {{2, 3}, {0, 2, 3, 0, 0, 4}, {1}},               // along an axis: one zero, two zeros
+      {{2, 3}, {0, 2, 3, 1.5, 0, 4}, {0}},             // the other axis
+      {{2, 2, 3}, {1, 0, 2, 3, 1, 2, 0, 0, 1, 2, 3, 4}, {0, 2}},  // two axes, not adjacent
+      {{3, 1, 2}, {0, 1, 2, 0, 3, 4}, {-3, 1}},
+  };
+  return cases;
+}
+
+kiln_tensor *prod_of(kiln_tensor *x, const ProdCase &c, bool keepdims) {
+  if (c.axes.empty()) return kiln_reduce_prod(x, 0, nullptr, keepdims);
+  return kiln_reduce_prod(x, (int)c.axes.size(), c.axes.data(), keepdims);
+}
+
+void expect_close(const std::vector<double> &got, const std::vector<double> &want, double tol,
+                  const char *what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); i++) EXPECT_NEAR(got[i], want[i], tol) << what << " element " << i;
+}
+
+TEST(Gradient, ReduceProdSecondDerivativeNestedTapes) {
+  Scoped scope;
+  for (bool keepdims : {false, true}) {
+    for (const ProdCase &c : prod_cases()) {
+      SCOPED_TRACE("case of " + std::to_string(c.x.size()) + " elements, keepdims " + std::to_string(keepdims));
+      std::vector<double> d1, d2;
+      prod_derivatives(c, &d1, &d2);
+      kiln_scope_push();
+      kiln_tensor *x = f64(c.shape, c.x);
+      kiln_tape *outer = kiln_tape_begin(false);
+      kiln_tape_watch(outer, x);
+      kiln_tape *inner = kiln_tape_begin(false);
+      kiln_tape_watch(inner, x);
+      kiln_tensor *y = prod_of(x, c, keepdims);
+      kiln_tape_end(inner);
+      kiln_tensor *g = nullptr, *gg = nullptr;
+      ASSERT_EQ(kiln_tape_gradient(inner, y, 1, &x, &g), 0) << kiln_last_error();
+      kiln_tape_end(outer);
+      ASSERT_EQ(kiln_tape_gradient(outer, g, 1, &x, &gg), 0) << kiln_last_error();
+      kiln_tape_free(inner);
+      kiln_tape_free(outer);
+      expect_close(values(g), d1, 1e-12, "first derivative");
+      if (c.x.size() == 1)  // the first derivative is the constant 1: no second one
+        EXPECT_EQ(gg, nullptr);
+      else
+        expect_close(values(gg), d2, 1e-12, "second derivative");
+      kiln_scope_pop();
+    }
+  }
+  // the numbers, literally
+  kiln_tensor *x = f64({0, 2, 3});
+  kiln_tape *outer = kiln_tape_begin(true), *inner = kiln_tape_begin(true);
+  kiln_tape_watch(outer, x);
+  kiln_tape_watch(inner, x);
+  kiln_tensor *g = nullptr, *gg = nullptr;
+  ASSERT_EQ(kiln_tape_gradient(inner, kiln_reduce_prod(x, 0, nullptr, false), 1, &x, &g), 0);
+  kiln_tape_end(inner);
+  kiln_tape_end(outer);
+  ASSERT_EQ(kiln_tape_gradient(outer, g, 1, &x, &gg), 0) << kiln_last_error();
+  EXPECT_EQ(values(g), (std::vector<double>{6, 0, 0}));
+  EXPECT_EQ(values(gg), (std::vector<double>{5, 3, 2}));
+  kiln_tape_free(inner);
+  kiln_tape_free(outer);
+}
+
+// The first derivative (from the tape) against central differences of the
+// product, and the second against central differences of the exact first
+// derivative, around zeros.
+TEST(Gradient, ReduceProdDerivativesMatchFiniteDifferences) {
+  Scoped scope;
+  for (const ProdCase &c : prod_cases()) {
+    SCOPED_TRACE("case of " + std::to_string(c.x.size()) + " elements");
+    check_gradients([&c](const Tensors &x) { return prod_of(x[0], c, false); }, {f64(c.shape, c.x)});
+    // d/dx sum(grad prod(x)): the tape's, against differences of the tape's first derivative
+    Fn first = [&c](const Tensors &x) {
+      kiln_tensor *xx = x[0];
+      kiln_tape *t = kiln_tape_begin(false);
+      kiln_tape_watch(t, xx);
+      kiln_tensor *y = prod_of(xx, c, false), *g = nullptr;
+      if (kiln_tape_gradient(t, y, 1, &xx, &g)) g = nullptr;
+      kiln_tape_free(t);
+      return g;
+    };
+    if (c.x.size() > 1) check_gradients(first, {f64(c.shape, c.x)});
+  }
+}
+
+// A staged prod and the gradient of its gradient: compiled and interpreted.
+int prod_body(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  const ProdCase *c = static_cast<const ProdCase *>(user);
+  out[0] = prod_of(in[0], *c, false);
+  return out[0] ? 0 : -1;
+}
+
+struct BackendEnv {  // KILN_BACKEND for the traces compiled while it lives
+  std::string old;
+  bool had;
+  explicit BackendEnv(const char *v) {
+    const char *o = getenv("KILN_BACKEND");
+    had = o != nullptr;
+    if (had) old = o;
+    if (v) setenv("KILN_BACKEND", v, 1);
+  }
+  ~BackendEnv() {
+    if (had) setenv("KILN_BACKEND", old.c_str(), 1);
+    else unsetenv("KILN_BACKEND");
+  }
+};
+
+TEST(Gradient, ReduceProdSecondDerivativeStaged) {
+  Scoped scope;
+  for (const char *backend : {"cpu", "interp"}) {
+    BackendEnv env(backend);
+    for (const ProdCase &c : prod_cases()) {
+      SCOPED_TRACE(std::string(backend) + ", case of " + std::to_string(c.x.size()) + " elements");
+      std::vector<double> d1, d2;
+      prod_derivatives(c, &d1, &d2);
+      kiln_function *f = kiln_function_new("prod", prod_body, const_cast<ProdCase *>(&c), 1, 1);
+      kiln_function *df = kiln_gradients(f);
+      kiln_function *ddf = kiln_gradients(df);
+      ASSERT_NE(ddf, nullptr) << kiln_last_error();
+      kiln_scope_push();
+      kiln_tensor *x = f64(c.shape, c.x), *g = nullptr, *gg = nullptr;
+      ASSERT_EQ(kiln_function_call(df, &x, &g), 0) << kiln_last_error();
+      ASSERT_EQ(kiln_function_call(ddf, &x, &gg), 0) << kiln_last_error();
+      expect_close(values(g), d1, 1e-12, "first derivative");
+      expect_close(values(gg), d2, 1e-12, "second derivative");
+      kiln_scope_pop();
+      kiln_function_free(ddf);
+      kiln_function_free(df);
+      kiln_function_free(f);
+    }
+  }
+}
+
 // At a tie the gradient is split evenly (kiln.h): reduce_max/min among
 // the tied extrema of each group, maximum/minimum half to each side. At the
 // kinks of abs and relu it is 0, as in TF.

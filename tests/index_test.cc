@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "test_util.h"
@@ -327,6 +328,77 @@ TEST(Index, ArangeErrors) {
   EXPECT_THAT(kiln_last_error(), StartsWith("arange: dtype f16 is not supported"));
   EXPECT_EQ(kiln_arange((kiln_dtype)42, 3), nullptr);
   EXPECT_THAT(kiln_last_error(), StartsWith("arange: invalid dtype 42"));
+}
+
+// ---- index errors, staged: the same message compiled and interpreted ----
+
+struct BackendEnv {  // KILN_BACKEND for the traces compiled while it lives
+  std::string old;
+  bool had;
+  explicit BackendEnv(const char *v) {
+    const char *o = getenv("KILN_BACKEND");
+    had = o != nullptr;
+    if (had) old = o;
+    setenv("KILN_BACKEND", v, 1);
+  }
+  ~BackendEnv() {
+    if (had) setenv("KILN_BACKEND", old.c_str(), 1);
+    else unsetenv("KILN_BACKEND");
+  }
+};
+
+struct GatherCase {
+  const char *name;
+  int axis;
+  bool fused;  // elementwise work before and after, so that the gather sits in a fused kernel
+};
+
+int gather_body(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  const GatherCase *c = static_cast<const GatherCase *>(user);
+  kiln_tensor *p = c->fused ? kiln_exp(in[0]) : in[0];
+  kiln_tensor *g = kiln_gather(p, in[1], c->axis);
+  out[0] = c->fused ? kiln_mul(g, kiln_scalar(KILN_F32, 2)) : g;
+  return out[0] ? 0 : -1;
+}
+
+// The error of a call of a fresh staged function on (p, idx) with backend.
+std::string staged_error(const char *backend, GatherCase *c, kiln_tensor *p, kiln_tensor *idx) {
+  BackendEnv env(backend);
+  kiln_function *f = kiln_function_new(c->name, gather_body, c, 2, 1);
+  kiln_tensor *in[2] = {p, idx}, *out = nullptr;
+  kiln_clear_error();
+  EXPECT_EQ(kiln_function_call(f, in, &out), -1) << backend;
+  std::string msg = kiln_last_error();
+  kiln_clear_error();
+  kiln_function_free(f);
+  return msg;
+}
+
+TEST(Index, StagedIndexErrorsReadTheSameCompiledAndInterpreted) {
+  Scoped s;
+  kiln_tensor *p = make<float>(KILN_F32, {3, 4}, std::vector<float>(12, 0.5f));
+  struct {
+    kiln_tensor *idx;
+    int axis;
+    const char *eager;  // the eager message
+  } cases[] = {
+      {i32({2}, {0, 7}), 0, "gather: indices[1] = 7 is not in [0, 3)"},
+      {i64({3}, {0, -1, 9}), 0, "gather: indices[1] = -1 is not in [0, 3)"},
+      {i64({2, 2}, {0, 1, 2, 4}), 1, "gather: indices[3] = 4 is not in [0, 4)"},
+      {i32({1}, {INT32_MIN}), 1, "gather: indices[0] = -2147483648 is not in [0, 4)"},
+  };
+  for (auto &k : cases) {
+    for (bool fused : {false, true}) {
+      GatherCase c = {"gather_fn", k.axis, fused};
+      SCOPED_TRACE(std::string(k.eager) + (fused ? ", fused" : ""));
+      kiln_clear_error();
+      EXPECT_EQ(kiln_gather(p, k.idx, k.axis), nullptr);
+      EXPECT_STREQ(kiln_last_error(), k.eager);
+      std::string compiled = staged_error("cpu", &c, p, k.idx), interpreted = staged_error("interp", &c, p, k.idx);
+      EXPECT_EQ(compiled, interpreted);
+      EXPECT_EQ(compiled, std::string("@gather_fn: ") + k.eager);  // the function, then the op's own message
+    }
+  }
 }
 
 }  // namespace

@@ -432,6 +432,41 @@ static LLVMValueRef f32_to_bf16(llvm_emit *e, LLVMValueRef f) {
   return LLVMBuildTrunc(b, LLVMBuildSelect(b, is_nan, nan, rounded, ""), e->t_i16, "");
 }
 
+/* f64 -> f32 rounded to odd where inexact (runtime.h f64_to_f32_odd), so
+ * that the f16/bf16 rounding after it rounds the f64 value once */
+static LLVMValueRef emit_f64_to_f32_odd(llvm_emit *e, LLVMValueRef d) {
+  LLVMBuilderRef b = e->b;
+  LLVMValueRef f = LLVMBuildFPTrunc(b, d, e->t_f32, "");
+  LLVMValueRef back = LLVMBuildFPExt(b, f, e->t_f64, "");
+  LLVMValueRef inexact = LLVMBuildFCmp(b, LLVMRealONE, back, d, "");
+  LLVMValueRef mag = LLVMConstInt(e->t_i64, 0x7fffffffffffffffULL, 0);
+  LLVMValueRef ab = LLVMBuildAnd(b, LLVMBuildBitCast(b, back, e->t_i64, ""), mag, "");
+  LLVMValueRef ad = LLVMBuildAnd(b, LLVMBuildBitCast(b, d, e->t_i64, ""), mag, "");
+  LLVMValueRef away = LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntUGT, ab, ad, ""), inexact, "");
+  LLVMValueRef u = LLVMBuildBitCast(b, f, e->t_i32, "");
+  u = LLVMBuildSub(b, u, LLVMBuildZExt(b, away, e->t_i32, ""), "");
+  u = LLVMBuildOr(b, u, LLVMBuildZExt(b, inexact, e->t_i32, ""), "");
+  return LLVMBuildBitCast(b, u, e->t_f32, "");
+}
+
+/* i64 -> f64 rounded to odd where inexact (kernels_convert.c i64_f64_odd) */
+static LLVMValueRef i64_to_f64_odd(llvm_emit *e, LLVMValueRef x) {
+  LLVMBuilderRef b = e->b;
+  LLVMValueRef d = LLVMBuildSIToFP(b, x, e->t_f64, "");
+  LLVMValueRef top = LLVMBuildFCmp(b, LLVMRealOGE, d, LLVMConstReal(e->t_f64, 0x1p63), "");
+  LLVMValueRef back = LLVMBuildSelect(b, top, LLVMConstInt(e->t_i64, 0x7fffffffffffffffULL, 0),
+                                      LLVMBuildFPToSI(b, d, e->t_i64, ""), "");
+  LLVMValueRef inexact = LLVMBuildOr(b, top, LLVMBuildICmp(b, LLVMIntNE, back, x, ""), "");
+  LLVMValueRef neg = LLVMBuildICmp(b, LLVMIntSLT, x, ci(x, 0), "");
+  LLVMValueRef away = LLVMBuildSelect(b, neg, LLVMBuildICmp(b, LLVMIntSLT, back, x, ""),
+                                      LLVMBuildICmp(b, LLVMIntSGT, back, x, ""), "");
+  away = LLVMBuildOr(b, top, away, "");
+  LLVMValueRef u = LLVMBuildBitCast(b, d, e->t_i64, "");
+  u = LLVMBuildSub(b, u, LLVMBuildZExt(b, away, e->t_i64, ""), "");
+  u = LLVMBuildOr(b, u, LLVMBuildZExt(b, inexact, e->t_i64, ""), "");
+  return LLVMBuildBitCast(b, u, e->t_f64, "");
+}
+
 static LLVMValueRef convert(llvm_emit *e, LLVMValueRef x, kiln_dtype from, kiln_dtype to) {
   LLVMBuilderRef b = e->b;
   if (from == to) return x;
@@ -446,7 +481,10 @@ static LLVMValueRef convert(llvm_emit *e, LLVMValueRef x, kiln_dtype from, kiln_
     if (from == KILN_BOOL)
       return LLVMBuildSelect(b, x, ci(LLVMConstInt(e->t_i16, 0, 0), to == KILN_F16 ? 0x3c00 : 0x3f80),
                              LLVMConstInt(e->t_i16, 0, 0), "");
-    x = convert(e, x, from, KILN_F32);
+    /* rounded once: f64 and the integers reach f32 rounded to odd */
+    if (from == KILN_I32 || from == KILN_I64)
+      x = from == KILN_I64 ? i64_to_f64_odd(e, x) : LLVMBuildSIToFP(b, x, e->t_f64, "");
+    if (from != KILN_F32) x = emit_f64_to_f32_odd(e, x);
     return to == KILN_F16 ? f32_to_f16(e, x) : f32_to_bf16(e, x);
   }
   LLVMTypeRef tt = llvm_value_type(e, to);
