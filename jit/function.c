@@ -646,7 +646,7 @@ static void name_error(const kiln_function *f) {
 static int body_outcome(kiln_function *f, const trace *tr, int rc, kiln_tensor *const *outs) {
   const char *reader = trace_poisoned(tr);
   if (reader) {
-    if (!rc || !strstr(kiln_last_error(), "read a traced value"))
+    if (!strstr(kiln_last_error(), "read a traced value")) /* a nested function's says which */
       kiln_set_error("function_call: @%s: %s read a traced value: the tensor is symbolic (being traced) and has "
                      "no value yet; C control flow on it cannot be staged: use kiln_cond / kiln_while_loop "
                      "(or kiln_function_set_eager to run the body op by op)", f->name, reader);

@@ -273,10 +273,11 @@ TEST(Staging, CreatingVariablesInsideFails) {
   for (kiln_body_fn b : {make_var, make_var_concrete}) {
     kiln_function *f = kiln_function_new("mk", b, nullptr, 1, 1);
     EXPECT_EQ(kiln_function_call(f, &x, &out), -1);
-    if (b == make_var)
+    if (b == make_var) {
       EXPECT_THAT(kiln_last_error(), StartsWith("@mk: variable_new: the initial value is a traced (symbolic) value"));
-    else
+    } else {
       EXPECT_THAT(kiln_last_error(), StartsWith("function_call: @mk: the body created variable 'inside' on a later trace"));
+    }
     EXPECT_EQ(kiln_function_trace_count(f), 0);
     kiln_function_free(f); // frees the variables its traces created
   }
