@@ -338,7 +338,7 @@ TEST(Staging, BodyFailureKeepsNoTrace) {
   kiln_function *f = kiln_function_new("mf", maybe_fail, &fo, 1, 1);
   kiln_tensor *x = f32({1, 2}), *out = nullptr;
   EXPECT_EQ(kiln_function_call(f, &x, &out), -1);
-  EXPECT_STREQ(kiln_last_error(), "my body: 7 is not allowed");
+  EXPECT_STREQ(kiln_last_error(), "@mf: my body: 7 is not allowed") << "the body's error, naming the function";
   EXPECT_EQ(out, nullptr);
   EXPECT_EQ(kiln_function_trace_count(f), 0);
   fo.fail = false;
@@ -408,7 +408,7 @@ TEST(Staging, BadArguments) {
   kiln_function *h = kiln_function_new("bc", bcast, nullptr, 2, 1);
   kiln_tensor *in2[2] = {f32({1, 2, 3}), f32({1, 2})};
   EXPECT_EQ(kiln_function_call(h, in2, out), -1);
-  EXPECT_THAT(kiln_last_error(), StartsWith("add: "));
+  EXPECT_THAT(kiln_last_error(), StartsWith("@bc: add: "));
   EXPECT_EQ(kiln_function_trace_count(nullptr), -1);
   EXPECT_EQ(kiln_function_ir(nullptr, 0, "traced"), nullptr);
   EXPECT_EQ(kiln_function_ir(f, 0, "traced"), nullptr); // no trace yet
