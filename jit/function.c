@@ -80,7 +80,7 @@ typedef struct ebr_reader {
 static _Atomic uint64_t ebr_epoch = 1;
 static pthread_mutex_t ebr_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic(ebr_reader *) ebr_readers; /* only grows; a record is reused after its thread exits */
-static _Thread_local ebr_reader *ebr_me;
+static _Thread_local ebr_reader *ebr_me KILN_TLS_FAST;
 static pthread_key_t ebr_key;
 static pthread_once_t ebr_once = PTHREAD_ONCE_INIT;
 
@@ -268,7 +268,7 @@ typedef struct {
   size_t len;
 } call_key;
 
-static _Thread_local call_key current_key;
+static _Thread_local call_key current_key KILN_TLS_FAST;
 
 int function_call_keyed(kiln_function *f, kiln_tensor *const *in, kiln_tensor **out, const void *key, size_t len) {
   call_key saved = current_key;
@@ -815,11 +815,15 @@ int function_run_body(kiln_function *f, kiln_tensor *const *in, kiln_tensor **ou
   const char *who = "function_call";
   kiln_tensor **o = calloc((size_t)f->n_out + 1, sizeof *o);
   if (!o) return kiln_set_error("%s: out of memory", who);
+  char saved[1024]; /* the body starts with no error; the caller's comes back if it succeeds */
+  snprintf(saved, sizeof saved, "%s", kiln_last_error());
+  kiln_clear_error();
   int rc = f->body(f->user, f->n_in, in, f->n_out, o);
   if (rc && !kiln_has_error()) kiln_set_error("%s: @%s: the body failed without an error", who, f->name);
-  for (int i = 0; i < f->n_out && !rc; i++)
-    if (!o[i]) rc = kiln_set_error("%s: @%s: the body left output %d NULL", who, f->name, i);
+  for (int i = 0; i < f->n_out && !rc; i++) /* a NULL output keeps the error that caused it */
+    if (!o[i]) rc = kiln_has_error() ? -1 : kiln_set_error("%s: @%s: the body left output %d NULL", who, f->name, i);
   if (!rc) memcpy(out, o, (size_t)f->n_out * sizeof *o);
+  if (!rc && *saved) kiln_set_error("%s", saved);
   free(o);
   return rc;
 }

@@ -148,6 +148,9 @@ TEST(TraceSemantics, ErrorsWhileTracingNameTheFunction) {
     EXPECT_EQ(kiln_function_call(f, in, &out), -1);
     EXPECT_THAT(kiln_last_error(), StartsWith("@train_step: matmul: "));
     EXPECT_THAT(kiln_last_error(), Not(HasSubstr("NULL")));
+    kiln_function_set_eager(f, true); // op by op: the op's own error too
+    EXPECT_EQ(kiln_function_call(f, in, &out), -1);
+    EXPECT_THAT(kiln_last_error(), StartsWith("matmul: "));
     kiln_function_free(f);
   }
   // nested: each function on the way names itself
