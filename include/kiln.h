@@ -362,7 +362,9 @@ kiln_function *kiln_value_and_gradients(kiln_function *f);
    The non-tensor letters (i l d b p) are static: their values are part of
    the trace key (doubles by bit pattern, p by pointer identity) of the one
    kiln_function behind the pointer, whose trace count counts the traces of
-   every static value. R is t, v or i.
+   every static value. The function is named after fn's symbol where the
+   process exports it (dladdr; errors then say "@fn: ..."), else "jit".
+   R is t, v or i.
    kiln_jit returns a pointer of fn's own type that stages fn: a call traces
    fn (with symbolic tensors in the t positions) or reuses a trace; the
    function's outputs are the return value (R = t) and then each o slot in
