@@ -359,8 +359,23 @@ int kiln_checkpoint_restore(const char *path, int n, kiln_variable *const *vars)
  * retracing (a variable must outlive the functions that read it). Random
  * ops draw afresh at each call, in the order the body made them. Variables
  * assigned in the body are assigned when each call returns, and later reads
- * in the body see the assignment. Creating a variable in the body fails. A
- * staged function called inside another's body is traced on its own and
+ * in the body see the assignment. State creation: the body may create
+ * variables during the function's first trace only (an optimizer's slots on
+ * its first apply are the common case); then the body is traced once more
+ * and that trace is kept (the first is not counted). A later trace that
+ * creates a variable fails, naming the function. Variables a body creates
+ * are freed with the function, except an optimizer's slots, which stay the
+ * optimizer's; an initial value computed from a traced value fails.
+ * Reading a traced value in C (kiln_tensor_item, kiln_tensor_read,
+ * kiln_tensor_data on a symbolic tensor) fails the whole trace: the call
+ * returns -1 naming the function even if the body ignored the error (use
+ * kiln_cond / kiln_while_loop for control flow on traced values). An error
+ * raised while tracing names the function: "@train_step: matmul: ...". A
+ * staged function keeps at most KILN_TRACE_CACHE_MAX traces (default 1024;
+ * read when the function is made): a new trace beyond that evicts the least
+ * recently used one, and a later call with its signature traces it again
+ * (KILN_LOG=retrace logs each eviction). Lookups hash the signature. A
+  * staged function called inside another's body is traced on its own and
  * recorded as a call instruction (inlined instead where a tape of the outer
  * body watches its inputs). A call whose input a tape watches runs the
  * staged forward and records one tape node per float output, whose backward
@@ -385,7 +400,9 @@ kiln_function *kiln_function_new(const char *name, kiln_body_fn body, void *user
 int  kiln_function_call(kiln_function *, kiln_tensor *const *in, kiln_tensor **out);
 void kiln_function_free(kiln_function *);
 void kiln_function_set_eager(kiln_function *, bool eager);  /* run the body op by op, for debugging */
-int  kiln_function_trace_count(const kiln_function *);      /* concrete traces made so far */
+/* Concrete traces made so far, evicted ones included (a trace made again
+   after its eviction counts again). */
+int  kiln_function_trace_count(const kiln_function *);
 
 /* Gradients of f's first output (summed) w.r.t. each input, as a new
    stageable function with n_in inputs and n_in outputs (an input the output
@@ -400,8 +417,11 @@ kiln_function *kiln_value_and_gradients(kiln_function *f);
    letter each: t kiln_tensor*   o kiln_tensor** (an extra output)
    v void (return only)   i int   l int64_t   d double   b bool   p void*.
    The non-tensor letters (i l d b p) are static: their values are part of
-   the trace key (doubles by bit pattern, p by pointer identity), and each
-   distinct tuple of them gets its own kiln_function. R is t, v or i.
+   the trace key (doubles by bit pattern, p by pointer identity) of the one
+   kiln_function behind the pointer, whose trace count counts the traces of
+   every static value. The function is named after fn's symbol where the
+   process exports it (dladdr; errors then say "@fn: ..."), else "jit".
+   R is t, v or i.
    kiln_jit returns a pointer of fn's own type that stages fn: a call traces
    fn (with symbolic tensors in the t positions) or reuses a trace; the
    function's outputs are the return value (R = t) and then each o slot in
@@ -414,10 +434,10 @@ kiln_function *kiln_value_and_gradients(kiln_function *f);
    pointer lives until kiln_jit_free. */
 typedef void (*kiln_fnptr)(void);
 kiln_fnptr     kiln_jit(kiln_fnptr fn, const char *sig);
-/* The function behind a kiln_jit pointer: the one of the most recent call's
-   static values (without static arguments there is just one, there from the
-   start). NULL with the error set for a pointer not from kiln_jit, or when
-   no call has chosen static values yet. Owned by the jitted pointer. */
+/* The one function behind a kiln_jit pointer, there from the start. NULL
+   with the error set for a pointer not from kiln_jit. Owned by the jitted
+   pointer. Called directly (kiln_function_call) a function with static
+   arguments fails: their values come through the pointer. */
 kiln_function *kiln_jit_function(kiln_fnptr jitted);
 /* Frees the closure and its functions (NULL is fine); the pointer must not
    be called afterwards. */
@@ -459,7 +479,10 @@ int kiln_host_call_with_gradient(kiln_host_fn fn, kiln_host_grad_fn grad, void *
 
 /* ------------------------------------------------------------------------
  * 6. Inspecting compiled code. Setting KILN_LOG=retrace prints each retrace
- * after the first, with the input that changed, to stderr.
+ * after the first to stderr, naming every argument (tensor or static, by
+ * its position; dtype, shape, device or value) that differs from the
+ * nearest cached trace (the one differing in the fewest arguments), and
+ * each eviction from a full trace cache.
  * ---------------------------------------------------------------------- */
 
 /* stage: "traced" (as recorded), "optimized" (after every pass, with fusion
@@ -467,7 +490,9 @@ int kiln_host_call_with_gradient(kiln_host_fn fn, kiln_host_grad_fn grad, void *
    or "asm" (its host assembly); "ptx" (the same IR cross-compiled for
    NVIDIA GPUs) works without a GPU. "llvm"/"asm" fail for a trace that runs
    interpreted (KILN_BACKEND=interp, or a GPU trace). trace indexes the
-   concrete traces, 0 = first. malloc'd text; free() it.
+   concrete traces in the order they were made, 0 = first; an evicted
+   trace's index fails with an error saying it was evicted. malloc'd text;
+   free() it.
    Staged calls run code compiled with LLVM for the host CPU. KILN_BACKEND=
    interp runs the reference interpreter instead; KILN_BACKEND=cpu makes a
    trace the CPU backend (or, under a GPU's scope, the CUDA backend) cannot
@@ -508,6 +533,9 @@ kiln_tensor *kiln_to_device(kiln_tensor *t, const char *name); /* a copy there; 
 
 /* Tensors alive in the whole process (headers, views included). */
 int64_t kiln_debug_live_tensors(void);
+/* Traces held by every staged function's cache, evicted ones not yet freed
+   included (for tests of the cache bound). */
+int64_t kiln_debug_live_traces(void);
 /* Worker threads the eager kernels may use, the caller included (>= 1). */
 int kiln_num_threads(void);
 

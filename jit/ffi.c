@@ -1,13 +1,16 @@
 /* ffi.c — kiln_jit (API.md §5): stages a C function of a natural signature.
- * A libffi closure of fn's own type collects the tensor arguments, picks the
- * kiln_function for the static arguments' values, and calls it; its body
- * calls fn back through ffi_call with the symbolic tensors. */
+ * A libffi closure of fn's own type collects the tensor arguments and calls
+ * the one kiln_function behind it, with the static arguments' values as
+ * part of the trace key (function_call_keyed); its body calls fn back
+ * through ffi_call with the symbolic tensors and those values. */
+#include <dlfcn.h>
 #include <ffi.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "runtime.h"
+#include "function.h"
 
 /* One static argument's value. Zeroed before it is set, so that memcmp
  * compares keys (doubles by bit pattern, pointers by identity). */
@@ -21,14 +24,6 @@ typedef union {
 
 typedef struct jit_obj jit_obj;
 
-/* A trace key (the static values) and the function staged for it. */
-typedef struct jit_entry {
-  jit_obj *j;
-  jit_static *vals; /* n_static of them */
-  kiln_function *fn;
-  struct jit_entry *next;
-} jit_entry;
-
 struct jit_obj {
   kiln_fnptr fn;
   char ret;
@@ -38,8 +33,7 @@ struct jit_obj {
   ffi_cif cif; /* fn's signature: both the closure's and the call's */
   ffi_closure *closure;
   void *code;
-  pthread_mutex_t lock; /* guards entries and last */
-  jit_entry *entries, *last;
+  kiln_function *f; /* its trace cache is keyed by the static values too */
   jit_obj *next;
 };
 
@@ -70,12 +64,16 @@ static void read_static(char c, void *arg, jit_static *v) {
   }
 }
 
-/* The staged body: fn itself, with symbolic tensors and the key's statics. */
+/* The staged body: fn itself, with symbolic tensors and the call's statics. */
 static int jit_body(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
-  jit_entry *e = user;
-  jit_obj *j = e->j;
+  jit_obj *j = user;
   (void)n_in;
   (void)n_out;
+  size_t len = 0;
+  const jit_static *vals = j->n_static ? function_body_key(j->f, &len) : NULL;
+  if (j->n_static && (!vals || len != (size_t)j->n_static * sizeof *vals))
+    return kiln_set_error("jit: @%s takes static arguments: call it through the pointer kiln_jit returned, "
+                          "which passes their values", j->f->name);
   void **argv = calloc((size_t)j->n_args + 1, sizeof *argv);
   kiln_tensor **slots = calloc((size_t)j->n_o + 1, sizeof *slots);
   kiln_tensor ***pslots = calloc((size_t)j->n_o + 1, sizeof *pslots);
@@ -94,7 +92,7 @@ static int jit_body(void *user, int n_in, kiln_tensor *const *in, int n_out, kil
       pslots[o] = &slots[o];
       argv[a] = &pslots[o++];
     } else {
-      argv[a] = &e->vals[s++];
+      argv[a] = (void *)&vals[s++];
     }
   }
   union {
@@ -117,29 +115,6 @@ static int jit_body(void *user, int n_in, kiln_tensor *const *in, int n_out, kil
   return rc;
 }
 
-/* caller holds j->lock */
-static jit_entry *entry_get(jit_obj *j, const jit_static *vals) {
-  size_t bytes = (size_t)j->n_static * sizeof *vals;
-  for (jit_entry *e = j->entries; e; e = e->next)
-    if (!bytes || memcmp(e->vals, vals, bytes) == 0) return e;
-  jit_entry *e = calloc(1, sizeof *e);
-  if (!e || !(e->vals = malloc(bytes + sizeof *vals))) {
-    free(e);
-    kiln_set_error("jit: out of memory");
-    return NULL;
-  }
-  if (bytes) memcpy(e->vals, vals, bytes);
-  e->j = j;
-  if (!(e->fn = kiln_function_new("jit", jit_body, e, j->n_t, j->n_out))) {
-    free(e->vals);
-    free(e);
-    return NULL;
-  }
-  e->next = j->entries;
-  j->entries = e;
-  return e;
-}
-
 /* The closure: what a call of the jitted pointer runs. */
 static void jit_handler(ffi_cif *cif, void *ret, void **args, void *user) {
   jit_obj *j = user;
@@ -157,11 +132,8 @@ static void jit_handler(ffi_cif *cif, void *ret, void **args, void *user) {
       if (c == 't') in[t++] = *(kiln_tensor **)args[a];
       else if (c != 'o') read_static(c, args[a], &vals[s++]);
     }
-    pthread_mutex_lock(&j->lock);
-    jit_entry *e = entry_get(j, vals);
-    if (e) j->last = e;
-    pthread_mutex_unlock(&j->lock);
-    if (e) rc = kiln_function_call(e->fn, in, out);
+    rc = j->n_static ? function_call_keyed(j->f, in, out, vals, (size_t)j->n_static * sizeof *vals)
+                     : kiln_function_call(j->f, in, out);
   }
   int k = 0;
   if (j->ret == 't') *(void **)ret = rc ? NULL : out[k++];
@@ -175,6 +147,16 @@ static void jit_handler(ffi_cif *cif, void *ret, void **args, void *user) {
   free(in);
   free(out);
   free(vals);
+}
+
+/* fn's symbol name where the process exports one (errors then say
+ * "@newton: ..."), else "jit" */
+static const char *fn_name(kiln_fnptr fn) {
+  Dl_info info;
+  void *p;
+  memcpy(&p, &fn, sizeof p);
+  if (dladdr(p, &info) && info.dli_sname && info.dli_saddr == p) return info.dli_sname;
+  return "jit";
 }
 
 static int bad_sig(const char *sig, const char *fmt, int pos, char c) {
@@ -202,14 +184,8 @@ static int parse_sig(const char *sig) {
 
 static void jit_obj_free(jit_obj *j) {
   if (!j) return;
-  for (jit_entry *e = j->entries, *n; e; e = n) {
-    n = e->next;
-    kiln_function_free(e->fn);
-    free(e->vals);
-    free(e);
-  }
+  kiln_function_free(j->f);
   if (j->closure) ffi_closure_free(j->closure);
-  pthread_mutex_destroy(&j->lock);
   free(j->atypes);
   free(j->args);
   free(j);
@@ -230,7 +206,6 @@ kiln_fnptr kiln_jit(kiln_fnptr fn, const char *sig) {
     kiln_set_error("jit: out of memory");
     return NULL;
   }
-  pthread_mutex_init(&j->lock, NULL);
   j->fn = fn;
   j->ret = sig[0];
   j->n_args = (int)strlen(sig + 2);
@@ -260,12 +235,22 @@ kiln_fnptr kiln_jit(kiln_fnptr fn, const char *sig) {
     jit_obj_free(j);
     return NULL;
   }
-  if (!j->n_static) { /* one key: the function exists from the start */
-    jit_static none;
-    if (!(j->last = entry_get(j, &none))) {
-      jit_obj_free(j);
-      return NULL;
-    }
+  int *tpos = calloc((size_t)j->n_t + 1, sizeof *tpos), *spos = calloc((size_t)j->n_static + 1, sizeof *spos);
+  char *letters = calloc((size_t)j->n_static + 1, 1);
+  int rc = tpos && spos && letters ? 0 : kiln_set_error("jit: out of memory");
+  for (int a = 0, t = 0, s = 0; a < j->n_args && !rc; a++) {
+    char c = j->args[a];
+    if (c == 't') tpos[t++] = a;
+    else if (c != 'o') spos[s] = a, letters[s++] = c;
+  }
+  if (!rc) rc = (j->f = kiln_function_new(fn_name(fn), jit_body, j, j->n_t, j->n_out)) ? 0 : -1;
+  if (!rc && j->n_static) rc = function_set_statics(j->f, letters, tpos, spos);
+  free(tpos);
+  free(spos);
+  free(letters);
+  if (rc) {
+    jit_obj_free(j);
+    return NULL;
   }
   pthread_mutex_lock(&registry_lock);
   j->next = registry;
@@ -292,17 +277,10 @@ static jit_obj *registry_find(kiln_fnptr jitted, bool remove) {
 kiln_function *kiln_jit_function(kiln_fnptr jitted) {
   pthread_mutex_lock(&registry_lock);
   jit_obj *j = jitted ? registry_find(jitted, false) : NULL;
-  kiln_function *f = NULL;
-  if (j) {
-    pthread_mutex_lock(&j->lock);
-    f = j->last ? j->last->fn : NULL;
-    pthread_mutex_unlock(&j->lock);
-  }
+  kiln_function *f = j ? j->f : NULL;
   pthread_mutex_unlock(&registry_lock);
   if (!j)
     kiln_set_error("jit_function: %s", jitted ? "the pointer is not from kiln_jit (or was freed)" : "jitted is NULL");
-  else if (!f)
-    kiln_set_error("jit_function: no call yet: the function depends on the static arguments' values");
   return f;
 }
 

@@ -18,14 +18,7 @@ typedef struct taped_slot {
   int k;
 } taped_slot;
 
-/* The traces as callers see them without the lock: an immutable array,
- * replaced (not changed) when a trace is added; the old ones are kept until
- * kiln_function_free, since a caller may still be reading one. */
-typedef struct snapshot {
-  struct snapshot *older;
-  int n;
-  cached_trace *items[];
-} snapshot;
+typedef struct trace_table trace_table;
 
 struct kiln_function {
   char *name;
@@ -33,11 +26,40 @@ struct kiln_function {
   void *user;
   int n_in, n_out;
   atomic_bool eager;
-  pthread_mutex_t lock; /* serialises tracing and adding traces */
-  _Atomic(snapshot *) traces; /* NULL until the first trace */
+  pthread_mutex_t lock; /* serialises tracing, adding and evicting traces */
+  /* The trace cache (function.c): a hash table read without the lock;
+   * evicted entries and replaced tables are retired, and freed once no
+   * call that may still see them is running. */
+  _Atomic(trace_table *) table;
+  int live, used;            /* entries; entries + tombstones (under the lock) */
+  int max;                   /* KILN_TRACE_CACHE_MAX when the function was made */
+  atomic_int made;           /* traces made so far: kiln_function_trace_count */
+  _Atomic uint64_t tick;     /* the LRU clock: a call stamps its trace with it */
+  cached_trace *retired;     /* evicted, not yet freed (under the lock) */
+  trace_table *retired_tables;
+  atomic_bool reclaim;       /* something retired waits to be freed */
+  bool settled;              /* a trace succeeded: no more variables may be created */
+  kiln_variable **owned;     /* variables its bodies created (state creation): freed with it */
+  int n_owned;
+  /* Static arguments (kiln_jit): the key bytes of function_call_keyed for
+   * key_of are part of this function's trace key. */
+  const kiln_function *key_of;
+  char *static_letters;      /* their letters (i l d b p), 8 key bytes each, or NULL */
+  int *tensor_pos, *static_pos; /* C argument positions, for KILN_LOG=retrace */
   vjp_slot *vjps; /* per output: the staged backward function (grad.c), made on first use */
   _Atomic(taped_trace *) taped; /* traces for calls a tape watches: a list, added under the lock */
 };
+
+/* kiln_function_call with key (len bytes) as static arguments of f: part
+ * of the trace key of f and of every function whose key_of is f; the body
+ * reads it back with function_body_key. */
+int function_call_keyed(kiln_function *f, kiln_tensor *const *in, kiln_tensor **out, const void *key, size_t len);
+/* The static key of the call of f (or of a function keyed on f) running on
+ * this thread, or NULL. */
+const void *function_body_key(const kiln_function *f, size_t *len);
+/* kiln_jit: names the static arguments (letters, 8 key bytes each) and the C
+ * argument positions of the tensors and statics, for KILN_LOG=retrace. 0 / -1. */
+int function_set_statics(kiln_function *f, const char *letters, const int *tensor_pos, const int *static_pos);
 
 /* The body run op by op (eagerly, or inlined into the recording trace). */
 int function_run_body(kiln_function *f, kiln_tensor *const *in, kiln_tensor **out);

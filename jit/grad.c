@@ -94,6 +94,7 @@ static kiln_function *derive(kiln_function *f, bool value) {
     return NULL;
   }
   *u = (grad_fn_user){f, value};
+  g->key_of = f->key_of; /* f's static arguments (kiln_jit) key g's traces too */
   *d = (derived){NULL, g, u};
   pthread_mutex_lock(&derived_lock);
   d->next = derived_list;
@@ -131,6 +132,7 @@ static vjp_slot *slot_for(kiln_function *f, int k) {
     s->f = f;
     s->k = k;
     s->vjp = kiln_function_new(name, vjp_body, s, f->n_in + 1, f->n_in);
+    if (s->vjp) s->vjp->key_of = f->key_of; /* recomputing f needs its static arguments */
   }
   pthread_mutex_unlock(&f->lock);
   return s->vjp ? s : NULL;

@@ -34,6 +34,22 @@ kiln_tensor *trace_variable_read(kiln_variable *v, const kiln_tensor *value);
  * each call of the staged function assigns it when it returns. current is v's
  * value now (for its type). 0 / -1. */
 int trace_variable_write(kiln_variable *v, const kiln_tensor *current, kiln_tensor *value);
+/* A read of a traced value's data in C (kiln_tensor_item, kiln_tensor_read,
+ * kiln_tensor_data on a symbolic tensor; reader names the call): marks the
+ * active trace and the traces it interrupted as failed, whatever the body
+ * returns (API.md §5). No-op when nothing is tracing. */
+void trace_poison(const char *reader);
+/* The reader that poisoned tr, or NULL. */
+const char *trace_poisoned(const trace *tr);
+/* kiln_variable_new while tracing (variable.c): v was created by the body
+ * of the active trace (state creation, API.md §5). 0 / -1 (out of memory). */
+int trace_variable_created(kiln_variable *v);
+/* v, just created while tracing, belongs to someone else (an optimizer's
+ * slot): the staged function must not take it. */
+void trace_variable_disown(kiln_variable *v);
+/* Moves the variables tr's body created to *vars (malloc'd; the caller now
+ * owns both); their count. Variables nobody took die with the trace. */
+int trace_take_created(trace *tr, kiln_variable ***vars);
 /* A variable's value and type: lib/variable.h (read and replaced under the
  * variable's lock). */
 

@@ -58,6 +58,9 @@ struct trace {
   op_type *var_types;
   int *var_write; /* per variable: the node of its latest assignment, or -1 */
   int n_vars, cap_vars;
+  const char *poison; /* the reader (kiln_tensor_item, ...) that read a traced value, or NULL */
+  kiln_variable **created; /* variables the body created, until function.c takes them */
+  int n_created, cap_created;
 };
 
 static int grow(void **p, int *cap, int need, size_t elem) {
@@ -372,11 +375,44 @@ bool trace_owned_by(const void *owner) {
 
 void trace_set_owner(trace *tr, const void *owner) { tr->owner = owner; }
 
+void trace_poison(const char *reader) {
+  for (trace *t = trace_current; t; t = t->prev)
+    if (!t->poison) t->poison = reader;
+}
+
+const char *trace_poisoned(const trace *tr) { return tr->poison; }
+
+int trace_variable_created(kiln_variable *v) {
+  trace *tr = trace_current;
+  if (grow((void **)&tr->created, &tr->cap_created, tr->n_created + 1, sizeof *tr->created)) return -1;
+  tr->created[tr->n_created++] = v;
+  return 0;
+}
+
+void trace_variable_disown(kiln_variable *v) {
+  for (trace *t = trace_current; t; t = t->prev)
+    for (int i = 0; i < t->n_created; i++)
+      if (t->created[i] == v) {
+        t->created[i] = t->created[--t->n_created];
+        return;
+      }
+}
+
+int trace_take_created(trace *tr, kiln_variable ***vars) {
+  int n = tr->n_created;
+  *vars = tr->created;
+  tr->created = NULL;
+  tr->n_created = tr->cap_created = 0;
+  return n;
+}
+
 void trace_free(trace *tr) {
   if (!tr) return;
   trace_end(tr);
   for (int i = 0; i < tr->n_recs; i++) free(tr->recs[i].in), free(tr->recs[i].host_out);
   for (int i = 0; i < tr->n_caps; i++) kiln_release(tr->caps[i]);
+  for (int i = 0; i < tr->n_created; i++) kiln_variable_free(tr->created[i]); /* nobody took them */
+  free(tr->created);
   free(tr->recs);
   free(tr->nodes);
   free(tr->caps);

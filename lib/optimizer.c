@@ -8,6 +8,7 @@
 
 #include "autodiff.h"
 #include "variable.h"
+#include "../jit/jit.h"
 
 typedef enum { OPT_SGD, OPT_MOMENTUM, OPT_ADAM } opt_kind;
 
@@ -89,6 +90,7 @@ kiln_optimizer *kiln_adam_new(double learning_rate, double beta1, double beta2, 
   o->eps = epsilon;
   kiln_scope_push();
   o->step = kiln_variable_new(kiln_scalar(KILN_F64, 0), "adam/step");
+  if (o->step && trace_current) trace_variable_disown(o->step); /* the optimizer's */
   kiln_scope_pop();
   if (!o->step) {
     free(o);
@@ -182,7 +184,9 @@ static kiln_variable *slot_var(const kiln_variable *var, const kiln_tensor *valu
   snprintf(name, sizeof name, "%s/%s", kiln_variable_name(var), suffix);
   kiln_tensor *z = kiln_zeros(compute_dtype(kiln_tensor_dtype(value)), kiln_tensor_rank(value),
                               kiln_tensor_shape(value));
-  return kiln_variable_new(z, name); /* z belongs to the caller's scope */
+  kiln_variable *v = kiln_variable_new(z, name); /* z belongs to the caller's scope */
+  if (v && trace_current) trace_variable_disown(v); /* a slot is the optimizer's, not the staged function's */
+  return v;
 }
 
 /* The slot of var (whose current value is value), created on first use. */

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "ops.h"
+#include "../jit/jit.h"
 
 /* header size rounded so inline data stays 64-byte aligned */
 #define HEADER_BYTES ((sizeof(kiln_tensor) + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN)
@@ -346,15 +347,19 @@ const char *kiln_tensor_device(const kiln_tensor *t) {
   return t ? kiln_device_name(t->device) : NULL;
 }
 
-static int check_readable(const char *op, const kiln_tensor *t) {
+/* A symbolic tensor has no value: reading it fails the trace that is
+ * recording (trace_poison), even if the body ignores this call's error. */
+static int check_readable(const char *op, const char *api, const kiln_tensor *t) {
   if (!t) return kiln_has_error() ? -1 : kiln_set_error("%s: tensor is NULL", op);
-  if (t->flags & TF_SYMBOLIC)
+  if (t->flags & TF_SYMBOLIC) {
+    trace_poison(api);
     return kiln_set_error("%s: the tensor is symbolic (being traced) and has no value yet", op);
+  }
   return 0;
 }
 
 const void *kiln_tensor_data(const kiln_tensor *t) {
-  if (check_readable("tensor_data", t)) return NULL;
+  if (check_readable("tensor_data", "kiln_tensor_data", t)) return NULL;
   if (t->device != 0) {
     kiln_set_error("tensor_data: tensor lives on %s, not on the host", kiln_tensor_device(t));
     return NULL;
@@ -363,7 +368,7 @@ const void *kiln_tensor_data(const kiln_tensor *t) {
 }
 
 int kiln_tensor_read(const kiln_tensor *t, void *dst, size_t bytes) {
-  if (check_readable("tensor_read", t)) return -1;
+  if (check_readable("tensor_read", "kiln_tensor_read", t)) return -1;
   size_t need = tensor_bytes(t);
   if (!dst && need) return kiln_set_error("tensor_read: destination is NULL");
   if (bytes < need)
@@ -373,7 +378,7 @@ int kiln_tensor_read(const kiln_tensor *t, void *dst, size_t bytes) {
 }
 
 double kiln_tensor_item(const kiln_tensor *t) {
-  if (check_readable("item", t)) return NAN;
+  if (check_readable("item", "kiln_tensor_item", t)) return NAN;
   if (t->size != 1) {
     kiln_set_error("item: tensor has %lld elements, not 1", (long long)t->size);
     return NAN;

@@ -74,9 +74,9 @@ kiln_variable *kiln_variable_new(const kiln_tensor *init, const char *name) {
     if (!kiln_has_error()) kiln_set_error("%s: init is NULL", who);
     return NULL;
   }
-  if ((init->flags & TF_SYMBOLIC) || trace_current) {
-    kiln_set_error("%s: cannot create a variable while tracing; create it before the first call "
-                   "of the staged function", who);
+  if (init->flags & TF_SYMBOLIC) {
+    kiln_set_error("%s: the initial value is a traced (symbolic) value of a staged function's body; "
+                   "initialise it from a concrete tensor (kiln_zeros, kiln_tensor_new, ...)", who);
     return NULL;
   }
   kiln_variable *v = calloc(1, sizeof *v);
@@ -101,6 +101,10 @@ kiln_variable *kiln_variable_new(const kiln_tensor *init, const char *name) {
   ty->rank = init->rank;
   ty->size = init->size;
   memcpy(ty->shape, init->shape, sizeof ty->shape);
+  if (KILN_UNLIKELY(trace_current) && trace_variable_created(v)) { /* state creation: function.c decides */
+    kiln_variable_free(v);
+    return NULL;
+  }
   return v;
 }
 
