@@ -380,8 +380,16 @@ int kiln_checkpoint_restore(const char *path, int n, kiln_variable *const *vars)
  * body watches its inputs). A call whose input a tape watches runs the
  * staged forward and records one tape node per float output, whose backward
  * is a staged function (it recomputes the forward). Calls run the IR after
- * the pass pipeline through the reference interpreter (no compiled code
- * yet); kiln_function_ir(f, i, "optimized") shows it. A staged call that
+ * the pass pipeline as code compiled with LLVM for the CPU (or the GPU
+ * whose scope it was traced under; see kiln_function_ir for
+ * KILN_BACKEND and KILN_CPU); kiln_function_ir(f, i, "optimized") shows
+ * it. Each traced instruction carries loc(file:line) of the op call that
+ * made it when the program is compiled with -g (the line comes from its
+ * debug info through binutils' addr2line, once per trace and only when IR
+ * text is asked for; without either there is no loc). The kiln-opt tool
+ * (installed in bin/) reads such text (.kir), runs passes on it and prints
+ * it: --emit=dot draws it for Graphviz (dot -Tsvg), --emit=llvm|asm|ptx
+ * compiles it. A staged call that
  * reads a float variable while a tape is active fails: pass the value in.
  * ---------------------------------------------------------------------- */
 
@@ -493,7 +501,12 @@ int kiln_host_call_with_gradient(kiln_host_fn fn, kiln_host_grad_fn grad, void *
    concrete traces in the order they were made, 0 = first; an evicted
    trace's index fails with an error saying it was evicted. malloc'd text;
    free() it.
-   Staged calls run code compiled with LLVM for the host CPU. KILN_BACKEND=
+   Staged calls run code compiled with LLVM for the host CPU, or for the
+   CPU that KILN_CPU names (an LLVM CPU name such as x86-64, x86-64-v2 or
+   skylake-avx512) with that CPU's own features: code an older machine, or
+   valgrind (KILN_CPU=x86-64-v2), runs; it is part of the disk cache's key.
+   The library's own C kernels pick their instruction set at load time from
+   the CPU they run on. KILN_BACKEND=
    interp runs the reference interpreter instead; KILN_BACKEND=cpu makes a
    trace the CPU backend (or, under a GPU's scope, the CUDA backend) cannot
    compile an error instead of interpreting it;

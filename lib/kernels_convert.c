@@ -150,7 +150,7 @@ typedef void (*cast_loop)(void *KILN_RESTRICT o, const void *KILN_RESTRICT x, in
 
 #define CAST_LOOP(src, dst, TS, TD, expr)                                              \
   static inline TD cv_##src##_##dst(TS x) { return (TD)(expr); }                       \
-  static void cast_##src##_##dst(void *KILN_RESTRICT o_, const void *KILN_RESTRICT x_, \
+  KILN_HOT static void cast_##src##_##dst(void *KILN_RESTRICT o_, const void *KILN_RESTRICT x_, \
                                  int64_t n) {                                          \
     TD *KILN_RESTRICT o = o_;                                                          \
     const TS *KILN_RESTRICT x = x_;                                                    \

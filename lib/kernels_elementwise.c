@@ -22,7 +22,7 @@ enum { GRAIN = 32768, GRAIN_HEAVY = 8192, BLOCK = 16384 };
  * operations for compiled kernels, bit for bit.
  * ---------------------------------------------------------------------- */
 
-#ifdef __FMA__
+#if KILN_FUSED_FMA /* compat.h: fused in hardware wherever a hot kernel runs */
 #define FMAF(a, b, c) fmaf((a), (b), (c))
 #else /* without hardware FMA, fmaf is a slow libm call */
 #define FMAF(a, b, c) ((a) * (b) + (c))
@@ -350,7 +350,7 @@ static int ew_run(const op_call *c, const ew_loop *loops, int64_t grain) {
  * ---------------------------------------------------------------------- */
 
 #define LOOP1(name, F, TI, TO)                      \
-  static void name(LOOP_PARAMS) {                   \
+  KILN_HOT static void name(LOOP_PARAMS) {                   \
     (void)y_, (void)z_;                             \
     TO *KILN_RESTRICT o = o_;                       \
     const TI *KILN_RESTRICT x = x_;                 \
@@ -358,7 +358,7 @@ static int ew_run(const op_call *c, const ew_loop *loops, int64_t grain) {
   }
 
 #define LOOP2(name, F, TI, TO, SX, SY)                              \
-  static void name(LOOP_PARAMS) {                                   \
+  KILN_HOT static void name(LOOP_PARAMS) {                                   \
     (void)z_;                                                       \
     TO *KILN_RESTRICT o = o_;                                       \
     const TI *KILN_RESTRICT x = x_;                                 \
@@ -368,7 +368,7 @@ static int ew_run(const op_call *c, const ew_loop *loops, int64_t grain) {
 
 /* select: x is the bool condition; values are copied as raw bits of their size */
 #define LOOP3(name, T, SX, SY, SZ)                                       \
-  static void name(LOOP_PARAMS) {                                        \
+  KILN_HOT static void name(LOOP_PARAMS) {                                        \
     T *KILN_RESTRICT o = o_;                                             \
     const uint8_t *KILN_RESTRICT cond = x_;                              \
     const T *KILN_RESTRICT a = y_;                                       \

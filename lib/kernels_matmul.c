@@ -9,7 +9,7 @@
 
 #include "matmul.h"
 
-#ifdef __FMA__
+#if KILN_FUSED_FMA /* compat.h: fused in hardware wherever a hot kernel runs */
 #define FMA_F32(a, b, c) fmaf((a), (b), (c))
 #define FMA_F64(a, b, c) fma((a), (b), (c))
 #else /* without hardware FMA, fmaf is a slow libm call */
@@ -26,6 +26,9 @@ enum { MR_F32 = 6, NR_F32 = 32, MR_F64 = 6, NR_F64 = 32 };
 #else
 enum { MR_F32 = 4, NR_F32 = 24, MR_F64 = 2, NR_F64 = 24 }; /* 16 vector registers */
 #endif
+/* The multiversioned build (compat.h) has both: the AVX-512 tile, compiled
+ * for AVX-512 alone, where the CPU has it, the 16-register one elsewhere */
+enum { MR_Z_F32 = 6, NR_Z_F32 = 32, MR_Z_F64 = 6, NR_Z_F64 = 32 };
 /* Cache blocks, in elements: an MC x KC block of A and a KC x NC panel of B
  * are packed per task; the micro-kernel walks the packed B panel against one
  * A micro-panel at a time (which then stays in L1). KC is the same for every
@@ -106,12 +109,9 @@ static void grid(const gemm_args *g, int64_t mr, int64_t nr, bool parallel, gemm
 EPILOGUE(float, f32, tanhf)
 EPILOGUE(double, f64, tanh)
 
-/* GEMM_BLOCKED(T, SUF, FMA, MR, NR, KC, MC, NC): the blocked product for one
- * float type, and its C micro-kernel. Packed A holds micro-panels of uk.mr
- * rows, k-major (rows past m are zero); packed B holds micro-panels of uk.nr
- * columns, k-major (columns past n are zero), so edge tiles run the full
- * kernel on zeros and only the valid part is stored. */
-#define GEMM_BLOCKED(T, SUF, FMA, MR, NR, KC, MC, NC)                                              \
+/* GEMM_UKERNEL(T, SUF, ESUF, FMA, MR, NR, ATTR): the C micro-kernel of one
+ * float type (epilogue_##ESUF) and register tile (ATTR: its target, compat.h) */
+#define GEMM_UKERNEL(T, SUF, ESUF, FMA, MR, NR, ATTR)                                                  \
   static inline void ukernel_core_##SUF(int64_t kc, const T *KILN_RESTRICT a,                     \
                                         const T *KILN_RESTRICT b, T *KILN_RESTRICT c, int64_t ldc, \
                                         bool add) {                                                \
@@ -135,7 +135,7 @@ EPILOGUE(double, f64, tanh)
                                                                                                    \
   /* the C micro-kernel (gemm_ukernel_fn): edge tiles and epilogues through a                      \
    * tile of its own */                                                                            \
-  static void ukernel_##SUF(int64_t kc, const void *a, const void *b, void *vc, int64_t ldc,       \
+  ATTR static void ukernel_##SUF(int64_t kc, const void *a, const void *b, void *vc, int64_t ldc,  \
                             int64_t mr, int64_t nr, int32_t flags, const void *vbias) {            \
     bool add = flags & GEMM_ACCUMULATE;                                                            \
     gemm_epilogue epi = GEMM_EPI_NONE;                                                             \
@@ -151,11 +151,18 @@ EPILOGUE(double, f64, tanh)
     for (int64_t i = 0; i < mr; i++) {                                                             \
       for (int64_t j = 0; j < nr; j++) {                                                           \
         T v = (add ? c[i * ldc + j] : 0) + tile[i * NR + j];                                       \
-        c[i * ldc + j] = epi == GEMM_EPI_NONE ? v : epilogue_##SUF(v, bias[j], epi);              \
+        c[i * ldc + j] = epi == GEMM_EPI_NONE ? v : epilogue_##ESUF(v, bias[j], epi);              \
       }                                                                                            \
     }                                                                                              \
   }                                                                                                \
-                                                                                                   \
+
+/* GEMM_BLOCKED(T, SUF, FMA, MR, NR, KC, MC, NC): the blocked product for one
+ * float type, over the C micro-kernel ukernel_##SUF (ukernel_z_##SUF, the
+ * AVX-512 tile, where the CPU has AVX-512 in the multiversioned build). Packed A holds micro-panels of uk.mr
+ * rows, k-major (rows past m are zero); packed B holds micro-panels of uk.nr
+ * columns, k-major (columns past n are zero), so edge tiles run the full
+ * kernel on zeros and only the valid part is stored. */
+#define GEMM_BLOCKED(T, SUF, FMA, MR, NR, KC, MC, NC)                                              \
   /* one micro-panel of rows [0, h) of mr (a constant where it is inlined): \
    * p outer, so that the writes run contiguous */                                                \
   static inline void pack_panel_##SUF(int64_t h, int64_t kc, const T *a, int64_t lda, int64_t mr, \
@@ -176,7 +183,7 @@ EPILOGUE(double, f64, tanh)
       for (int64_t i = 0; i < mr; i++) ap[i] = i < h ? a[p * lda + i] : 0;                         \
   }                                                                                                \
                                                                                                    \
-  static void pack_a_##SUF(int64_t mc, int64_t kc, const T *a, int64_t lda, int64_t mr, bool ta,   \
+  KILN_HOT static void pack_a_##SUF(int64_t mc, int64_t kc, const T *a, int64_t lda, int64_t mr, bool ta,   \
                            T *KILN_RESTRICT ap) {                                                  \
     for (int64_t r = 0; r < mc; r += mr, ap += mr * kc) {                                          \
       int64_t h = min64(mr, mc - r);                                                               \
@@ -194,7 +201,7 @@ EPILOGUE(double, f64, tanh)
     }                                                                                              \
   }                                                                                                \
                                                                                                    \
-  static void pack_b_##SUF(int64_t kc, int64_t nc, const T *b, int64_t ldb, int64_t nr, bool tb,   \
+  KILN_HOT static void pack_b_##SUF(int64_t kc, int64_t nc, const T *b, int64_t ldb, int64_t nr, bool tb,   \
                            T *KILN_RESTRICT bp) {                                                  \
     for (int64_t q = 0; q < nc; q += nr) {                                                         \
       int64_t w = min64(nr, nc - q);                                                               \
@@ -277,7 +284,7 @@ EPILOGUE(double, f64, tanh)
     gemm_job job;                                                                                  \
     gemm_provider_fn get = atomic_load(&provider);                                                 \
     if (!jit || !get || !get(KILN_##SUF##_DT, g->epi, &job.uk))                                   \
-      job.uk = (gemm_ukernel){ukernel_##SUF, MR, NR};                                              \
+      job.uk = c_ukernel_##SUF();                                                                  \
     grid(g, job.uk.mr, job.uk.nr, parallel, &job);                                                 \
     int64_t tm = (g->m + job.mstep - 1) / job.mstep;                                               \
     parallel_for(tm *job.tn, 1, blocked_task_##SUF, &job);                                         \
@@ -286,14 +293,32 @@ EPILOGUE(double, f64, tanh)
 
 #define KILN_f32_DT KILN_F32
 #define KILN_f64_DT KILN_F64
+GEMM_UKERNEL(float, f32, f32, FMA_F32, MR_F32, NR_F32, KILN_HOT)
+GEMM_UKERNEL(double, f64, f64, FMA_F64, MR_F64, NR_F64, KILN_HOT)
+#if KILN_MULTIVERSION
+GEMM_UKERNEL(float, z_f32, f32, FMA_F32, MR_Z_F32, NR_Z_F32, KILN_HOT_AVX512)
+GEMM_UKERNEL(double, z_f64, f64, FMA_F64, MR_Z_F64, NR_Z_F64, KILN_HOT_AVX512)
+static gemm_ukernel c_ukernel_f32(void) {
+  return KILN_HAVE_AVX512() ? (gemm_ukernel){ukernel_z_f32, MR_Z_F32, NR_Z_F32}
+                            : (gemm_ukernel){ukernel_f32, MR_F32, NR_F32};
+}
+static gemm_ukernel c_ukernel_f64(void) {
+  return KILN_HAVE_AVX512() ? (gemm_ukernel){ukernel_z_f64, MR_Z_F64, NR_Z_F64}
+                            : (gemm_ukernel){ukernel_f64, MR_F64, NR_F64};
+}
+#else
+static gemm_ukernel c_ukernel_f32(void) { return (gemm_ukernel){ukernel_f32, MR_F32, NR_F32}; }
+static gemm_ukernel c_ukernel_f64(void) { return (gemm_ukernel){ukernel_f64, MR_F64, NR_F64}; }
+#endif
 GEMM_BLOCKED(float, f32, FMA_F32, MR_F32, NR_F32, KC_F32, MC_F32, NC_F32)
 GEMM_BLOCKED(double, f64, FMA_F64, MR_F64, NR_F64, KC_F64, MC_F64, NC_F64)
+
 
 /* c[j] = a . w[j, :] for the n rows of w (k each): one dot product per row
  * over LANES partial sums, reduced as the n = 1 product reduces them, four
  * rows at a time (four independent chains of FMAs) */
 #define NT_ROWS(SUF, T, U, MADD)                                                                 \
-  static void nt_row_##SUF(const T *a, const T *w, T *c, int64_t n, int64_t k) {                 \
+  KILN_HOT static void nt_row_##SUF(const T *a, const T *w, T *c, int64_t n, int64_t k) {                 \
     const U *KILN_RESTRICT x = (const U *)a;                                                       \
     int64_t j = 0;                                                                                 \
     for (; j < n; j += 4) {                                                                        \
@@ -332,7 +357,7 @@ GEMM_BLOCKED(double, f64, FMA_F64, MR_F64, NR_F64, KC_F64, MC_F64, NC_F64)
  * behaviour. */
 
 #define STRIP(SUF, T, U, MADD, W)                                                       \
-  static void strip_##SUF##_##W(int64_t k, const T *a, const T *b, int64_t ldb, T *c) { \
+  KILN_HOT static void strip_##SUF##_##W(int64_t k, const T *a, const T *b, int64_t ldb, T *c) { \
     U acc[W];                                                                           \
     for (int j = 0; j < W; j++) acc[j] = 0;                                             \
     for (int64_t p = 0; p < k; p++) {                                                   \
@@ -381,7 +406,7 @@ GEMM_BLOCKED(double, f64, FMA_F64, MR_F64, NR_F64, KC_F64, MC_F64, NC_F64)
                                                                                               \
   /* rows [begin, end) when n is 1 (B is one contiguous column): dot                          \
    * products over LANES partial sums, which vectorize */                                     \
-  static void gemv_task_##SUF(void *ctx, int64_t begin, int64_t end) {                        \
+  KILN_HOT static void gemv_task_##SUF(void *ctx, int64_t begin, int64_t end) {                        \
     const gemm_args *g = ctx;                                                                 \
     if (g->lda == g->k && g->ldc == 1 && !g->epi) { /* the same sums, four rows at a time */ \
       nt_row_##SUF(g->b, (const T *)g->a + begin * g->k, (T *)g->c + begin, end - begin, g->k); \
@@ -437,7 +462,7 @@ UNPACKED(i64, int64_t, uint64_t, MADD_WRAP, 32, 16, 8, 4)
  * backend only hands over transposes for products that pack); it is here
  * so that any shape works. */
 #define TRANS_PLAIN(SUF, T, U, MADD)                                                               \
-  static void trans_plain_##SUF(const gemm_args *g) {                                             \
+  KILN_HOT static void trans_plain_##SUF(const gemm_args *g) {                                             \
     const T *a = g->a, *b = g->b;                                                                  \
     T *c = g->c;                                                                                   \
     for (int64_t i = 0; i < g->m; i++)                                                             \

@@ -101,7 +101,7 @@ static void part_range(int64_t span, int64_t parts, int64_t s, int64_t *f0, int6
   /* a function, not the macro: nested macro calls would copy their arguments */                  \
   static inline ACC op_##NAME(ACC a, ACC b) { return OP(a, b); }                                  \
                                                                                                   \
-  static ACC row_##NAME(const T *KILN_RESTRICT p, int64_t n) {                                    \
+  KILN_HOT static ACC row_##NAME(const T *KILN_RESTRICT p, int64_t n) {                                    \
     ACC acc = (ID);                                                                               \
     if (n < LANES) {                                                                              \
       for (int64_t i = 0; i < n; i++) acc = op_##NAME(acc, (ACC)p[i]);                            \
@@ -118,12 +118,12 @@ static void part_range(int64_t span, int64_t parts, int64_t s, int64_t *f0, int6
     return op_##NAME(lane[0], acc);                                                               \
   }                                                                                               \
                                                                                                   \
-  static void col_##NAME(ACC *KILN_RESTRICT acc, const T *KILN_RESTRICT p, int64_t n) {           \
+  KILN_HOT static void col_##NAME(ACC *KILN_RESTRICT acc, const T *KILN_RESTRICT p, int64_t n) {           \
     for (int64_t j = 0; j < n; j++) acc[j] = op_##NAME(acc[j], (ACC)p[j]);                        \
   }                                                                                               \
                                                                                                   \
   /* four rows per pass: a quarter of the accumulator traffic */                                  \
-  static void col4_##NAME(ACC *KILN_RESTRICT acc, const T *const *rows, int64_t n) {              \
+  KILN_HOT static void col4_##NAME(ACC *KILN_RESTRICT acc, const T *const *rows, int64_t n) {              \
     const T *KILN_RESTRICT p0 = rows[0], *KILN_RESTRICT p1 = rows[1];                             \
     const T *KILN_RESTRICT p2 = rows[2], *KILN_RESTRICT p3 = rows[3];                             \
     for (int64_t j = 0; j < n; j++) {                                                             \
@@ -359,7 +359,7 @@ typedef struct {
                                                                                               \
   /* rows k .. k+n-1 (n <= 4) of a column tile, in one pass over best and                     \
    * idx: the first best of those rows, then strictly better than best */                     \
-  static void argcol_##SUF(T *KILN_RESTRICT best, int64_t *KILN_RESTRICT idx, const T *p,     \
+  KILN_HOT static void argcol_##SUF(T *KILN_RESTRICT best, int64_t *KILN_RESTRICT idx, const T *p,     \
                            int64_t ld, int64_t k, int n, int64_t w) {                         \
     const T *KILN_RESTRICT q0 = p + k * ld, *KILN_RESTRICT q1 = q0 + (n > 1) * ld;            \
     const T *KILN_RESTRICT q2 = q0 + (n > 2) * 2 * ld;                                        \

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # test.sh — the one test command, locally and in CI. Installs what is missing
 # (scripts/setup.sh), then: a Release build in build/ and its ctest suite, the
-# examples, an install smoke test (pkg-config and find_package(Kiln)), and an
-# AddressSanitizer+UBSan build in build-asan/ with the whole suite again, and
-# a ThreadSanitizer build in build-tsan/ of the test binary alone, running the
-# threaded tests.
+# examples, an install smoke test (pkg-config, find_package(Kiln) and the
+# installed kiln-opt), an AddressSanitizer+UBSan build in build-asan/ with
+# the whole suite again, and a ThreadSanitizer build in build-tsan/ of the
+# test binary alone, running the threaded tests.
 # Every stage runs even after a failure; the exit status is non-zero if any
 # failed, and the last line is "N passed, N failed".
 # shellcheck disable=SC2317 # functions called through check() look unreachable
@@ -156,6 +156,29 @@ smoke_cmake() {
   cmake --build "$1/build" && LD_LIBRARY_PATH="$3" "$1/build/smoke"
 }
 
+# smoke_tool PREFIX BUILD: the installed bin/kiln-opt runs (on a tiny .kir,
+# the default passes and --emit=dot) with no LD_LIBRARY_PATH, and neither it
+# nor lib/libkiln.so has a RUNPATH or RPATH into the build tree.
+smoke_tool() {
+  local opt=$1/bin/kiln-opt out f
+  [ -x "$opt" ] || { echo "no $opt"; return 1; }
+  out=$(printf 'func @f(%%x: f32[4]) -> f32[4] {\n  %%a = add %%x, %%x : f32[4]\n  %%b = neg %%a : f32[4]\n  return %%b\n}\n' |
+    env -u LD_LIBRARY_PATH "$opt" -) || { echo "$opt failed"; return 1; }
+  grep -q 'neg' <<<"$out" || { echo "kiln-opt printed: $out"; return 1; }
+  printf 'func @f(%%x: f32[4]) -> f32[4] {\n  return %%x\n}\n' | env -u LD_LIBRARY_PATH "$opt" --emit=dot - |
+    grep -q digraph || { echo "kiln-opt --emit=dot drew no graph"; return 1; }
+  for f in "$opt" "$(find "$1" -name 'libkiln.so.*.*' | head -n 1)"; do
+    local rp
+    rp=$(readelf -d "$f" | grep -E 'R(UN)?PATH' || true)
+    echo "$f: ${rp:-no RUNPATH}"
+    if [ -n "$rp" ] && grep -qF "$2" <<<"$rp"; then
+      echo "$f: its RUNPATH names the build tree $2"
+      return 1
+    fi
+  done
+  readelf -d "$opt" | grep -q 'RUNPATH.*\$ORIGIN/\.\./lib' || { echo "$opt: RUNPATH is not \$ORIGIN/../lib"; return 1; }
+}
+
 # ---------------------------------------------------------------------------
 section "packages"
 if ! ./scripts/setup.sh; then
@@ -195,6 +218,7 @@ if [ $release_ok -eq 1 ]; then
     write_smoke_cmake "$work/cm/CMakeLists.txt"
     check "pkg-config: compile and run a C program" smoke_pkgconfig "$work/pc" "$pcdirs" "$libdirs"
     check "find_package(Kiln): configure, build and run" smoke_cmake "$work/cm" "$prefix" "$libdirs"
+    check "installed bin/kiln-opt runs; no RUNPATH into build/" smoke_tool "$prefix" "$PWD/build"
   else
     cat "$work/install.log"
     fail "cmake --install build --prefix <tmp>"
@@ -208,7 +232,8 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # the Release suite runs the full random-program corpus; under the sanitizers
 # (5-10x slower, the CPU backend compiling each program) a sample of it
 export KILN_RANDOM_PROGRAMS=${KILN_RANDOM_PROGRAMS_ASAN:-50}
-if configure build-asan -DKILN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug -DKILN_NATIVE=ON &&
+# the default, portable build (multiversioned kernels), as users get it
+if configure build-asan -DKILN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug -DKILN_NATIVE=OFF &&
    cmake --build build-asan; then
   section "ctest (build-asan/)"
   run_ctest build-asan

@@ -139,6 +139,9 @@ void cpu_jit_forget(void *lib);
  * JITDylib of its own, which stays for the life of the process: the address
  * of symbol name. NULL / 0 with the error set. */
 void *cpu_jit_host_machine(void);
+/* Whether the JIT's target CPU (the host's, or KILN_CPU's) has an LLVM
+ * feature ("avx2", "fma", "avx512f"); false without a JIT. */
+bool cpu_jit_target_has(const char *feature);
 /* An LLVMModuleRef as LLVM IR text or, with assembly, the host's assembly
  * (the text stages of programs and of gemm.c's kernels): malloc'd; NULL
  * with "<who>: ..." in the error. */

@@ -29,12 +29,12 @@ enum { UNROLL = 4 };
 typedef enum { ISA_NONE, ISA_AVX2, ISA_AVX512 } isa;
 
 static isa host_isa(LLVMTargetMachineRef tm) {
-  char *triple = LLVMGetTargetMachineTriple(tm), *features = LLVMGetTargetMachineFeatureString(tm);
+  char *triple = LLVMGetTargetMachineTriple(tm);
   isa i = ISA_NONE;
-  if (!strncmp(triple, "x86_64", 6) && strstr(features, "+avx2") && strstr(features, "+fma"))
-    i = strstr(features, "+avx512f") ? ISA_AVX512 : ISA_AVX2;
+  /* the JIT's target CPU: the host's, or the one KILN_CPU names */
+  if (!strncmp(triple, "x86_64", 6) && cpu_jit_target_has("avx2") && cpu_jit_target_has("fma"))
+    i = cpu_jit_target_has("avx512f") ? ISA_AVX512 : ISA_AVX2;
   LLVMDisposeMessage(triple);
-  LLVMDisposeMessage(features);
   const char *env = getenv("KILN_GEMM_ISA");
   if (i == ISA_AVX512 && env && !strcmp(env, "avx2")) i = ISA_AVX2;
   return i;
@@ -206,7 +206,7 @@ static void emit_ukernel(llvm_emit *e, const char *name, kiln_dtype dt, gemm_epi
   char *cpu = LLVMGetTargetMachineCPU(tm), *features = LLVMGetTargetMachineFeatureString(tm);
   char *fs = malloc(strlen(features) + 16);
   if (fs) { /* the AVX2 kernel on an AVX-512 host (KILN_GEMM_ISA) */
-    sprintf(fs, "%s%s", features, !avx512 && strstr(features, "+avx512f") ? ",-avx512f" : "");
+    sprintf(fs, "%s%s", features, !avx512 && cpu_jit_target_has("avx512f") ? (*features ? ",-avx512f" : "-avx512f") : "");
     add_attr(e->ctx, fn, "target-features", fs);
     free(fs);
   }

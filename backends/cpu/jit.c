@@ -4,6 +4,7 @@
  * as symbols, and the same for gemm.c's micro-kernels. */
 #include <llvm-c/Core.h>
 #include <llvm-c/Error.h>
+#include <llvm-c/IRReader.h>
 #include <llvm-c/LLJIT.h>
 #include <llvm-c/Orc.h>
 #include <llvm-c/Target.h>
@@ -17,6 +18,9 @@
 static LLVMOrcLLJITRef cpu_jit;
 static char jit_error[512];
 static char *host_cpu, *host_features;
+/* the features code generators test: host_features, or those probed for
+ * KILN_CPU's CPU (jit_init) */
+static char *target_features;
 static pthread_once_t jit_once = PTHREAD_ONCE_INIT;
 /* JITDylibs of freed programs, emptied, for the next ones (ORC's C API
  * cannot remove a JITDylib from its session) */
@@ -46,13 +50,76 @@ static LLVMTargetMachineRef host_machine(void) {
   return tm;
 }
 
+/* Whether the machine's code for one small function (@p, in LLVM IR text)
+ * holds `needle` (an AT&T mnemonic or register): how the features of a CPU
+ * named by KILN_CPU are known, since LLVM's C API gives no feature list for
+ * a CPU name. */
+static bool emits(LLVMTargetMachineRef tm, const char *ir, const char *needle) {
+  LLVMContextRef ctx = LLVMContextCreate();
+  LLVMMemoryBufferRef src = LLVMCreateMemoryBufferWithMemoryRangeCopy(ir, strlen(ir), "probe");
+  LLVMModuleRef m = NULL;
+  LLVMMemoryBufferRef ob = NULL;
+  char *msg = NULL;
+  bool found = false;
+  if (!LLVMParseIRInContext(ctx, src, &m, &msg) /* takes src */ &&
+      !LLVMTargetMachineEmitToMemoryBuffer(tm, m, LLVMAssemblyFile, &msg, &ob)) {
+    size_t len = LLVMGetBufferSize(ob), nl = strlen(needle);
+    const char *t = LLVMGetBufferStart(ob);
+    for (size_t i = 0; !found && i + nl <= len; i++) found = !memcmp(t + i, needle, nl);
+    LLVMDisposeMemoryBuffer(ob);
+  }
+  if (msg) LLVMDisposeMessage(msg);
+  if (m) LLVMDisposeModule(m);
+  LLVMContextDispose(ctx);
+  return found;
+}
+
+/* The features of the CPU that KILN_CPU names which the code generators
+ * test (cpu_add_target_attrs; gemm.c's choice of micro-kernel), as LLVM
+ * feature text ("+avx2,+fma,+avx512f,"), found by compiling three tiny
+ * functions for it. malloc'd; NULL out of memory. */
+static char *probe_features(LLVMTargetMachineRef tm) {
+  char f[64] = "", *triple = LLVMGetTargetMachineTriple(tm);
+  if (!strncmp(triple, "x86_64", 6)) {
+    if (emits(tm, "define <8 x i32> @p(<8 x i32> %a, <8 x i32> %b) {\n %r = add <8 x i32> %a, %b\n"
+                  " ret <8 x i32> %r\n}\n", "%ymm"))
+      strcat(f, "+avx2,");
+    if (emits(tm, "declare float @llvm.fma.f32(float, float, float)\n"
+                  "define float @p(float %a, float %b, float %c) {\n"
+                  " %r = call float @llvm.fma.f32(float %a, float %b, float %c)\n ret float %r\n}\n", "vfmadd"))
+      strcat(f, "+fma,");
+    if (emits(tm, "define <16 x float> @p(<16 x float> %a, <16 x float> %b) {\n"
+                  " %r = fadd <16 x float> %a, %b\n ret <16 x float> %r\n}\n", "%zmm"))
+      strcat(f, "+avx512f,");
+  }
+  LLVMDisposeMessage(triple);
+  return strdup(f);
+}
+
+/* The target: the host CPU with its features, or the CPU that KILN_CPU
+ * names (an LLVM CPU name: x86-64, x86-64-v2, skylake-avx512, ...) with
+ * that CPU's own default features, not the host's: code for an older CPU,
+ * or one valgrind emulates (x86-64-v2). Both are in the disk cache's key
+ * (cache_meta, gemm.c's kernel_meta). */
 static void jit_init(void) {
   LLVMInitializeNativeTarget();
   LLVMInitializeNativeAsmPrinter();
-  host_cpu = LLVMGetHostCPUName();
-  host_features = LLVMGetHostCPUFeatures();
+  const char *want = getenv("KILN_CPU");
+  bool named = want && *want;
+  host_cpu = named ? strdup(want) : LLVMGetHostCPUName();
+  host_features = named ? strdup("") : LLVMGetHostCPUFeatures();
+  if (!host_cpu || !host_features) {
+    snprintf(jit_error, sizeof jit_error, "out of memory");
+    return;
+  }
   LLVMTargetMachineRef tm = host_machine();
   if (!tm) return;
+  target_features = named ? probe_features(tm) : host_features;
+  if (!target_features) {
+    snprintf(jit_error, sizeof jit_error, "out of memory");
+    LLVMDisposeTargetMachine(tm);
+    return;
+  }
   LLVMOrcLLJITBuilderRef b = LLVMOrcCreateLLJITBuilder();
   /* the host's triple and data layout (programs arrive as object code) */
   LLVMOrcLLJITBuilderSetJITTargetMachineBuilder(b, LLVMOrcJITTargetMachineBuilderCreateFromTargetMachine(tm));
@@ -220,6 +287,14 @@ int cpu_load_code(cpu_program *p, const const_list *consts, LLVMOrcLLJITRef jit,
 }
 
 /* ---- the JIT for gemm.c's micro-kernels ---- */
+
+bool cpu_jit_target_has(const char *feature) {
+  if (!cpu_jit_get()) return false;
+  size_t n = strlen(feature);
+  for (const char *p = target_features; (p = strstr(p, feature)); p += n)
+    if (p > target_features && p[-1] == '+' && (p[n] == ',' || p[n] == 0)) return true;
+  return false;
+}
 
 void *cpu_jit_host_machine(void) {
   if (!cpu_jit_get()) return NULL;
