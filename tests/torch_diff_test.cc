@@ -754,8 +754,6 @@ struct KnownBug {
 
 const std::vector<KnownBug> &known_bugs() {
   static const std::vector<KnownBug> bugs = {
-      {"cast", "", [](const Case &c) { return c.in[0].dt == KILN_F64 && (c.ints[0] == KILN_F16 || c.ints[0] == KILN_BF16); },
-       "issue 14: cast f64 -> f16/bf16 rounds twice (through f32): f64 2705.00002 gives f16 2704, not 2706"},
   };
   return bugs;
 }
