@@ -560,19 +560,9 @@ TEST(Composite, NullKeepsFirstError) {
 
 // ---- errors that read the same staged as eagerly ----
 
-struct BackendEnv {  // KILN_BACKEND for the traces compiled while it lives
-  std::string old;
-  bool had;
-  explicit BackendEnv(const char *v) {
-    const char *o = getenv("KILN_BACKEND");
-    had = o != nullptr;
-    if (had) old = o;
-    setenv("KILN_BACKEND", v, 1);
-  }
-  ~BackendEnv() {
-    if (had) setenv("KILN_BACKEND", old.c_str(), 1);
-    else unsetenv("KILN_BACKEND");
-  }
+// KILN_BACKEND for the traces compiled while it lives
+struct BackendEnv : EnvGuard {
+  explicit BackendEnv(const char *v) : EnvGuard("KILN_BACKEND", v) {}
 };
 
 int sparse_ce_body(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {

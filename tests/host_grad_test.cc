@@ -241,19 +241,9 @@ TEST(HostGrad, SecondOrderFailsNamingTheGradientCallback) {
 
 // ---- staged ----
 
-struct BackendEnv {  // KILN_BACKEND for the traces compiled while it lives
-  std::string old;
-  bool had;
-  explicit BackendEnv(const char *v) {
-    const char *o = getenv("KILN_BACKEND");
-    had = o != nullptr;
-    if (had) old = o;
-    setenv("KILN_BACKEND", v, 1);
-  }
-  ~BackendEnv() {
-    if (had) setenv("KILN_BACKEND", old.c_str(), 1);
-    else unsetenv("KILN_BACKEND");
-  }
+// KILN_BACKEND for the traces compiled while it lives
+struct BackendEnv : EnvGuard {
+  explicit BackendEnv(const char *v) : EnvGuard("KILN_BACKEND", v) {}
 };
 
 int target_body(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {

@@ -332,19 +332,9 @@ TEST(Index, ArangeErrors) {
 
 // ---- index errors, staged: the same message compiled and interpreted ----
 
-struct BackendEnv {  // KILN_BACKEND for the traces compiled while it lives
-  std::string old;
-  bool had;
-  explicit BackendEnv(const char *v) {
-    const char *o = getenv("KILN_BACKEND");
-    had = o != nullptr;
-    if (had) old = o;
-    setenv("KILN_BACKEND", v, 1);
-  }
-  ~BackendEnv() {
-    if (had) setenv("KILN_BACKEND", old.c_str(), 1);
-    else unsetenv("KILN_BACKEND");
-  }
+// KILN_BACKEND for the traces compiled while it lives
+struct BackendEnv : EnvGuard {
+  explicit BackendEnv(const char *v) : EnvGuard("KILN_BACKEND", v) {}
 };
 
 struct GatherCase {
