@@ -89,9 +89,14 @@ static int attr_shape(op_id op, const op_attrs *a, op_type *out, kiln_dtype dt) 
   return 0;
 }
 
+/* elements of t: 0 when any dim is 0 (whatever the others), INT64_MAX
+ * when the product does not fit (a shape no tensor can have) */
 static int64_t type_size(const op_type *t) {
+  for (int i = 0; i < t->rank; i++)
+    if (t->shape[i] == 0) return 0;
   int64_t n = 1;
-  for (int i = 0; i < t->rank; i++) n *= t->shape[i];
+  for (int i = 0; i < t->rank; i++)
+    if (KILN_MUL_OVERFLOW(n, t->shape[i], &n)) return INT64_MAX;
   return n;
 }
 
