@@ -110,19 +110,20 @@ kiln_variable *kiln_variable_new(const kiln_tensor *init, const char *name) {
 
 /* ---- owners of per-variable state ---- */
 
-static pthread_mutex_t links_mutex;
-static pthread_once_t links_once = PTHREAD_ONCE_INIT;
-
-static void links_init(void) {
-  if (lock_init(&links_mutex)) abort(); /* no memory at the first lock: nothing sane to do */
-}
+/* One lock for every variable's links. A variable's free calls its owners'
+ * drops, which free slot variables in turn, so the thread that holds it
+ * takes it again: counted per thread over a plain, statically initialized
+ * mutex (nothing to set up, nothing that can fail). */
+static pthread_mutex_t links_mutex = PTHREAD_MUTEX_INITIALIZER;
+static _Thread_local int links_depth;
 
 void variable_links_lock(void) {
-  pthread_once(&links_once, links_init);
-  pthread_mutex_lock(&links_mutex);
+  if (links_depth++ == 0) pthread_mutex_lock(&links_mutex);
 }
 
-void variable_links_unlock(void) { pthread_mutex_unlock(&links_mutex); }
+void variable_links_unlock(void) {
+  if (--links_depth == 0) pthread_mutex_unlock(&links_mutex);
+}
 
 int variable_link(kiln_variable *v, void *owner, variable_drop_fn drop) {
   link *l = malloc(sizeof *l);

@@ -106,7 +106,7 @@ struct TargetCpu : ::testing::Test {
 // bits (nothing to contract into an FMA either).
 TEST_F(TargetCpu, BaselineCpuCompilesWithoutAvxAndMatchesTheInterpreter) {
 #if !defined(__x86_64__)
-  GTEST_SKIP() << "x86-64 CPU names";
+  GTEST_SKIP() << "this host is not x86-64: the test names x86-64 CPUs (x86-64-v2, haswell, skylake-avx512) in KILN_CPU";
 #else
   Child v2 = run(env("KILN_CPU=x86-64-v2"));
   ASSERT_EQ(v2.rc, 0) << v2.out;
@@ -132,7 +132,7 @@ TEST_F(TargetCpu, BaselineCpuCompilesWithoutAvxAndMatchesTheInterpreter) {
 // still use no zmm register.
 TEST_F(TargetCpu, NamedCpuBringsItsOwnFeatures) {
 #if !defined(__x86_64__)
-  GTEST_SKIP() << "x86-64 CPU names";
+  GTEST_SKIP() << "this host is not x86-64: the test names x86-64 CPUs (x86-64-v2, haswell, skylake-avx512) in KILN_CPU";
 #else
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
     GTEST_SKIP() << "the host has no AVX2 and FMA to run haswell code";
@@ -147,7 +147,7 @@ TEST_F(TargetCpu, NamedCpuBringsItsOwnFeatures) {
 // staged call compiled for it: an AVX-512 host only).
 TEST_F(TargetCpu, Avx512CpuGetsTheZmmMicroKernel) {
 #if !defined(__x86_64__)
-  GTEST_SKIP() << "x86-64 CPU names";
+  GTEST_SKIP() << "this host is not x86-64: the test names x86-64 CPUs (x86-64-v2, haswell, skylake-avx512) in KILN_CPU";
 #else
   if (!__builtin_cpu_supports("avx512f")) GTEST_SKIP() << "the host has no AVX-512 to run skylake-avx512 code";
   Child skx = run(env("KILN_CPU=skylake-avx512"));
@@ -160,7 +160,7 @@ TEST_F(TargetCpu, Avx512CpuGetsTheZmmMicroKernel) {
 // reused for x86-64-v2 (a miss), and the second x86-64-v2 run hits.
 TEST_F(TargetCpu, CpuNameIsPartOfTheCacheKey) {
 #if !defined(__x86_64__)
-  GTEST_SKIP() << "x86-64 CPU names";
+  GTEST_SKIP() << "this host is not x86-64: the test names x86-64 CPUs (x86-64-v2, haswell, skylake-avx512) in KILN_CPU";
 #endif
   Child host = run(env("KILN_LOG=cache"));
   ASSERT_EQ(host.rc, 0) << host.out;
