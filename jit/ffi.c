@@ -182,13 +182,21 @@ static int parse_sig(const char *sig) {
   return 0;
 }
 
-static void jit_obj_free(jit_obj *j) {
-  if (!j) return;
-  kiln_function_free(j->f);
+static void jit_obj_release(void *p) {
+  jit_obj *j = p;
   if (j->closure) ffi_closure_free(j->closure);
   free(j->atypes);
   free(j->args);
   free(j);
+}
+
+/* The object goes with its function's last hold (a tape may still hold the
+ * function: its backward runs the body, whose user is j). */
+static void jit_obj_free(jit_obj *j) {
+  if (!j) return;
+  if (!j->f) return jit_obj_release(j);
+  j->f->user_free = jit_obj_release;
+  kiln_function_free(j->f);
 }
 
 kiln_fnptr kiln_jit(kiln_fnptr fn, const char *sig) {

@@ -180,6 +180,7 @@ kiln_function *kiln_function_new(const char *name, kiln_body_fn body, void *user
   f->n_out = n_out;
   f->max = cache_max();
   atomic_init(&f->eager, false);
+  atomic_init(&f->refs, 1);
   pthread_mutex_init(&f->lock, NULL);
   return f;
 }
@@ -191,6 +192,46 @@ static void entry_free(cached_trace *c) {
   free(c->key);
   free(c);
   atomic_fetch_sub(&live_traces, 1);
+}
+
+/* A call a tape watches is two kinds of trace of the body, made together:
+ * the forward, which returns the outputs and then the residuals (the values
+ * the backward needs), and per float output k a backward trace (dy,
+ * residuals) -> d(sum(y_k * dy))/d(inputs), recorded by running the tape's
+ * gradient over the forward's symbolic values while the backward trace
+ * records (trace_taped). The function's list holds one reference, each tape
+ * node of such a call another (and one on the function). */
+struct taped_trace {
+  _Atomic(taped_trace *) next;
+  uint8_t *key; /* packed as a cached_trace's */
+  size_t key_len, statics_off, statics_len;
+  uint64_t hash;
+  int n_out;
+  atomic_int refs;
+  _Atomic uint64_t last_use; /* as a cached_trace's */
+  uint64_t retired_at;
+  taped_trace *next_retired;
+  traced_fn fwd;
+  traced_fn *bwd;  /* per output; func NULL for outputs without gradients */
+  int **res_idx;   /* per output: its residual parameters, as indices of fwd's residual results */
+  taped_slot *slots;
+};
+
+static void taped_free(taped_trace *t) {
+  if (!t) return;
+  traced_fn_free(&t->fwd);
+  for (int k = 0; t->bwd && k < t->n_out; k++) traced_fn_free(&t->bwd[k]);
+  for (int k = 0; t->res_idx && k < t->n_out; k++) free(t->res_idx[k]);
+  free(t->bwd);
+  free(t->res_idx);
+  free(t->slots);
+  free(t->key);
+  free(t);
+  atomic_fetch_sub(&live_traces, 1);
+}
+
+static void taped_release(taped_trace *t) {
+  if (atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) == 1) taped_free(t);
 }
 
 /* Frees what was retired before every running call began; caller holds
@@ -215,7 +256,16 @@ static void reclaim(kiln_function *f) {
       p = &t->next_retired;
     }
   }
-  atomic_store_explicit(&f->reclaim, f->retired || f->retired_tables, memory_order_relaxed);
+  for (taped_trace **p = &f->retired_taped; *p;) {
+    taped_trace *t = *p;
+    if (t->retired_at < oldest) {
+      *p = t->next_retired;
+      taped_release(t);
+    } else {
+      p = &t->next_retired;
+    }
+  }
+  atomic_store_explicit(&f->reclaim, f->retired || f->retired_tables || f->retired_taped, memory_order_relaxed);
 }
 
 static void try_reclaim(kiln_function *f) {
@@ -224,8 +274,8 @@ static void try_reclaim(kiln_function *f) {
   pthread_mutex_unlock(&f->lock);
 }
 
-void kiln_function_free(kiln_function *f) {
-  if (!f) return;
+static void function_release(kiln_function *f) {
+  if (atomic_fetch_sub_explicit(&f->refs, 1, memory_order_acq_rel) != 1) return;
   trace_table *t = atomic_load(&f->table);
   for (uint32_t i = 0; t && i < t->cap; i++) {
     cached_trace *c = atomic_load(&t->slot[i]);
@@ -241,7 +291,14 @@ void kiln_function_free(kiln_function *f) {
     free(r);
   }
   function_free_gradients(f);
-  function_free_taped(f);
+  for (taped_trace *t = atomic_load(&f->taped), *n; t; t = n) {
+    n = atomic_load(&t->next);
+    taped_release(t);
+  }
+  for (taped_trace *t = f->retired_taped, *n; t; t = n) {
+    n = t->next_retired;
+    taped_release(t);
+  }
   for (int i = 0; i < f->n_owned; i++) kiln_variable_free(f->owned[i]);
   free(f->owned);
   free(f->static_letters);
@@ -249,7 +306,12 @@ void kiln_function_free(kiln_function *f) {
   free(f->static_pos);
   pthread_mutex_destroy(&f->lock);
   free(f->name);
+  if (f->user_free) f->user_free(f->user);
   free(f);
+}
+
+void kiln_function_free(kiln_function *f) {
+  if (f) function_release(f);
 }
 
 void kiln_function_set_eager(kiln_function *f, bool eager) {
@@ -963,43 +1025,9 @@ int function_run_staged(kiln_function *f, kiln_tensor *const *in, kiln_tensor **
   return rc;
 }
 
-/* ---- calls a tape watches ----
- * A taped trace is two kinds of trace of the body, made together: the
- * forward, which returns the outputs and then the residuals (the values the
- * backward needs), and per float output k a backward trace (dy, residuals)
- * -> d(sum(y_k * dy))/d(inputs), recorded by running the tape's gradient
- * over the forward's symbolic values while the backward trace records. */
-struct taped_trace {
-  struct taped_trace *next;
-  uint8_t *key; /* packed as a cached_trace's */
-  size_t key_len, statics_off, statics_len;
-  uint64_t hash;
-  traced_fn fwd;
-  traced_fn *bwd;  /* per output; func NULL for outputs without gradients */
-  int **res_idx;   /* per output: its residual parameters, as indices of fwd's residual results */
-  taped_slot *slots;
-};
+/* ---- calls a tape watches (struct taped_trace above) ---- */
 
 static bool float_dtype(const kiln_tensor *t) { return t->dtype == KILN_F32 || t->dtype == KILN_F64; }
-
-static void taped_free(kiln_function *f, taped_trace *t) {
-  if (!t) return;
-  traced_fn_free(&t->fwd);
-  for (int k = 0; t->bwd && k < f->n_out; k++) traced_fn_free(&t->bwd[k]);
-  for (int k = 0; t->res_idx && k < f->n_out; k++) free(t->res_idx[k]);
-  free(t->bwd);
-  free(t->res_idx);
-  free(t->slots);
-  free(t->key);
-  free(t);
-}
-
-void function_free_taped(kiln_function *f) {
-  for (taped_trace *t = atomic_load(&f->taped), *next; t; t = next) {
-    next = t->next;
-    taped_free(f, t);
-  }
-}
 
 /* Traces the forward and backward traces of a taped call; NULL with the
  * error set, or with *again set where the body created variables on the
@@ -1013,6 +1041,9 @@ static taped_trace *trace_taped(kiln_function *f, kiln_tensor *const *in, const 
   kiln_tensor **grads = calloc((size_t)n_in + 1, sizeof *grads);
   int *extras = NULL, n_extras = 0, rc = -1;
   if (t) {
+    atomic_fetch_add(&live_traces, 1);
+    atomic_init(&t->refs, 1);
+    t->n_out = n_out;
     t->key = malloc(key->n);
     t->bwd = calloc((size_t)n_out + 1, sizeof *t->bwd);
     t->res_idx = calloc((size_t)n_out + 1, sizeof *t->res_idx);
@@ -1021,7 +1052,7 @@ static taped_trace *trace_taped(kiln_function *f, kiln_tensor *const *in, const 
   if (!t || !sym_in || !outs || !grads || !t->key || !t->bwd || !t->res_idx || !t->slots) {
     kiln_set_error("%s: out of memory", who);
     free(sym_in), free(outs), free(grads);
-    taped_free(f, t);
+    taped_free(t);
     return NULL;
   }
   memcpy(t->key, key->p, key->n);
@@ -1113,13 +1144,38 @@ static taped_trace *trace_taped(kiln_function *f, kiln_tensor *const *in, const 
   free(grads);
   if (rc) {
     if (!*again) name_error(f);
-    taped_free(f, t);
+    taped_free(t);
     return NULL;
   }
   if (*saved_error) kiln_set_error("%s", saved_error);
   return t;
 }
 
+/* Unlinks the least recently used taped trace and retires it; caller
+ * holds the lock. */
+static void evict_taped(kiln_function *f) {
+  _Atomic(taped_trace *) *at = NULL;
+  taped_trace *lru = NULL;
+  for (_Atomic(taped_trace *) *p = &f->taped; atomic_load(p); p = &atomic_load(p)->next) {
+    taped_trace *t = atomic_load(p);
+    if (!lru || atomic_load_explicit(&t->last_use, memory_order_relaxed) <
+                    atomic_load_explicit(&lru->last_use, memory_order_relaxed))
+      lru = t, at = p;
+  }
+  if (!lru) return;
+  atomic_store(at, atomic_load(&lru->next)); /* a reader on lru still finds its next */
+  f->n_taped--;
+  lru->retired_at = atomic_fetch_add(&ebr_epoch, 1);
+  lru->next_retired = f->retired_taped;
+  f->retired_taped = lru;
+  atomic_store(&f->reclaim, true);
+  if (log_retrace())
+    fprintf(stderr, "kiln: retrace @%s: evicted a taped trace, the least recently used of %d "
+            "(KILN_TRACE_CACHE_MAX=%d)\n", f->name, f->max, f->max);
+}
+
+/* The taped trace for in's signature, traced on a miss. The caller is
+ * inside ebr_enter. */
 static taped_trace *get_taped(kiln_function *f, kiln_tensor *const *in) {
   packed_key k;
   if (pack_key(&k, f, in)) return NULL;
@@ -1127,7 +1183,7 @@ static taped_trace *get_taped(kiln_function *f, kiln_tensor *const *in) {
   taped_trace *t = NULL;
   for (int pass = 0; pass < 2 && !t; pass++) {
     if (pass) pthread_mutex_lock(&f->lock);
-    for (t = atomic_load(&f->taped); t; t = t->next)
+    for (t = atomic_load(&f->taped); t; t = atomic_load(&t->next))
       if (t->hash == h && t->key_len == k.n && !memcmp(t->key, k.p, k.n)) break;
     if (pass && !t) {
       bool again = false;
@@ -1135,15 +1191,33 @@ static taped_trace *get_taped(kiln_function *f, kiln_tensor *const *in) {
       if (!t && again) t = trace_taped(f, in, &k, h, true, &again);
       if (t) {
         f->settled = true;
-        t->next = atomic_load(&f->taped);
+        if (f->n_taped >= f->max) evict_taped(f);
+        atomic_store(&t->next, atomic_load(&f->taped));
         atomic_store(&f->taped, t);
+        f->n_taped++;
       }
     }
     if (pass) pthread_mutex_unlock(&f->lock);
   }
+  if (t) atomic_store_explicit(&t->last_use, atomic_fetch_add_explicit(&f->tick, 1, memory_order_relaxed) + 1,
+                               memory_order_relaxed);
   packed_free(&k);
   return t;
 }
+
+/* A tape node of a taped call holds its trace and its function. */
+static void slot_retain(void *user) {
+  taped_slot *s = user;
+  atomic_fetch_add_explicit(&s->t->refs, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&s->f->refs, 1, memory_order_relaxed);
+}
+static void slot_release(void *user) {
+  taped_slot *s = user;
+  kiln_function *f = s->f;
+  taped_release(s->t);
+  function_release(f);
+}
+static const tape_closure slot_closure = {slot_retain, slot_release, "function_call"};
 
 static _Thread_local kiln_tensor *pending_y;
 
@@ -1204,7 +1278,7 @@ int function_call_taped(kiln_function *f, kiln_tensor *const *in, kiln_tensor **
     for (int i = 0; i < n_in; i++) xs[i] = in[i];
     for (int j = 0; j < t->bwd[k].n_residuals; j++) xs[n_in + j] = extras[t->res_idx[k][j]];
     pending_y = res[k];
-    out[k] = kiln_custom_gradient(forward_done, backward, &t->slots[k], n_in + t->bwd[k].n_residuals, xs);
+    out[k] = tape_custom_gradient(forward_done, backward, &t->slots[k], &slot_closure, n_in + t->bwd[k].n_residuals, xs);
     pending_y = NULL;
     if (!out[k]) rc = -1;
   }

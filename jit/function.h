@@ -47,7 +47,16 @@ struct kiln_function {
   char *static_letters;      /* their letters (i l d b p), 8 key bytes each, or NULL */
   int *tensor_pos, *static_pos; /* C argument positions, for KILN_LOG=retrace */
   vjp_slot *vjps; /* per output: the staged backward function (grad.c), made on first use */
-  _Atomic(taped_trace *) taped; /* traces for calls a tape watches: a list, added under the lock */
+  /* Traces for calls a tape watches: a list read without the lock, added
+   * to and evicted from under it (LRU, at most max); an evicted one is
+   * retired as cache entries are, and lives on while tape nodes hold it. */
+  _Atomic(taped_trace *) taped;
+  int n_taped;
+  taped_trace *retired_taped;
+  /* Held by the user (kiln_function_free drops it) and by each tape node of
+   * a taped call, so that a tape can outlive the function's handle. */
+  atomic_int refs;
+  void (*user_free)(void *user); /* run with user when the last hold goes (kiln_jit's closure) */
 };
 
 /* kiln_function_call with key (len bytes) as static arguments of f: part
@@ -69,7 +78,6 @@ int function_run_staged(kiln_function *f, kiln_tensor *const *in, kiln_tensor **
  * the residuals), and for each float output one tape node whose backward is
  * a staged backward trace. */
 int function_call_taped(kiln_function *f, kiln_tensor *const *in, kiln_tensor **out);
-void function_free_taped(kiln_function *f);
 /* grad.c: d(sum(y_k * dy))/d(xs) by the staged VJP function of output k,
  * which recomputes the forward (differentiable again, for higher orders). */
 int grad_recompute_vjp(kiln_function *f, int k, kiln_tensor *const *xs, kiln_tensor *dy, kiln_tensor **dxs);

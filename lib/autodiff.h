@@ -39,6 +39,10 @@ typedef struct tape_closure {
 } tape_closure;
 int tape_record_custom(int n, kiln_tensor *const *in, kiln_tensor *out, kiln_gradient_fn grad, void *user,
                        const tape_closure *closure);
+/* kiln_custom_gradient whose tape nodes hold user through closure (NULL:
+ * not owned, as kiln_custom_gradient). */
+kiln_tensor *tape_custom_gradient(kiln_forward_fn fwd, kiln_gradient_fn grad, void *user, const tape_closure *closure,
+                                  int n, kiln_tensor *const *xs);
 
 /* ---- gradient rules (gradients.c) ----
  * A rule computes, with public ops, the gradient of each input from dout

@@ -314,7 +314,14 @@ kiln_tensor *kiln_softmax_cross_entropy(kiln_tensor *labels, kiln_tensor *logits
 /* Concrete labels are checked here so that a bad one is reported under this
  * op's name with its position; returns 0 / -1. */
 static int check_labels(const char *op, const kiln_tensor *labels, int64_t classes) {
-  if ((labels->flags & TF_SYMBOLIC) || labels->device != 0) return 0;
+  if (labels->flags & TF_SYMBOLIC) return 0;
+  if (labels->device != 0) { /* a GPU's labels: read back (a few bytes per example) */
+    kiln_scope_push();
+    kiln_tensor *host = kiln_to_device((kiln_tensor *)labels, "cpu");
+    int rc = host ? check_labels(op, host, classes) : -1;
+    kiln_scope_pop();
+    return rc;
+  }
   for (int64_t i = 0; i < labels->size; i++) {
     int64_t v = labels->dtype == KILN_I32 ? ((const int32_t *)labels->data)[i]
                                           : ((const int64_t *)labels->data)[i];
@@ -336,7 +343,8 @@ static int check_labels(const char *op, const kiln_tensor *labels, int64_t class
 
 /* check_labels at each call of a staged function: a host call that passes
  * the labels on (so that the gather after it waits for it) and fails as the
- * eager op does, naming this op and the label. user is the class count. */
+ * eager op does, naming this op and the label. user is the class count. On
+ * a GPU the host step copies the labels to the host and back. */
 static int check_labels_host(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
   (void)n_in, (void)n_out;
   if (check_labels("sparse_softmax_cross_entropy", in[0], (int64_t)(intptr_t)user)) return -1;
@@ -373,20 +381,13 @@ kiln_tensor *kiln_sparse_softmax_cross_entropy(kiln_tensor *labels, kiln_tensor 
   int64_t classes = logits->shape[logits->rank - 1], n = labels->size;
   if (check_labels(op, labels, classes)) return NULL;
   kiln_scope_push();
-  if ((labels->flags & TF_SYMBOLIC) && labels->device == 0 && !(labels = staged_label_check(labels, classes)))
+  if ((labels->flags & TF_SYMBOLIC) && !(labels = staged_label_check(labels, classes)))
     return finish(NULL);
   kiln_tensor *flat = kiln_reshape(kiln_log_softmax(logits, -1), 1, (int64_t[]){n * classes});
   kiln_tensor *label = kiln_reshape(labels->dtype == KILN_I64 ? labels : kiln_cast(labels, KILN_I64), 1,
                                     (int64_t[]){n});
   kiln_tensor *row_start = kiln_mul(kiln_arange(KILN_I64, n), kiln_scalar(KILN_I64, (double)classes));
   kiln_tensor *at = kiln_add(row_start, label);
-  if ((labels->flags & TF_SYMBOLIC) && labels->device != 0) {
-    /* no host call on a GPU: a bad label goes out of range, so that the
-     * gather reports it (as "gather: indices[i] = -1 ...") */
-    kiln_tensor *ok = kiln_logical_and(kiln_greater_equal(label, kiln_scalar(KILN_I64, 0)),
-                                       kiln_less(label, kiln_scalar(KILN_I64, (double)classes)));
-    at = kiln_select(ok, at, kiln_scalar(KILN_I64, -1));
-  }
   kiln_tensor *picked = kiln_gather(flat, at, 0);
   return finish(kiln_neg(kiln_reshape(picked, labels->rank, labels->shape)));
 }

@@ -281,6 +281,11 @@ void tape_watch_variable_read(kiln_variable *var, kiln_tensor *t) {
 
 kiln_tensor *kiln_custom_gradient(kiln_forward_fn fwd, kiln_gradient_fn grad, void *user, int n,
                                   kiln_tensor *const *xs) {
+  return tape_custom_gradient(fwd, grad, user, NULL, n, xs);
+}
+
+kiln_tensor *tape_custom_gradient(kiln_forward_fn fwd, kiln_gradient_fn grad, void *user, const tape_closure *closure,
+                                  int n, kiln_tensor *const *xs) {
   if (!fwd || !grad) {
     kiln_set_error("custom_gradient: %s is NULL", fwd ? "grad" : "fwd");
     return NULL;
@@ -310,7 +315,10 @@ kiln_tensor *kiln_custom_gradient(kiln_forward_fn fwd, kiln_gradient_fn grad, vo
     if (!kiln_has_error()) kiln_set_error("custom_gradient: fwd returned NULL without an error");
     return NULL;
   }
-  if (tape_active_count) record(OP_COUNT, NULL, n, xs, y, grad, user, NULL);
+  if (tape_active_count && record(OP_COUNT, NULL, n, xs, y, grad, user, closure)) {
+    kiln_set_error("custom_gradient: out of memory");
+    return NULL;
+  }
   return y;
 }
 

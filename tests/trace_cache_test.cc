@@ -491,6 +491,60 @@ TEST(TraceCache, ManyShapesStayBounded) {
   EXPECT_EQ(kiln_debug_live_traces(), before);
 }
 
+int squares(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_reduce_sum(kiln_mul(in[0], in[0]), 0, nullptr, false);
+  return out[0] ? 0 : -1;
+}
+
+// Calls a tape watches have traces of their own (forward and backward):
+// they are bounded as the others, and a tape still holding an evicted one
+// (or the function after kiln_function_free) differentiates through it.
+TEST(TraceCache, TapedTracesAreBoundedAndTapesKeepWhatTheyHold) {
+  Scoped s;
+  Env max("KILN_TRACE_CACHE_MAX", "2");
+  int64_t before = kiln_debug_live_traces();
+  kiln_function *f = kiln_function_new("taped", squares, nullptr, 1, 1);
+  std::vector<kiln_tape *> tapes;
+  std::vector<kiln_tensor *> xs, ys;
+  for (int64_t n = 1; n <= 6; n++) {
+    kiln_tensor *x = kiln_fill(KILN_F64, 1, &n, (double)n), *y = nullptr;
+    kiln_tape *t = kiln_tape_begin(false);
+    kiln_tape_watch(t, x);
+    ASSERT_EQ(kiln_function_call(f, &x, &y), 0) << kiln_last_error();
+    kiln_tape_end(t);
+    tapes.push_back(t), xs.push_back(x), ys.push_back(y);
+  }
+  EXPECT_EQ(kiln_debug_live_traces() - before, 6) << "four evicted taped traces live on in the tapes";
+  kiln_function_free(f); // the tapes hold the function too
+  for (size_t i = 0; i < tapes.size(); i++) {
+    kiln_tensor *dx = nullptr;
+    ASSERT_EQ(kiln_tape_gradient(tapes[i], ys[i], 1, &xs[i], &dx), 0) << kiln_last_error();
+    EXPECT_EQ(values(dx), VD(i + 1, 2.0 * (double)(i + 1))) << "d sum(x^2)/dx = 2x, shape " << i + 1;
+    kiln_tape_free(tapes[i]);
+  }
+  EXPECT_EQ(kiln_debug_live_traces(), before) << "the last tape freed the function and its traces";
+
+  Env interp("KILN_BACKEND", "interp"); // 200 shapes traced, not compiled
+  f = kiln_function_new("taped", squares, nullptr, 1, 1);
+  int64_t most = 0;
+  for (int64_t n = 1; n <= 200; n++) {
+    kiln_scope_push();
+    kiln_tensor *x = kiln_fill(KILN_F64, 1, &n, 1.0), *y = nullptr, *dx = nullptr;
+    kiln_tape *t = kiln_tape_begin(false);
+    kiln_tape_watch(t, x);
+    ASSERT_EQ(kiln_function_call(f, &x, &y), 0) << kiln_last_error();
+    kiln_tape_end(t);
+    ASSERT_EQ(kiln_tape_gradient(t, y, 1, &x, &dx), 0) << kiln_last_error();
+    EXPECT_EQ(values(dx), VD((size_t)n, 2.0));
+    kiln_tape_free(t);
+    kiln_scope_pop();
+    most = std::max(most, kiln_debug_live_traces() - before);
+  }
+  EXPECT_LE(most, 3) << "KILN_TRACE_CACHE_MAX taped traces, and the one being added";
+  kiln_function_free(f);
+  EXPECT_EQ(kiln_debug_live_traces(), before);
+}
+
 TEST(TraceCache, BadLimitFallsBackToTheDefault) {
   Scoped s;
   testing::internal::CaptureStderr();

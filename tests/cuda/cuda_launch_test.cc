@@ -258,6 +258,34 @@ int draw(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   return out[0] ? 0 : -1;
 }
 
+int softmax_loss(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_sparse_softmax_cross_entropy(in[0], in[1]);
+  return out[0] ? 0 : -1;
+}
+
+// A bad label on a GPU fails as on the CPU, naming the op and the label
+// (the staged check is a host step: the labels are read back each call).
+TEST(CudaStaged, ABadLabelNamesTheOpAndTheLabel) {
+  GpuTest s;
+  kiln_tensor *logits = on("gpu:0", f32({3, 4}, std::vector<float>(12, 0.5f)));
+  kiln_tensor *bad = on("gpu:0", i32({3}, {1, -1, 2})), *bad64 = on("gpu:0", i64({3}, {0, 1, 4}));
+  {
+    OnDevice d("gpu:0");
+    EXPECT_EQ(kiln_sparse_softmax_cross_entropy(bad, logits), nullptr);
+    EXPECT_EQ(error(), "sparse_softmax_cross_entropy: labels[1] = -1 is not in [0, 4)");
+  }
+  Fn f("loss", softmax_loss, 2, 1);
+  kiln_tensor *in[2] = {bad, logits}, *out = nullptr;
+  {
+    OnDevice d("gpu:0");
+    EXPECT_EQ(kiln_function_call(f.f, in, &out), -1);
+    EXPECT_EQ(error(), "@loss: sparse_softmax_cross_entropy: labels[1] = -1 is not in [0, 4)");
+    in[0] = bad64;
+    EXPECT_EQ(kiln_function_call(f.f, in, &out), -1);
+    EXPECT_EQ(error(), "@loss: sparse_softmax_cross_entropy: labels[2] = 4 is not in [0, 4)");
+  }
+}
+
 TEST(CudaStaged, RandomDrawsMatchTheCpus) {
   GpuTest s;
   Fn fn("draw", draw, 1, 1);
