@@ -120,6 +120,100 @@ static void arena_step(const ir_func *f, const arena_run *a, int i, kiln_tensor 
   }
 }
 
+static int run(const ir_func *f, kiln_tensor *const *args, kiln_tensor **results);
+
+/* ---- control flow ----
+ * The regions run as functions; every tensor here is retained by this code
+ * (run's results) or by the enclosing run (operands). */
+
+static void release_all(int n, kiln_tensor **t) {
+  for (int i = 0; i < n; i++) {
+    kiln_release(t[i]);
+    t[i] = NULL;
+  }
+}
+
+/* the bool of a bool[] result, released */
+static bool take_bool(kiln_tensor *p) {
+  bool b = *(const uint8_t *)p->data != 0;
+  kiln_release(p);
+  return b;
+}
+
+static int run_cond(const ir_instr *in, kiln_tensor *const *ins, kiln_tensor **outs) {
+  const ir_func *g = *(const uint8_t *)ins[0]->data ? in->attrs.callee : in->attrs.callee2;
+  return run(g, ins + 1, outs);
+}
+
+static int run_while(const ir_instr *in, kiln_tensor *const *ins, kiln_tensor **outs) {
+  int n = in->n_in, ns = in->attrs.n_state, rc = 0;
+  kiln_tensor **args = malloc(((size_t)n + ns + 1) * sizeof *args), **next = args + n;
+  if (!args) return kiln_set_error("while_loop: out of memory");
+  for (int i = 0; i < n; i++) args[i] = kiln_retain(ins[i]); /* the state, then the captures */
+  for (int64_t it = 0; in->attrs.trip < 0 || it < in->attrs.trip; it++) {
+    kiln_tensor *p = NULL;
+    if ((rc = run(in->attrs.callee, args, &p))) break;
+    if (!take_bool(p)) break;
+    if ((rc = run(in->attrs.callee2, args, next))) break;
+    release_all(ns, args);
+    memcpy(args, next, (size_t)ns * sizeof *args);
+  }
+  if (!rc) memcpy(outs, args, (size_t)ns * sizeof *outs);
+  release_all(rc ? n : n - ns, rc ? args : args + ns);
+  free(args);
+  return rc;
+}
+
+/* row t of x (axis 0), a new tensor */
+static kiln_tensor *row(const kiln_tensor *x, int64_t t) {
+  kiln_tensor *r = tensor_alloc("scan", (kiln_dtype)x->dtype, x->rank - 1, x->shape + 1);
+  size_t bytes = r ? tensor_bytes(r) : 0;
+  if (r && bytes) memcpy(r->data, (const char *)x->data + (size_t)t * bytes, bytes);
+  return r;
+}
+
+static int run_scan(const ir_func *f, const ir_instr *in, kiln_tensor *const *ins, kiln_tensor **outs) {
+  int n = in->n_in, nc = in->attrs.n_state, nx = in->attrs.n_xs, nr = in->n_out, rc = 0;
+  int64_t len = in->attrs.trip;
+  kiln_tensor **args = calloc((size_t)n + nr + 1, sizeof *args), **res = args + n;
+  if (!args) return kiln_set_error("scan: out of memory");
+  for (int i = 0; i < nr; i++) outs[i] = NULL;
+  for (int k = nc; k < nr && !rc; k++) { /* the stacked ys */
+    const op_type *t = &f->types[in->out + k];
+    if (!(outs[k] = tensor_alloc("scan", t->dtype, t->rank, t->shape))) rc = -1;
+  }
+  for (int i = 0; i < n; i++)
+    if (i < nc || i >= nc + nx) args[i] = kiln_retain(ins[i]);
+  for (int64_t s = 0; s < len && !rc; s++) {
+    int64_t t = in->attrs.reverse ? len - 1 - s : s;
+    for (int i = nc; i < nc + nx && !rc; i++) {
+      kiln_release(args[i]);
+      if (!(args[i] = row(ins[i], t))) rc = -1;
+    }
+    if (rc || (rc = run(in->attrs.callee, args, res))) break;
+    release_all(nc, args);
+    memcpy(args, res, (size_t)nc * sizeof *args);
+    for (int k = nc; k < nr; k++) {
+      size_t bytes = tensor_bytes(res[k]);
+      if (bytes) memcpy((char *)outs[k]->data + (size_t)t * bytes, res[k]->data, bytes);
+      kiln_release(res[k]);
+    }
+  }
+  for (int k = 0; k < nc; k++) outs[k] = rc ? NULL : kiln_retain(args[k]);
+  if (rc) release_all(nr, outs);
+  release_all(n, args);
+  free(args);
+  return rc;
+}
+
+static int run_control(const ir_func *f, const ir_instr *in, kiln_tensor *const *ins, kiln_tensor **outs) {
+  switch (in->op) {
+  case OP_COND: return run_cond(in, ins, outs);
+  case OP_WHILE: return run_while(in, ins, outs);
+  default: return run_scan(f, in, ins, outs);
+  }
+}
+
 /* values of the instructions of f, in order; results retained for the caller */
 static int run(const ir_func *f, kiln_tensor *const *args, kiln_tensor **results) {
   kiln_tensor **vals = calloc((size_t)f->n_values + 1, sizeof *vals);
@@ -157,6 +251,11 @@ static int run(const ir_func *f, kiln_tensor *const *args, kiln_tensor **results
       out = scope_own(kiln_retain(in->attrs.value));
     } else if (kind == OPK_CALL) {
       if (run(in->attrs.callee, ins, vals + in->out) == 0) {
+        for (int k = 0; k < in->n_out; k++) scope_own(vals[in->out + k]);
+        out = vals[in->out];
+      }
+    } else if (kind == OPK_CONTROL) {
+      if (run_control(f, in, ins, vals + in->out) == 0) {
         for (int k = 0; k < in->n_out; k++) scope_own(vals[in->out + k]);
         out = vals[in->out];
       }

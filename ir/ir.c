@@ -115,6 +115,12 @@ int ir_check_instr(const ir_module *m, op_id op, const op_attrs *a, int n, const
   *out = NULL;
   if ((unsigned)op >= OP_COUNT) return kiln_set_error("ir: invalid op %d", (int)op);
   const op_info *info = &kiln_ops[op];
+  if (info->kind == OPK_CONTROL) {
+    if (!a) return kiln_set_error("%s: bad attributes", info->api);
+    for (int i = 0; i < n; i++)
+      if (ir_type_check(info->api, &in[i])) return -1;
+    return ir_check_control(m, op, a, n, in, n_out, out);
+  }
   if (info->kind != OPK_CALL && info->kind != OPK_HOST) {
     op_type t;
     if (ir_check_op(op, a, n, in, &t)) return -1;
@@ -348,7 +354,16 @@ ir_value ir_append(ir_func *f, op_id op, const op_attrs *attrs, int n_in, const 
 
   ir_instr ins = {.op = op, .attrs = attrs ? *attrs : none, .n_in = n_in, .n_out = n_out, .loc = {NULL, loc.line}};
   if (op != OP_CONSTANT) ins.attrs.value = NULL; /* only constants own one */
-  if (kiln_ops[op].kind != OPK_CALL) ins.attrs.callee = NULL;
+  if (kiln_ops[op].kind != OPK_CALL && kiln_ops[op].kind != OPK_CONTROL) ins.attrs.callee = NULL;
+  if (kiln_ops[op].kind != OPK_CONTROL) {
+    ins.attrs.callee2 = NULL;
+    ins.attrs.n_state = ins.attrs.n_xs = 0;
+    ins.attrs.trip = 0;
+    ins.attrs.reverse = false;
+  } else {
+    if (ins.attrs.callee) ins.attrs.callee->region = true;
+    if (ins.attrs.callee2) ins.attrs.callee2->region = true;
+  }
   if (kiln_ops[op].kind != OPK_HOST) ins.attrs.host = NULL;
   if (kiln_ops[op].kind != OPK_RANDOM) ins.attrs.stateful = false;
   if ((loc.file && !(ins.loc.file = ir_intern_file(f->module, loc.file))) ||
@@ -466,6 +481,7 @@ ir_func *ir_clone_func(ir_module *m, const ir_func *src, ir_clone_memo *memo) {
     const ir_instr *in = &src->instrs[i];
     op_attrs a = in->attrs;
     if (a.callee && !(a.callee = ir_clone_func(m, a.callee, memo))) goto fail;
+    if (a.callee2 && !(a.callee2 = ir_clone_func(m, a.callee2, memo))) goto fail;
     if (a.host) {
       const ir_host *h = a.host;
       if (!(a.host = ir_module_add_host(m, h->fn, h->user, h->name, h->n_out, h->out))) goto fail;

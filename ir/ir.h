@@ -66,6 +66,9 @@ typedef struct ir_func {
    * values or results drops it. */
   int64_t *buf_offset;
   int64_t arena_bytes; /* max over planned values of offset + ir_buf_bytes */
+  /* A region of one control-flow instruction (cond, while, scan): printed
+   * nested under it, never on its own. */
+  bool region;
 } ir_func;
 
 struct ir_module {
@@ -100,8 +103,9 @@ KILN_EXPORT ir_value ir_append(ir_func *, op_id op, const op_attrs *attrs, int n
 /* A host callback owned by m (name copied; NULL = "host"); NULL on error. */
 KILN_EXPORT ir_host *ir_module_add_host(ir_module *m, kiln_host_fn fn, void *user, const char *name, int n_out,
                                         const op_type *out);
-/* For call/fusion/host_call, ir_append appends one instruction with n_out
- * results and returns the first; the others follow it. */
+/* For call/fusion/host_call and control flow, ir_append appends one
+ * instruction with n_out results and returns the first; the others follow
+ * it. The regions of a control-flow instruction are marked region. */
 /* Appends a constant holding (a reference to) t. */
 KILN_EXPORT ir_value ir_constant(ir_func *, kiln_tensor *t, ir_loc loc);
 /* The function's results (copied); each must be a value of f. */
@@ -121,6 +125,14 @@ KILN_EXPORT int ir_check_op(op_id op, const op_attrs *attrs, int n_in, const op_
  * instruction belongs to (a callee must be one of its functions). */
 KILN_EXPORT int ir_check_instr(const ir_module *m, op_id op, const op_attrs *attrs, int n_in, const op_type *in,
                                int *n_out, op_type **out);
+/* The regions of a control-flow instruction (cond: then, else; while:
+ * cond, body; scan: body) into r; returns how many (0 for other ops). */
+static inline int ir_regions(const ir_instr *in, const ir_func *r[2]) {
+  if ((unsigned)in->op >= OP_COUNT || kiln_ops[in->op].kind != OPK_CONTROL) return 0;
+  r[0] = in->attrs.callee;
+  r[1] = in->attrs.callee2;
+  return r[1] ? 2 : 1;
+}
 /* The instruction defining value v (NULL for parameters). */
 static inline const ir_instr *ir_def(const ir_func *f, ir_value v) {
   return v >= 0 && v < f->n_values && f->def[v] >= 0 ? &f->instrs[f->def[v]] : NULL;

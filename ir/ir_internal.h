@@ -19,6 +19,10 @@ char *ir_value_label(const ir_func *f, ir_value v, char *buf, size_t n);
  * 0, or -1 if it is not a value of dt (no error set). */
 int ir_elem_from_text(kiln_dtype dt, const char *tok, size_t len, void *data, int64_t i);
 
+/* ir_check_instr for cond, while and scan (control.c) */
+int ir_check_control(const ir_module *m, op_id op, const op_attrs *a, int n, const op_type *in, int *n_out,
+                     op_type **out);
+
 /* a growable string */
 typedef struct ir_buf {
   char *s;

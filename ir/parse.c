@@ -401,6 +401,19 @@ static int parse_attrs(parser *ps, op_id op, op_attrs *a) {
           return fail_at(ps, at, "bad attribute: %.*s must be an unsigned 64-bit integer", (int)n, key);
         ps->p = end;
         *(IS("seed") ? &a->seed : &a->counter) = u;
+      } else if (IS("state") || IS("carry") || IS("xs")) {
+        if (parse_int(ps, 0, INT32_MAX, "count", &x)) return -1;
+        *(IS("xs") ? &a->n_xs : &a->n_state) = (int)x;
+      } else if (IS("max_iterations") || IS("length")) {
+        if (parse_int(ps, IS("length") ? 0 : -1, INT64_MAX, "count", &x)) return -1;
+        a->trip = x;
+      } else if (IS("reverse")) {
+        if (keyword(ps, "true"))
+          a->reverse = true;
+        else if (keyword(ps, "false"))
+          a->reverse = false;
+        else
+          return fail_at(ps, at, "bad attribute: reverse must be true or false");
       }
 #undef IS
     } while (accept(ps, ","));
@@ -597,6 +610,45 @@ static int parse_callee(parser *ps, op_id op, op_attrs *a, int n_out, const op_t
   return rc;
 }
 
+static int parse_func(parser *ps);
+
+/* The regions of a control-flow instruction, each "role func @name ..."
+ * nested under it: parsed as functions of their own (the enclosing
+ * function's names and plan set aside meanwhile). */
+static int parse_regions(parser *ps, op_id op, op_attrs *a) {
+  static const char *roles[][2] = {{"then", "else"}, {"cond", "body"}, {"body", NULL}};
+  const char *const *role = roles[op == OP_COND ? 0 : op == OP_WHILE ? 1 : 2];
+  for (int k = 0; k < 2 && role[k]; k++) {
+    skip_ws(ps);
+    if (!keyword(ps, role[k])) {
+      char g[48];
+      return fail_at(ps, ps->p, "expected the '%s' region of %s, got %s", role[k], kiln_ops[op].name,
+                     got(ps->p, g, sizeof g));
+    }
+    skip_ws(ps);
+    parser outer = *ps;
+    ps->f = NULL;
+    ps->syms = NULL;
+    ps->cap = ps->used = 0;
+    ps->plan = NULL;
+    ps->plan_cap = 0;
+    ps->planned = false;
+    int rc = parse_func(ps);
+    ir_func *g = ps->f;
+    free(ps->syms);
+    free(ps->plan);
+    const char *at = ps->p;
+    bool failed = ps->failed;
+    *ps = outer;
+    ps->p = at;
+    ps->failed = failed;
+    if (rc) return -1;
+    g->region = true;
+    *(k ? &a->callee2 : &a->callee) = g;
+  }
+  return 0;
+}
+
 static int parse_instr(parser *ps) {
   struct { const char *s; size_t n; } names[8], *nm = names;
   int n_names = 0, cap_names = 8;
@@ -632,7 +684,8 @@ static int parse_instr(parser *ps) {
   }
   ps->p += n;
   bool called = kiln_ops[op].kind == OPK_CALL || kiln_ops[op].kind == OPK_HOST;
-  if (!called && n_names != 1) {
+  bool control = kiln_ops[op].kind == OPK_CONTROL;
+  if (!called && !control && n_names != 1) {
     if (nm != names) free(nm);
     return fail_at(ps, op_at, "%s has one result, %d are named", kiln_ops[op].name, n_names);
   }
@@ -700,7 +753,7 @@ static int parse_instr(parser *ps) {
       if ((rc = parse_type(ps, &t[n_t]))) break;
       if (keyword(ps, "buf") && (rc = parse_buf(ps, &t[n_t], ps->f->n_values + n_t))) break;
       n_t++;
-    } while (called && accept(ps, ","));
+    } while ((called || control) && accept(ps, ","));
   }
   if (!rc && n_t != n_names)
     rc = fail_at(ps, type_at, "%d result%s named, %d type%s given", n_names, n_names == 1 ? "" : "s", n_t,
@@ -713,6 +766,7 @@ static int parse_instr(parser *ps) {
   }
   ir_loc loc = {NULL, 0};
   if (!rc) rc = parse_loc(ps, &loc);
+  if (!rc && control) rc = parse_regions(ps, (op_id)op, &a);
   if (!rc && op == OP_CONSTANT && !(a.value = literal_tensor(ps, &lit, &t[0], type_at))) rc = -1;
   ir_value v = -1;
   if (!rc && (v = ir_append(ps->f, (op_id)op, &a, n_in, in, loc)) < 0) {

@@ -146,6 +146,14 @@ static void put_attrs(ir_buf *b, op_id op, const op_attrs *a) {
       ir_buf_printf(b, "%llu", (unsigned long long)a->seed);
     else if (IS("counter"))
       ir_buf_printf(b, "%llu", (unsigned long long)a->counter);
+    else if (IS("state") || IS("carry"))
+      ir_buf_printf(b, "%d", a->n_state);
+    else if (IS("xs"))
+      ir_buf_printf(b, "%d", a->n_xs);
+    else if (IS("max_iterations") || IS("length"))
+      ir_buf_printf(b, "%lld", (long long)a->trip);
+    else if (IS("reverse"))
+      ir_buf_printf(b, "%s", a->reverse ? "true" : "false");
 #undef IS
     p = e ? e + 1 : p + n;
   }
@@ -204,9 +212,22 @@ static void put_dense(ir_buf *b, const kiln_tensor *t) {
 
 /* ---- functions ---- */
 
-static void put_func(ir_buf *b, const ir_func *f) {
+/* The roles of a control-flow instruction's regions, as printed. */
+static const char *region_role(op_id op, int k) {
+  static const char *roles[][2] = {{"then", "else"}, {"cond", "body"}, {"body", "body"}};
+  return roles[op == OP_COND ? 0 : op == OP_WHILE ? 1 : 2][k];
+}
+
+static void put_indent(ir_buf *b, int n) {
+  for (int i = 0; i < n; i++) ir_buf_put(b, " ", 1);
+}
+
+/* f, each line indented by indent spaces after the first (which the caller
+ * places); regions print nested under their instruction, 4 deeper. */
+static void put_func(ir_buf *b, const ir_func *f, int indent, int depth) {
   int32_t *num = malloc(((size_t)f->n_values + 1) * sizeof *num);
-  if (!num) {
+  if (!num || depth > 64) {
+    free(num);
     b->oom = true;
     return;
   }
@@ -234,7 +255,7 @@ static void put_func(ir_buf *b, const ir_func *f) {
   ir_buf_put(b, " {\n", 3);
   for (int i = 0; i < f->n_instrs; i++) {
     const ir_instr *in = &f->instrs[i];
-    ir_buf_put(b, "  ", 2);
+    put_indent(b, indent + 2);
     for (int k = 0; k < in->n_out; k++) {
       if (k) ir_buf_put(b, ", ", 2);
       put_value(b, f, num, in->out + k);
@@ -244,7 +265,11 @@ static void put_func(ir_buf *b, const ir_func *f) {
       ir_buf_put(b, " ", 1);
       put_dense(b, in->attrs.value);
     }
-    const char *callee = in->attrs.callee ? in->attrs.callee->name : in->attrs.host ? in->attrs.host->name : NULL;
+    bool control = (unsigned)in->op < OP_COUNT && kiln_ops[in->op].kind == OPK_CONTROL;
+    const char *callee = control ? NULL
+                         : in->attrs.callee ? in->attrs.callee->name
+                         : in->attrs.host   ? in->attrs.host->name
+                                            : NULL;
     if (callee) { /* call @g(%a, %b) */
       ir_buf_put(b, " @", 2);
       put_name(b, callee, false);
@@ -270,13 +295,25 @@ static void put_func(ir_buf *b, const ir_func *f) {
       ir_buf_printf(b, ":%d)", in->loc.line);
     }
     ir_buf_put(b, "\n", 1);
+    const ir_func *rg[2];
+    int nr = ir_regions(in, rg);
+    for (int k = 0; k < nr; k++) {
+      if (!rg[k]) continue;
+      put_indent(b, indent + 4);
+      const char *role = region_role(in->op, k);
+      ir_buf_printf(b, "%s ", role);
+      put_func(b, rg[k], indent + 4, depth + 1);
+    }
   }
-  ir_buf_put(b, "  return", 8);
+  put_indent(b, indent + 2);
+  ir_buf_put(b, "return", 6);
   for (int i = 0; i < f->n_results; i++) {
     ir_buf_put(b, i ? ", " : " ", i ? 2 : 1);
     put_value(b, f, num, f->results[i]);
   }
-  ir_buf_put(b, "\n}\n", 3);
+  ir_buf_put(b, "\n", 1);
+  put_indent(b, indent);
+  ir_buf_put(b, "}\n", 2);
   free(num);
 }
 
@@ -286,21 +323,35 @@ char *ir_print_func(const ir_func *f) {
     kiln_set_error("ir_print_func: no function");
     return NULL;
   }
-  put_func(&b, f);
+  put_func(&b, f, 0, 0);
   return ir_buf_take(&b);
 }
 
+static void put_func_after_callees(ir_buf *b, const ir_module *m, const ir_func *g, bool *done, int depth);
+
+/* The functions g's instructions call, and those its regions call. */
+static void put_callees(ir_buf *b, const ir_module *m, const ir_func *g, bool *done, int depth) {
+  if (depth > 64) return;
+  for (int i = 0; i < g->n_instrs; i++) {
+    const ir_instr *in = &g->instrs[i];
+    const ir_func *rg[2];
+    int nr = ir_regions(in, rg);
+    for (int k = 0; k < nr; k++)
+      if (rg[k]) put_callees(b, m, rg[k], done, depth + 1);
+    if (!nr && in->attrs.callee) put_func_after_callees(b, m, in->attrs.callee, done, depth + 1);
+  }
+}
+
 /* Prints g after every function it calls (each once), so that the text
- * reads, and parses, callees first. */
+ * reads, and parses, callees first; regions print inside their instruction. */
 static void put_func_after_callees(ir_buf *b, const ir_module *m, const ir_func *g, bool *done, int depth) {
   int k = 0;
   while (k < m->n_funcs && m->funcs[k] != g) k++;
-  if (k == m->n_funcs || done[k] || depth > 64) return;
+  if (k == m->n_funcs || done[k] || depth > 64 || g->region) return;
   done[k] = true;
-  for (int i = 0; i < g->n_instrs; i++)
-    if (g->instrs[i].attrs.callee) put_func_after_callees(b, m, g->instrs[i].attrs.callee, done, depth + 1);
+  put_callees(b, m, g, done, depth);
   if (b->len) ir_buf_put(b, "\n", 1);
-  put_func(b, g);
+  put_func(b, g, 0, 0);
 }
 
 char *ir_print_module(const ir_module *m) {

@@ -52,9 +52,11 @@ static bool calls_back(const ir_func *g, const ir_func *f, int depth) {
   if (g == f || depth > 64) return true;
   for (int i = 0; i < g->n_instrs; i++) {
     const ir_instr *in = &g->instrs[i];
-    if ((unsigned)in->op < OP_COUNT && kiln_ops[in->op].kind == OPK_CALL && in->attrs.callee &&
-        calls_back(in->attrs.callee, f, depth + 1))
+    if ((unsigned)in->op >= OP_COUNT) continue;
+    op_kind k = kiln_ops[in->op].kind;
+    if ((k == OPK_CALL || k == OPK_CONTROL) && in->attrs.callee && calls_back(in->attrs.callee, f, depth + 1))
       return true;
+    if (k == OPK_CONTROL && in->attrs.callee2 && calls_back(in->attrs.callee2, f, depth + 1)) return true;
   }
   return false;
 }
@@ -118,12 +120,28 @@ int ir_verify(const ir_func *f) {
       rc = bad(f, out, "%s", "only constants hold a value");
       break;
     }
-    if ((kiln_ops[in->op].kind != OPK_CALL && in->attrs.callee) || (kiln_ops[in->op].kind != OPK_HOST && in->attrs.host)) {
-      rc = bad(f, out, "%s", "only calls hold a callee and host calls a callback");
+    op_kind kind = kiln_ops[in->op].kind;
+    bool control = kind == OPK_CONTROL;
+    if ((kind != OPK_CALL && !control && in->attrs.callee) || (!control && in->attrs.callee2) ||
+        (kind != OPK_HOST && in->attrs.host)) {
+      rc = bad(f, out, "%s", "only calls and control flow hold a callee and host calls a callback");
       break;
     }
-    if (kiln_ops[in->op].kind == OPK_CALL && in->attrs.callee && calls_back(in->attrs.callee, f, 0)) {
+    const ir_func *rg[2];
+    int nr = ir_regions(in, rg);
+    for (int k = 0; k < nr && !rc; k++)
+      if (rg[k] && !rg[k]->region) rc = bad(f, out, "@%s is not marked as a region", rg[k]->name);
+    if (rc) break;
+    if ((kind == OPK_CALL || control) && in->attrs.callee && calls_back(in->attrs.callee, f, 0)) {
       rc = bad(f, out, "@%s calls @%s back (recursion)", in->attrs.callee->name, f->name);
+      break;
+    }
+    if (control && in->attrs.callee2 && calls_back(in->attrs.callee2, f, 0)) {
+      rc = bad(f, out, "@%s calls @%s back (recursion)", in->attrs.callee2->name, f->name);
+      break;
+    }
+    if (kind == OPK_CALL && in->attrs.callee && in->attrs.callee->region) {
+      rc = bad(f, out, "@%s is a region, not a function to call", in->attrs.callee->name);
       break;
     }
     op_type *t = NULL;
@@ -151,6 +169,18 @@ int ir_verify(const ir_func *f) {
   return 0;
 }
 
+/* How many control-flow instructions of m hold region g. */
+static int region_uses(const ir_module *m, const ir_func *g) {
+  int n = 0;
+  for (int i = 0; i < m->n_funcs; i++)
+    for (int j = 0; j < m->funcs[i]->n_instrs; j++) {
+      const ir_func *rg[2];
+      int nr = ir_regions(&m->funcs[i]->instrs[j], rg);
+      for (int k = 0; k < nr; k++) n += rg[k] == g;
+    }
+  return n;
+}
+
 int ir_verify_module(const ir_module *m) {
   if (!m) return kiln_set_error("verify: no module");
   for (int i = 0; i < m->n_funcs; i++) {
@@ -158,6 +188,10 @@ int ir_verify_module(const ir_module *m) {
     for (int j = 0; j < i; j++)
       if (!strcmp(m->funcs[i]->name, m->funcs[j]->name))
         return kiln_set_error("verify: @%s: defined more than once", m->funcs[i]->name);
+    int uses = m->funcs[i]->region ? region_uses(m, m->funcs[i]) : 0; /* 0: left over by a pass */
+    if (uses > 1)
+      return kiln_set_error("verify: @%s: a region must belong to one instruction, it belongs to %d",
+                            m->funcs[i]->name, uses);
   }
   return 0;
 }

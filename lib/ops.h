@@ -28,6 +28,7 @@ typedef enum {
   OPK_CONST,   /* IR only: a literal tensor (attrs.value); never run eagerly */
   OPK_CALL,    /* IR only: runs attrs.callee, a function of the module (call, fusion); n results */
   OPK_HOST,    /* IR only: a C callback (attrs.host); never folded, CSE'd or removed */
+  OPK_CONTROL, /* IR only: cond, while, scan: run the regions attrs.callee / callee2 */
 } op_kind;
 
 /* dtype masks, by kiln_dtype bit */
@@ -55,6 +56,13 @@ typedef struct op_attrs {
   bool stateful;                 /* rng: draw (seed, counter) from the global stream at run time */
   struct ir_func *callee;        /* call, fusion (IR only): a function of the same module */
   struct ir_host *host;          /* host_call (IR only): the callback, owned by the module */
+  /* control flow (IR only): callee and callee2 are the regions (cond: then,
+   * else; while: cond, body; scan: body), functions of the same module */
+  struct ir_func *callee2;
+  int n_state;                   /* while: state values; scan: carries (the other operands are captures) */
+  int n_xs;                      /* scan: the sequences sliced along axis 0 */
+  int64_t trip;                  /* scan: its length; while: max_iterations (-1 = unbounded) */
+  bool reverse;                  /* scan: from the end */
 } op_attrs;
 
 /* The static type of a value: what inference computes. */
