@@ -486,6 +486,46 @@ int kiln_host_call_with_gradient(kiln_host_fn fn, kiln_host_grad_fn grad, void *
                                  const kiln_spec *out_specs, kiln_tensor **out);
 
 /* ------------------------------------------------------------------------
+ * 9. Staged control flow (here beside staging; numbered as in API.md).
+ * C control flow runs at trace time and is baked into the trace. Control
+ * flow that depends on tensor values, and loops that should compile once
+ * instead of being unrolled, use these (TF's cond/while_loop, JAX's
+ * lax.cond/while_loop/scan). Branches and bodies are kiln_body_fns.
+ * Eagerly they just run (tapes record every iteration, so eager gradients
+ * of any loop work); while tracing, each branch or body is traced once into
+ * a region of one cond / while / scan instruction (a cond whose predicate
+ * is a concrete tensor just runs its branch). Bodies may use tensors of the
+ * enclosing trace (through user or globals) and read variables: they become
+ * operands of the instruction, as JAX closes over tracers. Random ops draw
+ * afresh at each iteration. Not yet: assigning a variable inside a staged
+ * body, and gradients through staged control flow (a tape watching an
+ * operand of a staged cond / while_loop / scan fails, naming it); both work
+ * eagerly. Staged control flow runs interpreted for now (KILN_LOG=compile
+ * says so; KILN_BACKEND=cpu makes that an error).
+ * ---------------------------------------------------------------------- */
+
+/* pred: bool scalar. Runs then_fn or else_fn on in[0..n); both must return
+   n_out tensors with the same dtypes and shapes (checked when staged; the
+   error names both). 0 / -1. */
+int kiln_cond(kiln_tensor *pred, kiln_body_fn then_fn, kiln_body_fn else_fn, void *user,
+              int n, kiln_tensor *const *in, int n_out, kiln_tensor **out);
+
+/* Loop state of n tensors. cond_fn(state) writes one bool scalar; body_fn(state)
+   writes the next state (same dtypes and shapes). max_iterations >= 0 stops the
+   loop after that many iterations (TF's maximum_iterations); -1 = unbounded. */
+int kiln_while_loop(kiln_body_fn cond_fn, kiln_body_fn body_fn, void *user,
+                    int n, kiln_tensor *const *init, int64_t max_iterations, kiln_tensor **final);
+
+/* body(carry[0..n_carry), x_t[0..n_xs)) writes (carry'[0..n_carry), y_t[0..n_ys)).
+   xs are sliced along axis 0 (all the same length; `length` must equal it or
+   be -1); with n_xs == 0 the loop runs `length` times. ys are stacked along
+   axis 0; with reverse the loop runs from the end and ys[t] still lines up
+   with xs[t]. */
+int kiln_scan(kiln_body_fn body, void *user, int n_carry, kiln_tensor *const *init,
+              int n_xs, kiln_tensor *const *xs, int64_t length, bool reverse,
+              int n_ys, kiln_tensor **final_carry, kiln_tensor **ys);
+
+/* ------------------------------------------------------------------------
  * 6. Inspecting compiled code. Setting KILN_LOG=retrace prints each retrace
  * after the first to stderr, naming every argument (tensor or static, by
  * its position; dtype, shape, device or value) that differs from the

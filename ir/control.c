@@ -37,6 +37,7 @@ static const op_type *result_type(const char *api, const ir_func *g, int k) {
 
 static int check_region(const char *api, const ir_module *m, const ir_func *g, const char *role) {
   if (!g) return kiln_set_error("%s: no %s region", api, role);
+  if (!m) return 0; /* regions being built (tracing): not yet in a module */
   for (int i = 0; m && i < m->n_funcs; i++)
     if (m->funcs[i] == g) return 0;
   return kiln_set_error("%s: the %s region is not a function of this module", api, role);

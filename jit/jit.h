@@ -108,6 +108,34 @@ int trace_finish_ex(trace *tr, const char *name, int n_out, kiln_tensor *const *
                     const int *extra_nodes, traced_fn *fn);
 void traced_fn_free(traced_fn *fn);
 
+/* ---- regions of control flow (control.c) ----
+ * While tracing, each branch or body of kiln_cond / kiln_while_loop /
+ * kiln_scan is traced as a region: a trace whose parameters are its
+ * explicit inputs, then an environment shared by the instruction's regions
+ * (captured concrete tensors, variables read, symbolic tensors of the
+ * traces it interrupted), which become the instruction's trailing operands. */
+typedef struct trace_env {
+  int n, cap;
+  kiln_tensor **t;    /* a captured or outer tensor (retained), or NULL */
+  kiln_variable **v;  /* else a variable read in a body */
+  op_type *type;
+} trace_env;
+/* Starts a region trace with n explicit inputs of these types (symbolic
+ * stand-ins owned by the innermost scope). NULL with the error set. */
+trace *trace_begin_region(int n, const op_type *types, kiln_tensor **sym_in);
+/* Stops recording a region whose body wrote outs, and adds what it
+ * captured to env. A body assigning a variable fails (who names the op). */
+int trace_region_close(trace *tr, const char *who, int n_out, kiln_tensor *const *outs, trace_env *env);
+/* Builds the region's function: parameters the explicit inputs, then env.
+ * tr is freed either way. 0 / -1. */
+int trace_finish_region(trace *tr, const char *name, int n_out, kiln_tensor *const *outs, const trace_env *env,
+                        traced_fn *fn);
+void trace_env_free(trace_env *env);
+/* Records a control-flow instruction with regions r0, r1 (malloc'd, taken
+ * over even on failure) on the active trace; outputs as trace_call's. */
+int trace_control(op_id op, const op_attrs *attrs, traced_fn *r0, traced_fn *r1, int n, kiln_tensor *const *in,
+                  int n_out, const op_type *types, kiln_tensor **out);
+
 /* loc.c. The return address of the innermost call from outside libkiln. */
 void *loc_caller_pc(void);
 /* fn's IR text with source locations (resolved once; the caller serialises

@@ -15,7 +15,7 @@
 
 _Thread_local trace *trace_current KILN_TLS_FAST;
 
-enum { NODE_ARG, NODE_CAP, NODE_VAR, NODE_INSTR, NODE_RES };
+enum { NODE_ARG, NODE_CAP, NODE_VAR, NODE_INSTR, NODE_RES, NODE_OUTER };
 
 /* Each symbolic tensor's sym holds its node id + 1; the node remembers the
  * tensor (unretained) so that a stale symbolic tensor of another trace is
@@ -37,6 +37,7 @@ typedef struct {
   kiln_host_fn host_fn;  /* host_call */
   void *host_user;
   op_type *host_out;     /* host_call: declared types (malloc'd) */
+  traced_fn *regions[2]; /* cond, while, scan: the traced regions (owned), cloned in at the end */
 } record;
 
 struct trace {
@@ -61,6 +62,11 @@ struct trace {
   const char *poison; /* the reader (kiln_tensor_item, ...) that read a traced value, or NULL */
   kiln_variable **created; /* variables the body created, until function.c takes them */
   int n_created, cap_created;
+  /* A region of a control-flow instruction (control.c): symbolic tensors of
+   * the traces it interrupted become parameters too (outer, retained). */
+  bool region;
+  kiln_tensor **outer;
+  int n_outer, cap_outer;
 };
 
 static int grow(void **p, int *cap, int need, size_t elem) {
@@ -149,11 +155,31 @@ static bool same_bits(const kiln_tensor *a, const kiln_tensor *b) {
   return bytes <= CAP_DEDUP_BYTES && (!bytes || memcmp(a->data, b->data, bytes) == 0);
 }
 
+/* Is t a symbolic tensor of tr? */
+static bool owns(const trace *tr, const kiln_tensor *t) {
+  intptr_t id = (intptr_t)t->sym - 1;
+  return id >= 0 && id < tr->n_nodes && tr->nodes[id].t == t;
+}
+
+/* A symbolic tensor of a trace that region tr interrupted: a parameter of
+ * tr (deduplicated), an operand of the control-flow instruction. */
+static int outer_node(trace *tr, kiln_tensor *t) {
+  for (int id = 0; id < tr->n_nodes; id++)
+    if (tr->nodes[id].kind == NODE_OUTER && tr->outer[tr->nodes[id].index] == t) return id;
+  if (grow((void **)&tr->outer, &tr->cap_outer, tr->n_outer + 1, sizeof *tr->outer)) return -1;
+  int id = add_node(tr, NODE_OUTER, tr->n_outer, 0, NULL);
+  if (id < 0) return -1;
+  tr->outer[tr->n_outer++] = kiln_retain(t);
+  return id;
+}
+
 static int node_of(trace *tr, const char *who, int i, kiln_tensor *t) {
   if (t->flags & TF_SYMBOLIC) {
     intptr_t id = (intptr_t)t->sym - 1;
     if (id >= 0 && id < tr->n_nodes && tr->nodes[id].t == t) return (int)id;
     if (tr->fwd && id >= 0 && id < tr->fwd->n_nodes && tr->fwd->nodes[id].t == t) return residual_node(tr, (int)id, t);
+    for (const trace *p = tr; p->region && p->prev; p = p->prev)
+      if (owns(p->prev, t)) return outer_node(tr, t);
     return kiln_set_error("%s: input %d is a symbolic tensor of another trace (it escaped the body "
                           "of a staged function)", who, i);
   }
@@ -264,23 +290,30 @@ int trace_variable_write(kiln_variable *v, const kiln_tensor *current, kiln_tens
 /* Appends a record of op with n_out results (types outs) on the active
  * trace; writes the results' symbolic tensors (owned by the caller's scope).
  * The record takes host_out. 0 / -1. */
+/* what a record owns, when it is not kept */
+static void drop_extra(record *e) {
+  free(e->host_out);
+  for (int k = 0; k < 2; k++)
+    if (e->regions[k]) traced_fn_free(e->regions[k]), free(e->regions[k]);
+}
+
 static int record_multi(const char *who, op_id op, const op_attrs *attrs, int n, kiln_tensor *const *in, int n_out,
                         const op_type *outs, record extra, kiln_tensor **res) {
   trace *tr = trace_current;
   int *ids = malloc((size_t)(n ? n : 1) * sizeof *ids);
   if (!ids) {
-    free(extra.host_out);
+    drop_extra(&extra);
     return kiln_set_error("%s: out of memory", who);
   }
   for (int i = 0; i < n; i++)
     if ((ids[i] = node_of(tr, who, i, in[i])) < 0) {
       free(ids);
-      free(extra.host_out);
+      drop_extra(&extra);
       return -1;
     }
   if (grow((void **)&tr->recs, &tr->cap_recs, tr->n_recs + 1, sizeof *tr->recs)) {
     free(ids);
-    free(extra.host_out);
+    drop_extra(&extra);
     return -1;
   }
   extra.op = op;
@@ -409,7 +442,13 @@ int trace_take_created(trace *tr, kiln_variable ***vars) {
 void trace_free(trace *tr) {
   if (!tr) return;
   trace_end(tr);
-  for (int i = 0; i < tr->n_recs; i++) free(tr->recs[i].in), free(tr->recs[i].host_out);
+  for (int i = 0; i < tr->n_recs; i++) {
+    free(tr->recs[i].in), free(tr->recs[i].host_out);
+    for (int k = 0; k < 2; k++)
+      if (tr->recs[i].regions[k]) traced_fn_free(tr->recs[i].regions[k]), free(tr->recs[i].regions[k]);
+  }
+  for (int i = 0; i < tr->n_outer; i++) kiln_release(tr->outer[i]);
+  free(tr->outer);
   for (int i = 0; i < tr->n_caps; i++) kiln_release(tr->caps[i]);
   for (int i = 0; i < tr->n_created; i++) kiln_variable_free(tr->created[i]); /* nobody took them */
   free(tr->created);
@@ -475,8 +514,134 @@ int trace_finish(trace *tr, const char *name, int n_out, kiln_tensor *const *out
   return trace_finish_ex(tr, name, n_out, outs, 0, NULL, fn);
 }
 
+static int env_find(const trace_env *env, const kiln_tensor *t, const kiln_variable *v) {
+  for (int k = 0; k < env->n; k++)
+    if (t ? env->t[k] == t : env->v[k] == v) return k;
+  return -1;
+}
+
+static int finish(trace *tr, const char *name, int n_out, kiln_tensor *const *outs, int n_extra,
+                  const int *extra_nodes, const trace_env *env, traced_fn *fn);
+
 int trace_finish_ex(trace *tr, const char *name, int n_out, kiln_tensor *const *outs, int n_extra,
                     const int *extra_nodes, traced_fn *fn) {
+  return finish(tr, name, n_out, outs, n_extra, extra_nodes, NULL, fn);
+}
+
+/* ---- regions of control flow (control.c) ---- */
+
+trace *trace_begin_region(int n, const op_type *types, kiln_tensor **sym_in) {
+  trace *tr = calloc(1, sizeof *tr);
+  if (!tr) {
+    kiln_set_error("trace: out of memory");
+    return NULL;
+  }
+  tr->n_in = n;
+  tr->prev = trace_current;
+  tr->region = true;
+  tr->owner = tr->prev ? tr->prev->owner : NULL;
+  for (int i = 0; i < n; i++)
+    if (!(sym_in[i] = scope_own(sym_tensor(tr, "trace", &types[i], NODE_ARG, i)))) {
+      trace_free(tr);
+      return NULL;
+    }
+  trace_current = tr;
+  return tr;
+}
+
+static int env_add(trace_env *env, kiln_tensor *t, kiln_variable *v, const op_type *type) {
+  if (env_find(env, t, v) >= 0) return 0;
+  if (env->n == env->cap) {
+    int cap = env->cap ? 2 * env->cap : 8;
+    kiln_tensor **a = realloc(env->t, (size_t)cap * sizeof *a);
+    if (a) env->t = a;
+    kiln_variable **b = a ? realloc(env->v, (size_t)cap * sizeof *b) : NULL;
+    if (b) env->v = b;
+    op_type *c = b ? realloc(env->type, (size_t)cap * sizeof *c) : NULL;
+    if (!c) return kiln_set_error("trace: out of memory");
+    env->type = c;
+    env->cap = cap;
+  }
+  env->t[env->n] = t ? kiln_retain(t) : NULL;
+  env->v[env->n] = v;
+  env->type[env->n++] = *type;
+  return 0;
+}
+
+void trace_env_free(trace_env *env) {
+  for (int k = 0; k < env->n; k++) kiln_release(env->t[k]);
+  free(env->t);
+  free(env->v);
+  free(env->type);
+  memset(env, 0, sizeof *env);
+}
+
+int trace_region_close(trace *tr, const char *who, int n_out, kiln_tensor *const *outs, trace_env *env) {
+  trace_end(tr);
+  for (int i = 0; i < n_out; i++) /* concrete outputs become captures, outer ones parameters */
+    if (node_of(tr, who, i, outs[i]) < 0) return -1;
+  for (int k = 0; k < tr->n_vars; k++)
+    if (tr->var_write[k] >= 0)
+      return kiln_set_error("%s: assigns variable '%s' inside its body: not supported yet (carry the value "
+                            "through the loop state and assign it after the loop)", who,
+                            kiln_variable_name(tr->vars[k]));
+  for (int i = 0; i < tr->n_created; i++) { /* state creation: the enclosing trace's */
+    trace *p = tr->prev;
+    if (p && (grow((void **)&p->created, &p->cap_created, p->n_created + 1, sizeof *p->created))) return -1;
+    if (p) p->created[p->n_created++] = tr->created[i];
+  }
+  if (tr->prev) tr->n_created = 0;
+  op_type ty;
+  for (int k = 0; k < tr->n_caps; k++) {
+    type_of(tr->caps[k], &ty);
+    if (env_add(env, tr->caps[k], NULL, &ty)) return -1;
+  }
+  for (int k = 0; k < tr->n_vars; k++)
+    if (env_add(env, NULL, tr->vars[k], &tr->var_types[k])) return -1;
+  for (int k = 0; k < tr->n_outer; k++) {
+    type_of(tr->outer[k], &ty);
+    if (env_add(env, tr->outer[k], NULL, &ty)) return -1;
+  }
+  return 0;
+}
+
+int trace_finish_region(trace *tr, const char *name, int n_out, kiln_tensor *const *outs, const trace_env *env,
+                        traced_fn *fn) {
+  return finish(tr, name, n_out, outs, 0, NULL, env, fn);
+}
+
+int trace_control(op_id op, const op_attrs *attrs, traced_fn *r0, traced_fn *r1, int n, kiln_tensor *const *in,
+                  int n_out, const op_type *types, kiln_tensor **out) {
+  return record_multi(kiln_ops[op].api, op, attrs, n, in, n_out, types, (record){.regions = {r0, r1}}, out);
+}
+
+/* The value of node id in a region's function: parameters after the
+ * explicit ones are the environment's (finish stored each capture's and
+ * variable's position there in cap_node and var_write). */
+static ir_value region_val(const trace *tr, const trace_env *env, const ir_value *rec_val, int id) {
+  const node *nd = &tr->nodes[id];
+  switch (nd->kind) {
+  case NODE_ARG: return nd->index;
+  case NODE_CAP: return tr->n_in + tr->cap_node[nd->index];
+  case NODE_VAR: return tr->n_in + tr->var_write[nd->index];
+  case NODE_OUTER: return tr->n_in + env_find(env, tr->outer[nd->index], NULL);
+  default: return rec_val[nd->index] + nd->sub;
+  }
+}
+
+/* A cloned region's instructions carry line numbers of its own trace's
+ * records, not of the enclosing function's: dropped (no loc inside bodies). */
+static void region_forget_locs(ir_func *g, int depth) {
+  for (int i = 0; i < g->n_instrs && depth < 64; i++) {
+    if (!g->instrs[i].loc.file) g->instrs[i].loc.line = 0;
+    const ir_func *r[2];
+    int nr = ir_regions(&g->instrs[i], r);
+    for (int k = 0; k < nr; k++) region_forget_locs((ir_func *)r[k], depth + 1);
+  }
+}
+
+static int finish(trace *tr, const char *name, int n_out, kiln_tensor *const *outs, int n_extra,
+                  const int *extra_nodes, const trace_env *env, traced_fn *fn) {
   memset(fn, 0, sizeof *fn);
   trace_end(tr);
   int n_writes = 0;
@@ -490,7 +655,7 @@ int trace_finish_ex(trace *tr, const char *name, int n_out, kiln_tensor *const *
   for (int i = 0; i < n_out; i++) /* concrete outputs become captures */
     if ((out_ids[i] = node_of(tr, "function_call", i, outs[i])) < 0) goto done;
   for (int i = 0; i < n_extra; i++) out_ids[n_out + n_writes + i] = extra_nodes[i];
-  int np = tr->n_in + tr->n_caps + tr->n_vars + tr->n_res;
+  int np = env ? tr->n_in + env->n : tr->n_in + tr->n_caps + tr->n_vars + tr->n_res;
   params = malloc((size_t)(np ? np : 1) * sizeof *params);
   res = malloc((size_t)(n_res ? n_res : 1) * sizeof *res);
   rec_val = malloc((size_t)(tr->n_recs ? tr->n_recs : 1) * sizeof *rec_val);
@@ -503,20 +668,27 @@ int trace_finish_ex(trace *tr, const char *name, int n_out, kiln_tensor *const *
   for (int r = 0; r < tr->n_recs; r++) fn->pcs[r] = tr->recs[r].pc; /* instruction r is record r */
   for (int id = 0; id < tr->n_nodes; id++)
     if (tr->nodes[id].kind == NODE_ARG) type_of(tr->nodes[id].t, &params[tr->nodes[id].index]);
-  for (int k = 0; k < tr->n_caps; k++) type_of(tr->caps[k], &params[tr->n_in + k]);
-  for (int k = 0; k < tr->n_vars; k++) params[tr->n_in + tr->n_caps + k] = tr->var_types[k];
-  for (int k = 0; k < tr->n_res; k++) params[tr->n_in + tr->n_caps + tr->n_vars + k] = tr->res_types[k];
+  if (env) { /* a region: its captures, variables and outer values are the environment's */
+    for (int k = 0; k < env->n; k++) params[tr->n_in + k] = env->type[k];
+    for (int k = 0; k < tr->n_caps; k++) tr->cap_node[k] = env_find(env, tr->caps[k], NULL);
+    for (int k = 0; k < tr->n_vars; k++) tr->var_write[k] = env_find(env, NULL, tr->vars[k]);
+  } else {
+    for (int k = 0; k < tr->n_caps; k++) type_of(tr->caps[k], &params[tr->n_in + k]);
+    for (int k = 0; k < tr->n_vars; k++) params[tr->n_in + tr->n_caps + k] = tr->var_types[k];
+    for (int k = 0; k < tr->n_res; k++) params[tr->n_in + tr->n_caps + tr->n_vars + k] = tr->res_types[k];
+  }
   fn->n_residuals = tr->n_res;
   char fname[128];
   ir_name(fname, sizeof fname, name);
   if (!(fn->module = ir_module_new())) goto oom;
   if (!(fn->func = ir_func_new(fn->module, fname, np, params))) goto done;
-  for (int k = 0; k < tr->n_vars; k++) { /* %W for variable W, where that name is free */
+  for (int k = 0; k < tr->n_vars && !env; k++) { /* %W for variable W, where that name is free */
     char vname[128];
     ir_name(vname, sizeof vname, kiln_variable_name(tr->vars[k]));
     if (ir_set_name(fn->func, tr->n_in + tr->n_caps + k, vname)) kiln_clear_error();
   }
-#define VAL(id)                                                                                    \
+#define VAL(id) (env ? region_val(tr, env, rec_val, id) : VAL0(id))
+#define VAL0(id)                                                                                   \
   (tr->nodes[id].kind == NODE_ARG   ? tr->nodes[id].index                                          \
    : tr->nodes[id].kind == NODE_CAP ? tr->n_in + tr->nodes[id].index                               \
    : tr->nodes[id].kind == NODE_VAR ? tr->n_in + tr->n_caps + tr->nodes[id].index                  \
@@ -526,6 +698,13 @@ int trace_finish_ex(trace *tr, const char *name, int n_out, kiln_tensor *const *
     record *rec = &tr->recs[r];
     op_attrs a = rec->attrs;
     if (rec->callee && !(a.callee = ir_clone_func(fn->module, rec->callee, &memo))) goto done;
+    for (int k = 0; k < 2; k++) {
+      if (!rec->regions[k]) continue;
+      ir_func *g = ir_clone_func(fn->module, rec->regions[k]->func, &memo);
+      if (!g) goto done;
+      region_forget_locs(g, 0);
+      *(k ? &a.callee2 : &a.callee) = g;
+    }
     if (rec->host_out) {
       char hname[128];
       if (!(a.host = ir_module_add_host(fn->module, rec->host_fn, rec->host_user,
@@ -541,7 +720,12 @@ int trace_finish_ex(trace *tr, const char *name, int n_out, kiln_tensor *const *
   }
   for (int i = 0; i < n_res; i++) res[i] = VAL(out_ids[i]);
 #undef VAL
+#undef VAL0
   if (ir_set_results(fn->func, n_res, res) || ir_verify(fn->func)) goto done;
+  if (env) { /* a region's parameters are the instruction's operands: nothing to bind */
+    rc = 0;
+    goto done;
+  }
   fn->caps = tr->caps, fn->n_caps = tr->n_caps; /* the trace's references move over */
   tr->caps = NULL, tr->n_caps = 0;
   fn->vars = tr->vars, fn->n_vars = tr->n_vars;

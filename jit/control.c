@@ -1,0 +1,368 @@
+/* control.c — staged control flow (API.md §9): kiln_cond, kiln_while_loop
+ * and kiln_scan. Eagerly they run their bodies as C calls, so tapes record
+ * every iteration. While tracing, each branch or body is traced once as a
+ * region (trace.c) and the call records one cond, while or scan
+ * instruction: a 1,000-step loop compiles like a 1-step one. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autodiff.h"
+#include "jit.h"
+
+static void type_of(const kiln_tensor *t, op_type *ty) {
+  ty->dtype = (kiln_dtype)t->dtype;
+  ty->rank = t->rank;
+  for (int i = 0; i < t->rank; i++) ty->shape[i] = t->shape[i];
+}
+
+static bool same_type(const kiln_tensor *t, const op_type *ty) {
+  if (t->dtype != ty->dtype || t->rank != ty->rank) return false;
+  for (int i = 0; i < t->rank; i++)
+    if (t->shape[i] != ty->shape[i]) return false;
+  return true;
+}
+
+static bool scalar_bool(const kiln_tensor *t) { return t->dtype == KILN_BOOL && t->rank == 0; }
+
+/* n tensors, none NULL (a NULL keeps the error that made it) */
+static int check_list(const char *who, const char *what, int n, kiln_tensor *const *ts) {
+  if (n < 0) return kiln_set_error("%s: %d %s", who, n, what);
+  if (n > 0 && !ts) return kiln_set_error("%s: %s is NULL for %d tensors", who, what, n);
+  for (int i = 0; i < n; i++)
+    if (!ts[i]) return kiln_has_error() ? -1 : kiln_set_error("%s: %s[%d] is NULL", who, what, i);
+  return 0;
+}
+
+/* Runs one body; its outputs must all be set. */
+static int run_body(const char *who, const char *role, kiln_body_fn fn, void *user, int n_in,
+                    kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  for (int k = 0; k < n_out; k++) out[k] = NULL;
+  int rc = fn(user, n_in, in, n_out, out);
+  if (rc) return kiln_has_error() ? -1 : kiln_set_error("%s: the %s failed without an error", who, role);
+  for (int k = 0; k < n_out; k++)
+    if (!out[k]) return kiln_has_error() ? -1 : kiln_set_error("%s: the %s left output %d NULL", who, role, k);
+  return 0;
+}
+
+static int type_changed(const char *who, const char *role, const char *what, int k, const op_type *want,
+                        const kiln_tensor *got) {
+  char a[256], b[256];
+  op_type g;
+  type_of(got, &g);
+  return kiln_set_error("%s: the %s returned %s %d as %s, expected %s", who, role, what, k,
+                        ir_type_str(a, sizeof a, &g), ir_type_str(b, sizeof b, want));
+}
+
+static void release_all(int n, kiln_tensor **t) {
+  for (int i = 0; i < n; i++) {
+    kiln_release(t[i]);
+    t[i] = NULL;
+  }
+}
+
+/* ---- staging ---- */
+
+/* Gradients through staged control flow: not yet (the tape would see one
+ * opaque instruction). */
+static int check_untaped(const char *who, int n, kiln_tensor *const *in) {
+  for (int i = 0; tape_active_count && i < n; i++)
+    if (tape_tracks(in[i]))
+      return kiln_set_error("%s: a gradient tape watches input %d of a staged %s: gradients through staged "
+                            "control flow are not supported yet (run it eagerly: kiln_function_set_eager)",
+                            who, i, who);
+  return 0;
+}
+
+typedef struct region_job {
+  const char *role, *name;
+  kiln_body_fn fn;
+  int n_out;
+  trace *tr;
+  kiln_tensor **outs;
+} region_job;
+
+/* Traces each job's body over inputs of types in_types as regions sharing
+ * one environment, builds their functions (r[k], malloc'd), and records the
+ * instruction op with operands head (the pred / state / carries and xs)
+ * then the environment. Outputs as trace_call's. */
+static int stage(const char *who, op_id op, op_attrs *a, int n_jobs, region_job *jobs, void *user, int n_in,
+                 const op_type *in_types, int n_head, kiln_tensor *const *head, kiln_tensor **out) {
+  trace_env env = {0};
+  traced_fn *r[2] = {NULL, NULL};
+  kiln_tensor **sym = calloc((size_t)n_in + 1, sizeof *sym), **ops = NULL;
+  op_type *types = NULL, *outs = NULL;
+  int rc = sym ? 0 : kiln_set_error("%s: out of memory", who), n_ops = 0, n_res = 0;
+  kiln_scope_push();
+  for (int k = 0; k < n_jobs && !rc; k++) {
+    region_job *j = &jobs[k];
+    if (!(j->outs = calloc((size_t)j->n_out + 1, sizeof *j->outs)) || !(j->tr = trace_begin_region(n_in, in_types, sym))) {
+      rc = kiln_has_error() ? -1 : kiln_set_error("%s: out of memory", who);
+      break;
+    }
+    rc = run_body(who, j->role, j->fn, user, n_in, sym, j->n_out, j->outs);
+    if (!rc) rc = trace_region_close(j->tr, who, j->n_out, j->outs, &env);
+    trace_end(j->tr);
+  }
+  for (int k = 0; k < n_jobs; k++) {
+    region_job *j = &jobs[k];
+    if (!j->tr) continue;
+    if (rc) {
+      trace_free(j->tr);
+    } else if (!(r[k] = calloc(1, sizeof *r[k]))) {
+      trace_free(j->tr);
+      rc = kiln_set_error("%s: out of memory", who);
+    } else if (trace_finish_region(j->tr, j->name, j->n_out, j->outs, &env, r[k])) {
+      free(r[k]);
+      r[k] = NULL;
+      rc = -1;
+    }
+    j->tr = NULL;
+  }
+  n_ops = n_head + env.n;
+  if (!rc && (!(ops = calloc((size_t)n_ops + 1, sizeof *ops)) || !(types = calloc((size_t)n_ops + 1, sizeof *types))))
+    rc = kiln_set_error("%s: out of memory", who);
+  for (int i = 0; i < n_ops && !rc; i++) {
+    ops[i] = i < n_head ? head[i] : env.t[i - n_head] ? env.t[i - n_head] : kiln_variable_read(env.v[i - n_head]);
+    if (!ops[i]) rc = -1;
+    else type_of(ops[i], &types[i]);
+  }
+  if (!rc) {
+    a->callee = r[0] ? r[0]->func : NULL;
+    a->callee2 = r[1] ? r[1]->func : NULL;
+    rc = ir_check_instr(NULL, op, a, n_ops, types, &n_res, &outs);
+  }
+  if (!rc) {
+    rc = trace_control(op, a, r[0], r[1], n_ops, ops, n_res, outs, out);
+    r[0] = r[1] = NULL; /* taken */
+    for (int k = 0; k < n_res && !rc; k++) kiln_scope_escape(out[k]);
+  }
+  for (int k = 0; k < 2; k++)
+    if (r[k]) traced_fn_free(r[k]), free(r[k]);
+  for (int k = 0; k < n_jobs; k++) free(jobs[k].outs);
+  kiln_scope_pop();
+  trace_env_free(&env);
+  free(sym);
+  free(ops);
+  free(types);
+  free(outs);
+  return rc;
+}
+
+/* ---- cond ---- */
+
+int kiln_cond(kiln_tensor *pred, kiln_body_fn then_fn, kiln_body_fn else_fn, void *user, int n,
+              kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  const char *who = "cond";
+  if (!then_fn || !else_fn) return kiln_set_error("%s: %s is NULL", who, then_fn ? "else_fn" : "then_fn");
+  if (!pred) return kiln_has_error() ? -1 : kiln_set_error("%s: pred is NULL", who);
+  if (check_list(who, "in", n, in)) return -1;
+  if (n_out < 1 || !out) return kiln_set_error("%s: needs at least one output (n_out = %d, out %s)", who, n_out,
+                                               out ? "given" : "NULL");
+  if (!scalar_bool(pred)) {
+    char t[256];
+    op_type ty;
+    type_of(pred, &ty);
+    return kiln_set_error("%s: the predicate is %s, expected bool[] (a scalar)", who, ir_type_str(t, sizeof t, &ty));
+  }
+  if (!(pred->flags & TF_SYMBOLIC)) { /* eager, or a known predicate while tracing: C control flow */
+    bool p = kiln_tensor_item(pred) != 0;
+    return run_body(who, p ? "then branch" : "else branch", p ? then_fn : else_fn, user, n, in, n_out, out);
+  }
+  kiln_tensor **head = malloc(((size_t)n + 1) * sizeof *head);
+  op_type *types = malloc(((size_t)n + 1) * sizeof *types);
+  int rc = head && types ? check_untaped(who, n, in) : kiln_set_error("%s: out of memory", who);
+  if (!rc) {
+    head[0] = pred;
+    for (int i = 0; i < n; i++) head[1 + i] = in[i], type_of(in[i], &types[i]);
+    region_job jobs[2] = {{"then branch", "cond.then", then_fn, n_out, NULL, NULL},
+                          {"else branch", "cond.else", else_fn, n_out, NULL, NULL}};
+    op_attrs a = {0};
+    rc = stage(who, OP_COND, &a, 2, jobs, user, n, types, n + 1, head, out);
+  }
+  free(head);
+  free(types);
+  return rc;
+}
+
+/* ---- while_loop ---- */
+
+static int while_eager(const char *who, kiln_body_fn cond_fn, kiln_body_fn body_fn, void *user, int n,
+                       kiln_tensor *const *init, int64_t max_iterations, kiln_tensor **final) {
+  kiln_tensor **cur = calloc(2 * (size_t)n + 1, sizeof *cur), **next = cur + n;
+  op_type *types = malloc((size_t)n * sizeof *types);
+  int rc = cur && types ? 0 : kiln_set_error("%s: out of memory", who);
+  for (int i = 0; i < n && !rc; i++) cur[i] = kiln_retain(init[i]), type_of(init[i], &types[i]);
+  for (int64_t it = 0; !rc && (max_iterations < 0 || it < max_iterations); it++) {
+    kiln_scope_push();
+    kiln_tensor *p = NULL;
+    rc = run_body(who, "cond", cond_fn, user, n, cur, 1, &p);
+    if (!rc && !scalar_bool(p)) {
+      op_type want = {KILN_BOOL, 0, {0}};
+      rc = type_changed(who, "cond", "its output", 0, &want, p);
+    }
+    bool go = !rc && kiln_tensor_item(p) != 0;
+    if (go) rc = run_body(who, "body", body_fn, user, n, cur, n, next);
+    for (int k = 0; go && !rc && k < n; k++)
+      if (!same_type(next[k], &types[k])) rc = type_changed(who, "body", "state", k, &types[k], next[k]);
+    for (int k = 0; go && !rc && k < n; k++) kiln_retain(next[k]);
+    kiln_scope_pop();
+    if (rc || !go) break;
+    release_all(n, cur);
+    memcpy(cur, next, (size_t)n * sizeof *cur);
+  }
+  for (int k = 0; k < n && !rc; k++) final[k] = scope_own(cur[k]);
+  if (rc && cur) release_all(n, cur);
+  free(cur);
+  free(types);
+  return rc;
+}
+
+int kiln_while_loop(kiln_body_fn cond_fn, kiln_body_fn body_fn, void *user, int n, kiln_tensor *const *init,
+                    int64_t max_iterations, kiln_tensor **final) {
+  const char *who = "while_loop";
+  if (!cond_fn || !body_fn) return kiln_set_error("%s: %s is NULL", who, cond_fn ? "body_fn" : "cond_fn");
+  if (n < 1) return kiln_set_error("%s: the state needs at least one tensor (n = %d)", who, n);
+  if (check_list(who, "init", n, init)) return -1;
+  if (!final) return kiln_set_error("%s: final is NULL", who);
+  if (max_iterations < -1)
+    return kiln_set_error("%s: max_iterations = %lld (>= 0, or -1 for unbounded)", who, (long long)max_iterations);
+  if (!trace_current) return while_eager(who, cond_fn, body_fn, user, n, init, max_iterations, final);
+  if (check_untaped(who, n, init)) return -1;
+  op_type *types = malloc((size_t)n * sizeof *types);
+  if (!types) return kiln_set_error("%s: out of memory", who);
+  for (int i = 0; i < n; i++) type_of(init[i], &types[i]);
+  region_job jobs[2] = {{"cond", "while.cond", cond_fn, 1, NULL, NULL},
+                        {"body", "while.body", body_fn, n, NULL, NULL}};
+  op_attrs a = {0};
+  a.n_state = n;
+  a.trip = max_iterations;
+  int rc = stage(who, OP_WHILE, &a, 2, jobs, user, n, types, n, init, final);
+  free(types);
+  return rc;
+}
+
+/* ---- scan ---- */
+
+/* The types of a body's ys without running it: traced once and dropped
+ * (an eager scan of length 0 still returns ys of shape (0, ...)). */
+static int ys_types(const char *who, kiln_body_fn body, void *user, int n_in, const op_type *in_types, int nc,
+                    int n_ys, op_type *ys) {
+  kiln_tensor **sym = calloc((size_t)n_in + nc + n_ys + 1, sizeof *sym), **outs = sym + n_in;
+  if (!sym) return kiln_set_error("%s: out of memory", who);
+  kiln_scope_push();
+  trace *tr = trace_begin_region(n_in, in_types, sym);
+  int rc = tr ? run_body(who, "body", body, user, n_in, sym, nc + n_ys, outs) : -1;
+  for (int k = 0; k < n_ys && !rc; k++) type_of(outs[nc + k], &ys[k]);
+  trace_free(tr);
+  kiln_scope_pop();
+  free(sym);
+  return rc;
+}
+
+static int scan_eager(const char *who, kiln_body_fn body, void *user, int nc, kiln_tensor *const *init, int nx,
+                      kiln_tensor *const *xs, int64_t len, bool reverse, int n_ys, kiln_tensor **final_carry,
+                      kiln_tensor **ys) {
+  int n_in = nc + nx, n_out = nc + n_ys;
+  kiln_tensor **cur = calloc((size_t)n_in + n_out + 1, sizeof *cur), **res = cur + n_in;
+  kiln_tensor **steps = calloc((size_t)n_ys * (size_t)len + 1, sizeof *steps); /* y k of step t at k * len + t */
+  op_type *types = malloc(((size_t)n_in + n_ys + 1) * sizeof *types), *yt = types ? types + n_in : NULL;
+  int rc = cur && steps && types ? 0 : kiln_set_error("%s: out of memory", who);
+  for (int i = 0; i < nc && !rc; i++) cur[i] = kiln_retain(init[i]), type_of(init[i], &types[i]);
+  for (int i = 0; i < nx && !rc; i++) {
+    type_of(xs[i], &types[nc + i]);
+    types[nc + i].rank--;
+    memmove(types[nc + i].shape, types[nc + i].shape + 1, (size_t)types[nc + i].rank * sizeof *types->shape);
+  }
+  for (int64_t s = 0; s < len && !rc; s++) {
+    int64_t t = reverse ? len - 1 - s : s;
+    kiln_scope_push();
+    for (int i = 0; i < nx && !rc; i++)
+      if (!(cur[nc + i] = kiln_index(xs[i], t))) rc = -1;
+    if (!rc) rc = run_body(who, "body", body, user, n_in, cur, n_out, res);
+    for (int k = 0; k < nc && !rc; k++)
+      if (!same_type(res[k], &types[k])) rc = type_changed(who, "body", "carry", k, &types[k], res[k]);
+    for (int k = 0; k < n_ys && !rc; k++) {
+      if (s == 0) type_of(res[nc + k], &yt[k]);
+      if (!same_type(res[nc + k], &yt[k])) rc = type_changed(who, "body", "y", k, &yt[k], res[nc + k]);
+    }
+    for (int k = 0; k < n_out && !rc; k++) kiln_retain(res[k]);
+    kiln_scope_pop();
+    for (int i = 0; i < nx; i++) cur[nc + i] = NULL;
+    if (rc) break;
+    release_all(nc, cur);
+    memcpy(cur, res, (size_t)nc * sizeof *cur);
+    for (int k = 0; k < n_ys; k++) steps[(size_t)k * (size_t)len + (size_t)t] = res[nc + k];
+  }
+  if (!rc && len == 0 && n_ys) rc = ys_types(who, body, user, n_in, types, nc, n_ys, yt);
+  for (int k = 0; k < n_ys && !rc; k++) {
+    if (len) {
+      ys[k] = kiln_stack((int)len, steps + (size_t)k * (size_t)len, 0);
+    } else {
+      int64_t shape[KILN_MAX_RANK] = {0};
+      for (int d = 0; d < yt[k].rank; d++) shape[d + 1] = yt[k].shape[d];
+      ys[k] = kiln_zeros(yt[k].dtype, yt[k].rank + 1, shape);
+    }
+    if (!ys[k]) rc = -1;
+  }
+  for (int k = 0; k < nc && !rc; k++) final_carry[k] = scope_own(cur[k]);
+  if (rc && cur) release_all(nc, cur);
+  for (size_t i = 0; steps && i < (size_t)n_ys * (size_t)len; i++) kiln_release(steps[i]);
+  free(steps);
+  free(cur);
+  free(types);
+  return rc;
+}
+
+int kiln_scan(kiln_body_fn body, void *user, int n_carry, kiln_tensor *const *init, int n_xs, kiln_tensor *const *xs,
+              int64_t length, bool reverse, int n_ys, kiln_tensor **final_carry, kiln_tensor **ys) {
+  const char *who = "scan";
+  if (!body) return kiln_set_error("%s: body is NULL", who);
+  if (check_list(who, "init", n_carry, init) || check_list(who, "xs", n_xs, xs)) return -1;
+  if (n_ys < 0) return kiln_set_error("%s: %d ys", who, n_ys);
+  if (n_carry + n_ys < 1) return kiln_set_error("%s: the body returns nothing (no carry and no ys)", who);
+  if ((n_carry && !final_carry) || (n_ys && !ys))
+    return kiln_set_error("%s: %s is NULL", who, n_carry && !final_carry ? "final_carry" : "ys");
+  for (int i = 0; i < n_xs; i++) {
+    if (xs[i]->rank < 1) return kiln_set_error("%s: xs[%d] is a scalar: xs are sliced along axis 0", who, i);
+    if (xs[i]->shape[0] != xs[0]->shape[0])
+      return kiln_set_error("%s: xs[%d] has length %lld, xs[0] %lld (all the same length)", who, i,
+                            (long long)xs[i]->shape[0], (long long)xs[0]->shape[0]);
+  }
+  if (n_xs && length != -1 && length != xs[0]->shape[0])
+    return kiln_set_error("%s: length = %lld, but the xs have length %lld", who, (long long)length,
+                          (long long)xs[0]->shape[0]);
+  if (!n_xs && length < 0) return kiln_set_error("%s: without xs, length = %lld must be given (>= 0)", who,
+                                                 (long long)length);
+  int64_t len = n_xs ? xs[0]->shape[0] : length;
+  if (!trace_current) return scan_eager(who, body, user, n_carry, init, n_xs, xs, len, reverse, n_ys, final_carry, ys);
+  int n_in = n_carry + n_xs;
+  kiln_tensor **head = malloc(((size_t)n_in + 1) * sizeof *head);
+  kiln_tensor **out = malloc(((size_t)n_carry + n_ys + 1) * sizeof *out);
+  op_type *types = malloc(((size_t)n_in + 1) * sizeof *types);
+  int rc = head && out && types ? 0 : kiln_set_error("%s: out of memory", who);
+  for (int i = 0; i < n_in && !rc; i++) {
+    head[i] = i < n_carry ? init[i] : xs[i - n_carry];
+    type_of(head[i], &types[i]);
+    if (i >= n_carry) { /* x_t: one slice along axis 0 */
+      types[i].rank--;
+      memmove(types[i].shape, types[i].shape + 1, (size_t)types[i].rank * sizeof *types->shape);
+    }
+  }
+  if (!rc) rc = check_untaped(who, n_in, head);
+  if (!rc) {
+    region_job job = {"body", "scan.body", body, n_carry + n_ys, NULL, NULL};
+    op_attrs a = {0};
+    a.n_state = n_carry;
+    a.n_xs = n_xs;
+    a.trip = len;
+    a.reverse = reverse;
+    rc = stage(who, OP_SCAN, &a, 1, &job, user, n_in, types, n_in, head, out);
+  }
+  for (int k = 0; k < n_carry && !rc; k++) final_carry[k] = out[k];
+  for (int k = 0; k < n_ys && !rc; k++) ys[k] = out[n_carry + k];
+  free(head);
+  free(out);
+  free(types);
+  return rc;
+}

@@ -1,0 +1,554 @@
+// control_test.cc — kiln_cond, kiln_while_loop and kiln_scan (API.md §9):
+// eager runs as C loops; staged, one instruction with traced regions whose
+// results match eager C (the Collatz loop, Newton's iteration stopping on
+// convergence, a scan against its unrolled form), captures of the enclosing
+// trace, variable reads, random draws per iteration, nesting, bad inputs.
+// Staged control flow runs interpreted for now (the CPU backend does not
+// lower it yet), so the staged tests set KILN_BACKEND=interp.
+#include <gmock/gmock.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+using namespace kiln_test;
+using testing::HasSubstr;
+using testing::StartsWith;
+
+namespace {
+
+struct Interp : EnvGuard {
+  Interp() : EnvGuard("KILN_BACKEND", "interp") {}
+};
+
+kiln_tensor *s64(int64_t v) { return kiln_scalar(KILN_I64, (double)v); }
+
+// ---- Collatz: while a != 1: a = a even ? a / 2 : 3a + 1; count steps ----
+
+int collatz_cond(void *, int, kiln_tensor *const *s, int, kiln_tensor **out) {
+  out[0] = kiln_not_equal(s[0], s64(1));
+  return out[0] ? 0 : -1;
+}
+
+int collatz_even(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_div(in[0], s64(2));
+  return out[0] ? 0 : -1;
+}
+
+int collatz_odd(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_add(kiln_mul(in[0], s64(3)), s64(1));
+  return out[0] ? 0 : -1;
+}
+
+int collatz_body(void *, int, kiln_tensor *const *s, int, kiln_tensor **out) {
+  kiln_tensor *even = kiln_equal(kiln_mod(s[0], s64(2)), s64(0));
+  if (kiln_cond(even, collatz_even, collatz_odd, nullptr, 1, s, 1, &out[0])) return -1;
+  out[1] = kiln_add(s[1], s64(1));
+  return out[1] ? 0 : -1;
+}
+
+int collatz(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *init[2] = {in[0], s64(0)};
+  return kiln_while_loop(collatz_cond, collatz_body, nullptr, 2, init, -1, out);
+}
+
+int64_t collatz_c(int64_t a) {
+  int64_t n = 0;
+  for (; a != 1; n++) a = a % 2 == 0 ? a / 2 : 3 * a + 1;
+  return n;
+}
+
+TEST(Control, CollatzEagerAndStagedMatchC) {
+  Scoped s;
+  Interp env;
+  kiln_function *f = kiln_function_new("collatz", collatz, nullptr, 1, 2);
+  for (int64_t a : {1, 6, 7, 27, 97}) {
+    kiln_tensor *x = s64(a), *eager[2] = {}, *staged[2] = {};
+    ASSERT_EQ(collatz(nullptr, 1, &x, 2, eager), 0) << kiln_last_error();
+    ASSERT_EQ(kiln_function_call(f, &x, staged), 0) << kiln_last_error();
+    EXPECT_EQ(kiln_tensor_item(eager[1]), (double)collatz_c(a)) << a;
+    EXPECT_EQ(kiln_tensor_item(staged[1]), (double)collatz_c(a)) << a;
+    EXPECT_EQ(kiln_tensor_item(staged[0]), 1.0);
+  }
+  EXPECT_EQ(kiln_function_trace_count(f), 1) << "one trace for every start value";
+  char *ir = kiln_function_ir(f, 0, "traced");
+  ASSERT_NE(ir, nullptr) << kiln_last_error();
+  EXPECT_THAT(ir, HasSubstr("= while "));
+  EXPECT_THAT(ir, HasSubstr("= cond "));
+  EXPECT_THAT(ir, HasSubstr("body func @while.body("));
+  free(ir);
+  kiln_function_free(f);
+}
+
+// ---- Newton's iteration for sqrt(a), stopping on convergence ----
+
+int newton_cond(void *, int, kiln_tensor *const *s, int, kiln_tensor **out) {
+  // |x^2 - a| > 1e-9 * a
+  kiln_tensor *err = kiln_abs(kiln_sub(kiln_mul(s[0], s[0]), s[1]));
+  out[0] = kiln_greater(err, kiln_mul(s[1], kiln_scalar(KILN_F64, 1e-9)));
+  return out[0] ? 0 : -1;
+}
+
+int newton_body(void *, int, kiln_tensor *const *s, int, kiln_tensor **out) {
+  out[0] = kiln_mul(kiln_scalar(KILN_F64, 0.5), kiln_add(s[0], kiln_div(s[1], s[0])));
+  out[1] = s[1];
+  out[2] = kiln_add(s[2], s64(1));
+  return out[0] && out[2] ? 0 : -1;
+}
+
+int newton(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *init[3] = {in[0], in[0], s64(0)}, *fin[3];
+  if (kiln_while_loop(newton_cond, newton_body, nullptr, 3, init, 100, fin)) return -1;
+  out[0] = fin[0];
+  out[1] = fin[2];
+  return 0;
+}
+
+TEST(Control, NewtonStopsOnConvergence) {
+  Scoped s;
+  Interp env;
+  kiln_function *f = kiln_function_new("newton", newton, nullptr, 1, 2);
+  for (double a : {2.0, 1e6, 0.25}) {
+    kiln_tensor *x = kiln_scalar(KILN_F64, a), *out[2] = {nullptr, nullptr}, *eager[2] = {nullptr, nullptr};
+    ASSERT_EQ(kiln_function_call(f, &x, out), 0) << kiln_last_error();
+    ASSERT_EQ(newton(nullptr, 1, &x, 2, eager), 0) << kiln_last_error();
+    EXPECT_NEAR(kiln_tensor_item(out[0]), std::sqrt(a), 1e-9 * std::sqrt(a));
+    EXPECT_EQ(kiln_tensor_item(out[1]), kiln_tensor_item(eager[1])) << "the same number of steps";
+    EXPECT_LT(kiln_tensor_item(out[1]), 30) << "it stopped when converged";
+  }
+  EXPECT_EQ(kiln_function_trace_count(f), 1);
+  kiln_function_free(f);
+}
+
+// max_iterations stops the loop even where cond stays true
+int always(void *, int, kiln_tensor *const *, int, kiln_tensor **out) {
+  out[0] = kiln_scalar(KILN_BOOL, 1);
+  return out[0] ? 0 : -1;
+}
+
+int inc(void *, int, kiln_tensor *const *s, int, kiln_tensor **out) {
+  out[0] = kiln_add(s[0], kiln_scalar_like(s[0], 1));
+  return out[0] ? 0 : -1;
+}
+
+int bounded(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  return kiln_while_loop(always, inc, nullptr, 1, in, 7, out);
+}
+
+TEST(Control, MaxIterationsBoundsTheLoop) {
+  Scoped s;
+  Interp env;
+  kiln_tensor *x = f32({2}, {0, 10}), *out = nullptr;
+  ASSERT_EQ(bounded(nullptr, 1, &x, 1, &out), 0) << kiln_last_error();
+  EXPECT_EQ(values(out), (VD{7, 17}));
+  kiln_function *f = kiln_function_new("bounded", bounded, nullptr, 1, 1);
+  ASSERT_EQ(kiln_function_call(f, &x, &out), 0) << kiln_last_error();
+  EXPECT_EQ(values(out), (VD{7, 17}));
+  kiln_function_free(f);
+}
+
+// ---- scan ----
+
+// carry' = tanh(carry * w + x_t); y_t = carry' * 2 (w captured from the
+// enclosing trace through user)
+struct Rnn {
+  kiln_tensor *w;
+};
+
+int rnn_step(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  Rnn *r = (Rnn *)user;
+  out[0] = kiln_tanh(kiln_add(kiln_mul(in[0], r->w), in[1]));
+  out[1] = kiln_mul(out[0], kiln_scalar_like(out[0], 2));
+  return out[0] && out[1] ? 0 : -1;
+}
+
+int rnn_scan(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  Rnn r{kiln_mul(in[2], kiln_scalar_like(in[2], 1.5))}; // a traced value the body closes over
+  return kiln_scan(rnn_step, &r, 1, &in[0], 1, &in[1], -1, false, 1, &out[0], &out[1]);
+}
+
+int rnn_unrolled(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  Rnn r{kiln_mul(in[2], kiln_scalar_like(in[2], 1.5))};
+  kiln_tensor *c = in[0];
+  std::vector<kiln_tensor *> ys;
+  int64_t T = kiln_tensor_shape(in[1])[0];
+  for (int64_t t = 0; t < T; t++) {
+    kiln_tensor *io[2] = {c, kiln_index(in[1], t)}, *o[2];
+    if (rnn_step(&r, 2, io, 2, o)) return -1;
+    c = o[0];
+    ys.push_back(o[1]);
+  }
+  out[0] = c;
+  out[1] = kiln_stack((int)ys.size(), ys.data(), 0);
+  return out[1] ? 0 : -1;
+}
+
+TEST(Control, ScanMatchesTheUnrolledLoop) {
+  Scoped s;
+  Interp env;
+  kiln_tensor *c0 = f64({2}, {0.1, -0.2});
+  std::vector<double> xv;
+  for (int i = 0; i < 10; i++) xv.push_back(std::sin(i * 0.7)), xv.push_back(std::cos(i * 0.3));
+  kiln_tensor *xs = f64({5, 2, 2}, std::vector<double>(xv.begin(), xv.begin() + 20));
+  kiln_tensor *w = f64({2}, {0.9, -0.4});
+  kiln_tensor *in[3] = {c0, xs, w};
+  // xs are (5, 2, 2): x_t is (2, 2), the carry broadcasts to it after step 0
+  kiln_tensor *c2 = f64({2, 2}, {0.1, -0.2, 0.3, 0.0});
+  in[0] = c2;
+  kiln_tensor *want[2] = {}, *eager[2] = {}, *staged[2] = {};
+  ASSERT_EQ(rnn_unrolled(nullptr, 3, in, 2, want), 0) << kiln_last_error();
+  ASSERT_EQ(rnn_scan(nullptr, 3, in, 2, eager), 0) << kiln_last_error();
+  EXPECT_TRUE(allclose(eager[0], want[0], 1e-12, 1e-12));
+  EXPECT_TRUE(allclose(eager[1], want[1], 1e-12, 1e-12));
+  kiln_function *f = kiln_function_new("rnn", rnn_scan, nullptr, 3, 2);
+  ASSERT_EQ(kiln_function_call(f, in, staged), 0) << kiln_last_error();
+  EXPECT_EQ(shape_of(staged[1]), (V64{5, 2, 2}));
+  EXPECT_TRUE(allclose(staged[0], want[0], 1e-12, 1e-12));
+  EXPECT_TRUE(allclose(staged[1], want[1], 1e-12, 1e-12));
+  char *ir = kiln_function_ir(f, 0, "traced");
+  ASSERT_NE(ir, nullptr);
+  EXPECT_THAT(ir, HasSubstr("= scan "));
+  EXPECT_THAT(ir, HasSubstr("length=5, reverse=false"));
+  free(ir);
+  kiln_function_free(f);
+}
+
+// reverse: the loop runs from the end; ys[t] still lines up with xs[t]
+int cumsum_step(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_add(in[0], in[1]);
+  out[1] = out[0];
+  return out[0] ? 0 : -1;
+}
+
+int rev_cumsum(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *zero = kiln_scalar(KILN_F32, 0);
+  return kiln_scan(cumsum_step, nullptr, 1, &zero, 1, in, -1, true, 1, &out[0], &out[1]);
+}
+
+TEST(Control, ReverseScanLinesUpWithXs) {
+  Scoped s;
+  Interp env;
+  kiln_tensor *x = f32({1, 2, 3, 4}), *eager[2] = {}, *staged[2] = {};
+  ASSERT_EQ(rev_cumsum(nullptr, 1, &x, 2, eager), 0) << kiln_last_error();
+  EXPECT_EQ(values(eager[1]), (VD{10, 9, 7, 4}));
+  EXPECT_EQ(kiln_tensor_item(eager[0]), 10);
+  kiln_function *f = kiln_function_new("rev", rev_cumsum, nullptr, 1, 2);
+  ASSERT_EQ(kiln_function_call(f, &x, staged), 0) << kiln_last_error();
+  EXPECT_EQ(values(staged[1]), (VD{10, 9, 7, 4}));
+  EXPECT_EQ(kiln_tensor_item(staged[0]), 10);
+  kiln_tensor *empty = kiln_zeros(KILN_F32, 1, V64{0}.data());
+  ASSERT_EQ(rev_cumsum(nullptr, 1, &empty, 2, eager), 0) << kiln_last_error();
+  EXPECT_EQ(shape_of(eager[1]), (V64{0}));
+  EXPECT_EQ(kiln_tensor_item(eager[0]), 0);
+  ASSERT_EQ(kiln_function_call(f, &empty, staged), 0) << kiln_last_error();
+  EXPECT_EQ(shape_of(staged[1]), (V64{0}));
+  kiln_function_free(f);
+}
+
+// ---- random draws, variables, nesting, host and staged calls in bodies ----
+
+int noisy_step(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = in[0];
+  out[1] = kiln_random_uniform(KILN_F32, 0, nullptr, 0, 1);
+  return out[1] ? 0 : -1;
+}
+
+int noisy(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  return kiln_scan(noisy_step, nullptr, 1, in, 0, nullptr, 8, false, 1, &out[0], &out[1]);
+}
+
+TEST(Control, RandomOpsDrawAfreshEachIteration) {
+  Scoped s;
+  Interp env;
+  kiln_function *f = kiln_function_new("noisy", noisy, nullptr, 1, 2);
+  kiln_tensor *x = f32({1}), *a[2] = {}, *b[2] = {};
+  ASSERT_EQ(kiln_function_call(f, &x, a), 0) << kiln_last_error();
+  ASSERT_EQ(kiln_function_call(f, &x, b), 0) << kiln_last_error();
+  VD va = values(a[1]), vb = values(b[1]);
+  ASSERT_EQ(va.size(), 8u);
+  for (size_t i = 1; i < va.size(); i++) EXPECT_NE(va[i], va[0]) << "step " << i << " drew the same";
+  EXPECT_NE(va, vb) << "each call draws afresh";
+  kiln_function_free(f);
+}
+
+struct VarUser {
+  kiln_variable *v;
+};
+
+int add_var(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_add(in[0], kiln_variable_read(((VarUser *)user)->v));
+  return out[0] ? 0 : -1;
+}
+
+int lt_ten(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_less(kiln_reduce_sum(in[0], 0, nullptr, false), kiln_scalar(KILN_F32, 10));
+  return out[0] ? 0 : -1;
+}
+
+int var_loop(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  return kiln_while_loop(lt_ten, add_var, user, 1, in, -1, out);
+}
+
+TEST(Control, BodiesReadVariablesAtEachCall) {
+  Scoped s;
+  Interp env;
+  Owned o;
+  VarUser u{o.var(f32({1, 2}), "step")};
+  kiln_function *f = kiln_function_new("var_loop", var_loop, &u, 1, 1);
+  kiln_tensor *x = f32({0, 0}), *out = nullptr;
+  ASSERT_EQ(kiln_function_call(f, &x, &out), 0) << kiln_last_error();
+  EXPECT_EQ(values(out), (VD{4, 8})); // sum 12 after 4 steps of 3
+  ASSERT_EQ(kiln_variable_assign(u.v, f32({2, 3})), 0);
+  ASSERT_EQ(kiln_function_call(f, &x, &out), 0) << kiln_last_error();
+  EXPECT_EQ(values(out), (VD{4, 6})) << "the variable's new value, no retrace";
+  EXPECT_EQ(kiln_function_trace_count(f), 1);
+  kiln_function_free(f);
+}
+
+// a cond inside a scan inside a cond branch; the inner branches read a
+// value of the outermost trace
+struct Nest {
+  kiln_tensor *k;
+};
+
+int pos_branch(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_mul(in[0], ((Nest *)user)->k);
+  return out[0] ? 0 : -1;
+}
+
+int neg_branch(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_neg(in[0]);
+  return out[0] ? 0 : -1;
+}
+
+int nest_step(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *p = kiln_greater(in[1], kiln_scalar_like(in[1], 0)), *v = nullptr;
+  if (kiln_cond(p, pos_branch, neg_branch, user, 1, &in[1], 1, &v)) return -1;
+  out[0] = kiln_add(in[0], v);
+  out[1] = v;
+  return out[0] ? 0 : -1;
+}
+
+int nest_then(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *zero = kiln_scalar(KILN_F64, 0), *c = nullptr, *ys = nullptr;
+  if (kiln_scan(nest_step, user, 1, &zero, 1, in, -1, false, 1, &c, &ys)) return -1;
+  out[0] = kiln_add(ys, c);
+  return out[0] ? 0 : -1;
+}
+
+int nest_else(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = in[0];
+  return 0;
+}
+
+int nested(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  Nest n{kiln_add(in[1], kiln_scalar_like(in[1], 1))};
+  kiln_tensor *p = kiln_greater(kiln_reduce_sum(in[0], 0, nullptr, false), kiln_scalar(KILN_F64, -100));
+  return kiln_cond(p, nest_then, nest_else, &n, 1, in, 1, out);
+}
+
+TEST(Control, NestedControlFlowCapturesTheOutermostTrace) {
+  Scoped s;
+  Interp env;
+  kiln_tensor *x = f64({1, -2, 3}), *k = kiln_scalar(KILN_F64, 2), *in[2] = {x, k}, *eager = nullptr, *staged = nullptr;
+  ASSERT_EQ(nested(nullptr, 2, in, 1, &eager), 0) << kiln_last_error();
+  // v = [3, 2, 9] (x*3 where positive, -x else), c = 14: ys + c
+  EXPECT_EQ(values(eager), (VD{17, 16, 23}));
+  kiln_function *f = kiln_function_new("nested", nested, nullptr, 2, 1);
+  ASSERT_EQ(kiln_function_call(f, in, &staged), 0) << kiln_last_error();
+  EXPECT_EQ(values(staged), (VD{17, 16, 23}));
+  kiln_tensor *in2[2] = {f64({-500, 1, 1}), k};
+  ASSERT_EQ(kiln_function_call(f, in2, &staged), 0) << kiln_last_error();
+  EXPECT_EQ(values(staged), (VD{-500, 1, 1})) << "the else branch";
+  char *ir = kiln_function_ir(f, 0, "traced");
+  ASSERT_NE(ir, nullptr);
+  // regions print nested, and the text parses back (checked by kiln-opt's tests)
+  EXPECT_THAT(ir, HasSubstr("        body func @scan.body("));
+  free(ir);
+  kiln_function_free(f);
+}
+
+int twice_body(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_mul(in[0], kiln_scalar_like(in[0], 2));
+  return out[0] ? 0 : -1;
+}
+
+int host_neg(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_neg(in[0]);
+  return out[0] ? 0 : -1;
+}
+
+kiln_function *g_twice;
+
+int calls_inside(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *a = nullptr, *b = nullptr;
+  if (kiln_function_call(g_twice, in, &a)) return -1;
+  kiln_spec spec = {(kiln_dtype)kiln_tensor_dtype(a), kiln_tensor_rank(a), {0}};
+  for (int d = 0; d < spec.rank; d++) spec.shape[d] = kiln_tensor_shape(a)[d];
+  if (kiln_host_call(host_neg, nullptr, 1, &a, 1, &spec, &b)) return -1;
+  out[0] = b;
+  out[1] = kiln_add(b, kiln_scalar_like(b, 1)); // a y
+  return 0;
+}
+
+int calls_scan(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  return kiln_scan(calls_inside, nullptr, 1, in, 0, nullptr, 3, false, 1, &out[0], &out[1]);
+}
+
+TEST(Control, StagedAndHostCallsInsideABody) {
+  Scoped s;
+  Interp env;
+  g_twice = kiln_function_new("twice", twice_body, nullptr, 1, 1);
+  kiln_function *f = kiln_function_new("calls", calls_scan, nullptr, 1, 2);
+  kiln_tensor *x = f32({1, 2}), *out[2] = {};
+  ASSERT_EQ(kiln_function_call(f, &x, out), 0) << kiln_last_error();
+  EXPECT_EQ(values(out[0]), (VD{-8, -16})); // x -> -2x three times
+  EXPECT_EQ(values(out[1]), (VD{-1, -3, 5, 9, -7, -15}));
+  kiln_function_free(f);
+  kiln_function_free(g_twice);
+}
+
+// ---- bad input ----
+
+int wrong_shape_body(void *, int, kiln_tensor *const *s, int, kiln_tensor **out) {
+  kiln_tensor *both[2] = {s[0], s[0]};
+  out[0] = kiln_concat(2, both, 0);
+  return out[0] ? 0 : -1;
+}
+
+int wrong_shape(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  return kiln_while_loop(always, wrong_shape_body, nullptr, 1, in, 3, out);
+}
+
+int f32_branch(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_cast(in[0], KILN_F32);
+  return out[0] ? 0 : -1;
+}
+
+int f64_branch(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_cast(in[0], KILN_F64);
+  return out[0] ? 0 : -1;
+}
+
+int mismatched(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *p = kiln_greater(kiln_reduce_sum(in[0], 0, nullptr, false), kiln_scalar_like(in[0], 0));
+  return kiln_cond(p, f32_branch, f64_branch, nullptr, 1, in, 1, out);
+}
+
+int vector_pred(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  return kiln_cond(kiln_greater(in[0], kiln_scalar_like(in[0], 0)), f32_branch, f32_branch, nullptr, 1, in, 1, out);
+}
+
+// an index error in iteration 57 (from the threshold in[1] on)
+struct Threshold {
+  kiln_tensor *at;
+};
+
+int bad_index_body(void *user, int, kiln_tensor *const *s, int, kiln_tensor **out) {
+  kiln_tensor *table = f32({10, 20, 30});
+  kiln_tensor *late = kiln_greater_equal(s[1], ((Threshold *)user)->at);
+  kiln_tensor *at = kiln_mul(kiln_reshape(kiln_cast(late, KILN_I64), 1, V64{1}.data()), s64(7)); // 7: out of range
+  out[0] = kiln_add(s[0], kiln_reduce_sum(kiln_gather(table, at, 0), 0, nullptr, false));
+  out[1] = kiln_add(s[1], s64(1));
+  return out[0] && out[1] ? 0 : -1;
+}
+
+int bad_index(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *init[2] = {in[0], s64(0)};
+  Threshold t{in[1]};
+  return kiln_while_loop(always, bad_index_body, &t, 2, init, 100, out);
+}
+
+TEST(Control, BadInputFailsClearly) {
+  Scoped s;
+  Interp env;
+  kiln_tensor *x = f32({1, 2}), *out[2] = {nullptr, nullptr};
+  EXPECT_EQ(wrong_shape(nullptr, 1, &x, 1, out), -1);
+  EXPECT_THAT(kiln_last_error(), StartsWith("while_loop: the body returned state 0 as f32[4], expected f32[2]"));
+  kiln_function *f = kiln_function_new("wrong_shape", wrong_shape, nullptr, 1, 1);
+  EXPECT_EQ(kiln_function_call(f, &x, out), -1);
+  EXPECT_THAT(kiln_last_error(), HasSubstr("while_loop: result 0 of @while.body is f32[4], expected f32[2]"));
+  kiln_function_free(f);
+
+  f = kiln_function_new("mismatched", mismatched, nullptr, 1, 1);
+  EXPECT_EQ(kiln_function_call(f, &x, out), -1);
+  EXPECT_THAT(kiln_last_error(), HasSubstr("cond: the branches disagree: result 0 of @cond.then is f32[2], of "
+                                           "@cond.else f64[2]"));
+  kiln_function_free(f);
+  f = kiln_function_new("vector_pred", vector_pred, nullptr, 1, 1);
+  EXPECT_EQ(kiln_function_call(f, &x, out), -1);
+  EXPECT_THAT(kiln_last_error(), HasSubstr("cond: the predicate is bool[2], expected bool[] (a scalar)"));
+  kiln_function_free(f);
+
+  EXPECT_EQ(kiln_cond(kiln_scalar(KILN_F32, 1), f32_branch, f32_branch, nullptr, 1, &x, 1, out), -1);
+  EXPECT_STREQ(kiln_last_error(), "cond: the predicate is f32[], expected bool[] (a scalar)");
+  EXPECT_EQ(kiln_cond(kiln_scalar(KILN_BOOL, 1), nullptr, f32_branch, nullptr, 1, &x, 1, out), -1);
+  EXPECT_STREQ(kiln_last_error(), "cond: then_fn is NULL");
+  EXPECT_EQ(kiln_while_loop(always, inc, nullptr, 0, &x, 3, out), -1);
+  EXPECT_THAT(kiln_last_error(), StartsWith("while_loop: the state needs at least one tensor"));
+  EXPECT_EQ(kiln_while_loop(always, inc, nullptr, 1, &x, -2, out), -1);
+  EXPECT_THAT(kiln_last_error(), StartsWith("while_loop: max_iterations = -2"));
+  kiln_tensor *xs2[2] = {f32({1, 2, 3}), f32({1, 2})};
+  EXPECT_EQ(kiln_scan(cumsum_step, nullptr, 1, &x, 2, xs2, -1, false, 1, &out[0], &out[1]), -1);
+  EXPECT_STREQ(kiln_last_error(), "scan: xs[1] has length 2, xs[0] 3 (all the same length)");
+  EXPECT_EQ(kiln_scan(cumsum_step, nullptr, 1, &x, 1, xs2, 4, false, 1, &out[0], &out[1]), -1);
+  EXPECT_STREQ(kiln_last_error(), "scan: length = 4, but the xs have length 3");
+  kiln_tensor *sc = kiln_scalar(KILN_F32, 1);
+  EXPECT_EQ(kiln_scan(cumsum_step, nullptr, 1, &x, 1, &sc, -1, false, 1, &out[0], &out[1]), -1);
+  EXPECT_STREQ(kiln_last_error(), "scan: xs[0] is a scalar: xs are sliced along axis 0");
+  EXPECT_EQ(kiln_scan(cumsum_step, nullptr, 1, &x, 0, nullptr, -1, false, 1, &out[0], &out[1]), -1);
+  EXPECT_STREQ(kiln_last_error(), "scan: without xs, length = -1 must be given (>= 0)");
+
+  // an error in iteration 57 names the op; the function works afterwards
+  kiln_tensor *ins[2] = {kiln_scalar(KILN_F32, 0), s64(56)};
+  f = kiln_function_new("bad_index", bad_index, nullptr, 2, 2);
+  EXPECT_EQ(kiln_function_call(f, ins, out), -1);
+  EXPECT_THAT(kiln_last_error(), HasSubstr("gather: indices[0] = 7 is not in [0, 3)"));
+  EXPECT_THAT(kiln_last_error(), StartsWith("@bad_index: "));
+  EXPECT_EQ(bad_index(nullptr, 2, ins, 2, out), -1);
+  EXPECT_STREQ(kiln_last_error(), "gather: indices[0] = 7 is not in [0, 3)");
+  ins[1] = s64(1000);
+  ASSERT_EQ(kiln_function_call(f, ins, out), 0) << kiln_last_error();
+  EXPECT_EQ(kiln_tensor_item(out[0]), 1000) << "100 iterations of table[0]";
+  EXPECT_EQ(kiln_function_trace_count(f), 1);
+  kiln_function_free(f);
+}
+
+// Gradients: eagerly the tape records every iteration; through staged
+// control flow not yet (a clear error).
+int square_body(void *, int, kiln_tensor *const *s, int, kiln_tensor **out) {
+  out[0] = kiln_mul(s[0], s[0]);
+  return out[0] ? 0 : -1;
+}
+
+int square_three(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  return kiln_while_loop(always, square_body, nullptr, 1, in, 3, out);
+}
+
+TEST(Control, EagerGradientsThroughLoopsAndStagedOnesFailClearly) {
+  Scoped s;
+  Interp env;
+  kiln_tensor *x = f64({1.1, 0.9}), *y = nullptr, *dx = nullptr;
+  kiln_tape *t = kiln_tape_begin(false);
+  kiln_tape_watch(t, x);
+  ASSERT_EQ(square_three(nullptr, 1, &x, 1, &y), 0) << kiln_last_error();
+  kiln_tape_end(t);
+  ASSERT_EQ(kiln_tape_gradient(t, y, 1, &x, &dx), 0) << kiln_last_error();
+  VD g = values(dx);
+  EXPECT_NEAR(g[0], 8 * std::pow(1.1, 7), 1e-9); // d x^8 / dx
+  EXPECT_NEAR(g[1], 8 * std::pow(0.9, 7), 1e-9);
+  kiln_tape_free(t);
+
+  kiln_function *f = kiln_function_new("square_three", square_three, nullptr, 1, 1);
+  t = kiln_tape_begin(false);
+  kiln_tape_watch(t, x);
+  EXPECT_EQ(kiln_function_call(f, &x, &y), -1);
+  EXPECT_THAT(kiln_last_error(), HasSubstr("while_loop: a gradient tape watches input 0 of a staged while_loop"));
+  kiln_tape_end(t);
+  kiln_tape_free(t);
+  kiln_function_free(f);
+}
+
+} // namespace
