@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "autodiff.h"
-#include "jit.h"
+#include "control.h"
 
 static void type_of(const kiln_tensor *t, op_type *ty) {
   ty->dtype = (kiln_dtype)t->dtype;
@@ -63,15 +63,11 @@ static void release_all(int n, kiln_tensor **t) {
 
 /* ---- staging ---- */
 
-/* Gradients through staged control flow: not yet (the tape would see one
- * opaque instruction). */
-static int check_untaped(const char *who, int n, kiln_tensor *const *in) {
+/* Does a tape watch one of the n tensors? */
+static bool taped(int n, kiln_tensor *const *t) {
   for (int i = 0; tape_active_count && i < n; i++)
-    if (tape_tracks(in[i]))
-      return kiln_set_error("%s: a gradient tape watches input %d of a staged %s: gradients through staged "
-                            "control flow are not supported yet (run it eagerly: kiln_function_set_eager)",
-                            who, i, who);
-  return 0;
+    if (tape_tracks(t[i])) return true;
+  return false;
 }
 
 typedef struct region_job {
@@ -87,7 +83,8 @@ typedef struct region_job {
  * instruction op with operands head (the pred / state / carries and xs)
  * then the environment. Outputs as trace_call's. */
 static int stage(const char *who, op_id op, op_attrs *a, int n_jobs, region_job *jobs, void *user, int n_in,
-                 const op_type *in_types, int n_head, kiln_tensor *const *head, kiln_tensor **out) {
+                 const op_type *in_types, int n_head, kiln_tensor *const *head, kiln_tensor **out,
+                 const cf_spec *grad) {
   trace_env env = {0};
   traced_fn *r[2] = {NULL, NULL};
   kiln_tensor **sym = calloc((size_t)n_in + 1, sizeof *sym), **ops = NULL;
@@ -132,11 +129,29 @@ static int stage(const char *who, op_id op, op_attrs *a, int n_jobs, region_job 
     a->callee2 = r[1] ? r[1]->func : NULL;
     rc = ir_check_instr(NULL, op, a, n_ops, types, &n_res, &outs);
   }
+  /* a tape watching an operand gives the instruction a gradient (the
+   * regions are copied for its backward before the trace takes them) */
+  bool with_grad = !rc && taped(n_ops, ops);
+  ir_module *copies = NULL;
+  const ir_func *rg[2] = {NULL, NULL};
+  if (with_grad && !grad)
+    rc = kiln_set_error("%s: a gradient tape watches an operand of a staged while_loop without a bound: "
+                        "give it max_iterations (>= 0) to make it differentiable", who);
+  if (with_grad && !rc) {
+    ir_clone_memo memo = {0};
+    if (!(copies = ir_module_new())) rc = -1;
+    for (int k = 0; k < 2 && !rc; k++)
+      if (r[k] && !(rg[k] = ir_clone_func(copies, r[k]->func, &memo))) rc = -1;
+    ir_clone_memo_free(&memo);
+  }
   if (!rc) {
     rc = trace_control(op, a, r[0], r[1], n_ops, ops, n_res, outs, out);
     r[0] = r[1] = NULL; /* taken */
-    for (int k = 0; k < n_res && !rc; k++) kiln_scope_escape(out[k]);
   }
+  if (with_grad && !rc)
+    rc = cf_record_gradients(grad, rg, n_head, head, n_ops - n_head, ops + n_head, out, out + grad->n_out - grad->nc);
+  ir_module_free(copies);
+  for (int k = 0; k < n_res && !rc; k++) kiln_scope_escape(out[k]);
   for (int k = 0; k < 2; k++)
     if (r[k]) traced_fn_free(r[k]), free(r[k]);
   for (int k = 0; k < n_jobs; k++) free(jobs[k].outs);
@@ -171,14 +186,15 @@ int kiln_cond(kiln_tensor *pred, kiln_body_fn then_fn, kiln_body_fn else_fn, voi
   }
   kiln_tensor **head = malloc(((size_t)n + 1) * sizeof *head);
   op_type *types = malloc(((size_t)n + 1) * sizeof *types);
-  int rc = head && types ? check_untaped(who, n, in) : kiln_set_error("%s: out of memory", who);
+  int rc = head && types ? 0 : kiln_set_error("%s: out of memory", who);
   if (!rc) {
     head[0] = pred;
     for (int i = 0; i < n; i++) head[1 + i] = in[i], type_of(in[i], &types[i]);
     region_job jobs[2] = {{"then branch", "cond.then", then_fn, n_out, NULL, NULL},
                           {"else branch", "cond.else", else_fn, n_out, NULL, NULL}};
     op_attrs a = {0};
-    rc = stage(who, OP_COND, &a, 2, jobs, user, n, types, n + 1, head, out);
+    cf_spec g = {.op = OP_COND, .n_in = n, .n_out = n_out};
+    rc = stage(who, OP_COND, &a, 2, jobs, user, n, types, n + 1, head, out, &g);
   }
   free(head);
   free(types);
@@ -218,6 +234,54 @@ static int while_eager(const char *who, kiln_body_fn cond_fn, kiln_body_fn body_
   return rc;
 }
 
+/* A bounded while_loop under a tape (TF while_v2's bounded loop): a scan of
+ * max_iterations steps over (state, active) whose step runs the body in a
+ * cond only while the loop would still run; its gradient is the scan's. */
+typedef struct {
+  kiln_body_fn cond_fn, body_fn;
+  void *user;
+} while_ctx;
+
+static int keep_state(void *user, int n, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  (void)user, (void)n_out;
+  for (int i = 0; i < n; i++) out[i] = in[i];
+  return 0;
+}
+
+static int run_while_body(void *user, int n, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  const while_ctx *c = user;
+  return run_body("while_loop", "body", c->body_fn, c->user, n, in, n_out, out);
+}
+
+static int while_step(void *user, int n1, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  (void)n_out;
+  const while_ctx *c = user;
+  int n = n1 - 1;
+  kiln_tensor *p = NULL;
+  if (run_body("while_loop", "cond", c->cond_fn, c->user, n, in, 1, &p)) return -1;
+  if (!scalar_bool(p)) {
+    op_type want = {KILN_BOOL, 0, {0}};
+    return type_changed("while_loop", "cond", "its output", 0, &want, p);
+  }
+  kiln_tensor *go = kiln_logical_and(p, in[n]);
+  if (!go || kiln_cond(go, run_while_body, keep_state, user, n, in, n, out)) return -1;
+  out[n] = go;
+  return 0;
+}
+
+static int while_as_scan(kiln_body_fn cond_fn, kiln_body_fn body_fn, void *user, int n, kiln_tensor *const *init,
+                         int64_t max_iterations, kiln_tensor **final) {
+  while_ctx c = {cond_fn, body_fn, user};
+  kiln_tensor **state = calloc(2 * ((size_t)n + 1), sizeof *state), **fin = state + n + 1;
+  if (!state) return kiln_set_error("while_loop: out of memory");
+  for (int i = 0; i < n; i++) state[i] = init[i];
+  int rc = (state[n] = kiln_scalar(KILN_BOOL, 1)) ? 0 : -1;
+  if (!rc) rc = kiln_scan(while_step, &c, n + 1, state, 0, NULL, max_iterations, false, 0, fin, NULL);
+  if (!rc) memcpy(final, fin, (size_t)n * sizeof *final);
+  free(state);
+  return rc;
+}
+
 int kiln_while_loop(kiln_body_fn cond_fn, kiln_body_fn body_fn, void *user, int n, kiln_tensor *const *init,
                     int64_t max_iterations, kiln_tensor **final) {
   const char *who = "while_loop";
@@ -228,7 +292,8 @@ int kiln_while_loop(kiln_body_fn cond_fn, kiln_body_fn body_fn, void *user, int 
   if (max_iterations < -1)
     return kiln_set_error("%s: max_iterations = %lld (>= 0, or -1 for unbounded)", who, (long long)max_iterations);
   if (!trace_current) return while_eager(who, cond_fn, body_fn, user, n, init, max_iterations, final);
-  if (check_untaped(who, n, init)) return -1;
+  if (tape_active_count && max_iterations >= 0) /* differentiable: a scan under a tape */
+    return while_as_scan(cond_fn, body_fn, user, n, init, max_iterations, final);
   op_type *types = malloc((size_t)n * sizeof *types);
   if (!types) return kiln_set_error("%s: out of memory", who);
   for (int i = 0; i < n; i++) type_of(init[i], &types[i]);
@@ -237,7 +302,7 @@ int kiln_while_loop(kiln_body_fn cond_fn, kiln_body_fn body_fn, void *user, int 
   op_attrs a = {0};
   a.n_state = n;
   a.trip = max_iterations;
-  int rc = stage(who, OP_WHILE, &a, 2, jobs, user, n, types, n, init, final);
+  int rc = stage(who, OP_WHILE, &a, 2, jobs, user, n, types, n, init, final, NULL);
   free(types);
   return rc;
 }
@@ -314,6 +379,22 @@ static int scan_eager(const char *who, kiln_body_fn body, void *user, int nc, ki
   return rc;
 }
 
+/* A scan body that also returns the carries it received (the backward's
+ * residuals). */
+typedef struct {
+  kiln_body_fn body;
+  void *user;
+  int nc, n_ys;
+} scan_aug;
+
+static int augmented(void *user, int n, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  (void)n_out;
+  const scan_aug *s = user;
+  if (run_body("scan", "body", s->body, s->user, n, in, s->nc + s->n_ys, out)) return -1;
+  for (int j = 0; j < s->nc; j++) out[s->nc + s->n_ys + j] = in[j];
+  return 0;
+}
+
 int kiln_scan(kiln_body_fn body, void *user, int n_carry, kiln_tensor *const *init, int n_xs, kiln_tensor *const *xs,
               int64_t length, bool reverse, int n_ys, kiln_tensor **final_carry, kiln_tensor **ys) {
   const char *who = "scan";
@@ -338,7 +419,7 @@ int kiln_scan(kiln_body_fn body, void *user, int n_carry, kiln_tensor *const *in
   if (!trace_current) return scan_eager(who, body, user, n_carry, init, n_xs, xs, len, reverse, n_ys, final_carry, ys);
   int n_in = n_carry + n_xs;
   kiln_tensor **head = malloc(((size_t)n_in + 1) * sizeof *head);
-  kiln_tensor **out = malloc(((size_t)n_carry + n_ys + 1) * sizeof *out);
+  kiln_tensor **out = malloc((2 * (size_t)n_carry + n_ys + 1) * sizeof *out);
   op_type *types = malloc(((size_t)n_in + 1) * sizeof *types);
   int rc = head && out && types ? 0 : kiln_set_error("%s: out of memory", who);
   for (int i = 0; i < n_in && !rc; i++) {
@@ -349,15 +430,20 @@ int kiln_scan(kiln_body_fn body, void *user, int n_carry, kiln_tensor *const *in
       memmove(types[i].shape, types[i].shape + 1, (size_t)types[i].rank * sizeof *types->shape);
     }
   }
-  if (!rc) rc = check_untaped(who, n_in, head);
   if (!rc) {
-    region_job job = {"body", "scan.body", body, n_carry + n_ys, NULL, NULL};
+    /* under a tape, the steps' incoming carries are stacked too (extra ys):
+     * the backward scan reads them */
+    bool grad = tape_active_count > 0;
+    scan_aug aug = {body, user, n_carry, n_ys};
+    region_job job = {"body", "scan.body", grad ? augmented : body, n_carry + n_ys + (grad ? n_carry : 0), NULL, NULL};
     op_attrs a = {0};
     a.n_state = n_carry;
     a.n_xs = n_xs;
     a.trip = len;
     a.reverse = reverse;
-    rc = stage(who, OP_SCAN, &a, 1, &job, user, n_in, types, n_in, head, out);
+    cf_spec g = {.op = OP_SCAN, .n_in = n_in, .n_out = 2 * n_carry + n_ys, .nc = n_carry, .nx = n_xs,
+                 .n_ys = n_ys + n_carry, .len = len, .reverse = reverse};
+    rc = stage(who, OP_SCAN, &a, 1, &job, grad ? (void *)&aug : user, n_in, types, n_in, head, out, grad ? &g : NULL);
   }
   for (int k = 0; k < n_carry && !rc; k++) final_carry[k] = out[k];
   for (int k = 0; k < n_ys && !rc; k++) ys[k] = out[n_carry + k];

@@ -178,8 +178,8 @@ static int node_of(trace *tr, const char *who, int i, kiln_tensor *t) {
     intptr_t id = (intptr_t)t->sym - 1;
     if (id >= 0 && id < tr->n_nodes && tr->nodes[id].t == t) return (int)id;
     if (tr->fwd && id >= 0 && id < tr->fwd->n_nodes && tr->fwd->nodes[id].t == t) return residual_node(tr, (int)id, t);
-    for (const trace *p = tr; p->region && p->prev; p = p->prev)
-      if (owns(p->prev, t)) return outer_node(tr, t);
+    for (const trace *p = tr; p->region && p->prev; p = p->prev) /* (a backward trace reads its forward's) */
+      if (owns(p->prev, t) || (p->prev->fwd && owns(p->prev->fwd, t))) return outer_node(tr, t);
     return kiln_set_error("%s: input %d is a symbolic tensor of another trace (it escaped the body "
                           "of a staged function)", who, i);
   }

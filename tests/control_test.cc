@@ -516,8 +516,7 @@ TEST(Control, BadInputFailsClearly) {
   kiln_function_free(f);
 }
 
-// Gradients: eagerly the tape records every iteration; through staged
-// control flow not yet (a clear error).
+// Gradients: eagerly the tape records every iteration.
 int square_body(void *, int, kiln_tensor *const *s, int, kiln_tensor **out) {
   out[0] = kiln_mul(s[0], s[0]);
   return out[0] ? 0 : -1;
@@ -527,7 +526,7 @@ int square_three(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   return kiln_while_loop(always, square_body, nullptr, 1, in, 3, out);
 }
 
-TEST(Control, EagerGradientsThroughLoopsAndStagedOnesFailClearly) {
+TEST(Control, EagerGradientsThroughLoops) {
   Scoped s;
   Interp env;
   kiln_tensor *x = f64({1.1, 0.9}), *y = nullptr, *dx = nullptr;
@@ -541,13 +540,210 @@ TEST(Control, EagerGradientsThroughLoopsAndStagedOnesFailClearly) {
   EXPECT_NEAR(g[1], 8 * std::pow(0.9, 7), 1e-9);
   kiln_tape_free(t);
 
-  kiln_function *f = kiln_function_new("square_three", square_three, nullptr, 1, 1);
-  t = kiln_tape_begin(false);
-  kiln_tape_watch(t, x);
-  EXPECT_EQ(kiln_function_call(f, &x, &y), -1);
-  EXPECT_THAT(kiln_last_error(), HasSubstr("while_loop: a gradient tape watches input 0 of a staged while_loop"));
+}
+
+// ---- gradients through staged control flow ----
+
+// d(sum out0)/d(inputs) by kiln_gradients of the staged f (interpreted)
+std::vector<kiln_tensor *> staged_grads(kiln_function *f, std::vector<kiln_tensor *> in) {
+  kiln_function *g = kiln_gradients(f);
+  std::vector<kiln_tensor *> d(in.size(), nullptr);
+  EXPECT_NE(g, nullptr) << kiln_last_error();
+  if (g) {
+    EXPECT_EQ(kiln_function_call(g, in.data(), d.data()), 0) << kiln_last_error();
+  }
+  kiln_function_free(g);
+  return d;
+}
+
+// the same by an eager tape over the body run as C
+std::vector<kiln_tensor *> eager_grads(kiln_body_fn body, int n_out, std::vector<kiln_tensor *> in) {
+  kiln_tape *t = kiln_tape_begin(false);
+  for (kiln_tensor *x : in) kiln_tape_watch(t, x);
+  std::vector<kiln_tensor *> out((size_t)n_out, nullptr), d(in.size(), nullptr);
+  EXPECT_EQ(body(nullptr, (int)in.size(), in.data(), n_out, out.data()), 0) << kiln_last_error();
+  kiln_tensor *loss = kiln_reduce_sum(out[0], 0, nullptr, false);
   kiln_tape_end(t);
+  EXPECT_EQ(kiln_tape_gradient(t, loss, (int)in.size(), in.data(), d.data()), 0) << kiln_last_error();
   kiln_tape_free(t);
+  return d;
+}
+
+// central differences of sum(out0) in f64
+double fd(kiln_body_fn body, int n_out, std::vector<kiln_tensor *> in, size_t which, int64_t elem) {
+  auto eval = [&](double delta) {
+    std::vector<kiln_tensor *> x = in;
+    VD v = values(in[which]);
+    v[(size_t)elem] += delta;
+    x[which] = from_values(KILN_F64, shape_of(in[which]), v);
+    std::vector<kiln_tensor *> out((size_t)n_out, nullptr);
+    EXPECT_EQ(body(nullptr, (int)x.size(), x.data(), n_out, out.data()), 0);
+    return kiln_tensor_item(kiln_reduce_sum(out[0], 0, nullptr, false));
+  };
+  const double h = 1e-6;
+  return (eval(h) - eval(-h)) / (2 * h);
+}
+
+void expect_grads_match(kiln_body_fn body, int n_out, std::vector<kiln_tensor *> in, const char *name) {
+  kiln_function *f = kiln_function_new(name, body, nullptr, (int)in.size(), n_out);
+  std::vector<kiln_tensor *> st = staged_grads(f, in), ea = eager_grads(body, n_out, in);
+  for (size_t i = 0; i < in.size(); i++) {
+    SCOPED_TRACE("input " + std::to_string(i));
+    ASSERT_NE(st[i], nullptr);
+    if (!ea[i]) ea[i] = kiln_zeros(kiln_tensor_dtype(in[i]), kiln_tensor_rank(in[i]), kiln_tensor_shape(in[i]));
+    EXPECT_TRUE(allclose(st[i], ea[i], 1e-9, 1e-12)) << "staged " << testing::PrintToString(values(st[i]))
+                                                     << " eager " << testing::PrintToString(values(ea[i]));
+    VD g = values(st[i]);
+    for (int64_t e = 0; e < (int64_t)g.size(); e++)
+      EXPECT_NEAR(g[(size_t)e], fd(body, n_out, in, i, e), 1e-5 * (1 + std::fabs(g[(size_t)e]))) << "element " << e;
+  }
+  kiln_function_free(f);
+}
+
+struct CondCtx {
+  kiln_tensor *w;
+};
+
+int g_then(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_mul(kiln_sin(in[0]), ((CondCtx *)user)->w); // w: a traced value of the enclosing body
+  return out[0] ? 0 : -1;
+}
+
+int g_else(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_square(in[0]);
+  return out[0] ? 0 : -1;
+}
+
+int cond_model(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  CondCtx c{kiln_mul(in[1], kiln_scalar_like(in[1], 1.5))};
+  kiln_tensor *p = kiln_greater(kiln_reduce_sum(in[0], 0, nullptr, false), kiln_scalar_like(in[0], 0));
+  kiln_tensor *r = nullptr;
+  if (kiln_cond(p, g_then, g_else, &c, 1, in, 1, &r)) return -1;
+  out[0] = kiln_mul(r, in[0]);
+  return out[0] ? 0 : -1;
+}
+
+TEST(ControlGradients, CondTakesItsBranchsGradient) {
+  Scoped s;
+  Interp env;
+  expect_grads_match(cond_model, 1, {f64({0.5, 1.5, -0.3}), f64({0.2, -0.7, 1.1})}, "cond_pos");
+  expect_grads_match(cond_model, 1, {f64({-0.5, 0.5, -0.3}), f64({0.2, -0.7, 1.1})}, "cond_neg");
+}
+
+// the RNN scan of ScanMatchesTheUnrolledLoop, in f64, against its unrolled
+// form: values and gradients (to the carry, the xs and the captured w)
+int rnn_loss(void *, int n, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *o[2] = {nullptr, nullptr};
+  if (rnn_scan(nullptr, n, in, 2, o)) return -1;
+  out[0] = kiln_add(kiln_reduce_sum(o[0], 0, nullptr, false), kiln_reduce_sum(kiln_square(o[1]), 0, nullptr, false));
+  return out[0] ? 0 : -1;
+}
+
+int rnn_loss_unrolled(void *, int n, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *o[2] = {nullptr, nullptr};
+  if (rnn_unrolled(nullptr, n, in, 2, o)) return -1;
+  out[0] = kiln_add(kiln_reduce_sum(o[0], 0, nullptr, false), kiln_reduce_sum(kiln_square(o[1]), 0, nullptr, false));
+  return out[0] ? 0 : -1;
+}
+
+TEST(ControlGradients, ScanMatchesTheUnrolledLoopsGradient) {
+  Scoped s;
+  Interp env;
+  std::vector<double> xv;
+  for (int i = 0; i < 12; i++) xv.push_back(std::sin(i * 0.7));
+  std::vector<kiln_tensor *> in = {f64({2}, {0.1, -0.2}), f64({6, 2}, xv), f64({2}, {0.9, -0.4})};
+  expect_grads_match(rnn_loss, 1, in, "rnn");
+  kiln_function *f = kiln_function_new("rnn", rnn_loss, nullptr, 3, 1);
+  kiln_tensor *y = nullptr;
+  ASSERT_EQ(kiln_function_call(f, in.data(), &y), 0) << kiln_last_error();
+  std::vector<kiln_tensor *> st = staged_grads(f, in), un = eager_grads(rnn_loss_unrolled, 1, in);
+  for (size_t i = 0; i < in.size(); i++) EXPECT_TRUE(allclose(st[i], un[i], 1e-9, 1e-12)) << "input " << i;
+  char *ir = kiln_function_ir(f, 0, "traced");
+  ASSERT_NE(ir, nullptr);
+  EXPECT_THAT(ir, HasSubstr("= scan ")) << "the forward stays a scan";
+  free(ir);
+  kiln_function_free(f);
+}
+
+// a bounded while_loop is differentiable; the loop stops on the data
+int newton_loss(void *, int n, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *o[2] = {nullptr, nullptr};
+  if (newton(nullptr, n, in, 2, o)) return -1;
+  out[0] = o[0];
+  return 0;
+}
+
+int pow8(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) { return square_three(nullptr, 1, in, 1, out); }
+
+TEST(ControlGradients, BoundedWhileLoops) {
+  Scoped s;
+  Interp env;
+  expect_grads_match(pow8, 1, {f64({1.1, 0.9, -0.7})}, "pow8");
+  kiln_function *f = kiln_function_new("newton", newton_loss, nullptr, 1, 1);
+  kiln_tensor *a = kiln_scalar(KILN_F64, 2.0);
+  std::vector<kiln_tensor *> d = staged_grads(f, {a});
+  ASSERT_NE(d[0], nullptr);
+  EXPECT_NEAR(kiln_tensor_item(d[0]), 0.5 / std::sqrt(2.0), 1e-7) << "d sqrt(a) / da through the iteration";
+  kiln_function_free(f);
+}
+
+// the second derivative through a scan: d2/dx2 sum(x^8) = 56 x^6
+int scan_pow(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *c = nullptr;
+  if (kiln_scan(square_body, nullptr, 1, in, 0, nullptr, 3, false, 0, &c, nullptr)) return -1;
+  out[0] = c;
+  return 0;
+}
+
+TEST(ControlGradients, SecondOrderThroughAScan) {
+  Scoped s;
+  Interp env;
+  kiln_function *f = kiln_function_new("scan_pow", scan_pow, nullptr, 1, 1);
+  kiln_function *g = kiln_gradients(f), *h = g ? kiln_gradients(g) : nullptr;
+  ASSERT_NE(h, nullptr) << kiln_last_error();
+  kiln_tensor *x = f64({1.1, -0.9}), *d2 = nullptr, *d1 = nullptr;
+  ASSERT_EQ(kiln_function_call(g, &x, &d1), 0) << kiln_last_error();
+  ASSERT_EQ(kiln_function_call(h, &x, &d2), 0) << kiln_last_error();
+  VD v1 = values(d1), v2 = values(d2);
+  EXPECT_NEAR(v1[0], 8 * std::pow(1.1, 7), 1e-9);
+  EXPECT_NEAR(v2[0], 56 * std::pow(1.1, 6), 1e-8);
+  EXPECT_NEAR(v2[1], 56 * std::pow(0.9, 6), 1e-8);
+  kiln_function_free(h);
+  kiln_function_free(g);
+  kiln_function_free(f);
+}
+
+int unbounded_pow(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  return kiln_while_loop(lt_ten, inc, nullptr, 1, in, -1, out);
+}
+
+// an eager tape over a staged call (the taped-call path) and an unbounded loop
+TEST(ControlGradients, TapedCallsAndUnboundedLoops) {
+  Scoped s;
+  Interp env;
+  kiln_function *f = kiln_function_new("rnn", rnn_loss, nullptr, 3, 1);
+  std::vector<double> xv;
+  for (int i = 0; i < 8; i++) xv.push_back(std::cos(i * 0.4));
+  std::vector<kiln_tensor *> in = {f64({2}, {0.3, 0.1}), f64({4, 2}, xv), f64({2}, {0.5, 0.6})};
+  kiln_tape *t = kiln_tape_begin(false);
+  for (kiln_tensor *x : in) kiln_tape_watch(t, x);
+  kiln_tensor *y = nullptr;
+  ASSERT_EQ(kiln_function_call(f, in.data(), &y), 0) << kiln_last_error();
+  kiln_tape_end(t);
+  std::vector<kiln_tensor *> d(3, nullptr);
+  ASSERT_EQ(kiln_tape_gradient(t, y, 3, in.data(), d.data()), 0) << kiln_last_error();
+  kiln_tape_free(t);
+  std::vector<kiln_tensor *> want = eager_grads(rnn_loss_unrolled, 1, in);
+  for (size_t i = 0; i < 3; i++) EXPECT_TRUE(allclose(d[i], want[i], 1e-9, 1e-12)) << "input " << i;
+  kiln_function_free(f);
+
+  f = kiln_function_new("unbounded", unbounded_pow, nullptr, 1, 1);
+  kiln_function *g = kiln_gradients(f);
+  kiln_tensor *x = f32({1, 2}), *dx = nullptr;
+  EXPECT_EQ(kiln_function_call(g, &x, &dx), -1);
+  EXPECT_THAT(kiln_last_error(), HasSubstr("while_loop: a gradient tape watches an operand of a staged while_loop "
+                                           "without a bound: give it max_iterations"));
+  kiln_function_free(g);
   kiln_function_free(f);
 }
 
