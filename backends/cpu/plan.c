@@ -152,6 +152,9 @@ int cpu_plan(cpu_build *cb) {
   cpu_program *p = cb->p;
   plan *pl = &cb->pl;
   if (plan_build(pl, cb->f, &cpu_policy)) return -1;
+  for (int s = 0; s < pl->n_steps; s++)
+    if (pl->steps[s].kind > PLAN_STEP_COPY)
+      return kiln_set_error("cpu: @%s: control flow is not supported by the CPU backend yet", cb->f->name);
   p->arena_bytes = pl->arena_bytes;
   cb->max_bufs = max_bufs(pl);
   p->results = calloc((size_t)cb->f->n_results + 1, sizeof *p->results);
@@ -163,15 +166,7 @@ int cpu_plan(cpu_build *cb) {
     p->n_helpers++; /* freed with the program, even half made */
     if (take_helper(&p->helpers[c], &pl->calls[c])) return -1;
   }
-  for (int i = 0; i < pl->n_consts; i++) { /* each tensor once, the code reads its data in place */
-    kiln_tensor *t = (kiln_tensor *)pl->consts[i];
-    bool seen = false;
-    for (int k = 0; k < p->n_consts && !seen; k++) seen = p->consts[k] == t;
-    if (seen) continue;
-    kiln_tensor **q = realloc(p->consts, (size_t)(p->n_consts + 1) * sizeof *q);
-    if (!q) return cpu_oom();
-    p->consts = q;
-    p->consts[p->n_consts++] = kiln_retain(t);
-  }
+  for (int i = 0; i < pl->n_consts; i++) /* the code reads their data in place */
+    if (plan_keep_const(&p->consts, &p->n_consts, pl->consts[i])) return cpu_oom();
   return cpu_plan_donors(cb);
 }

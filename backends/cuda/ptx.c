@@ -1,8 +1,8 @@
 /* ptx.c — from an IR function to PTX and a launch plan. The plan is the
- * shared one (backends/plan), under the policy below: every value gets a
- * place (parameter, result, arena offset, constant, or the place of the
- * value a view reads) and every instruction a step. Fusion groups and elementwise ops become
- * grid-stride kernels whose element is emitted by the shared emitter
+ * shared one (backends/plan) under the CUDA policy (plan.c): every value
+ * gets a place (parameter, result, arena offset, constant, or the place of
+ * the value a view reads) and every instruction a step. Fusion groups and
+ * elementwise ops become grid-stride kernels whose element is emitted by the shared emitter
  * (backends/llvm); reductions run a thread, a warp or a block per output row
  * (warp shuffles and shared memory), and reductions over leading axes with
  * few outputs a block per tile of columns and range of rows (a shared-memory
@@ -13,8 +13,6 @@
  * that the host turns into the eager message. The module is optimised with
  * O3 for nvptx64-nvidia-cuda and printed as PTX, which the disk cache keeps
  * (ptx_cache.c): a process compiling IR another one compiled skips LLVM. */
-#include "cuda/ptx.h"
-
 #include <llvm-c/Analysis.h>
 #include <llvm-c/Core.h>
 #include <llvm-c/ExecutionEngine.h>
@@ -27,8 +25,7 @@
 #include <time.h>
 
 #include "cpu/cpu.h"
-#include "llvm/llvm_emit.h"
-#include "plan/plan.h"
+#include "cuda/compile.h"
 
 enum {
   THREADS = 256,     /* threads per block of every kernel */
@@ -77,176 +74,6 @@ static double now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
-/* ---- the plan ---- */
-
-/* The plan is the shared one (backends/plan) under this policy: fusion
- * bodies and elementwise ops are kernels (no dot inside one), dot, argmax,
- * concat, gather and scatter_add kernels of their own, random draws and
- * host callbacks host steps, column reductions split in two passes. */
-
-/* Column reductions (the last axis kept, e.g. a sum over axis 0 of
- * [100000, 4]) with few outputs: instead of a thread per output walking its
- * whole column, a block reduces a tile of tx adjacent outputs (adjacent in
- * memory) over a range of rows, ty = THREADS / tx threads per output
- * striding the rows and a shared-memory tree at the end; `split` blocks
- * share each tile of columns, and then their partial results (in the
- * accumulator type) go through the arena to a second kernel that combines
- * them in a fixed order. Results do not depend on timing: every sum is
- * taken in one order, run after run. */
-enum {
-  COL_MIN_LEN = 64,        /* shorter columns: a thread per output */
-  COL_MAX_OUT = 1 << 16,   /* more outputs: a thread per output has the GPU busy */
-  COL_BLOCKS = 512,        /* blocks to aim for (a few per SM of an H100) */
-  COL_ROWS_PER_THREAD = 16 /* at least, before a column is split over more blocks */
-};
-typedef struct {
-  int tx, ty;
-  int64_t tiles, split, chunk; /* chunk: rows per split */
-} colplan;
-
-/* Whether the group computing out (a value of f) is a column reduction to
- * run as above, and how. */
-static bool column_plan(const ir_func *f, ir_value out, colplan *cp) {
-  if (out < f->n_params || f->def[out] < 0) return false;
-  const ir_instr *first = &f->instrs[f->def[out]];
-  if (!llvm_op_is_reduce(first->op)) return false;
-  const op_type *it = &f->types[first->in[0]], *ot = &f->types[out];
-  if (it->rank == 0 || first->attrs.naxes == 0) return false;
-  for (int q = 0; q < first->attrs.naxes; q++)
-    if (first->attrs.axes[q] == it->rank - 1) return false;
-  int64_t n_out = plan_type_size(ot), len = n_out ? plan_type_size(it) / n_out : 0;
-  if (n_out <= 0 || n_out >= COL_MAX_OUT || len < COL_MIN_LEN) return false;
-  int tx = 1;
-  while (tx < 32 && tx < n_out) tx *= 2;
-  cp->tx = tx;
-  cp->ty = 256 / tx;
-  cp->tiles = (n_out + tx - 1) / tx;
-  int64_t most = len / ((int64_t)cp->ty * COL_ROWS_PER_THREAD), want = (COL_BLOCKS + cp->tiles - 1) / cp->tiles;
-  cp->split = want < most ? want : most;
-  if (cp->split < 1) cp->split = 1;
-  if (cp->split > 65535) cp->split = 65535;
-  cp->chunk = (len + cp->split - 1) / cp->split;
-  cp->split = (len + cp->chunk - 1) / cp->chunk; /* no empty splits */
-  return true;
-}
-
-/* the policy's split: a column reduction's partials */
-static int64_t column_split(const plan_kernel *k) {
-  colplan cp;
-  return !k->special && column_plan(k->f, k->out[0], &cp) ? cp.split : 0;
-}
-
-/* Whether a fusion's body can be one kernel: the CPU backend's rule, with
- * no dots (a dot is a kernel of its own here) */
-static bool fusion_ok(const ir_func *c) { return llvm_fusion_one_kernel(c, NULL); }
-
-static plan_as place(const ir_func *f, const ir_instr *in) {
-  (void)f;
-  op_kind kind = kiln_ops[in->op].kind;
-  if (llvm_op_fusible(in->op)) return PLAN_AS_KERNEL;
-  if (kind == OPK_DOT || kind == OPK_INDEX || in->op == OP_CONCAT || in->op == OP_ARGMAX) return PLAN_AS_SPECIAL;
-  if (kind == OPK_RANDOM || kind == OPK_HOST) return PLAN_AS_CALL; /* kept for the host */
-  return PLAN_AS_UNSUPPORTED;
-}
-
-static const plan_policy cuda_policy = {
-    .who = "cuda",
-    .unsupported = "is not supported on the GPU yet",
-    .place = place,
-    .fusion_one_kernel = fusion_ok,
-    .split = column_split,
-};
-
-typedef struct {
-  const ir_func *f;
-  cuda_program *p;
-  plan pl; /* its steps are p->steps, one for one */
-  bool tf32; /* cuda_use_tf32() at the start of the compile */
-  /* emission */
-  llvm_emit e;
-  LLVMModuleRef mod;
-  const kiln_tensor **cst_t; /* constants already in the module */
-  LLVMValueRef *cst_g;
-  int n_cst;
-} cuda_build;
-
-static int oom(void) { return kiln_set_error("cuda: out of memory"); }
-
-/* a new launch step; its buffers (n of them) zeroed for the caller to fill */
-static cuda_step *add_step(cuda_program *p, int kind, int n_bufs) {
-  cuda_step *q = realloc(p->steps, (size_t)(p->n_steps + 1) * sizeof *q);
-  if (!q) return oom(), NULL;
-  p->steps = q;
-  cuda_step *st = &p->steps[p->n_steps++]; /* freed with the program, even half made */
-  memset(st, 0, sizeof *st);
-  st->kind = kind;
-  st->op = OP_COUNT;
-  st->kernel_op = OP_COUNT;
-  st->index_buf = -1;
-  st->n_bufs = n_bufs;
-  st->bufs = calloc((size_t)n_bufs + 1, sizeof *st->bufs);
-  if (!st->bufs) return oom(), NULL;
-  return st;
-}
-
-/* a call step of the plan: an op the host runs (random draws, host callbacks) */
-static int host_step(cuda_program *p, const plan *pl, const plan_step *ps) {
-  const plan_call *c = &pl->calls[ps->index];
-  cuda_step *st = add_step(p, CUDA_STEP_HOST, c->n_out + c->n_in);
-  if (!st) return -1;
-  st->op = c->op;
-  st->n_out = c->n_out;
-  st->attrs = c->attrs;
-  if (!(st->types = malloc(((size_t)c->n_out + (size_t)c->n_in) * sizeof *st->types))) return oom();
-  memcpy(st->types, c->out_types, (size_t)c->n_out * sizeof *st->types);
-  memcpy(st->types + c->n_out, c->in_types, (size_t)c->n_in * sizeof *st->types);
-  for (int k = 0; k < ps->n_slots; k++) st->bufs[k] = pl->slots[ps->slots[k]];
-  return 0;
-}
-
-/* Plans cb->f and makes the launch plan: a step per plan step (a kernel's
- * buffers and launch shape come with its emission), the results, the
- * constants the steps read (retained). */
-static int plan_program(cuda_build *cb) {
-  cuda_program *p = cb->p;
-  plan *pl = &cb->pl;
-  if (plan_build(pl, cb->f, &cuda_policy)) return -1;
-  p->arena_bytes = pl->arena_bytes;
-  for (int s = 0; s < pl->n_slots; s++) { /* each tensor once */
-    kiln_tensor *t = (kiln_tensor *)pl->slots[s].cst;
-    bool seen = pl->slots[s].kind != PLAN_SLOT_CONST;
-    for (int i = 0; i < p->n_consts && !seen; i++) seen = p->consts[i] == t;
-    if (seen) continue;
-    kiln_tensor **q = realloc(p->consts, (size_t)(p->n_consts + 1) * sizeof *q);
-    if (!q) return oom();
-    p->consts = q;
-    p->consts[p->n_consts++] = kiln_retain(t);
-  }
-  for (int s = 0; s < pl->n_steps; s++) {
-    const plan_step *ps = &pl->steps[s];
-    cuda_step *st;
-    if (ps->kind == PLAN_STEP_KERNEL) {
-      if (!(st = add_step(p, CUDA_STEP_KERNEL, 0))) return -1;
-      st->kernel_op = pl->kernels[ps->index].op;
-      p->n_kernels++;
-    } else if (ps->kind == PLAN_STEP_CALL) {
-      if (host_step(p, pl, ps)) return -1;
-    } else if (ps->kind == PLAN_STEP_COPY) {
-      if (!(st = add_step(p, CUDA_STEP_COPY, 2))) return -1;
-      st->bufs[0] = pl->slots[ps->slots[0]];
-      st->bufs[1] = pl->slots[ps->slots[1]];
-      st->bytes = ps->bytes;
-    } else {
-      return kiln_set_error("cuda: @%s: control flow is not supported on the GPU yet", cb->f->name);
-    }
-  }
-  p->results = calloc((size_t)cb->f->n_results + 1, sizeof *p->results);
-  if (!p->results) return oom();
-  for (int r = 0; r < cb->f->n_results; r++)
-    p->results[r] = (cuda_result){pl->results[r].kind, pl->results[r].index, pl->results[r].cst};
-  return 0;
 }
 
 /* ---- emission helpers ---- */
@@ -444,7 +271,7 @@ static int kernel_begin(kctx *k) {
   k->outp = calloc((size_t)g->n_out + 1, sizeof *k->outp);
   if (!ref_slot || !k->buf || !k->outp) {
     free(ref_slot);
-    return oom();
+    return cuda_oom();
   }
   int nb = 0;
   for (int o = 0; o < g->n_out; o++) ref_slot[nb++] = g->out_slot[o];
@@ -462,7 +289,7 @@ static int kernel_begin(kctx *k) {
   if (!st->bufs || !params) {
     free(params);
     free(ref_slot);
-    return oom();
+    return cuda_oom();
   }
   st->n_bufs = nb;
   for (int q = 0; q < nb; q++) st->bufs[q] = cb->pl.slots[ref_slot[q]], params[q] = e->t_ptr;
@@ -499,7 +326,7 @@ static int kernel_begin(kctx *k) {
       k->buf[v] = const_data(cb, cb->pl.slots[s].cst);
       if (!k->buf[v]) {
         free(ref_slot);
-        return oom();
+        return cuda_oom();
       }
       continue;
     }
@@ -1221,7 +1048,7 @@ static int emit_scatter_add(kctx *k) {
 static int emit_kernel(cuda_build *cb, int step_no, const plan_kernel *g) {
   llvm_emit *e = &cb->e;
   kctx k = {.cb = cb, .g = g, .st = &cb->p->steps[step_no], .step_no = step_no};
-  if (g->pass) column_plan(g->f, g->out[0], &k.col); /* as the plan's split made it */
+  if (g->pass) cuda_column_plan(g->f, g->out[0], &k.col); /* as the plan's split made it */
   int rc = kernel_begin(&k);
   bool can_fail = false;
   if (!rc && g->special) {
@@ -1322,7 +1149,7 @@ static int compile_module(cuda_build *cb, const char *arch) {
       memcpy(p->ptx, LLVMGetBufferStart(out), len);
       p->ptx[len] = 0;
     } else {
-      rc = oom();
+      rc = cuda_oom();
     }
     LLVMDisposeMemoryBuffer(out);
   }
@@ -1350,7 +1177,7 @@ cuda_program *cuda_compile(const ir_func *f, const char *arch) {
   double t0 = now_ms();
   cuda_program *p = calloc(1, sizeof *p);
   if (!p) {
-    oom();
+    cuda_oom();
     return NULL;
   }
   cuda_build cb = {.f = f, .p = p, .tf32 = cuda_use_tf32()};
@@ -1359,7 +1186,7 @@ cuda_program *cuda_compile(const ir_func *f, const char *arch) {
   p->param_types = malloc(((size_t)f->n_params + 1) * sizeof *p->param_types);
   p->result_types = malloc(((size_t)f->n_results + 1) * sizeof *p->result_types);
   if (!p->name || !p->param_types || !p->result_types) {
-    oom();
+    cuda_oom();
     goto fail;
   }
   strcpy(p->name, f->name);
@@ -1369,7 +1196,7 @@ cuda_program *cuda_compile(const ir_func *f, const char *arch) {
   for (int r = 0; r < f->n_results; r++) {
     p->result_types[r] = f->types[f->results[r]];
   }
-  if (plan_program(&cb)) goto fail;
+  if (cuda_plan(&cb)) goto fail;
   cuda_cache_ref ref;
   p->from_cache = cuda_cache_get(f, p, &ref) == 1;
   if (!p->from_cache) {

@@ -18,6 +18,16 @@ int64_t plan_type_size(const op_type *t) {
 
 int64_t plan_type_bytes(const op_type *t) { return plan_type_size(t) * (int64_t)kiln_dtype_sizes[t->dtype]; }
 
+int plan_keep_const(kiln_tensor ***list, int *n, const kiln_tensor *t) {
+  for (int i = 0; i < *n; i++)
+    if ((*list)[i] == t) return 0;
+  kiln_tensor **q = realloc(*list, (size_t)(*n + 1) * sizeof *q);
+  if (!q) return -1;
+  *list = q;
+  q[(*n)++] = kiln_retain((kiln_tensor *)t);
+  return 0;
+}
+
 static int add_slot(plan *pl, plan_slot s) {
   if (pl->n_slots == pl->cap_slots) {
     int cap = pl->cap_slots ? 2 * pl->cap_slots : 16;

@@ -163,6 +163,11 @@ typedef struct plan {
 int plan_build(plan *pl, const ir_func *f, const plan_policy *policy);
 void plan_free(plan *pl); /* a second call does nothing */
 
+/* Appends t, retained, to the n tensors of *list unless it is one of them
+ * (a program keeps each constant it reads once). 0, or -1 out of memory
+ * (no error set: the backend says it). */
+int plan_keep_const(kiln_tensor ***list, int *n, const kiln_tensor *t);
+
 /* elements and bytes of a value of type t */
 int64_t plan_type_size(const op_type *t);
 int64_t plan_type_bytes(const op_type *t);
