@@ -1,9 +1,9 @@
 /* compile.h — what the files of cpu_compile share (internal to
  * backends/cpu): the build, which holds the shared plan (backends/plan,
  * with the CPU's policy in plan.c) and the module that emission fills in
- * (kernel.c, program.c), LLVM's passes in one part or
- * two (parts.c) and the process-wide JIT that links the result (jit.c).
- * compile.c drives them and keeps the disk cache. */
+ * (kernel.c, program.c), LLVM's passes in one part or two (parts.c) and the
+ * process-wide JIT that links the result (jit.c). compile.c drives them and
+ * keeps the disk cache. */
 #ifndef KILN_CPU_COMPILE_H
 #define KILN_CPU_COMPILE_H
 
@@ -109,8 +109,11 @@ void cpu_error_text(LLVMErrorRef err, char *buf, size_t n);
 /* "cpu: @f: what: <err's message>"; -1 */
 int cpu_llvm_fail(const char *f, const char *what, LLVMErrorRef err);
 /* Links object code (the n objects, taken) into a JITDylib of p's own, with
- * the runtime's functions and p's constants as its symbols. 0, or -1 with
- * the error set. */
+ * the runtime's functions and the constants as its symbols: consts is the
+ * plan's list (plan.consts), whose constant i the code reads through the
+ * symbol kiln_const<i>; the same IR lists the same contents in the same
+ * order in any process, so cached code reads the right ones whichever
+ * tensors are shared. 0, or -1 with the error set. */
 int cpu_load_code(cpu_program *p, const kiln_tensor *const *consts, int n_consts, LLVMOrcLLJITRef jit,
                   LLVMMemoryBufferRef *obj, int n_obj);
 

@@ -495,7 +495,8 @@ int cpu_emit_kernel(cpu_build *cb, const plan_kernel *g, int id, kinfo *ki) {
     const op_type *it = &f->types[first->in[0]];
     bool kept_last = it->rank > 0 && first->attrs.naxes > 0;
     for (int k = 0; k < first->attrs.naxes; k++) kept_last = kept_last && first->attrs.axes[k] != it->rank - 1;
-    column = kept_last && it->shape[it->rank - 1] >= 8 && plan_type_size(ot) > 0 && plan_type_size(it) > plan_type_size(ot);
+    column =
+        kept_last && it->shape[it->rank - 1] >= 8 && plan_type_size(ot) > 0 && plan_type_size(it) > plan_type_size(ot);
   }
   const ir_instr *tt = tile_transpose(g);
   if (tt) {

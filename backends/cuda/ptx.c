@@ -978,7 +978,8 @@ static int emit_gather(kctx *k) {
   const ir_instr *in = k->g->special;
   const op_type *pt = &f->types[in->in[0]];
   int axis = in->attrs.axis;
-  int64_t dim = pt->shape[axis], inner = 1, nidx = plan_type_size(&f->types[in->in[1]]), n = plan_type_size(&f->types[in->out]);
+  int64_t dim = pt->shape[axis], inner = 1, nidx = plan_type_size(&f->types[in->in[1]]);
+  int64_t n = plan_type_size(&f->types[in->out]);
   for (int d = axis + 1; d < pt->rank; d++) inner *= pt->shape[d];
   note_index(k, in->in[1], dim);
   launch_1d(k->st, n, THREADS);

@@ -8,7 +8,8 @@
  * Where backends decide differently (what one kernel may hold, which ops are
  * calls) the planner asks the backend's plan_policy. The CPU backend
  * (backends/cpu) and the CUDA backend (backends/cuda) emit code from it.
- * Internal to the library. */
+ * Internal to the library; plan_build and plan_free are exported for the
+ * tests. */
 #ifndef KILN_PLAN_H
 #define KILN_PLAN_H
 
@@ -160,8 +161,8 @@ typedef struct plan {
 /* Plans f (verified) under policy into pl (whose old contents are
  * ignored). 0, or -1 with "<who>: ..." in the error; pl is freed with
  * plan_free either way. */
-int plan_build(plan *pl, const ir_func *f, const plan_policy *policy);
-void plan_free(plan *pl); /* a second call does nothing */
+KILN_EXPORT int plan_build(plan *pl, const ir_func *f, const plan_policy *policy);
+KILN_EXPORT void plan_free(plan *pl); /* a second call does nothing */
 
 /* Appends t, retained, to the n tensors of *list unless it is one of them
  * (a program keeps each constant it reads once). 0, or -1 out of memory
