@@ -10,7 +10,8 @@
  * no address of this process: constants and the runtime's functions are
  * symbols that each program's JITDylib defines, so it can be cached.
  *
- * The work is shared out by file: plan.c makes the plan, kernel.c and
+ * The work is shared out by file: backends/plan makes the plan under the
+ * CPU's policy (plan.c; donate.c its donations), kernel.c and
  * program.c emit the module, parts.c optimises and compiles it, jit.c links
  * it; this file drives them and keeps the disk cache and the text stages. */
 #include <llvm-c/BitReader.h>
@@ -25,19 +26,7 @@
 #include "cpu/compile.h"
 
 static void build_free(cpu_build *cb) {
-  for (int g = 0; g < cb->n_groups; g++) {
-    free(cb->groups[g].member);
-    free(cb->groups[g].leaf);
-    free(cb->groups[g].out);
-    free(cb->groups[g].out_slot);
-  }
-  for (int s = 0; s < cb->n_steps; s++) free(cb->steps[s].slots);
-  free(cb->result_done);
-  free(cb->groups);
-  free(cb->steps);
-  free(cb->slots);
-  free(cb->vslot);
-  free(cb->result_of);
+  plan_free(&cb->pl);
   free(cb->slot_ptr);
   if (cb->eb) LLVMDisposeBuilder(cb->eb);
   llvm_emit_dispose(&cb->e);
@@ -52,7 +41,7 @@ static char *cache_meta(const cpu_build *cb, const cpu_options *opt, LLVMOrcLLJI
   unsigned maj, min, pat;
   LLVMGetVersion(&maj, &min, &pat);
   const ir_func *f = cb->f;
-  size_t n = 1024 + strlen(cpu_host_cpu()) + strlen(cpu_host_features()) + 4 * (size_t)cb->consts->n;
+  size_t n = 1024 + strlen(cpu_host_cpu()) + strlen(cpu_host_features()) + 4 * (size_t)cb->pl.n_consts;
   n += strlen(LLVMOrcLLJITGetTripleString(jit)) + strlen(LLVMOrcLLJITGetDataLayoutStr(jit));
   char *m = malloc(n);
   if (!m) return NULL;
@@ -62,8 +51,8 @@ static char *cache_meta(const cpu_build *cb, const cpu_options *opt, LLVMOrcLLJI
                    maj, min, pat, LLVMOrcLLJITGetTripleString(jit), LLVMOrcLLJITGetDataLayoutStr(jit), cpu_host_cpu(),
                    cpu_host_features(), cpu_cache_build_id(), !opt->no_contract, opt->parts,
                    (long long)(f->buf_offset ? f->arena_bytes : -1));
-  for (int i = 0; i < cb->consts->n && k > 0 && (size_t)k < n; i++)
-    k += snprintf(m + k, n - (size_t)k, " %u", cpu_const_align(cb->consts->t[i]));
+  for (int i = 0; i < cb->pl.n_consts && k > 0 && (size_t)k < n; i++)
+    k += snprintf(m + k, n - (size_t)k, " %u", cpu_const_align(cb->pl.consts[i]));
   if (k <= 0 || (size_t)k >= n) {
     free(m);
     return NULL;
@@ -74,7 +63,7 @@ static char *cache_meta(const cpu_build *cb, const cpu_options *opt, LLVMOrcLLJI
 /* The program's kernel info in an entry: kernels, groups, each group's
  * failing op (int32 each). */
 static int32_t *kernel_info(const cpu_build *cb, size_t *len) {
-  int ng = cb->n_groups;
+  int ng = cb->pl.n_kernels;
   int32_t *v = malloc(((size_t)ng + 2) * sizeof *v);
   if (!v) return NULL;
   v[0] = cb->p->n_kernels;
@@ -88,12 +77,12 @@ static int take_kernel_info(cpu_program *p, const cpu_build *cb, const void *inf
   int32_t head[2];
   if (len < sizeof head) return -1;
   memcpy(head, info, sizeof head);
-  if (head[1] != cb->n_groups || head[0] < 0 || head[0] > cb->n_groups ||
-      len != ((size_t)cb->n_groups + 2) * sizeof(int32_t))
+  if (head[1] != cb->pl.n_kernels || head[0] < 0 || head[0] > cb->pl.n_kernels ||
+      len != ((size_t)cb->pl.n_kernels + 2) * sizeof(int32_t))
     return -1;
-  p->kernel_fail_op = calloc((size_t)cb->n_groups + 1, sizeof *p->kernel_fail_op);
+  p->kernel_fail_op = calloc((size_t)cb->pl.n_kernels + 1, sizeof *p->kernel_fail_op);
   if (!p->kernel_fail_op) return -1;
-  for (int g = 0; g < cb->n_groups; g++) {
+  for (int g = 0; g < cb->pl.n_kernels; g++) {
     int32_t op;
     memcpy(&op, (const char *)info + (2 + (size_t)g) * sizeof op, sizeof op);
     if (op < 0 || op > OP_COUNT) return -1;
@@ -129,7 +118,7 @@ static int load_cached(cpu_program *p, const cpu_build *cb, LLVMOrcLLJITRef jit,
     int n = cpu_parts_unpack(e->obj, e->obj_len, 2, part, len);
     LLVMMemoryBufferRef obj[2];
     for (int i = 0; i < n; i++) obj[i] = LLVMCreateMemoryBufferWithMemoryRangeCopy(part[i], len[i], "kiln");
-    rc = n < 1 ? -1 : cpu_load_code(p, cb->consts, jit, obj, n);
+    rc = n < 1 ? -1 : cpu_load_code(p, cb->pl.consts, cb->pl.n_consts, jit, obj, n);
     p->parts = n;
   }
   if (rc) {
@@ -167,8 +156,7 @@ cpu_program *cpu_compile_with(const ir_func *f, const cpu_options *opt) {
     kiln_set_error("cpu: out of memory");
     return NULL;
   }
-  const_list consts = {0};
-  cpu_build cb = {.f = f, .p = p, .consts = &consts};
+  cpu_build cb = {.f = f, .p = p};
   char *meta = NULL, dir[4096];
   uint8_t key[16];
   p->name = malloc(strlen(f->name) + 1);
@@ -205,7 +193,7 @@ cpu_program *cpu_compile_with(const ir_func *f, const cpu_options *opt) {
   cb.e.const_data = cpu_const_data;
   cb.e.user = &cb;
   int erc = cpu_emit_program(&cb, "kiln_entry");
-  int n_groups = cb.n_groups;
+  int n_groups = cb.pl.n_kernels;
   int64_t max_work = cb.max_work;
   size_t info_len = 0;
   int32_t *info = !erc && cache ? kernel_info(&cb, &info_len) : NULL;
@@ -225,7 +213,7 @@ cpu_program *cpu_compile_with(const ir_func *f, const cpu_options *opt) {
     goto fail;
   }
   if (!info) {
-    if (cpu_load_code(p, &consts, jit, obj, n_obj)) goto fail;
+    if (cpu_load_code(p, cb.pl.consts, cb.pl.n_consts, jit, obj, n_obj)) goto fail;
   } else { /* cached once it links */
     const void *data[2];
     size_t lens[2], packed_len = 0;
@@ -235,7 +223,7 @@ cpu_program *cpu_compile_with(const ir_func *f, const cpu_options *opt) {
       copy[i] = LLVMCreateMemoryBufferWithMemoryRangeCopy(data[i], lens[i], "kiln");
     }
     void *packed = n_obj > 1 ? cpu_parts_pack(n_obj, data, lens, &packed_len) : NULL;
-    int lrc = cpu_load_code(p, &consts, jit, copy, n_obj);
+    int lrc = cpu_load_code(p, cb.pl.consts, cb.pl.n_consts, jit, copy, n_obj);
     cpu_cache_entry e = {.info = info,
                          .info_len = info_len,
                          .obj = n_obj > 1 ? packed : data[0],
@@ -253,12 +241,10 @@ done:
   if (cpu_cache_log() && cache)
     fprintf(stderr, "kiln: cache: @%s: %s, %.1f ms\n", f->name, p->from_cache ? "hit" : "miss", p->compile_ms);
   build_free(&cb);
-  free(consts.t);
   free(meta);
   return p;
 fail:
   build_free(&cb);
-  free(consts.t);
   free(meta);
   cpu_program_free(p);
   return NULL;

@@ -235,8 +235,8 @@ static LLVMOrcExecutorAddress lib_lookup(LLVMOrcLLJITRef jit, LLVMOrcJITDylibRef
 
 /* Links object code (the n objects, taken) into a JITDylib of p's own, with
  * the runtime's functions and p's constants as its symbols. */
-int cpu_load_code(cpu_program *p, const const_list *consts, LLVMOrcLLJITRef jit, LLVMMemoryBufferRef *obj,
-                  int n_obj) {
+int cpu_load_code(cpu_program *p, const kiln_tensor *const *consts, int n_consts, LLVMOrcLLJITRef jit,
+                  LLVMMemoryBufferRef *obj, int n_obj) {
   LLVMOrcJITDylibRef jd = lib_get(jit);
   if (!jd) {
     for (int i = 0; i < n_obj; i++) LLVMDisposeMemoryBuffer(obj[i]);
@@ -250,7 +250,7 @@ int cpu_load_code(cpu_program *p, const const_list *consts, LLVMOrcLLJITRef jit,
             {"kiln_rt_helper", (uintptr_t)cpu_rt_helper},
             {"kiln_rt_kernel_fail", (uintptr_t)cpu_rt_kernel_fail}};
   enum { NRT = sizeof rt / sizeof *rt };
-  int n = NRT + consts->n;
+  int n = NRT + n_consts;
   LLVMOrcCSymbolMapPair *pairs = malloc((size_t)n * sizeof *pairs);
   if (!pairs) {
     for (int i = 0; i < n_obj; i++) LLVMDisposeMemoryBuffer(obj[i]);
@@ -260,7 +260,7 @@ int cpu_load_code(cpu_program *p, const const_list *consts, LLVMOrcLLJITRef jit,
     char name[32];
     if (i >= NRT) snprintf(name, sizeof name, "kiln_const%d", i - NRT);
     pairs[i].Name = LLVMOrcLLJITMangleAndIntern(jit, i < NRT ? rt[i].name : name);
-    pairs[i].Sym.Address = i < NRT ? rt[i].addr : (uintptr_t)consts->t[i - NRT]->data;
+    pairs[i].Sym.Address = i < NRT ? rt[i].addr : (uintptr_t)consts[i - NRT]->data;
     pairs[i].Sym.Flags.GenericFlags =
         LLVMJITSymbolGenericFlagsExported | (i < NRT ? LLVMJITSymbolGenericFlagsCallable : 0);
     pairs[i].Sym.Flags.TargetFlags = 0;

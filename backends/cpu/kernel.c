@@ -65,20 +65,20 @@ static void reduce_dims(llvm_emit *e, const ir_instr *in, const op_type *it, llv
 }
 
 /* the bytes a slot covers in the arena (type of the value g stores or reads there) */
-static int64_t slot_bytes(const cpu_build *cb, const kgroup *g, int s) {
+static int64_t slot_bytes(const cpu_build *cb, const plan_kernel *g, int s) {
   int64_t bytes = 0;
   for (int k = 0; k < g->n_out; k++)
-    if (g->out_slot[k] == s) bytes = cpu_type_bytes(&g->f->types[g->out[k]]);
+    if (g->out_slot[k] == s) bytes = plan_type_bytes(&g->f->types[g->out[k]]);
   for (int v = 0; v < g->f->n_values; v++)
-    if (g->leaf[v] == s && cpu_type_bytes(&g->f->types[v]) > bytes) bytes = cpu_type_bytes(&g->f->types[v]);
+    if (g->leaf[v] == s && plan_type_bytes(&g->f->types[v]) > bytes) bytes = plan_type_bytes(&g->f->types[v]);
   (void)cb;
   return bytes;
 }
 
-static bool slots_overlap(const cpu_build *cb, const kgroup *g, int a, int b) {
-  const slot *x = &cb->slots[a], *y = &cb->slots[b];
+static bool slots_overlap(const cpu_build *cb, const plan_kernel *g, int a, int b) {
+  const plan_slot *x = &cb->pl.slots[a], *y = &cb->pl.slots[b];
   if (a == b) return true;
-  if (x->kind != SLOT_ARENA || y->kind != SLOT_ARENA) return false;
+  if (x->kind != PLAN_SLOT_ARENA || y->kind != PLAN_SLOT_ARENA) return false;
   return x->offset < y->offset + slot_bytes(cb, g, b) && y->offset < x->offset + slot_bytes(cb, g, a);
 }
 
@@ -87,7 +87,7 @@ enum { COL_TILE = 256 }; /* outputs a column reduction accumulates at once */
 /* A reduction whose innermost input dims are kept: for each tile of an
  * output row, the rows of the reduced dims accumulate into an array, the
  * innermost loop running along contiguous memory (it vectorizes). */
-static int emit_reduce_columns(cpu_build *cb, const kgroup *g, llvm_group *lg, LLVMValueRef fn, LLVMValueRef begin,
+static int emit_reduce_columns(cpu_build *cb, const plan_kernel *g, llvm_group *lg, LLVMValueRef fn, LLVMValueRef begin,
                                LLVMValueRef end, LLVMValueRef bad_slot, kinfo *ki) {
   llvm_emit *e = &cb->e;
   LLVMBuilderRef b = e->b;
@@ -100,7 +100,7 @@ static int emit_reduce_columns(cpu_build *cb, const kgroup *g, llvm_group *lg, L
   int nt = 0; /* the trailing kept dims, `inner` elements */
   int64_t inner = 1;
   for (int d = it->rank - 1; d >= 0 && !reduced[d]; d--) nt++, inner *= it->shape[d];
-  int64_t n_out = cpu_type_size(ot), n_in = cpu_type_size(it);
+  int64_t n_out = plan_type_size(ot), n_in = plan_type_size(it);
   int64_t tile = inner < COL_TILE ? inner : COL_TILE, ntile = (inner + tile - 1) / tile, rows = n_out / inner;
   ki->units = rows * ntile;
   ki->per_unit = tile * (n_in / n_out);
@@ -196,7 +196,7 @@ enum { NT_TILE = 1024 }; /* elements a streaming kernel computes into L1 before 
  * vector math computes as long as it moves data; there computing tiles,
  * then storing them, overlaps the two worse than plain stores (tanh(x*a+b)*c+x:
  * 6.4 -> 5.0 GB/s), so it does not stream. */
-static bool memory_bound(const kgroup *g) {
+static bool memory_bound(const plan_kernel *g) {
   for (int i = 0; i < g->f->n_instrs; i++) {
     if (!g->member[i]) continue;
     switch (g->f->instrs[i].op) {
@@ -217,7 +217,7 @@ static bool memory_bound(const kgroup *g) {
 
 /* memory_bound, and no dot summing more than a few products per element
  * (an SGD update's batch-1 outer product is cheap) */
-bool cpu_cheap_kernel(const kgroup *g) {
+bool cpu_cheap_kernel(const plan_kernel *g) {
   const ir_func *f = g->f;
   for (int i = 0; i < f->n_instrs; i++) {
     const ir_instr *in = &f->instrs[i];
@@ -232,7 +232,7 @@ bool cpu_cheap_kernel(const kgroup *g) {
  * aligned stack buffer by the ordinary (vectorized) loop, then copied out in
  * 64-byte non-temporal stores, aligned because tiles start at multiples of
  * FLAT_BLOCK; a last partial tile is copied plainly. */
-static int emit_streaming(cpu_build *cb, const kgroup *g, llvm_group *lg, LLVMValueRef fn, LLVMValueRef lo,
+static int emit_streaming(cpu_build *cb, const plan_kernel *g, llvm_group *lg, LLVMValueRef fn, LLVMValueRef lo,
                           LLVMValueRef hi, LLVMValueRef bad_slot) {
   llvm_emit *e = &cb->e;
   LLVMBuilderRef b = e->b;
@@ -303,7 +303,7 @@ static int emit_streaming(cpu_build *cb, const kgroup *g, llvm_group *lg, LLVMVa
 
 /* A kernel that is one transpose of the last two dims of 4-byte elements,
  * both at least 16: moved in 16x16 tiles through registers. */
-static const ir_instr *tile_transpose(const kgroup *g) {
+static const ir_instr *tile_transpose(const plan_kernel *g) {
   const ir_func *f = g->f;
   const ir_instr *t = NULL;
   for (int i = 0; i < f->n_instrs; i++) {
@@ -347,13 +347,13 @@ static void copy_transposed(llvm_emit *e, LLVMValueRef src, LLVMValueRef dst, LL
  * butterfly stages of shuffles that swap the off-diagonal b x b blocks of
  * each 2b x 2b block, 16 row stores), the rest element by element. About 4x
  * the gathers of the generic kernel (the MLP step's 256x256 transpose). */
-static void emit_transpose_tiles(cpu_build *cb, const kgroup *g, const ir_instr *t, LLVMValueRef src,
+static void emit_transpose_tiles(cpu_build *cb, const plan_kernel *g, const ir_instr *t, LLVMValueRef src,
                                  LLVMValueRef dst, LLVMValueRef begin, LLVMValueRef end, kinfo *ki) {
   llvm_emit *e = &cb->e;
   LLVMBuilderRef b = e->b;
   const op_type *it = &g->f->types[t->in[0]];
   int64_t C = it->shape[it->rank - 2], R = it->shape[it->rank - 1], nrb = (R + 15) / 16;
-  ki->units = cpu_type_size(it) / (C * R) * nrb;
+  ki->units = plan_type_size(it) / (C * R) * nrb;
   ki->per_unit = 16 * C;
   LLVMTypeRef vt = LLVMVectorType(e->t_i32, 16);
   llvm_loop lu, lb;
@@ -411,7 +411,7 @@ static void emit_transpose_tiles(cpu_build *cb, const kgroup *g, const ir_instr 
 /* Whether g reads some input across its rows: a transpose that brings a
  * dim other than the input's innermost (of more than one element) to the
  * output's innermost, so consecutive output elements lie a row apart. */
-static bool reads_across_rows(const kgroup *g) {
+static bool reads_across_rows(const plan_kernel *g) {
   const ir_func *f = g->f;
   for (int i = 0; i < f->n_instrs; i++) {
     const ir_instr *in = &f->instrs[i];
@@ -424,7 +424,7 @@ static bool reads_across_rows(const kgroup *g) {
 }
 
 /* Stores each of g's outputs at idx (linear index at). */
-static int emit_outputs(const kgroup *g, llvm_group *lg, LLVMValueRef fn, llvm_index *idx, LLVMValueRef at) {
+static int emit_outputs(const plan_kernel *g, llvm_group *lg, LLVMValueRef fn, llvm_index *idx, LLVMValueRef at) {
   for (int k = 0; k < g->n_out; k++) {
     LLVMValueRef v = llvm_emit_value(lg, g->out[k], idx);
     if (!v) return -1;
@@ -433,7 +433,7 @@ static int emit_outputs(const kgroup *g, llvm_group *lg, LLVMValueRef fn, llvm_i
   return 0;
 }
 
-int cpu_emit_kernel(cpu_build *cb, const kgroup *g, int id, kinfo *ki) {
+int cpu_emit_kernel(cpu_build *cb, const plan_kernel *g, int id, kinfo *ki) {
   llvm_emit *e = &cb->e;
   const ir_func *f = g->f;
   memset(ki, 0, sizeof *ki);
@@ -495,7 +495,8 @@ int cpu_emit_kernel(cpu_build *cb, const kgroup *g, int id, kinfo *ki) {
     const op_type *it = &f->types[first->in[0]];
     bool kept_last = it->rank > 0 && first->attrs.naxes > 0;
     for (int k = 0; k < first->attrs.naxes; k++) kept_last = kept_last && first->attrs.axes[k] != it->rank - 1;
-    column = kept_last && it->shape[it->rank - 1] >= 8 && cpu_type_size(ot) > 0 && cpu_type_size(it) > cpu_type_size(ot);
+    column =
+        kept_last && it->shape[it->rank - 1] >= 8 && plan_type_size(ot) > 0 && plan_type_size(it) > plan_type_size(ot);
   }
   const ir_instr *tt = tile_transpose(g);
   if (tt) {
@@ -506,7 +507,7 @@ int cpu_emit_kernel(cpu_build *cb, const kgroup *g, int id, kinfo *ki) {
     /* for each output element: loops over the reduced dims */
     ir_value x = first->in[0];
     const op_type *it = &f->types[x];
-    int64_t n_out = cpu_type_size(ot), n_in = cpu_type_size(it);
+    int64_t n_out = plan_type_size(ot), n_in = plan_type_size(it);
     ki->units = n_out;
     ki->per_unit = n_out ? n_in / n_out : 0;
     LLVMValueRef acc_slot[64];
@@ -566,7 +567,7 @@ int cpu_emit_kernel(cpu_build *cb, const kgroup *g, int id, kinfo *ki) {
     }
     llvm_loop_end(e, &lo);
   } else {
-    int64_t n = cpu_type_size(ot);
+    int64_t n = plan_type_size(ot);
     bool flat = true;
     for (int k = 0; k < g->n_out; k++) flat = flat && llvm_group_is_flat(f, g->member, g->out[k]);
     llvm_index idx;
@@ -590,12 +591,12 @@ int cpu_emit_kernel(cpu_build *cb, const kgroup *g, int id, kinfo *ki) {
       hi_i = LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, hi_i, llvm_i64(e, n), ""), hi_i, llvm_i64(e, n), "");
       /* an output far bigger than the caches goes around them: nothing reads it
        * from there, and the store then costs no read for ownership */
-      if (cb->x86 && cpu_type_bytes(ot) >= PF_MIN_BYTES) { /* found by its attribute after the passes */
+      if (cb->x86 && plan_type_bytes(ot) >= PF_MIN_BYTES) { /* found by its attribute after the passes */
         LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
                                 LLVMCreateStringAttribute(e->ctx, PF_ATTR, (unsigned)strlen(PF_ATTR), "", 0));
         cpu_add_fn_attr(e->ctx, fn, "noinline");
       }
-      if (cb->x86 && cpu_type_bytes(ot) >= NT_MIN_BYTES && g->n_out <= 8 && memory_bound(g)) {
+      if (cb->x86 && plan_type_bytes(ot) >= NT_MIN_BYTES && g->n_out <= 8 && memory_bound(g)) {
         rc = emit_streaming(cb, g, &lg, fn, lo_i, hi_i, bad_slot);
         goto flat_done;
       }

@@ -31,8 +31,8 @@ LLVMValueRef cpu_const_data(void *user, const kiln_tensor *t) {
   cpu_build *cb = user;
   llvm_emit *e = &cb->e;
   int i = 0;
-  while (i < cb->consts->n && cb->consts->t[i] != t) i++;
-  if (i == cb->consts->n) return NULL;
+  while (i < cb->pl.n_consts && cb->pl.consts[i] != t) i++;
+  if (i == cb->pl.n_consts) return NULL;
   char name[32];
   snprintf(name, sizeof name, "kiln_const%d", i);
   LLVMValueRef g = LLVMGetNamedGlobal(e->mod, name);
@@ -50,13 +50,13 @@ LLVMValueRef cpu_const_data(void *user, const kiln_tensor *t) {
  * one thread only lets them fall asleep in between (the MLP batch-64 step:
  * 0.54 ms per step with those split, 0.65 without, measured) */
 static bool threaded_matmuls(const cpu_build *cb) {
-  for (int s = 0; s < cb->n_steps; s++) {
-    const step *st = &cb->steps[s];
-    if (st->kind != STEP_HELPER || cb->p->helpers[st->index].op != OP_DOT) continue;
+  for (int s = 0; s < cb->pl.n_steps; s++) {
+    const plan_step *st = &cb->pl.steps[s];
+    if (st->kind != PLAN_STEP_CALL || cb->p->helpers[st->index].op != OP_DOT) continue;
     const cpu_helper *h = &cb->p->helpers[st->index];
     const op_type *a = &h->in_types[0], *c = &h->out_types[0];
     if (a->rank < 1) continue;
-    if (cpu_type_size(c) * a->shape[a->rank - 1] >= (int64_t)1 << 19) return true;
+    if (plan_type_size(c) * a->shape[a->rank - 1] >= (int64_t)1 << 19) return true;
   }
   return false;
 }
@@ -66,17 +66,17 @@ static bool threaded_matmuls(const cpu_build *cb) {
 static void emit_slot_ptrs(cpu_build *cb, LLVMValueRef params, LLVMValueRef results, LLVMValueRef arena) {
   llvm_emit *e = &cb->e;
   LLVMBuilderRef b = cb->eb;
-  for (int s = 0; s < cb->n_slots; s++) {
-    const slot *sl = &cb->slots[s];
+  for (int s = 0; s < cb->pl.n_slots; s++) {
+    const plan_slot *sl = &cb->pl.slots[s];
     LLVMValueRef ix;
     switch (sl->kind) {
-      case SLOT_PARAM:
-      case SLOT_RESULT:
+      case PLAN_SLOT_PARAM:
+      case PLAN_SLOT_RESULT:
         ix = llvm_i64(e, sl->index);
         cb->slot_ptr[s] = LLVMBuildLoad2(
-            b, e->t_ptr, LLVMBuildGEP2(b, e->t_ptr, sl->kind == SLOT_PARAM ? params : results, &ix, 1, ""), "");
+            b, e->t_ptr, LLVMBuildGEP2(b, e->t_ptr, sl->kind == PLAN_SLOT_PARAM ? params : results, &ix, 1, ""), "");
         break;
-      case SLOT_ARENA:
+      case PLAN_SLOT_ARENA:
         ix = llvm_i64(e, sl->offset);
         cb->slot_ptr[s] = LLVMBuildGEP2(b, e->t_i8, arena, &ix, 1, "");
         break;
@@ -123,19 +123,19 @@ int cpu_emit_program(cpu_build *cb, const char *entry_name) {
   cb->eb = LLVMCreateBuilderInContext(e->ctx);
   LLVMPositionBuilderAtEnd(cb->eb, LLVMAppendBasicBlockInContext(e->ctx, cb->entry, "entry"));
   cb->call_arg = LLVMGetParam(cb->entry, 3);
-  cb->slot_ptr = calloc((size_t)cb->n_slots + 1, sizeof *cb->slot_ptr);
-  p->kernel_fail_op = calloc((size_t)cb->n_groups + 1, sizeof *p->kernel_fail_op);
+  cb->slot_ptr = calloc((size_t)cb->pl.n_slots + 1, sizeof *cb->slot_ptr);
+  p->kernel_fail_op = calloc((size_t)cb->pl.n_kernels + 1, sizeof *p->kernel_fail_op);
   if (!cb->slot_ptr || !p->kernel_fail_op) return kiln_set_error("cpu: out of memory");
   LLVMTypeRef arr = LLVMArrayType2(e->t_ptr, (uint64_t)cb->max_bufs + 1);
   cb->ctx_array = LLVMBuildAlloca(cb->eb, arr, "bufs");
   emit_slot_ptrs(cb, LLVMGetParam(cb->entry, 0), LLVMGetParam(cb->entry, 1), LLVMGetParam(cb->entry, 2));
   LLVMBuilderRef b = cb->eb;
   bool pool_busy = threaded_matmuls(cb);
-  for (int s = 0; s < cb->n_steps; s++) {
-    const step *st = &cb->steps[s];
-    if (st->kind == STEP_KERNEL) {
+  for (int s = 0; s < cb->pl.n_steps; s++) {
+    const plan_step *st = &cb->pl.steps[s];
+    if (st->kind == PLAN_STEP_KERNEL) {
       kinfo ki;
-      int id = st->index, rc = cpu_emit_kernel(cb, &cb->groups[id], id, &ki);
+      int id = st->index, rc = cpu_emit_kernel(cb, &cb->pl.kernels[id], id, &ki);
       if (rc) {
         free(ki.buf_slot);
         return -1;
@@ -155,7 +155,7 @@ int cpu_emit_program(cpu_build *cb, const char *entry_name) {
       args[ki.n_bufs] = cb->call_arg;
       int64_t work = ki.units * (ki.per_unit > 0 ? ki.per_unit : 1);
       if (work > cb->max_work) cb->max_work = work;
-      bool cheap = !pool_busy && cpu_cheap_kernel(&cb->groups[id]);
+      bool cheap = !pool_busy && cpu_cheap_kernel(&cb->pl.kernels[id]);
       if (work >= (cheap ? PAR_MIN_CHEAP : PAR_MIN) && ki.units >= 2) { /* over the pool */
         for (int k = 0; k <= ki.n_bufs; k++) {
           LLVMValueRef ix = llvm_i64(e, k);
@@ -177,7 +177,7 @@ int cpu_emit_program(cpu_build *cb, const char *entry_name) {
         LLVMSetAlignment(flag, 4);
         emit_bail(cb, LLVMBuildICmp(b, LLVMIntNE, flag, llvm_i32(e, 0), ""), id);
       }
-    } else if (st->kind == STEP_HELPER) {
+    } else if (st->kind == PLAN_STEP_CALL) {
       /* bufs = {outs..., ins...}; kiln_rt_helper(call, h, bufs) */
       for (int k = 0; k < st->n_slots; k++) {
         LLVMValueRef ix = llvm_i64(e, k);
@@ -186,7 +186,7 @@ int cpu_emit_program(cpu_build *cb, const char *entry_name) {
       LLVMValueRef ha[3] = {cb->call_arg, llvm_i32(e, st->index), cb->ctx_array};
       LLVMValueRef rc = LLVMBuildCall2(b, cb->ty_helper, cb->fn_helper, ha, 3, "");
       emit_bail(cb, LLVMBuildICmp(b, LLVMIntNE, rc, llvm_i32(e, 0), ""), -1);
-    } else if (st->bytes > 0) { /* a result computed elsewhere, into its buffer */
+    } else if (st->kind == PLAN_STEP_COPY && st->bytes > 0) { /* a result computed elsewhere, into its buffer */
       LLVMBuildMemCpy(b, cb->slot_ptr[st->slots[0]], 1, cb->slot_ptr[st->slots[1]], 1, llvm_i64(e, st->bytes));
     }
   }

@@ -1,8 +1,8 @@
-/* ptx.c — from an IR function to PTX and a launch plan. The plan is the CPU
- * backend's (backends/cpu/compile.c): every value gets a place (parameter,
- * result, arena offset, constant, or the place of the value a view reads)
- * and every instruction a step. Fusion groups and elementwise ops become
- * grid-stride kernels whose element is emitted by the shared emitter
+/* ptx.c — from an IR function to PTX and a launch plan. The plan is the
+ * shared one (backends/plan) under the CUDA policy (plan.c): every value
+ * gets a place (parameter, result, arena offset, constant, or the place of
+ * the value a view reads) and every instruction a step. Fusion groups and
+ * elementwise ops become grid-stride kernels whose element is emitted by the shared emitter
  * (backends/llvm); reductions run a thread, a warp or a block per output row
  * (warp shuffles and shared memory), and reductions over leading axes with
  * few outputs a block per tile of columns and range of rows (a shared-memory
@@ -13,8 +13,6 @@
  * that the host turns into the eager message. The module is optimised with
  * O3 for nvptx64-nvidia-cuda and printed as PTX, which the disk cache keeps
  * (ptx_cache.c): a process compiling IR another one compiled skips LLVM. */
-#include "cuda/ptx.h"
-
 #include <llvm-c/Analysis.h>
 #include <llvm-c/Core.h>
 #include <llvm-c/ExecutionEngine.h>
@@ -27,7 +25,7 @@
 #include <time.h>
 
 #include "cpu/cpu.h"
-#include "llvm/llvm_emit.h"
+#include "cuda/compile.h"
 
 enum {
   THREADS = 256,     /* threads per block of every kernel */
@@ -76,375 +74,6 @@ static double now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
-/* ---- the plan ---- */
-
-/* A value's place: a cuda_ref plus, for constants, the tensor. */
-typedef cuda_ref slot;
-
-/* Column reductions (the last axis kept, e.g. a sum over axis 0 of
- * [100000, 4]) with few outputs: instead of a thread per output walking its
- * whole column, a block reduces a tile of tx adjacent outputs (adjacent in
- * memory) over a range of rows, ty = THREADS / tx threads per output
- * striding the rows and a shared-memory tree at the end; `split` blocks
- * share each tile of columns, and then their partial results (in the
- * accumulator type) go through the arena to a second kernel that combines
- * them in a fixed order. Results do not depend on timing: every sum is
- * taken in one order, run after run. */
-enum {
-  COL_MIN_LEN = 64,        /* shorter columns: a thread per output */
-  COL_MAX_OUT = 1 << 16,   /* more outputs: a thread per output has the GPU busy */
-  COL_BLOCKS = 512,        /* blocks to aim for (a few per SM of an H100) */
-  COL_ROWS_PER_THREAD = 16 /* at least, before a column is split over more blocks */
-};
-typedef struct {
-  int tx, ty;
-  int64_t tiles, split, chunk; /* chunk: rows per split */
-} colplan;
-
-static int64_t type_size(const op_type *t);
-
-/* Whether the group computing out (a value of f) is a column reduction to
- * run as above, and how. */
-static bool column_plan(const ir_func *f, ir_value out, colplan *cp) {
-  if (out < f->n_params || f->def[out] < 0) return false;
-  const ir_instr *first = &f->instrs[f->def[out]];
-  if (!llvm_op_is_reduce(first->op)) return false;
-  const op_type *it = &f->types[first->in[0]], *ot = &f->types[out];
-  if (it->rank == 0 || first->attrs.naxes == 0) return false;
-  for (int q = 0; q < first->attrs.naxes; q++)
-    if (first->attrs.axes[q] == it->rank - 1) return false;
-  int64_t n_out = type_size(ot), len = n_out ? type_size(it) / n_out : 0;
-  if (n_out <= 0 || n_out >= COL_MAX_OUT || len < COL_MIN_LEN) return false;
-  int tx = 1;
-  while (tx < 32 && tx < n_out) tx *= 2;
-  cp->tx = tx;
-  cp->ty = 256 / tx;
-  cp->tiles = (n_out + tx - 1) / tx;
-  int64_t most = len / ((int64_t)cp->ty * COL_ROWS_PER_THREAD), want = (COL_BLOCKS + cp->tiles - 1) / cp->tiles;
-  cp->split = want < most ? want : most;
-  if (cp->split < 1) cp->split = 1;
-  if (cp->split > 65535) cp->split = 65535;
-  cp->chunk = (len + cp->split - 1) / cp->split;
-  cp->split = (len + cp->chunk - 1) / cp->chunk; /* no empty splits */
-  return true;
-}
-
-/* A kernel: a group of fusible instructions of f evaluated per output
- * element, or one instruction with a kernel of its own (special). */
-typedef struct {
-  const ir_func *f;
-  bool *member; /* per instruction of f */
-  int *leaf;    /* per value of f: the slot it is read from, or -1 */
-  int n_out;
-  ir_value *out;
-  int *out_slot;
-  const ir_instr *special; /* dot, argmax, concat, gather, scatter_add */
-  /* a column reduction (colplan): pass 1 reduces tiles of rows (into the
-   * outputs when col.split == 1, else into arena partials); pass 2 combines
-   * the partials, each read as the leaf of its reduction's value */
-  int pass;
-  colplan col;
-} kgroup;
-
-typedef struct {
-  const ir_func *f;
-  cuda_program *p;
-  slot *slots;
-  int n_slots, cap_slots;
-  int *vslot;
-  int *result_of;
-  bool *result_done;
-  kgroup *groups;
-  int n_groups;
-  int *step_group; /* per step: its group, or -1 */
-  bool tf32; /* cuda_use_tf32() at the start of the compile */
-  /* emission */
-  llvm_emit e;
-  LLVMModuleRef mod;
-  const kiln_tensor **cst_t; /* constants already in the module */
-  LLVMValueRef *cst_g;
-  int n_cst;
-} cuda_build;
-
-static int oom(void) { return kiln_set_error("cuda: out of memory"); }
-
-static int64_t type_size(const op_type *t) {
-  int64_t n = 1;
-  for (int i = 0; i < t->rank; i++) n *= t->shape[i];
-  return n;
-}
-static int64_t type_bytes(const op_type *t) { return type_size(t) * (int64_t)kiln_dtype_sizes[t->dtype]; }
-
-static int add_slot(cuda_build *cb, slot s) {
-  if (cb->n_slots == cb->cap_slots) {
-    int cap = cb->cap_slots ? 2 * cb->cap_slots : 16;
-    slot *q = realloc(cb->slots, (size_t)cap * sizeof *q);
-    if (!q) return oom();
-    cb->slots = q;
-    cb->cap_slots = cap;
-  }
-  cb->slots[cb->n_slots] = s;
-  return cb->n_slots++;
-}
-
-static int arena_slot(cuda_build *cb, const op_type *t) {
-  int64_t off = (int64_t)cb->p->arena_bytes;
-  cb->p->arena_bytes = (size_t)((off + type_bytes(t) + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN);
-  return add_slot(cb, (slot){CUDA_REF_ARENA, 0, off, NULL});
-}
-
-static int value_slot(cuda_build *cb, const ir_func *f, ir_value v, bool top) {
-  if (top && cb->result_of[v] >= 0 && !cb->result_done[cb->result_of[v]]) {
-    cb->result_done[cb->result_of[v]] = true;
-    return add_slot(cb, (slot){CUDA_REF_RESULT, cb->result_of[v], 0, NULL});
-  }
-  if (top && f->buf_offset && f->buf_offset[v] >= 0)
-    return add_slot(cb, (slot){CUDA_REF_ARENA, 0, f->buf_offset[v], NULL});
-  return arena_slot(cb, &f->types[v]);
-}
-
-static int retain_const(cuda_program *p, kiln_tensor *t) {
-  for (int i = 0; i < p->n_consts; i++)
-    if (p->consts[i] == t) return 0;
-  kiln_tensor **q = realloc(p->consts, (size_t)(p->n_consts + 1) * sizeof *q);
-  if (!q) return oom();
-  p->consts = q;
-  p->consts[p->n_consts++] = kiln_retain(t);
-  return 0;
-}
-
-/* a new step; its buffers (n of them) zeroed for the caller to fill */
-static cuda_step *add_step(cuda_build *cb, int kind, int n_bufs, int group) {
-  cuda_program *p = cb->p;
-  cuda_step *q = realloc(p->steps, (size_t)(p->n_steps + 1) * sizeof *q);
-  int *sg = realloc(cb->step_group, (size_t)(p->n_steps + 1) * sizeof *sg);
-  if (q) p->steps = q;
-  if (sg) cb->step_group = sg;
-  if (!q || !sg) return oom(), NULL;
-  cuda_step *st = &p->steps[p->n_steps];
-  memset(st, 0, sizeof *st);
-  st->kind = kind;
-  st->op = OP_COUNT;
-  st->kernel_op = OP_COUNT;
-  st->index_buf = -1;
-  st->n_bufs = n_bufs;
-  st->bufs = calloc((size_t)n_bufs + 1, sizeof *st->bufs);
-  if (!st->bufs) return oom(), NULL;
-  cb->step_group[p->n_steps] = group;
-  p->n_steps++;
-  return st;
-}
-
-static kgroup *new_group(cuda_build *cb, const ir_func *f, int n_out) {
-  kgroup *q = realloc(cb->groups, (size_t)(cb->n_groups + 1) * sizeof *q);
-  if (!q) return oom(), NULL;
-  cb->groups = q;
-  kgroup *g = &cb->groups[cb->n_groups++];
-  memset(g, 0, sizeof *g);
-  g->f = f;
-  g->member = calloc((size_t)f->n_instrs + 1, sizeof *g->member);
-  g->leaf = malloc(((size_t)f->n_values + 1) * sizeof *g->leaf);
-  g->out = malloc(((size_t)n_out + 1) * sizeof *g->out);
-  g->out_slot = malloc(((size_t)n_out + 1) * sizeof *g->out_slot);
-  if (!g->member || !g->leaf || !g->out || !g->out_slot) return oom(), NULL;
-  for (int v = 0; v < f->n_values; v++) g->leaf[v] = -1;
-  g->n_out = n_out;
-  return g;
-}
-
-static int group_step_of(cuda_build *cb, int gi, op_id op) {
-  cuda_step *st = add_step(cb, CUDA_STEP_KERNEL, 0, gi);
-  if (!st) return -1;
-  st->kernel_op = op;
-  cb->p->n_kernels++;
-  return 0;
-}
-
-/* The step(s) of the group just made: two for a column reduction split
- * over blocks (its partials in the arena between them). */
-static int group_step(cuda_build *cb, op_id op) {
-  int gi = cb->n_groups - 1;
-  kgroup *g = &cb->groups[gi];
-  colplan cp;
-  if (g->special || !column_plan(g->f, g->out[0], &cp)) return group_step_of(cb, gi, op);
-  g->pass = 1;
-  g->col = cp;
-  if (cp.split == 1) return group_step_of(cb, gi, op);
-  kgroup *g2 = new_group(cb, g->f, g->n_out);
-  if (!g2) return -1;
-  g = &cb->groups[gi];
-  g2->pass = 2;
-  g2->col = cp;
-  for (int q = 0; q < g->n_out; q++) {
-    op_type t = {KILN_F64, 1, {cp.split * type_size(&g->f->types[g->out[q]])}}; /* 8 bytes: any accumulator */
-    int s = arena_slot(cb, &t);
-    if (s < 0) return -1;
-    g2->out[q] = g->out[q];
-    g2->out_slot[q] = g->out_slot[q];
-    g2->leaf[g->out[q]] = s;
-    g->out_slot[q] = s;
-  }
-  if (group_step_of(cb, gi, op)) return -1;
-  return group_step_of(cb, gi + 1, op);
-}
-
-/* one fusible instruction as a kernel, constant inputs pulled inside */
-static int plan_kernel(cuda_build *cb, const ir_func *f, int i, const int *vs, int dst) {
-  const ir_instr *in = &f->instrs[i];
-  kgroup *g = new_group(cb, f, 1);
-  if (!g) return -1;
-  g->member[i] = true;
-  for (int k = 0; k < in->n_in; k++) {
-    ir_value u = in->in[k];
-    const ir_instr *d = ir_def(f, u);
-    if (d && d->op == OP_CONSTANT)
-      g->member[f->def[u]] = true;
-    else
-      g->leaf[u] = vs[u];
-  }
-  g->out[0] = in->out;
-  g->out_slot[0] = dst;
-  return group_step(cb, in->op);
-}
-
-/* Whether a fusion's body can be one kernel: the CPU backend's rule, with
- * no dots (a dot is a kernel of its own here) */
-static bool fusion_ok(const ir_func *c) { return llvm_fusion_one_kernel(c, NULL); }
-
-static int plan_fusion(cuda_build *cb, const ir_func *f, const ir_instr *in, int *vs, bool top) {
-  const ir_func *c = in->attrs.callee;
-  kgroup *g = new_group(cb, c, c->n_results);
-  if (!g) return -1;
-  for (int i = 0; i < c->n_instrs; i++) g->member[i] = true;
-  for (int k = 0; k < in->n_in; k++) g->leaf[k] = vs[in->in[k]];
-  for (int r = 0; r < c->n_results; r++) {
-    int s = value_slot(cb, f, in->out + r, top);
-    if (s < 0) return -1;
-    vs[in->out + r] = s;
-    g->out[r] = c->results[r];
-    g->out_slot[r] = s;
-  }
-  return group_step(cb, in->op);
-}
-
-/* dot, argmax, concat, gather, scatter_add: a kernel of its own */
-static int plan_special(cuda_build *cb, const ir_func *f, const ir_instr *in, int *vs, bool top) {
-  kgroup *g = new_group(cb, f, 1);
-  if (!g) return -1;
-  g->special = in;
-  for (int k = 0; k < in->n_in; k++) g->leaf[in->in[k]] = vs[in->in[k]];
-  int s = vs[in->out] = value_slot(cb, f, in->out, top);
-  if (s < 0) return -1;
-  g->out[0] = in->out;
-  g->out_slot[0] = s;
-  return group_step(cb, in->op);
-}
-
-/* random draws and host callbacks: kept in the plan for the host */
-static int plan_host(cuda_build *cb, const ir_func *f, const ir_instr *in, int *vs, bool top) {
-  cuda_step *st = add_step(cb, CUDA_STEP_HOST, in->n_out + in->n_in, -1);
-  if (!st) return -1;
-  st->op = in->op;
-  st->n_out = in->n_out;
-  st->attrs = in->attrs;
-  if (!(st->types = malloc(((size_t)in->n_out + (size_t)in->n_in) * sizeof *st->types))) return oom();
-  for (int k = 0; k < in->n_out; k++) st->types[k] = f->types[in->out + k];
-  for (int k = 0; k < in->n_in; k++) st->types[in->n_out + k] = f->types[in->in[k]];
-  for (int k = 0; k < in->n_out; k++) {
-    int s = vs[in->out + k] = value_slot(cb, f, in->out + k, top);
-    if (s < 0) return -1;
-    cb->p->steps[cb->p->n_steps - 1].bufs[k] = cb->slots[s];
-  }
-  st = &cb->p->steps[cb->p->n_steps - 1];
-  for (int k = 0; k < in->n_in; k++) st->bufs[in->n_out + k] = cb->slots[vs[in->in[k]]];
-  return 0;
-}
-
-static int plan_func(cuda_build *cb, const ir_func *f, int *vs, const int *param_slots, bool top, int depth) {
-  if (depth > 100) return kiln_set_error("cuda: @%s: calls nest too deep", cb->f->name);
-  for (int i = 0; i < f->n_params; i++) vs[i] = param_slots[i];
-  for (int i = 0; i < f->n_instrs; i++) {
-    const ir_instr *in = &f->instrs[i];
-    ir_value v = in->out;
-    op_id op = in->op;
-    op_kind kind = kiln_ops[op].kind;
-    int rc = 0;
-    if (op == OP_CONSTANT) {
-      if (retain_const(cb->p, in->attrs.value)) return -1;
-      rc = vs[v] = add_slot(cb, (slot){CUDA_REF_CONST, 0, 0, in->attrs.value});
-    } else if (kind == OPK_VIEW) {
-      vs[v] = vs[in->in[0]];
-    } else if (op == OP_FUSION && fusion_ok(in->attrs.callee)) {
-      rc = plan_fusion(cb, f, in, vs, top);
-    } else if (kind == OPK_CALL) { /* calls, and fusions that are not one kernel: inlined */
-      const ir_func *c = in->attrs.callee;
-      int *cvs = malloc(((size_t)c->n_values + 1) * sizeof *cvs);
-      int *ps = malloc(((size_t)in->n_in + 1) * sizeof *ps);
-      if (!cvs || !ps) rc = oom();
-      for (int k = 0; !rc && k < in->n_in; k++) ps[k] = vs[in->in[k]];
-      if (!rc) rc = plan_func(cb, c, cvs, ps, false, depth + 1);
-      for (int k = 0; !rc && k < in->n_out; k++) vs[v + k] = cvs[c->results[k]];
-      free(cvs);
-      free(ps);
-    } else if (llvm_op_fusible(op)) {
-      int dst = vs[v] = value_slot(cb, f, v, top);
-      rc = dst < 0 ? -1 : plan_kernel(cb, f, i, vs, dst);
-    } else if (kind == OPK_DOT || kind == OPK_INDEX || op == OP_CONCAT || op == OP_ARGMAX) {
-      rc = plan_special(cb, f, in, vs, top);
-    } else if (kind == OPK_RANDOM || kind == OPK_HOST) {
-      rc = plan_host(cb, f, in, vs, top);
-    } else {
-      return kiln_set_error("cuda: @%s: %s is not supported on the GPU yet", f->name, kiln_ops[op].name);
-    }
-    if (rc < 0) return -1;
-  }
-  return 0;
-}
-
-static int plan(cuda_build *cb) {
-  const ir_func *f = cb->f;
-  cuda_program *p = cb->p;
-  cb->vslot = malloc(((size_t)f->n_values + 1) * sizeof *cb->vslot);
-  cb->result_of = malloc(((size_t)f->n_values + 1) * sizeof *cb->result_of);
-  cb->result_done = calloc((size_t)f->n_results + 1, sizeof *cb->result_done);
-  int *ps = malloc(((size_t)f->n_params + 1) * sizeof *ps);
-  p->results = calloc((size_t)f->n_results + 1, sizeof *p->results);
-  if (!cb->vslot || !cb->result_of || !cb->result_done || !ps || !p->results) {
-    free(ps);
-    return oom();
-  }
-  for (int v = 0; v < f->n_values; v++) cb->vslot[v] = -1, cb->result_of[v] = -1;
-  for (int r = f->n_results - 1; r >= 0; r--) cb->result_of[f->results[r]] = r;
-  if (f->buf_offset) p->arena_bytes = (size_t)((f->arena_bytes + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN);
-  int rc = 0;
-  for (int i = 0; i < f->n_params && rc >= 0; i++) rc = ps[i] = add_slot(cb, (slot){CUDA_REF_PARAM, i, 0, NULL});
-  if (rc >= 0) rc = plan_func(cb, f, cb->vslot, ps, true, 0);
-  free(ps);
-  if (rc < 0) return -1;
-  for (int r = 0; r < f->n_results; r++) {
-    ir_value v = f->results[r];
-    const ir_instr *d = ir_def(f, v);
-    cuda_result *res = &p->results[r];
-    if (cb->result_of[v] != r) {
-      *res = (cuda_result){CUDA_RES_SAME, cb->result_of[v], NULL};
-    } else if (!d) {
-      *res = (cuda_result){CUDA_RES_PARAM, v, NULL};
-    } else if (d->op == OP_CONSTANT) {
-      *res = (cuda_result){CUDA_RES_CONST, 0, d->attrs.value};
-    } else {
-      *res = (cuda_result){CUDA_RES_OWN, 0, NULL};
-      const slot *s = &cb->slots[cb->vslot[v]];
-      if (s->kind == CUDA_REF_RESULT && s->index == r) continue;
-      cuda_step *st = add_step(cb, CUDA_STEP_COPY, 2, -1);
-      if (!st) return -1;
-      st->bufs[0] = (cuda_ref){CUDA_REF_RESULT, r, 0, NULL};
-      st->bufs[1] = cb->slots[cb->vslot[v]];
-      st->bytes = type_bytes(&f->types[v]);
-    }
-  }
-  return 0;
 }
 
 /* ---- emission helpers ---- */
@@ -604,7 +233,7 @@ static LLVMValueRef shared_gep(llvm_emit *e, LLVMTypeRef t, LLVMValueRef arr, LL
 /* What emission of one kernel needs. */
 typedef struct {
   cuda_build *cb;
-  const kgroup *g;
+  const plan_kernel *g;
   cuda_step *st;
   LLVMValueRef fn;
   char name[24];
@@ -613,6 +242,7 @@ typedef struct {
   LLVMValueRef err;   /* the error word */
   LLVMValueRef bad;   /* i1 alloca: some element failed */
   int step_no;
+  colplan col; /* a column reduction's (g->pass) */
 } kctx;
 
 static void flush_bad(llvm_emit *e, llvm_group *lg, LLVMValueRef bad_slot) {
@@ -633,7 +263,7 @@ static void add_annotation(llvm_emit *e, LLVMValueRef fn, const char *key, int v
  * reads (constants are module globals, not parameters), then the error word. */
 static int kernel_begin(kctx *k) {
   cuda_build *cb = k->cb;
-  const kgroup *g = k->g;
+  const plan_kernel *g = k->g;
   llvm_emit *e = &cb->e;
   const ir_func *f = g->f;
   int *ref_slot = malloc(((size_t)g->n_out + (size_t)f->n_values + 1) * sizeof *ref_slot);
@@ -641,13 +271,13 @@ static int kernel_begin(kctx *k) {
   k->outp = calloc((size_t)g->n_out + 1, sizeof *k->outp);
   if (!ref_slot || !k->buf || !k->outp) {
     free(ref_slot);
-    return oom();
+    return cuda_oom();
   }
   int nb = 0;
   for (int o = 0; o < g->n_out; o++) ref_slot[nb++] = g->out_slot[o];
   for (int v = 0; v < f->n_values; v++) {
     int s = g->leaf[v];
-    if (s < 0 || cb->slots[s].kind == CUDA_REF_CONST) continue;
+    if (s < 0 || cb->pl.slots[s].kind == PLAN_SLOT_CONST) continue;
     bool seen = false;
     for (int q = 0; q < nb && !seen; q++) seen = ref_slot[q] == s;
     if (!seen) ref_slot[nb++] = s;
@@ -659,10 +289,10 @@ static int kernel_begin(kctx *k) {
   if (!st->bufs || !params) {
     free(params);
     free(ref_slot);
-    return oom();
+    return cuda_oom();
   }
   st->n_bufs = nb;
-  for (int q = 0; q < nb; q++) st->bufs[q] = cb->slots[ref_slot[q]], params[q] = e->t_ptr;
+  for (int q = 0; q < nb; q++) st->bufs[q] = cb->pl.slots[ref_slot[q]], params[q] = e->t_ptr;
   params[nb] = e->t_ptr;
   LLVMTypeRef ft = LLVMFunctionType(e->t_void, params, (unsigned)nb + 1, 0);
   free(params);
@@ -692,11 +322,11 @@ static int kernel_begin(kctx *k) {
   for (int v = 0; v < f->n_values; v++) {
     int s = g->leaf[v];
     if (s < 0) continue;
-    if (cb->slots[s].kind == CUDA_REF_CONST) {
-      k->buf[v] = const_data(cb, cb->slots[s].cst);
+    if (cb->pl.slots[s].kind == PLAN_SLOT_CONST) {
+      k->buf[v] = const_data(cb, cb->pl.slots[s].cst);
       if (!k->buf[v]) {
         free(ref_slot);
-        return oom();
+        return cuda_oom();
       }
       continue;
     }
@@ -736,10 +366,10 @@ static void kctx_free(kctx *k) {
 
 static int emit_elementwise(kctx *k, llvm_group *lg) {
   llvm_emit *e = &k->cb->e;
-  const kgroup *g = k->g;
+  const plan_kernel *g = k->g;
   const ir_func *f = g->f;
   const op_type *ot = &f->types[g->out[0]];
-  int64_t n = type_size(ot);
+  int64_t n = plan_type_size(ot);
   launch_1d(k->st, n, THREADS);
   sloop l;
   LLVMValueRef i = grid_loop_begin(e, &l, n, 1);
@@ -767,7 +397,7 @@ typedef struct {
   bool trailing_flat; /* input element (o, r) is at o * len + r */
 } rplan;
 
-static void rplan_init(rplan *rp, const kgroup *g) {
+static void rplan_init(rplan *rp, const plan_kernel *g) {
   const ir_func *f = g->f;
   memset(rp, 0, sizeof *rp);
   rp->first = &f->instrs[f->def[g->out[0]]];
@@ -775,8 +405,8 @@ static void rplan_init(rplan *rp, const kgroup *g) {
   rp->it = &f->types[rp->x];
   rp->ot = &f->types[g->out[0]];
   for (int q = 0; q < rp->first->attrs.naxes; q++) rp->reduced[rp->first->attrs.axes[q]] = true;
-  rp->n_out = type_size(rp->ot);
-  rp->len = rp->n_out ? type_size(rp->it) / rp->n_out : 0;
+  rp->n_out = plan_type_size(rp->ot);
+  rp->len = rp->n_out ? plan_type_size(rp->it) / rp->n_out : 0;
   bool trailing = true;
   for (int q = 0; q < rp->first->attrs.naxes; q++)
     trailing = trailing && rp->first->attrs.axes[q] == rp->it->rank - rp->first->attrs.naxes + q;
@@ -790,7 +420,7 @@ static void rplan_init(rplan *rp, const kgroup *g) {
 static int accumulate(kctx *k, llvm_group *lg, kiln_dtype dt, const op_id *ops, LLVMTypeRef *at, LLVMValueRef *acc,
                       llvm_index *xidx) {
   llvm_emit *e = &k->cb->e;
-  const kgroup *g = k->g;
+  const plan_kernel *g = k->g;
   const ir_func *f = g->f;
   for (int q = 0; q < g->n_out; q++) {
     const ir_instr *rk = &f->instrs[f->def[g->out[q]]];
@@ -849,7 +479,7 @@ enum { RED_THREAD, RED_WARP, RED_BLOCK };
 static int emit_reduce(kctx *k, llvm_group *lg) {
   llvm_emit *e = &k->cb->e;
   LLVMBuilderRef b = e->b;
-  const kgroup *g = k->g;
+  const plan_kernel *g = k->g;
   const ir_func *f = g->f;
   rplan rp;
   rplan_init(&rp, g);
@@ -947,9 +577,9 @@ static int emit_reduce(kctx *k, llvm_group *lg) {
 static int emit_column(kctx *k, llvm_group *lg) {
   llvm_emit *e = &k->cb->e;
   LLVMBuilderRef b = e->b;
-  const kgroup *g = k->g;
+  const plan_kernel *g = k->g;
   const ir_func *f = g->f;
-  const colplan *cp = &g->col;
+  const colplan *cp = &k->col;
   rplan rp;
   rplan_init(&rp, g);
   if (g->n_out > 16) return kiln_set_error("cuda: @%s: a kernel with more than 16 reductions", k->cb->f->name);
@@ -1035,7 +665,7 @@ static int emit_column(kctx *k, llvm_group *lg) {
 static int emit_combine(kctx *k) {
   llvm_emit *e = &k->cb->e;
   LLVMBuilderRef b = e->b;
-  const kgroup *g = k->g;
+  const plan_kernel *g = k->g;
   const ir_func *f = g->f;
   rplan rp;
   rplan_init(&rp, g);
@@ -1055,7 +685,7 @@ static int emit_combine(kctx *k) {
   for (int q = 0; q < g->n_out; q++)
     LLVMBuildStore(b, LLVMBuildLoad2(b, at[q], LLVMBuildGEP2(b, at[q], k->buf[g->out[q]], &o, 1, ""), ""), acc[q]);
   llvm_loop ls;
-  LLVMValueRef sp = llvm_loop_begin(e, &ls, llvm_i64(e, 1), llvm_i64(e, g->col.split), "split");
+  LLVMValueRef sp = llvm_loop_begin(e, &ls, llvm_i64(e, 1), llvm_i64(e, k->col.split), "split");
   LLVMValueRef i = LLVMBuildAdd(b, LLVMBuildMul(b, sp, llvm_i64(e, rp.n_out), ""), o, "");
   for (int q = 0; q < g->n_out; q++) {
     LLVMValueRef x = LLVMBuildLoad2(b, at[q], LLVMBuildGEP2(b, at[q], k->buf[g->out[q]], &i, 1, ""), "");
@@ -1116,7 +746,7 @@ static int emit_dot(kctx *k) {
   const op_type *at = &f->types[in->in[0]], *bt = &f->types[in->in[1]], *ot = &f->types[in->out];
   kiln_dtype dt = ot->dtype;
   int64_t M = ot->shape[ot->rank - 2], N = ot->shape[ot->rank - 1], K = at->shape[at->rank - 1];
-  int64_t batch = type_size(ot) / (M * N > 0 ? M * N : 1);
+  int64_t batch = plan_type_size(ot) / (M * N > 0 ? M * N : 1);
   if (M * N == 0) batch = 0;
   int64_t tm = (M + TILE_M - 1) / TILE_M, tn = (N + TILE_N - 1) / TILE_N;
   if (tm > MAX_GRID_YZ)
@@ -1260,7 +890,7 @@ static int emit_argmax(kctx *k) {
   const op_type *it = &f->types[in->in[0]];
   kiln_dtype dt = it->dtype;
   int axis = in->attrs.axis;
-  int64_t len = it->shape[axis], inner = 1, n = type_size(&f->types[in->out]);
+  int64_t len = it->shape[axis], inner = 1, n = plan_type_size(&f->types[in->out]);
   for (int d = axis + 1; d < it->rank; d++) inner *= it->shape[d];
   launch_1d(k->st, n, THREADS);
   LLVMValueRef px = k->buf[in->in[0]];
@@ -1304,7 +934,7 @@ static int emit_concat(kctx *k) {
   for (int d = axis + 1; d < ot->rank; d++) inner *= ot->shape[d];
   for (int q = 0; q < in->n_in; q++) {
     const op_type *t = &f->types[in->in[q]];
-    int64_t n = type_size(t), span = t->shape[axis] * inner;
+    int64_t n = plan_type_size(t), span = t->shape[axis] * inner;
     if (n > most) most = n;
     if (n > 0) {
       sloop l;
@@ -1334,7 +964,7 @@ static void note_index(kctx *k, ir_value idxv, int64_t dim) {
   const ir_func *f = k->g->f;
   cuda_step *st = k->st;
   st->op = k->g->special->op;
-  st->index_count = type_size(&f->types[idxv]);
+  st->index_count = plan_type_size(&f->types[idxv]);
   st->index_dim = dim;
   st->index_dtype = f->types[idxv].dtype;
   for (int q = 0; q < st->n_bufs; q++) /* -1 for constant indices (a global of the module) */
@@ -1348,7 +978,8 @@ static int emit_gather(kctx *k) {
   const ir_instr *in = k->g->special;
   const op_type *pt = &f->types[in->in[0]];
   int axis = in->attrs.axis;
-  int64_t dim = pt->shape[axis], inner = 1, nidx = type_size(&f->types[in->in[1]]), n = type_size(&f->types[in->out]);
+  int64_t dim = pt->shape[axis], inner = 1, nidx = plan_type_size(&f->types[in->in[1]]);
+  int64_t n = plan_type_size(&f->types[in->out]);
   for (int d = axis + 1; d < pt->rank; d++) inner *= pt->shape[d];
   note_index(k, in->in[1], dim);
   launch_1d(k->st, n, THREADS);
@@ -1379,7 +1010,7 @@ static int emit_scatter_add(kctx *k) {
   const op_type *ot = &f->types[in->out];
   kiln_dtype dt = ot->dtype;
   int axis = in->attrs.axis;
-  int64_t dim = ot->shape[axis], inner = 1, outer = 1, nidx = type_size(&f->types[in->in[1]]);
+  int64_t dim = ot->shape[axis], inner = 1, outer = 1, nidx = plan_type_size(&f->types[in->in[1]]);
   for (int d = axis + 1; d < ot->rank; d++) inner *= ot->shape[d];
   for (int d = 0; d < axis; d++) outer *= ot->shape[d];
   note_index(k, in->in[1], dim);
@@ -1415,9 +1046,10 @@ static int emit_scatter_add(kctx *k) {
   return 0;
 }
 
-static int emit_kernel(cuda_build *cb, int step_no, const kgroup *g) {
+static int emit_kernel(cuda_build *cb, int step_no, const plan_kernel *g) {
   llvm_emit *e = &cb->e;
   kctx k = {.cb = cb, .g = g, .st = &cb->p->steps[step_no], .step_no = step_no};
+  if (g->pass) cuda_column_plan(g->f, g->out[0], &k.col); /* as the plan's split made it */
   int rc = kernel_begin(&k);
   bool can_fail = false;
   if (!rc && g->special) {
@@ -1449,18 +1081,7 @@ static int emit_kernel(cuda_build *cb, int step_no, const kgroup *g) {
 /* ---- compiling ---- */
 
 static void build_free(cuda_build *cb) {
-  for (int g = 0; g < cb->n_groups; g++) {
-    free(cb->groups[g].member);
-    free(cb->groups[g].leaf);
-    free(cb->groups[g].out);
-    free(cb->groups[g].out_slot);
-  }
-  free(cb->groups);
-  free(cb->step_group);
-  free(cb->slots);
-  free(cb->vslot);
-  free(cb->result_of);
-  free(cb->result_done);
+  plan_free(&cb->pl);
   free(cb->cst_t);
   free(cb->cst_g);
   llvm_emit_dispose(&cb->e);
@@ -1496,7 +1117,7 @@ static int compile_module(cuda_build *cb, const char *arch) {
   int rc = 0;
   for (int s = 0; s < p->n_steps && !rc; s++)
     if (p->steps[s].kind == CUDA_STEP_KERNEL) {
-      rc = emit_kernel(cb, s, &cb->groups[cb->step_group[s]]);
+      rc = emit_kernel(cb, s, &cb->pl.kernels[cb->pl.steps[s].index]);
       if (rc) rewrap_error();
     }
   char *msg = NULL;
@@ -1529,7 +1150,7 @@ static int compile_module(cuda_build *cb, const char *arch) {
       memcpy(p->ptx, LLVMGetBufferStart(out), len);
       p->ptx[len] = 0;
     } else {
-      rc = oom();
+      rc = cuda_oom();
     }
     LLVMDisposeMemoryBuffer(out);
   }
@@ -1557,7 +1178,7 @@ cuda_program *cuda_compile(const ir_func *f, const char *arch) {
   double t0 = now_ms();
   cuda_program *p = calloc(1, sizeof *p);
   if (!p) {
-    oom();
+    cuda_oom();
     return NULL;
   }
   cuda_build cb = {.f = f, .p = p, .tf32 = cuda_use_tf32()};
@@ -1566,7 +1187,7 @@ cuda_program *cuda_compile(const ir_func *f, const char *arch) {
   p->param_types = malloc(((size_t)f->n_params + 1) * sizeof *p->param_types);
   p->result_types = malloc(((size_t)f->n_results + 1) * sizeof *p->result_types);
   if (!p->name || !p->param_types || !p->result_types) {
-    oom();
+    cuda_oom();
     goto fail;
   }
   strcpy(p->name, f->name);
@@ -1576,7 +1197,7 @@ cuda_program *cuda_compile(const ir_func *f, const char *arch) {
   for (int r = 0; r < f->n_results; r++) {
     p->result_types[r] = f->types[f->results[r]];
   }
-  if (plan(&cb)) goto fail;
+  if (cuda_plan(&cb)) goto fail;
   cuda_cache_ref ref;
   p->from_cache = cuda_cache_get(f, p, &ref) == 1;
   if (!p->from_cache) {

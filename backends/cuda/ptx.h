@@ -1,6 +1,6 @@
-/* ptx.h — the CUDA code generator: plans a verified IR function as the CPU
- * backend does (a kernel per fusion group or elementwise op, views free,
- * calls inlined), emits every kernel through the shared LLVM emitter for
+/* ptx.h — the CUDA code generator: plans a verified IR function with the
+ * shared planner (backends/plan: a kernel per fusion group or elementwise
+ * op, views free, calls inlined), emits every kernel through the shared LLVM emitter for
  * nvptx64-nvidia-cuda, and compiles the module to PTX text with a launch
  * plan beside it. It needs no GPU: the PTX can be inspected (and checked
  * with ptxas) anywhere. Internal to the library; the entry points are
@@ -9,19 +9,22 @@
 #define KILN_CUDA_PTX_H
 
 #include "ir.h"
+#include "../plan/plan.h" /* relative: tools include this header by its path */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* A device buffer a step reads or writes. */
-enum { CUDA_REF_PARAM, CUDA_REF_RESULT, CUDA_REF_ARENA, CUDA_REF_CONST };
-typedef struct cuda_ref {
-  int kind;
-  int index;              /* parameter or result */
-  int64_t offset;         /* arena: byte offset */
-  const kiln_tensor *cst; /* constant (the program retains it): uploaded by the runtime */
-} cuda_ref;
+/* A device buffer a step reads or writes: a slot of the shared plan
+ * (backends/plan); a constant's tensor the program retains, uploaded by the
+ * runtime. */
+enum {
+  CUDA_REF_PARAM = PLAN_SLOT_PARAM,
+  CUDA_REF_RESULT = PLAN_SLOT_RESULT,
+  CUDA_REF_ARENA = PLAN_SLOT_ARENA,
+  CUDA_REF_CONST = PLAN_SLOT_CONST
+};
+typedef plan_slot cuda_ref;
 
 /* One step of the launch plan, in schedule order. */
 enum {

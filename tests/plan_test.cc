@@ -1,0 +1,319 @@
+// plan_test.cc — the shared plan (backends/plan) under small policies of the
+// tests' own: every value's slot, every instruction's step, calls inlined,
+// views free, results returned or copied, and each hook of plan_policy (a
+// kernel of the backend's own, calls, a split reduction, dots that read
+// transposes in place, a dot epilogue), errors under the policy's name.
+#include "plan/plan.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "ir.h"
+#include "test_util.h"
+
+namespace {
+
+using namespace kiln_test;
+
+// elementwise ops and reductions are kernels, random draws and dots calls,
+// argmax a kernel of its own; the rest cannot run
+plan_as place(const ir_func *, const ir_instr *in) {
+  switch (ir_op_info(in->op)->kind) {
+    case OPK_UNARY:
+    case OPK_BINARY:
+      return PLAN_AS_KERNEL;
+    case OPK_REDUCE: return in->op == OP_ARGMAX ? PLAN_AS_SPECIAL : PLAN_AS_KERNEL;
+    case OPK_RANDOM:
+    case OPK_DOT: return PLAN_AS_CALL;
+    default: return PLAN_AS_UNSUPPORTED;
+  }
+}
+
+bool any_fusion(const ir_func *) { return true; }
+
+plan_policy basic() {
+  plan_policy p = {};
+  p.who = "test";
+  p.unsupported = "cannot run here";
+  p.place = place;
+  p.fusion_one_kernel = any_fusion;
+  return p;
+}
+
+// A parsed module and a plan of one of its functions, freed together.
+struct Planned {
+  ir_module *m = nullptr;
+  plan pl = {};
+  int rc = -1;
+  Planned(const char *text, const char *fn, const plan_policy &policy) {
+    m = ir_parse(text, "plan_test");
+    if (!m) {
+      ADD_FAILURE() << kiln_last_error();
+      return;
+    }
+    rc = plan_build(&pl, ir_module_find(m, fn), &policy);
+  }
+  ~Planned() {
+    plan_free(&pl);
+    if (m) ir_module_free(m);
+  }
+  const plan_slot &slot_of(int s) const { return pl.slots[s]; }
+};
+
+TEST(Plan, SlotsStepsAndResults) {
+  Scoped scope;
+  plan_policy po = basic();
+  Planned p(
+      "func @inner(%a: f32[3], %b: f32[3]) -> f32[3] {\n"
+      "  %s = add %a, %b : f32[3]\n"
+      "  return %s\n"
+      "}\n"
+      "func @body(%x: f32[3]) -> f32[3] {\n"
+      "  %e = exp %x : f32[3]\n"
+      "  %n = neg %e : f32[3]\n"
+      "  return %n\n"
+      "}\n"
+      "func @f(%x: f32[3], %y: f32[3]) -> (f32[3], f32[3,1], f32[3], f32[3]) {\n"
+      "  %c = constant dense<[1.0, 2.0, 3.0]> : f32[3]\n"
+      "  %m = mul %x, %c : f32[3]\n"
+      "  %r = reshape %m {shape=[3,1]} : f32[3,1]\n"
+      "  %u = rng_uniform {dtype=f32, shape=[3], lo=0.0, hi=1.0, seed=1, counter=2} : f32[3]\n"
+      "  %s = call @inner(%m, %u) : f32[3]\n"
+      "  %k = fusion @body(%s) : f32[3]\n"
+      "  return %k, %r, %y, %k\n"
+      "}\n",
+      "f", po);
+  ASSERT_EQ(p.rc, 0) << kiln_last_error();
+  const plan &pl = p.pl;
+  // mul (the constant pulled inside), the draw, inner's add (inlined), the
+  // fusion, then the reshape's bytes copied into result 1
+  ASSERT_EQ(pl.n_steps, 5);
+  const int kinds[5] = {PLAN_STEP_KERNEL, PLAN_STEP_CALL, PLAN_STEP_KERNEL, PLAN_STEP_KERNEL, PLAN_STEP_COPY};
+  for (int s = 0; s < 5; s++) EXPECT_EQ(pl.steps[s].kind, kinds[s]) << "step " << s;
+  ASSERT_EQ(pl.n_kernels, 3);
+  ASSERT_EQ(pl.n_calls, 1);
+  EXPECT_STREQ(ir_op_info(pl.calls[0].op)->name, "rng_uniform");
+  EXPECT_EQ(pl.calls[0].n_out, 1);
+  EXPECT_EQ(pl.calls[0].n_in, 0);
+  ASSERT_EQ(pl.n_consts, 1);
+
+  const ir_func *f = pl.f;
+  const plan_kernel &mul = pl.kernels[0];
+  EXPECT_EQ(mul.f, f);
+  EXPECT_EQ(mul.op, OP_MUL);
+  EXPECT_TRUE(mul.member[0]) << "the constant is computed in the kernel";
+  EXPECT_TRUE(mul.member[1]);
+  EXPECT_EQ(p.slot_of(mul.leaf[0]).kind, PLAN_SLOT_PARAM);
+  EXPECT_EQ(mul.leaf[2], -1) << "the constant is no leaf";
+  EXPECT_EQ(p.slot_of(mul.out_slot[0]).kind, PLAN_SLOT_ARENA);
+
+  // values: %x %y %c %m %r %u %s %k; the view reads the mul's slot, the
+  // fusion writes result 0 in place
+  EXPECT_EQ(pl.vslot[4], pl.vslot[3]);
+  const plan_kernel &fu = pl.kernels[2];
+  EXPECT_EQ(fu.op, OP_FUSION);
+  EXPECT_STREQ(fu.f->name, "body");
+  EXPECT_EQ(fu.leaf[0], pl.vslot[6]) << "the body's parameter reads the call's result";
+  EXPECT_EQ(p.slot_of(fu.out_slot[0]).kind, PLAN_SLOT_RESULT);
+  EXPECT_EQ(p.slot_of(fu.out_slot[0]).index, 0);
+
+  const plan_step &copy = pl.steps[4];
+  ASSERT_EQ(copy.n_slots, 2);
+  EXPECT_EQ(p.slot_of(copy.slots[0]).kind, PLAN_SLOT_RESULT);
+  EXPECT_EQ(p.slot_of(copy.slots[0]).index, 1);
+  EXPECT_EQ(copy.slots[1], pl.vslot[3]);
+  EXPECT_EQ(copy.bytes, 12);
+
+  EXPECT_EQ(pl.results[0].kind, PLAN_RES_OWN);
+  EXPECT_EQ(pl.results[1].kind, PLAN_RES_OWN);
+  EXPECT_EQ(pl.results[2].kind, PLAN_RES_PARAM);
+  EXPECT_EQ(pl.results[2].index, 1);
+  EXPECT_EQ(pl.results[3].kind, PLAN_RES_SAME);
+  EXPECT_EQ(pl.results[3].index, 0);
+  // three arena values of 12 bytes, each aligned
+  EXPECT_EQ(pl.arena_bytes, (size_t)3 * KILN_ALIGN);
+}
+
+TEST(Plan, SpecialKernelAndErrorsUnderThePolicysName) {
+  Scoped scope;
+  plan_policy po = basic();
+  {
+    Planned p(
+        "func @f(%x: f32[4,5]) -> i64[4] {\n"
+        "  %a = argmax %x {axis=1} : i64[4]\n"
+        "  return %a\n"
+        "}\n",
+        "f", po);
+    ASSERT_EQ(p.rc, 0) << kiln_last_error();
+    ASSERT_EQ(p.pl.n_kernels, 1);
+    ASSERT_NE(p.pl.kernels[0].special, nullptr);
+    EXPECT_EQ(p.pl.kernels[0].special->op, OP_ARGMAX);
+    EXPECT_EQ(p.pl.kernels[0].leaf[0], 0);
+  }
+  {
+    Planned p(
+        "func @g(%x: f32[3]) -> f32[6] {\n"
+        "  %c = concat %x, %x {axis=0} : f32[6]\n"
+        "  return %c\n"
+        "}\n",
+        "g", po);
+    EXPECT_EQ(p.rc, -1);
+    EXPECT_STREQ(kiln_last_error(), "test: @g: concat cannot run here");
+    kiln_clear_error();
+  }
+  {
+    // calls nested past the limit, built without the verifier
+    ir_module *m = ir_module_new();
+    op_type t = {KILN_F32, 1, {2}};
+    ir_func *prev = nullptr;
+    for (int i = 0; i <= 102 && m; i++) {
+      ir_func *f = ir_func_new(m, ("c" + std::to_string(i)).c_str(), 1, &t);
+      ASSERT_NE(f, nullptr) << kiln_last_error();
+      ir_value x = 0, y;
+      if (!prev) {
+        y = ir_append(f, OP_NEG, nullptr, 1, &x, ir_loc{});
+      } else {
+        op_attrs a = {};
+        a.callee = prev;
+        y = ir_append(f, OP_CALL, &a, 1, &x, ir_loc{});
+      }
+      ASSERT_GE(y, 0) << kiln_last_error();
+      ASSERT_EQ(ir_set_results(f, 1, &y), 0);
+      prev = f;
+    }
+    plan pl;
+    EXPECT_EQ(plan_build(&pl, prev, &po), -1);
+    EXPECT_STREQ(kiln_last_error(), "test: @c102: calls nest too deep");
+    kiln_clear_error();
+    plan_free(&pl);
+    ir_module_free(m);
+  }
+}
+
+int64_t split_three(const plan_kernel *k) { return ir_op_info(k->op)->kind == OPK_REDUCE ? 3 : 0; }
+int64_t split_one(const plan_kernel *k) { return ir_op_info(k->op)->kind == OPK_REDUCE ? 1 : 0; }
+
+TEST(Plan, SplitReductionsPassPartialsThroughTheArena) {
+  Scoped scope;
+  const char *text =
+      "func @r(%x: f32[100,4]) -> f32[4] {\n"
+      "  %s = reduce_sum %x {axes=[0]} : f32[4]\n"
+      "  return %s\n"
+      "}\n";
+  plan_policy po = basic();
+  po.split = split_three;
+  {
+    Planned p(text, "r", po);
+    ASSERT_EQ(p.rc, 0) << kiln_last_error();
+    const plan &pl = p.pl;
+    ASSERT_EQ(pl.n_steps, 2);
+    ASSERT_EQ(pl.n_kernels, 2);
+    EXPECT_EQ(pl.steps[0].index, 0);
+    EXPECT_EQ(pl.steps[1].index, 1);
+    const plan_kernel &a = pl.kernels[0], &b = pl.kernels[1];
+    EXPECT_EQ(a.pass, 1);
+    EXPECT_EQ(b.pass, 2);
+    EXPECT_EQ(b.op, OP_REDUCE_SUM);
+    const plan_slot &partials = p.slot_of(a.out_slot[0]);
+    EXPECT_EQ(partials.kind, PLAN_SLOT_ARENA);
+    EXPECT_GE((int64_t)pl.arena_bytes, partials.offset + 3 * 4 * 8) << "3 partials of 8 bytes per output";
+    EXPECT_EQ(b.leaf[b.out[0]], a.out_slot[0]) << "the second pass reads the partials";
+    EXPECT_EQ(p.slot_of(b.out_slot[0]).kind, PLAN_SLOT_RESULT);
+  }
+  po.split = split_one;
+  {
+    Planned p(text, "r", po);
+    ASSERT_EQ(p.rc, 0) << kiln_last_error();
+    ASSERT_EQ(p.pl.n_steps, 1);
+    EXPECT_EQ(p.pl.kernels[0].pass, 1);
+    EXPECT_EQ(p.slot_of(p.pl.kernels[0].out_slot[0]).kind, PLAN_SLOT_RESULT);
+    EXPECT_EQ(p.pl.arena_bytes, 0u);
+  }
+}
+
+bool read_all(const op_type *, const op_type *, const ir_instr *const cand[2], const ir_instr *t[2]) {
+  t[0] = cand[0], t[1] = cand[1];
+  return cand[0] || cand[1];
+}
+
+bool lead_dot(const ir_func *c, const ir_instr *in) { return in->op == OP_DOT && in == &c->instrs[0]; }
+
+bool bias_epilogue(const ir_func *c, ir_value ops[3], int *epi) {
+  if (c->n_instrs != 2 || c->instrs[0].op != OP_DOT || c->instrs[1].op != OP_ADD) return false;
+  ops[0] = c->instrs[0].in[0], ops[1] = c->instrs[0].in[1], ops[2] = c->instrs[1].in[1];
+  *epi = 7;
+  return true;
+}
+
+TEST(Plan, DotHooks) {
+  Scoped scope;
+  plan_policy po = basic();
+  po.dot_transposes = read_all;
+  po.dot_before_kernel = lead_dot;
+  po.dot_epilogue = bias_epilogue;
+  {
+    // the transpose is never made: the call reads %w as it lies
+    Planned p(
+        "func @f(%x: f32[2,5], %w: f32[3,5]) -> f32[2,3] {\n"
+        "  %t = transpose %w {perm=[1,0]} : f32[5,3]\n"
+        "  %d = dot %x, %t : f32[2,3]\n"
+        "  return %d\n"
+        "}\n",
+        "f", po);
+    ASSERT_EQ(p.rc, 0) << kiln_last_error();
+    ASSERT_EQ(p.pl.n_steps, 1);
+    ASSERT_EQ(p.pl.n_calls, 1);
+    const plan_call &c = p.pl.calls[0];
+    EXPECT_FALSE(c.trans_a);
+    EXPECT_TRUE(c.trans_b);
+    EXPECT_EQ(c.in_types[1].shape[0], 3);
+    EXPECT_EQ(c.in_types[1].shape[1], 5);
+    EXPECT_EQ(p.pl.steps[0].slots[2], 1) << "the call reads parameter %w";
+  }
+  {
+    // a fusion that is one call with its epilogue
+    Planned p(
+        "func @k(%x: f32[2,5], %w: f32[5,3], %b: f32[3]) -> f32[2,3] {\n"
+        "  %d = dot %x, %w : f32[2,3]\n"
+        "  %z = add %d, %b : f32[2,3]\n"
+        "  return %z\n"
+        "}\n"
+        "func @f(%x: f32[2,5], %w: f32[5,3], %b: f32[3]) -> f32[2,3] {\n"
+        "  %z = fusion @k(%x, %w, %b) : f32[2,3]\n"
+        "  return %z\n"
+        "}\n",
+        "f", po);
+    ASSERT_EQ(p.rc, 0) << kiln_last_error();
+    ASSERT_EQ(p.pl.n_steps, 1);
+    ASSERT_EQ(p.pl.n_kernels, 0);
+    ASSERT_EQ(p.pl.n_calls, 1);
+    EXPECT_EQ(p.pl.calls[0].n_in, 3);
+    EXPECT_EQ(p.pl.calls[0].epilogue, 7);
+  }
+  {
+    // the dot runs as a call before the fusion's kernel, which reads its result
+    Planned p(
+        "func @k(%x: f32[2,5], %w: f32[5,3], %b: f32[3]) -> f32[2,3] {\n"
+        "  %d = dot %x, %w : f32[2,3]\n"
+        "  %z = mul %d, %b : f32[2,3]\n"
+        "  %e = exp %z : f32[2,3]\n"
+        "  return %e\n"
+        "}\n"
+        "func @f(%x: f32[2,5], %w: f32[5,3], %b: f32[3]) -> f32[2,3] {\n"
+        "  %e = fusion @k(%x, %w, %b) : f32[2,3]\n"
+        "  return %e\n"
+        "}\n",
+        "f", po);
+    ASSERT_EQ(p.rc, 0) << kiln_last_error();
+    ASSERT_EQ(p.pl.n_steps, 2);
+    EXPECT_EQ(p.pl.steps[0].kind, PLAN_STEP_CALL);
+    EXPECT_EQ(p.pl.steps[1].kind, PLAN_STEP_KERNEL);
+    const plan_kernel &k = p.pl.kernels[0];
+    EXPECT_FALSE(k.member[0]) << "the dot is not the kernel's";
+    EXPECT_TRUE(k.member[1]);
+    EXPECT_EQ(k.leaf[3], p.pl.steps[0].slots[0]) << "the kernel reads the dot's result";
+  }
+}
+
+}  // namespace
