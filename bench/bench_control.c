@@ -1,0 +1,219 @@
+/* bench_control.c — staged control flow (issue 15): loops compiled once
+ * instead of unrolled.
+ *   lstm   an LSTM (batch 32, input 128, hidden 128) over T steps, staged as
+ *          a kiln_scan and as the C loop unrolled at trace time: the first
+ *          call's ms (trace + passes + compile, disk cache off) at T = 10,
+ *          100, 1000 (unrolled up to --unrolled-max, default 100), and ms
+ *          per forward call at T = 100 for the scan, the unrolled trace and
+ *          eager ops; bench/lstm_torch.py is PyTorch eager nn.LSTM's peer.
+ *   l2hmc  the L2HMC-like sampler step of bench_l2hmc.c (10 leapfrog steps,
+ *          batch 200) with its 10 steps as a kiln_scan: the first call's ms
+ *          and ms per call against the same body run eagerly.
+ * Medians of --runs runs (default 7) of --calls calls (default 20). Every
+ * figure is also printed as "@ control.KEY VALUE UNIT". */
+#define _POSIX_C_SOURCE 200809L
+#include <kiln.h>
+
+#include "bench_util.h"
+#include "l2hmc_model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { B = 32, IN = 128, H = 128, MAX_RUNS = 99 };
+
+typedef struct {
+  kiln_tensor *w, *b; /* (IN + H, 4H), (4H) */
+} lstm;
+
+static kiln_tensor *gate(kiln_tensor *z, int k) {
+  int64_t begin[2] = {0, (int64_t)k * H}, size[2] = {B, H};
+  return kiln_slice(z, begin, size);
+}
+
+/* carry (h, c), x_t -> (h', c'), y_t = h' */
+static int lstm_step(void *user, int n, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  (void)n, (void)n_out;
+  lstm *m = user;
+  kiln_tensor *hx[2] = {in[2], in[0]};
+  kiln_tensor *z = kiln_add(kiln_matmul(kiln_concat(2, hx, 1), m->w), m->b);
+  kiln_tensor *i = kiln_sigmoid(gate(z, 0)), *f = kiln_sigmoid(gate(z, 1)), *g = kiln_tanh(gate(z, 2));
+  kiln_tensor *o = kiln_sigmoid(gate(z, 3));
+  out[1] = kiln_add(kiln_mul(f, in[1]), kiln_mul(i, g));
+  out[0] = kiln_mul(o, kiln_tanh(out[1]));
+  out[2] = out[0];
+  return out[0] && out[1] ? 0 : -1;
+}
+
+/* in: h0, c0, xs (T, B, IN); out: h_T, the ys (T, B, H) */
+static int lstm_scan(void *user, int n, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  (void)n, (void)n_out;
+  kiln_tensor *carry[2] = {NULL, NULL};
+  if (kiln_scan(lstm_step, user, 2, in, 1, &in[2], -1, false, 1, carry, &out[1])) return -1;
+  out[0] = carry[0];
+  return 0;
+}
+
+static int lstm_unrolled(void *user, int n, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  (void)n, (void)n_out;
+  int64_t T = kiln_tensor_shape(in[2])[0];
+  kiln_tensor **ys = malloc((size_t)T * sizeof *ys);
+  kiln_tensor *h = in[0], *c = in[1];
+  int rc = ys ? 0 : -1;
+  for (int64_t t = 0; t < T && !rc; t++) {
+    kiln_tensor *io[3] = {h, c, kiln_index(in[2], t)}, *o[3];
+    rc = lstm_step(user, 3, io, 3, o);
+    h = o[0], c = o[1], ys[t] = o[2];
+  }
+  out[0] = h;
+  out[1] = rc ? NULL : kiln_stack((int)T, ys, 0);
+  free(ys);
+  return rc || !out[1] ? -1 : 0;
+}
+
+static kiln_tensor *uniform(int rank, const int64_t *shape, double scale) {
+  return kiln_random_uniform(KILN_F32, rank, shape, -scale, scale);
+}
+
+/* ms of one call of f (or of body eagerly when f is NULL) */
+static double call_ms(kiln_function *f, kiln_body_fn body, void *user, int n_in, kiln_tensor *const *in, int n_out) {
+  kiln_tensor *out[4] = {NULL};
+  kiln_scope_push();
+  double t0 = now_ns();
+  int rc = f ? kiln_function_call(f, in, out) : body(user, n_in, in, n_out, out);
+  double ms = (now_ns() - t0) * 1e-6;
+  kiln_scope_pop();
+  if (rc) {
+    fprintf(stderr, "bench_control: %s\n", kiln_last_error());
+    exit(1);
+  }
+  return ms;
+}
+
+static double first_call_ms(const char *name, kiln_body_fn body, void *user, int n_in, kiln_tensor *const *in, int n_out) {
+  kiln_function *f = kiln_function_new(name, body, user, n_in, n_out);
+  double ms = call_ms(f, body, user, n_in, in, n_out);
+  kiln_function_free(f);
+  return ms;
+}
+
+/* the median over runs of the mean ms per call over calls */
+static double per_call_ms(kiln_function *f, kiln_body_fn body, void *user, int n_in, kiln_tensor *const *in, int n_out,
+                          int runs, int calls) {
+  double v[MAX_RUNS];
+  call_ms(f, body, user, n_in, in, n_out); /* warm-up */
+  for (int r = 0; r < runs; r++) {
+    double sum = 0;
+    for (int c = 0; c < calls; c++) sum += call_ms(f, body, user, n_in, in, n_out);
+    v[r] = sum / calls;
+  }
+  return median(v, runs);
+}
+
+static void lstm_bench(int runs, int calls, int unrolled_max) {
+  lstm m = {uniform(2, (int64_t[]){IN + H, 4 * H}, 0.08), uniform(1, (int64_t[]){4 * H}, 0.1)};
+  kiln_tensor *h0 = uniform(2, (int64_t[]){B, H}, 0.5), *c0 = uniform(2, (int64_t[]){B, H}, 0.5);
+  static const int64_t ts[] = {10, 100, 1000};
+  for (int k = 0; k < 3; k++) {
+    int64_t T = ts[k];
+    kiln_scope_push();
+    kiln_tensor *in[3] = {h0, c0, uniform(3, (int64_t[]){T, B, IN}, 1)};
+    double v[MAX_RUNS];
+    int r3 = runs < 3 ? runs : 3;
+    for (int r = 0; r < r3; r++) v[r] = first_call_ms("lstm_scan", lstm_scan, &m, 3, in, 2);
+    double scan = median(v, r3);
+    printf("lstm T=%-5lld first call: scan %8.1f ms", (long long)T, scan);
+    char key[64];
+    snprintf(key, sizeof key, "control.lstm.compile.scan.t%lld", (long long)T);
+    bench_figure(key, scan, "ms");
+    if (T <= unrolled_max) {
+      for (int r = 0; r < r3; r++) v[r] = first_call_ms("lstm_unrolled", lstm_unrolled, &m, 3, in, 2);
+      double un = median(v, r3);
+      printf("lstm T=%-5lld first call: unrolled %8.1f ms (scan/unrolled %.2f)\n", (long long)T, un, scan / un);
+      snprintf(key, sizeof key, "control.lstm.compile.unrolled.t%lld", (long long)T);
+      bench_figure(key, un, "ms");
+    }
+    kiln_scope_pop();
+  }
+  kiln_scope_push();
+  int64_t T = 100;
+  kiln_tensor *in[3] = {h0, c0, uniform(3, (int64_t[]){T, B, IN}, 1)};
+  kiln_function *fs = kiln_function_new("lstm_scan", lstm_scan, &m, 3, 2);
+  kiln_function *fu = kiln_function_new("lstm_unrolled", lstm_unrolled, &m, 3, 2);
+  double scan = per_call_ms(fs, lstm_scan, &m, 3, in, 2, runs, calls);
+  double un = per_call_ms(fu, lstm_unrolled, &m, 3, in, 2, runs, calls);
+  double eager = per_call_ms(NULL, lstm_unrolled, &m, 3, in, 2, runs, calls < 5 ? calls : 5);
+  printf("lstm T=100 forward: scan %.3f ms, unrolled %.3f ms, eager %.3f ms; scan/unrolled %.2f (goal <= 1.1)\n",
+         scan, un, eager, scan / un);
+  bench_figure("control.lstm.step.scan", scan, "ms");
+  bench_figure("control.lstm.step.unrolled", un, "ms");
+  bench_figure("control.lstm.step.eager", eager, "ms");
+  kiln_function_free(fs);
+  kiln_function_free(fu);
+  kiln_scope_pop();
+}
+
+/* ---- the leapfrog steps as a scan ---- */
+
+static int leapfrog(void *user, int n, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  (void)n, (void)n_out;
+  energy *e = user;
+  kiln_tensor *half = kiln_scalar(KILN_F32, 0.05), *eps = kiln_scalar(KILN_F32, 0.1);
+  kiln_tensor *p = kiln_sub(in[1], kiln_mul(half, grad_energy(e, in[0])));
+  out[0] = kiln_add(in[0], kiln_mul(eps, p));
+  out[1] = kiln_sub(p, kiln_mul(half, grad_energy(e, out[0])));
+  return out[0] && out[1] ? 0 : -1;
+}
+
+static int sample_scan(void *user, int n, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  (void)n, (void)n_out;
+  return kiln_scan(leapfrog, user, 2, in, 0, NULL, LEAPFROGS, false, 0, out, NULL);
+}
+
+static void l2hmc_bench(int runs, int calls) {
+  energy e = {uniform(2, (int64_t[]){L2HMC_DIM, L2HMC_HID}, 0.5), uniform(1, (int64_t[]){L2HMC_HID}, 0.1),
+              uniform(2, (int64_t[]){L2HMC_HID, L2HMC_DIM}, 0.5), uniform(1, (int64_t[]){L2HMC_DIM}, 0.1)};
+  kiln_tensor *in[2] = {uniform(2, (int64_t[]){L2HMC_BATCH, L2HMC_DIM}, 1),
+                        uniform(2, (int64_t[]){L2HMC_BATCH, L2HMC_DIM}, 1)};
+  double v[MAX_RUNS];
+  int r3 = runs < 3 ? runs : 3;
+  for (int r = 0; r < r3; r++) v[r] = first_call_ms("l2hmc_scan", sample_scan, &e, 2, in, 2);
+  double cold = median(v, r3);
+  for (int r = 0; r < r3; r++) v[r] = first_call_ms("l2hmc_unrolled", sample_step, &e, 2, in, 2);
+  double cold_un = median(v, r3);
+  kiln_function *f = kiln_function_new("l2hmc_scan", sample_scan, &e, 2, 2);
+  double staged = per_call_ms(f, sample_scan, &e, 2, in, 2, runs, calls);
+  double eager = per_call_ms(NULL, sample_step, &e, 2, in, 2, runs, calls);
+  printf("l2hmc first call: scan %.1f ms, unrolled %.1f ms (goal <= 50 ms); per call: scan %.3f ms, eager %.3f ms, "
+         "eager/scan %.1fx (goal >= 15x)\n", cold, cold_un, staged, eager, eager / staged);
+  bench_figure("control.l2hmc.compile.scan", cold, "ms");
+  bench_figure("control.l2hmc.compile.unrolled", cold_un, "ms");
+  bench_figure("control.l2hmc.step.scan", staged, "ms");
+  bench_figure("control.l2hmc.step.eager", eager, "ms");
+  kiln_function_free(f);
+}
+
+int main(int argc, char **argv) {
+  int runs = 7, calls = 20, unrolled_max = 100;
+  const char *only = NULL;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (v && !strcmp(a, "--runs")) runs = atoi(v), i++;
+    else if (v && !strcmp(a, "--calls")) calls = atoi(v), i++;
+    else if (v && !strcmp(a, "--unrolled-max")) unrolled_max = atoi(v), i++;
+    else if (!strcmp(a, "lstm") || !strcmp(a, "l2hmc")) only = a;
+    else {
+      fprintf(stderr, "usage: bench_control [lstm|l2hmc] [--runs N] [--calls N] [--unrolled-max T]\n");
+      return 2;
+    }
+  }
+  if (runs < 1 || runs > MAX_RUNS || calls < 1) return 2;
+  setenv("KILN_CACHE_DIR", "off", 1); /* compile times are cold */
+  kiln_random_seed(7);
+  kiln_scope_push();
+  if (!only || !strcmp(only, "lstm")) lstm_bench(runs, calls, unrolled_max);
+  if (!only || !strcmp(only, "l2hmc")) l2hmc_bench(runs, calls);
+  kiln_scope_pop();
+  return 0;
+}
