@@ -10,8 +10,9 @@ packages=(cmake ninja-build llvm-19-dev llvm-19-tools libffi-dev libgtest-dev li
           pkg-config g++ python3 libopenblas-dev)
 # Optional: the tests run without them and say so. python3-torch (PyTorch
 # 1.13) and python3-numpy are the independent implementation that
-# tests/torch_diff_test.cc compares every op, gradient and staged form with.
-optional=(python3-torch python3-numpy)
+# tests/torch_diff_test.cc compares every op, gradient and staged form with;
+# gcc-aarch64-linux-gnu compiles the sources for aarch64 (ctest cross_aarch64).
+optional=(python3-torch python3-numpy gcc-aarch64-linux-gnu)
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "setup.sh: no dpkg here (not Debian?); install these by hand: ${packages[*]}" >&2
