@@ -497,11 +497,16 @@ int kiln_host_call_with_gradient(kiln_host_fn fn, kiln_host_grad_fn grad, void *
  * is a concrete tensor just runs its branch). Bodies may use tensors of the
  * enclosing trace (through user or globals) and read variables: they become
  * operands of the instruction, as JAX closes over tracers. Random ops draw
- * afresh at each iteration. Not yet: assigning a variable inside a staged
- * body, and gradients through staged control flow (a tape watching an
- * operand of a staged cond / while_loop / scan fails, naming it); both work
- * eagerly. Staged control flow runs interpreted for now (KILN_LOG=compile
- * says so; KILN_BACKEND=cpu makes that an error).
+ * afresh at each iteration. Gradients (a tape, kiln_gradients, higher
+ * orders) go through staged cond and scan, and through a while_loop with
+ * max_iterations (staged under a tape as a scan of max_iterations steps
+ * that stop updating once cond is false); an unbounded staged while_loop
+ * under a tape fails asking for a bound. The backward replays the traced
+ * branches and bodies (not the C functions, whose user data may be gone).
+ * Not yet: assigning a variable inside a staged body, and gradients
+ * through a staged body that draws random numbers (both fail clearly and
+ * work eagerly). Staged control flow runs interpreted for now
+ * (KILN_LOG=compile says so; KILN_BACKEND=cpu makes that an error).
  * ---------------------------------------------------------------------- */
 
 /* pred: bool scalar. Runs then_fn or else_fn on in[0..n); both must return
@@ -512,7 +517,8 @@ int kiln_cond(kiln_tensor *pred, kiln_body_fn then_fn, kiln_body_fn else_fn, voi
 
 /* Loop state of n tensors. cond_fn(state) writes one bool scalar; body_fn(state)
    writes the next state (same dtypes and shapes). max_iterations >= 0 stops the
-   loop after that many iterations (TF's maximum_iterations); -1 = unbounded. */
+   loop after that many iterations (TF's maximum_iterations) and makes it
+   differentiable in reverse mode when staged; -1 = unbounded. */
 int kiln_while_loop(kiln_body_fn cond_fn, kiln_body_fn body_fn, void *user,
                     int n, kiln_tensor *const *init, int64_t max_iterations, kiln_tensor **final);
 
@@ -520,7 +526,7 @@ int kiln_while_loop(kiln_body_fn cond_fn, kiln_body_fn body_fn, void *user,
    xs are sliced along axis 0 (all the same length; `length` must equal it or
    be -1); with n_xs == 0 the loop runs `length` times. ys are stacked along
    axis 0; with reverse the loop runs from the end and ys[t] still lines up
-   with xs[t]. */
+   with xs[t]. Differentiable (the carries each step received are stacked). */
 int kiln_scan(kiln_body_fn body, void *user, int n_carry, kiln_tensor *const *init,
               int n_xs, kiln_tensor *const *xs, int64_t length, bool reverse,
               int n_ys, kiln_tensor **final_carry, kiln_tensor **ys);
