@@ -503,9 +503,11 @@ int kiln_host_call_with_gradient(kiln_host_fn fn, kiln_host_grad_fn grad, void *
  * that stop updating once cond is false); an unbounded staged while_loop
  * under a tape fails asking for a bound. The backward replays the traced
  * branches and bodies (not the C functions, whose user data may be gone).
- * Not yet: assigning a variable inside a staged body, and gradients
- * through a staged body that draws random numbers (both fail clearly and
- * work eagerly). Staged control flow runs interpreted for now
+ * Bodies may assign variables: staged, each assigned variable is carried
+ * through the instruction as extra loop state (a later iteration, and a
+ * later read in the body, sees the assignment) and assigned when the call
+ * returns. Not yet: gradients through a staged body that draws random
+ * numbers (it fails clearly; eagerly it works). Staged control flow runs interpreted for now
  * (KILN_LOG=compile says so; KILN_BACKEND=cpu makes that an error).
  * ---------------------------------------------------------------------- */
 

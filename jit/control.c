@@ -82,9 +82,87 @@ typedef struct region_job {
  * one environment, builds their functions (r[k], malloc'd), and records the
  * instruction op with operands head (the pred / state / carries and xs)
  * then the environment. Outputs as trace_call's. */
+/* Variables the bodies assign: carried through the instruction as extra
+ * inputs and outputs (loop state), then assigned in the enclosing trace.
+ * A wrapped body first binds each variable to its input (later reads see
+ * it), and returns each one's value after the body. */
+typedef struct {
+  int n;
+  kiln_variable **v;
+} written;
+
+static int add_written(written *w, int n, kiln_variable **vs) {
+  for (int i = 0; i < n; i++) {
+    int k = 0;
+    while (k < w->n && w->v[k] != vs[i]) k++;
+    if (k < w->n) continue;
+    kiln_variable **q = realloc(w->v, ((size_t)w->n + 1) * sizeof *q);
+    if (!q) return kiln_set_error("trace: out of memory");
+    w->v = q;
+    w->v[w->n++] = vs[i];
+  }
+  return 0;
+}
+
+typedef struct {
+  kiln_body_fn fn[2];
+  void *user;
+  int in_split;     /* a body's own inputs before the variables (the rest come after them) */
+  int out_split[2]; /* per body: its own outputs before the variables' values; -1: none (a while's cond) */
+  written w;
+} carrying;
+
+static int carried_body(const carrying *c, int b, int n, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  int nw = c->w.n, split = c->out_split[b], own_in = n - nw, own_out = split < 0 ? n_out : n_out - nw, rc = 0;
+  kiln_tensor **bin = calloc((size_t)n + n_out + 1, sizeof *bin), **bout = bin + own_in;
+  if (!bin) return kiln_set_error("trace: out of memory");
+  for (int i = 0; i < own_in; i++) bin[i] = i < c->in_split ? in[i] : in[i + nw];
+  for (int j = 0; j < nw && !rc; j++) rc = kiln_variable_assign(c->w.v[j], in[c->in_split + j]);
+  if (!rc && (rc = c->fn[b](c->user, own_in, bin, own_out, bout)) && !kiln_has_error())
+    rc = kiln_set_error("trace: a body failed without an error");
+  for (int k = 0; k < own_out && !rc; k++) out[split < 0 || k < split ? k : k + nw] = bout[k];
+  for (int j = 0; j < nw && !rc && split >= 0; j++)
+    if (!(out[split + j] = kiln_variable_read(c->w.v[j]))) rc = -1;
+  for (int j = 0; j < nw; j++) trace_variable_unwrite(c->w.v[j]);
+  free(bin);
+  return rc;
+}
+
+/* in[0..n) then the current values of w's variables (read in the trace
+ * now recording) into a new array; NULL with the error set */
+static kiln_tensor **with_vars(int n, kiln_tensor *const *in, const written *w) {
+  kiln_tensor **all = calloc((size_t)n + w->n + 1, sizeof *all);
+  if (!all) {
+    kiln_set_error("trace: out of memory");
+    return NULL;
+  }
+  for (int i = 0; i < n; i++) all[i] = in[i];
+  for (int j = 0; j < w->n; j++)
+    if (!(all[n + j] = kiln_variable_read(w->v[j]))) {
+      free(all);
+      return NULL;
+    }
+  return all;
+}
+
+/* assigns w's variables the values vals[0..w->n) in the trace now recording */
+static int assign_vars(const written *w, kiln_tensor *const *vals) {
+  for (int j = 0; j < w->n; j++)
+    if (kiln_variable_assign(w->v[j], vals[j])) return -1;
+  return 0;
+}
+
+static int carried_first(void *user, int n, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  return carried_body(user, 0, n, in, n_out, out);
+}
+
+static int carried_second(void *user, int n, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  return carried_body(user, 1, n, in, n_out, out);
+}
+
 static int stage(const char *who, op_id op, op_attrs *a, int n_jobs, region_job *jobs, void *user, int n_in,
                  const op_type *in_types, int n_head, kiln_tensor *const *head, kiln_tensor **out,
-                 const cf_spec *grad) {
+                 const cf_spec *grad, written *w) {
   trace_env env = {0};
   traced_fn *r[2] = {NULL, NULL};
   kiln_tensor **sym = calloc((size_t)n_in + 1, sizeof *sym), **ops = NULL;
@@ -98,9 +176,25 @@ static int stage(const char *who, op_id op, op_attrs *a, int n_jobs, region_job 
       break;
     }
     rc = run_body(who, j->role, j->fn, user, n_in, sym, j->n_out, j->outs);
+    kiln_variable **vs = NULL;
+    int nw = rc ? 0 : trace_region_written(j->tr, &vs);
+    if (nw > 0 && !add_written(w, nw, vs)) rc = 1; /* staged again, carrying them */
+    else if (nw < 0) rc = -1;
+    free(vs);
     if (!rc) rc = trace_region_close(j->tr, who, j->n_out, j->outs, &env);
     trace_end(j->tr);
   }
+  for (int k = 0; rc == 1 && k < n_jobs; k++) /* the other regions may assign more */
+    if (!jobs[k].tr) {
+      region_job *j = &jobs[k];
+      if (!(j->outs = calloc((size_t)j->n_out + 1, sizeof *j->outs)) || !(j->tr = trace_begin_region(n_in, in_types, sym)))
+        break;
+      kiln_variable **vs = NULL;
+      int nw = run_body(who, j->role, j->fn, user, n_in, sym, j->n_out, j->outs) ? 0 : trace_region_written(j->tr, &vs);
+      if (nw > 0) add_written(w, nw, vs);
+      free(vs);
+      trace_end(j->tr);
+    }
   for (int k = 0; k < n_jobs; k++) {
     region_job *j = &jobs[k];
     if (!j->tr) continue;
@@ -194,7 +288,18 @@ int kiln_cond(kiln_tensor *pred, kiln_body_fn then_fn, kiln_body_fn else_fn, voi
                           {"else branch", "cond.else", else_fn, n_out, NULL, NULL}};
     op_attrs a = {0};
     cf_spec g = {.op = OP_COND, .n_in = n, .n_out = n_out};
-    rc = stage(who, OP_COND, &a, 2, jobs, user, n, types, n + 1, head, out, &g);
+    written w = {0, NULL};
+    rc = stage(who, OP_COND, &a, 2, jobs, user, n, types, n + 1, head, out, &g, &w);
+    if (rc == 1) { /* the branches assign variables: carried as extra inputs and outputs */
+      carrying c = {{then_fn, else_fn}, user, n, {n_out, n_out}, w};
+      kiln_tensor **in2 = with_vars(n, in, &w), **out2 = calloc((size_t)n_out + w.n + 1, sizeof *out2);
+      rc = in2 && out2 ? kiln_cond(pred, carried_first, carried_second, &c, n + w.n, in2, n_out + w.n, out2) : -1;
+      if (!rc) rc = assign_vars(&w, out2 + n_out);
+      if (!rc) memcpy(out, out2, (size_t)n_out * sizeof *out);
+      free(in2);
+      free(out2);
+    }
+    free(w.v);
   }
   free(head);
   free(types);
@@ -302,8 +407,19 @@ int kiln_while_loop(kiln_body_fn cond_fn, kiln_body_fn body_fn, void *user, int 
   op_attrs a = {0};
   a.n_state = n;
   a.trip = max_iterations;
-  int rc = stage(who, OP_WHILE, &a, 2, jobs, user, n, types, n, init, final, NULL);
+  written w = {0, NULL};
+  int rc = stage(who, OP_WHILE, &a, 2, jobs, user, n, types, n, init, final, NULL, &w);
   free(types);
+  if (rc == 1) { /* the bodies assign variables: part of the loop state */
+    carrying c = {{cond_fn, body_fn}, user, n, {-1, n}, w};
+    kiln_tensor **init2 = with_vars(n, init, &w), **fin2 = calloc((size_t)n + w.n + 1, sizeof *fin2);
+    rc = init2 && fin2 ? kiln_while_loop(carried_first, carried_second, &c, n + w.n, init2, max_iterations, fin2) : -1;
+    if (!rc) rc = assign_vars(&w, fin2 + n);
+    if (!rc) memcpy(final, fin2, (size_t)n * sizeof *final);
+    free(init2);
+    free(fin2);
+  }
+  free(w.v);
   return rc;
 }
 
@@ -443,7 +559,25 @@ int kiln_scan(kiln_body_fn body, void *user, int n_carry, kiln_tensor *const *in
     a.reverse = reverse;
     cf_spec g = {.op = OP_SCAN, .n_in = n_in, .n_out = 2 * n_carry + n_ys, .nc = n_carry, .nx = n_xs,
                  .n_ys = n_ys + n_carry, .len = len, .reverse = reverse};
-    rc = stage(who, OP_SCAN, &a, 1, &job, grad ? (void *)&aug : user, n_in, types, n_in, head, out, grad ? &g : NULL);
+    written w = {0, NULL};
+    rc = stage(who, OP_SCAN, &a, 1, &job, grad ? (void *)&aug : user, n_in, types, n_in, head, out,
+               grad ? &g : NULL, &w);
+    if (rc == 1) { /* the body assigns variables: carried after the carries */
+      carrying c = {{body, NULL}, user, n_carry, {n_carry, n_carry}, w};
+      kiln_tensor **init2 = with_vars(n_carry, init, &w), **fin2 = calloc((size_t)n_carry + w.n + 1, sizeof *fin2);
+      rc = init2 && fin2 ? kiln_scan(carried_first, &c, n_carry + w.n, init2, n_xs, xs, len, reverse, n_ys, fin2, ys)
+                         : -1;
+      if (!rc) rc = assign_vars(&w, fin2 + n_carry);
+      for (int k = 0; k < n_carry && !rc; k++) final_carry[k] = fin2[k];
+      free(init2);
+      free(fin2);
+      free(w.v);
+      free(head);
+      free(out);
+      free(types);
+      return rc;
+    }
+    free(w.v);
   }
   for (int k = 0; k < n_carry && !rc; k++) final_carry[k] = out[k];
   for (int k = 0; k < n_ys && !rc; k++) ys[k] = out[n_carry + k];

@@ -126,6 +126,12 @@ trace *trace_begin_region(int n, const op_type *types, kiln_tensor **sym_in);
 /* Stops recording a region whose body wrote outs, and adds what it
  * captured to env. A body assigning a variable fails (who names the op). */
 int trace_region_close(trace *tr, const char *who, int n_out, kiln_tensor *const *outs, trace_env *env);
+/* The variables region tr's body assigned (*vars malloc'd); their count,
+ * -1 on out of memory. */
+int trace_region_written(const trace *tr, kiln_variable ***vars);
+/* Forgets the active trace's assignment of v (its value was carried out of
+ * a region as an output instead). */
+void trace_variable_unwrite(kiln_variable *v);
 /* Builds the region's function: parameters the explicit inputs, then env.
  * tr is freed either way. 0 / -1. */
 int trace_finish_region(trace *tr, const char *name, int n_out, kiln_tensor *const *outs, const trace_env *env,

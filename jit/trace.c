@@ -605,6 +605,23 @@ int trace_region_close(trace *tr, const char *who, int n_out, kiln_tensor *const
   return 0;
 }
 
+int trace_region_written(const trace *tr, kiln_variable ***vars) {
+  int n = 0;
+  *vars = NULL;
+  for (int k = 0; k < tr->n_vars; k++) n += tr->var_write[k] >= 0;
+  if (!n) return 0;
+  if (!(*vars = malloc((size_t)n * sizeof **vars))) return kiln_set_error("trace: out of memory");
+  for (int k = 0, w = 0; k < tr->n_vars; k++)
+    if (tr->var_write[k] >= 0) (*vars)[w++] = tr->vars[k];
+  return n;
+}
+
+void trace_variable_unwrite(kiln_variable *v) {
+  trace *tr = trace_current;
+  for (int k = 0; tr && k < tr->n_vars; k++)
+    if (tr->vars[k] == v) tr->var_write[k] = -1;
+}
+
 int trace_finish_region(trace *tr, const char *name, int n_out, kiln_tensor *const *outs, const trace_env *env,
                         traced_fn *fn) {
   return finish(tr, name, n_out, outs, 0, NULL, env, fn);

@@ -307,6 +307,97 @@ TEST(Control, BodiesReadVariablesAtEachCall) {
   kiln_function_free(f);
 }
 
+// Bodies that assign variables: the variables are carried through the loop
+// (each iteration sees the last one's assignment) and assigned when the call
+// returns; a branch that does not assign passes the value through.
+struct Counter {
+  kiln_variable *count, *total;
+};
+
+int count_cond(void *user, int, kiln_tensor *const *s, int, kiln_tensor **out) {
+  (void)s;
+  out[0] = kiln_less(kiln_variable_read(((Counter *)user)->count), kiln_scalar(KILN_F32, 5));
+  return out[0] ? 0 : -1;
+}
+
+int count_body(void *user, int, kiln_tensor *const *s, int, kiln_tensor **out) {
+  Counter *c = (Counter *)user;
+  if (kiln_variable_assign_add(c->count, kiln_scalar(KILN_F32, 1))) return -1;
+  out[0] = kiln_add(s[0], kiln_variable_read(c->count)); // sees this iteration's count
+  return out[0] ? 0 : -1;
+}
+
+int count_loop(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  return kiln_while_loop(count_cond, count_body, user, 1, in, -1, out);
+}
+
+int add_to_total(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  Counter *c = (Counter *)user;
+  if (kiln_variable_assign_add(c->total, in[1])) return -1;
+  out[0] = kiln_add(in[0], kiln_variable_read(c->total));
+  out[1] = kiln_variable_read(c->total);
+  return out[0] ? 0 : -1;
+}
+
+int total_scan(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  return kiln_scan(add_to_total, user, 1, &in[0], 1, &in[1], -1, false, 1, &out[0], &out[1]);
+}
+
+int assign_then(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  if (kiln_variable_assign(((Counter *)user)->total, in[0])) return -1;
+  out[0] = kiln_neg(in[0]);
+  return out[0] ? 0 : -1;
+}
+
+int keep_else(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = in[0];
+  return 0;
+}
+
+int assign_if_positive(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *p = kiln_greater(kiln_reduce_sum(in[0], 0, nullptr, false), kiln_scalar(KILN_F32, 0));
+  return kiln_cond(p, assign_then, keep_else, user, 1, in, 1, out);
+}
+
+TEST(Control, BodiesAssignVariables) {
+  Scoped s;
+  Interp env;
+  for (bool staged : {false, true}) {
+    SCOPED_TRACE(staged ? "staged" : "eager");
+    Owned o;
+    Counter c{o.var(kiln_scalar(KILN_F32, 0), "count"), o.var(f32({0, 0}), "total")};
+    kiln_function *f = kiln_function_new("count_loop", count_loop, &c, 1, 1);
+    kiln_function_set_eager(f, !staged);
+    kiln_tensor *x = f32({10, 20}), *out[2] = {};
+    ASSERT_EQ(kiln_function_call(f, &x, out), 0) << kiln_last_error();
+    EXPECT_EQ(values(out[0]), (VD{25, 35})) << "1 + 2 + 3 + 4 + 5 added";
+    EXPECT_EQ(kiln_tensor_item(kiln_variable_read(c.count)), 5);
+    ASSERT_EQ(kiln_variable_assign(c.count, kiln_scalar(KILN_F32, 3)), 0);
+    ASSERT_EQ(kiln_function_call(f, &x, out), 0) << kiln_last_error();
+    EXPECT_EQ(values(out[0]), (VD{19, 29})) << "from count 3: 4 + 5";
+    kiln_function_free(f);
+
+    f = kiln_function_new("total_scan", total_scan, &c, 2, 2);
+    kiln_function_set_eager(f, !staged);
+    kiln_tensor *in[2] = {f32({0, 0}), f32({3, 2}, {1, 2, 3, 4, 5, 6})};
+    ASSERT_EQ(kiln_function_call(f, in, out), 0) << kiln_last_error();
+    EXPECT_EQ(values(kiln_variable_read(c.total)), (VD{9, 12}));
+    EXPECT_EQ(values(out[1]), (VD{1, 2, 4, 6, 9, 12})) << "the running totals";
+    EXPECT_EQ(values(out[0]), (VD{14, 20}));
+    kiln_function_free(f);
+
+    f = kiln_function_new("assign_if", assign_if_positive, &c, 1, 1);
+    kiln_function_set_eager(f, !staged);
+    kiln_tensor *neg = f32({-1, -2}), *pos = f32({7, 8});
+    ASSERT_EQ(kiln_function_call(f, &neg, out), 0) << kiln_last_error();
+    EXPECT_EQ(values(kiln_variable_read(c.total)), (VD{9, 12})) << "the else branch keeps it";
+    ASSERT_EQ(kiln_function_call(f, &pos, out), 0) << kiln_last_error();
+    EXPECT_EQ(values(kiln_variable_read(c.total)), (VD{7, 8}));
+    EXPECT_EQ(values(out[0]), (VD{-7, -8}));
+    kiln_function_free(f);
+  }
+}
+
 // a cond inside a scan inside a cond branch; the inner branches read a
 // value of the outermost trace
 struct Nest {
