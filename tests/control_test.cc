@@ -756,6 +756,151 @@ TEST(ControlGradients, ScanMatchesTheUnrolledLoopsGradient) {
   kiln_function_free(f);
 }
 
+// An LSTM (batch 4, input 3, hidden 5, 6 steps, f64) as a scan against its
+// unrolled form: values and gradients with respect to everything.
+enum { LB = 4, LIN = 3, LH = 5, LT = 6 };
+
+kiln_tensor *lstm_gate(kiln_tensor *z, int k) {
+  int64_t begin[2] = {0, (int64_t)k * LH}, size[2] = {LB, LH};
+  return kiln_slice(z, begin, size);
+}
+
+struct LstmW {
+  kiln_tensor *w, *b;
+};
+
+// carry (h, c), x_t -> (h', c'), y_t = h'
+int lstm_cell(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  LstmW *m = (LstmW *)user;
+  kiln_tensor *hx[2] = {in[2], in[0]};
+  kiln_tensor *z = kiln_add(kiln_matmul(kiln_concat(2, hx, 1), m->w), m->b);
+  kiln_tensor *i = kiln_sigmoid(lstm_gate(z, 0)), *f = kiln_sigmoid(lstm_gate(z, 1));
+  kiln_tensor *g = kiln_tanh(lstm_gate(z, 2)), *o = kiln_sigmoid(lstm_gate(z, 3));
+  out[1] = kiln_add(kiln_mul(f, in[1]), kiln_mul(i, g));
+  out[0] = kiln_mul(o, kiln_tanh(out[1]));
+  out[2] = out[0];
+  return out[0] && out[1] ? 0 : -1;
+}
+
+// in: h0, c0, xs, w, b; out: a loss of the last h and every y
+int lstm_loss(bool scan, kiln_tensor *const *in, kiln_tensor **out) {
+  LstmW m{in[3], in[4]};
+  kiln_tensor *h = nullptr, *ys = nullptr;
+  if (scan) {
+    kiln_tensor *carry[2] = {nullptr, nullptr};
+    if (kiln_scan(lstm_cell, &m, 2, in, 1, &in[2], -1, false, 1, carry, &ys)) return -1;
+    h = carry[0];
+  } else {
+    kiln_tensor *hc[2] = {in[0], in[1]};
+    std::vector<kiln_tensor *> y;
+    for (int64_t t = 0; t < LT; t++) {
+      kiln_tensor *io[3] = {hc[0], hc[1], kiln_index(in[2], t)}, *o[3];
+      if (lstm_cell(&m, 3, io, 3, o)) return -1;
+      hc[0] = o[0], hc[1] = o[1];
+      y.push_back(o[2]);
+    }
+    h = hc[0];
+    ys = kiln_stack(LT, y.data(), 0);
+  }
+  out[0] = kiln_add(kiln_reduce_sum(kiln_mul(h, h), 0, nullptr, false), kiln_reduce_sum(kiln_sin(ys), 0, nullptr, false));
+  return out[0] ? 0 : -1;
+}
+
+int lstm_scan_body(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) { return lstm_loss(true, in, out); }
+int lstm_unrolled_body(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) { return lstm_loss(false, in, out); }
+
+kiln_tensor *uniform64(V64 shape, double scale) {
+  return kiln_random_uniform(KILN_F64, (int)shape.size(), shape.data(), -scale, scale);
+}
+
+TEST(ControlGradients, LstmScanMatchesUnrolledValuesAndGradients) {
+  Scoped s;
+  Interp env;
+  kiln_random_seed(11);
+  std::vector<kiln_tensor *> in = {uniform64({LB, LH}, 0.5), uniform64({LB, LH}, 0.5), uniform64({LT, LB, LIN}, 1),
+                                   uniform64({LIN + LH, 4 * LH}, 0.4), uniform64({4 * LH}, 0.1)};
+  kiln_function *fs = kiln_function_new("lstm_scan", lstm_scan_body, nullptr, 5, 1);
+  kiln_function *fu = kiln_function_new("lstm_unrolled", lstm_unrolled_body, nullptr, 5, 1);
+  kiln_tensor *ys = nullptr, *yu = nullptr;
+  ASSERT_EQ(kiln_function_call(fs, in.data(), &ys), 0) << kiln_last_error();
+  ASSERT_EQ(kiln_function_call(fu, in.data(), &yu), 0) << kiln_last_error();
+  EXPECT_NEAR(kiln_tensor_item(ys), kiln_tensor_item(yu), 1e-12);
+  std::vector<kiln_tensor *> gs = staged_grads(fs, in), gu = staged_grads(fu, in);
+  for (size_t i = 0; i < in.size(); i++) {
+    ASSERT_NE(gs[i], nullptr) << i;
+    EXPECT_TRUE(allclose(gs[i], gu[i], 1e-6, 1e-9)) << "input " << i;
+  }
+  char *ir = kiln_function_ir(fs, 0, "traced");
+  ASSERT_NE(ir, nullptr);
+  EXPECT_THAT(ir, HasSubstr("length=6"));
+  free(ir);
+  kiln_function_free(fs);
+  kiln_function_free(fu);
+}
+
+// The L2HMC leapfrog steps (a gradient tape inside every half step) as a
+// scan give what the unrolled C loop gives.
+struct Energy {
+  kiln_tensor *w1, *b1, *w2, *b2;
+};
+
+kiln_tensor *energy_grad(Energy *e, kiln_tensor *x) {
+  kiln_tape *tape = kiln_tape_begin(false);
+  kiln_tape_watch(tape, x);
+  kiln_tensor *h = kiln_tanh(kiln_add(kiln_matmul(x, e->w1), e->b1));
+  kiln_tensor *y = kiln_add(kiln_matmul(h, e->w2), e->b2);
+  kiln_tensor *u = kiln_mul(kiln_reduce_sum(kiln_mul(y, y), 0, nullptr, false), kiln_scalar(KILN_F64, 0.5));
+  kiln_tape_end(tape);
+  kiln_tensor *g = nullptr;
+  if (u) kiln_tape_gradient(tape, u, 1, &x, &g);
+  kiln_tape_free(tape);
+  return g;
+}
+
+int leapfrog_step(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  Energy *e = (Energy *)user;
+  kiln_tensor *half = kiln_scalar(KILN_F64, 0.05), *eps = kiln_scalar(KILN_F64, 0.1);
+  kiln_tensor *p = kiln_sub(in[1], kiln_mul(half, energy_grad(e, in[0])));
+  out[0] = kiln_add(in[0], kiln_mul(eps, p));
+  out[1] = kiln_sub(p, kiln_mul(half, energy_grad(e, out[0])));
+  return out[0] && out[1] ? 0 : -1;
+}
+
+Energy *g_energy;
+
+int leapfrog_scan(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  return kiln_scan(leapfrog_step, g_energy, 2, in, 0, nullptr, 10, false, 0, out, nullptr);
+}
+
+int leapfrog_unrolled(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *s[2] = {in[0], in[1]};
+  for (int t = 0; t < 10; t++) {
+    kiln_tensor *o[2];
+    if (leapfrog_step(g_energy, 2, s, 2, o)) return -1;
+    s[0] = o[0], s[1] = o[1];
+  }
+  out[0] = s[0], out[1] = s[1];
+  return 0;
+}
+
+TEST(Control, L2hmcLeapfrogAsAScan) {
+  Scoped s;
+  Interp env;
+  kiln_random_seed(5);
+  Energy e{uniform64({2, 10}, 0.5), uniform64({10}, 0.1), uniform64({10, 2}, 0.5), uniform64({2}, 0.1)};
+  g_energy = &e;
+  kiln_tensor *in[2] = {uniform64({20, 2}, 1), uniform64({20, 2}, 1)}, *a[2] = {}, *b[2] = {};
+  kiln_function *fs = kiln_function_new("leapfrog_scan", leapfrog_scan, nullptr, 2, 2);
+  ASSERT_EQ(kiln_function_call(fs, in, a), 0) << kiln_last_error();
+  ASSERT_EQ(leapfrog_unrolled(nullptr, 2, in, 2, b), 0) << kiln_last_error();
+  EXPECT_TRUE(allclose(a[0], b[0], 1e-12, 1e-12));
+  EXPECT_TRUE(allclose(a[1], b[1], 1e-12, 1e-12));
+  kiln_stats st;
+  ASSERT_EQ(kiln_function_stats(fs, 0, &st), 0);
+  EXPECT_LT(st.traced_ops, 80) << "one leapfrog step traced, not ten";
+  kiln_function_free(fs);
+}
+
 // a bounded while_loop is differentiable; the loop stops on the data
 int newton_loss(void *, int n, kiln_tensor *const *in, int, kiln_tensor **out) {
   kiln_tensor *o[2] = {nullptr, nullptr};
