@@ -78,10 +78,6 @@ typedef struct region_job {
   kiln_tensor **outs;
 } region_job;
 
-/* Traces each job's body over inputs of types in_types as regions sharing
- * one environment, builds their functions (r[k], malloc'd), and records the
- * instruction op with operands head (the pred / state / carries and xs)
- * then the environment. Outputs as trace_call's. */
 /* Variables the bodies assign: carried through the instruction as extra
  * inputs and outputs (loop state), then assigned in the enclosing trace.
  * A wrapped body first binds each variable to its input (later reads see
@@ -160,6 +156,13 @@ static int carried_second(void *user, int n, kiln_tensor *const *in, int n_out, 
   return carried_body(user, 1, n, in, n_out, out);
 }
 
+/* Traces each job's body over inputs of types in_types as regions sharing
+ * one environment, builds their functions, and records the instruction op
+ * with operands head (the pred / state / carries and xs) then the
+ * environment; outputs as trace_call's. With grad, a tape watching an
+ * operand gives it tape nodes (control_grad.c). 0 / -1, or 1 (nothing
+ * recorded) when a body assigns variables: they are added to w, and the
+ * caller stages again with bodies that carry them. */
 static int stage(const char *who, op_id op, op_attrs *a, int n_jobs, region_job *jobs, void *user, int n_in,
                  const op_type *in_types, int n_head, kiln_tensor *const *head, kiln_tensor **out,
                  const cf_spec *grad, written *w) {
