@@ -5,6 +5,9 @@
  * depth and total size. The traced IR keeps its calls; fusion instructions
  * (whose callee is a kernel body) and host calls are never inlined.
  *
+ * A control-flow instruction of the callee is copied with copies of its
+ * regions (a region belongs to one instruction; the callee keeps its own).
+ *
  * Callees stay in the module even when no call is left (a pass rewrites one
  * function; other functions of the module, and the JIT's handles, may still
  * name them): dropping unused functions is the module owner's job. */
@@ -54,7 +57,8 @@ static int inline_body(inliner *il, const ir_func *g, const ir_value *args, ir_v
     if (should_inline(il, ins, depth + 1)) {
       rc = inline_body(il, ins->attrs.callee, x, map + ins->out, loc, depth + 1);
     } else {
-      ir_value v = pass_emit(il->b, ins->op, &ins->attrs, ins->n_in, x, loc);
+      op_attrs a;
+      ir_value v = pass_clone_regions(il->b->body.module, ins, &a) ? -1 : pass_emit(il->b, ins->op, &a, ins->n_in, x, loc);
       if (v < 0) rc = -1;
       for (int k = 0; k < ins->n_out; k++) map[ins->out + k] = v + k;
     }
@@ -70,6 +74,7 @@ int kiln_pass_inline(ir_func *f) {
   for (int i = 0; i < f->n_instrs && !any; i++) any = f->instrs[i].op == OP_CALL;
   if (!any) return 0;
   pass_builder b;
+  int keep_funcs = f->module ? f->module->n_funcs : 0;
   if (pass_begin(&b, f)) return pass_fail("inline");
   inliner il = {&b, INLINE_BUDGET};
   ir_value *x = NULL;
@@ -99,6 +104,7 @@ int kiln_pass_inline(ir_func *f) {
   free(x);
   if (rc) {
     pass_abort(&b);
+    if (f->module) ir_module_truncate(f->module, keep_funcs); /* the regions it copied */
     return pass_fail("inline");
   }
   return pass_finish(&b, changed, "inline");
