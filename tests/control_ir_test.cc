@@ -1085,14 +1085,17 @@ struct Gen {
   }
 
   std::string program() {
-    std::string out = "func @f(%x: f32[4], %y: f32[4]) -> (f32[4], f32[4]) {\n";
+    std::string out = "func @f(%x: f32[4], %y: f32[4]) -> (f32[4], f32[4], f32[4]) {\n";
     std::vector<std::string> vals = {"%x", "%y"};
     int n = 2 + pick(3);
+    std::string last_control;
     for (int k = 0; k < n; k++) {
       control(out, vals, 0);
+      last_control = vals.back();
       elem(out, vals, 0);
     }
-    out += "  return " + vals[vals.size() - 1] + ", " + vals[(size_t)pick((int)vals.size())] + "\n}\n";
+    out += "  return " + vals[vals.size() - 1] + ", " + vals[(size_t)pick((int)vals.size())] + ", " + last_control +
+           "\n}\n";
     return out;
   }
 };
