@@ -7,12 +7,14 @@
  *
  * Control flow shrinks too (its regions were optimized first, see
  * manager.c): an unused result of a `cond` leaves both branches, an unused
- * y of a `scan` leaves its body (the carries stay: the next step reads
- * them), and so does the work only they needed; then an operand whose
- * parameter no region reads any more goes (a capture, a scan's xs, a
- * cond's operand; a loop's state stays). The instruction is rebuilt with
- * new regions; pass_commit empties the old ones. A control instruction
- * with an effect and no used result stays as it is. */
+ * y of a `scan` leaves its body, and so does loop state (a while's state, a
+ * scan's carry) that nothing after the loop uses, the while's cond region
+ * does not read, and the body needs for no state or y that stays; with
+ * them goes the work only they needed; then an operand whose parameter no
+ * region reads any more goes (a capture, a scan's xs, a cond's operand).
+ * The instruction is rebuilt with new regions; pass_commit empties the old
+ * ones. A control instruction with an effect and no used result stays as
+ * it is. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,44 +33,60 @@ static void plan_free(ctl_plan *p) {
   memset(p, 0, sizeof *p);
 }
 
+/* Which parameters of region g the results marked in keep (NULL = all)
+ * read: ORed into used (g->n_params entries). 0 / -1. */
+static int params_read(const ir_func *g, const bool *keep, bool *used) {
+  bool *lv = calloc((size_t)g->n_values + 1, sizeof *lv);
+  if (!lv) return kiln_set_error("dce: out of memory");
+  int rc = pass_live(g, keep, lv, NULL);
+  for (int j = 0; !rc && j < g->n_params; j++) used[j] |= lv[j];
+  free(lv);
+  return rc;
+}
+
 /* The plan of control instruction ins whose results marked in live are
- * used: which results and operands stay. 0 / -1. */
+ * used: which results and operands stay. A loop's state (a while's state,
+ * a scan's carries) stays where it is used after the loop, read by a
+ * while's cond region, or read by the body for state or ys that stay
+ * (to a fixed point); the rest goes with its parameters and results.
+ * 0 / -1. */
 static int plan_control(const ir_instr *ins, const bool *live, ctl_plan *p) {
-  int n = ins->n_in, no = ins->n_out, ns = ins->attrs.n_state;
+  int n = ins->n_in, no = ins->n_out, ns = ins->op == OP_COND ? 0 : ins->attrs.n_state;
   p->keep_res = calloc((size_t)no + 1, sizeof *p->keep_res);
   p->keep_op = calloc((size_t)n + 1, sizeof *p->keep_op);
   if (!p->keep_res || !p->keep_op) return kiln_set_error("dce: out of memory");
+  int first = ins->op == OP_COND ? 1 : 0; /* operand j is parameter j - first */
+  const ir_func *rg[2];
+  int nr = ir_regions(ins, rg);
+  bool *used = p->keep_op + first; /* parameters read, by index */
+  for (int k = 0; k < no; k++) p->keep_res[k] = live[ins->out + k];
+  if (ins->op == OP_WHILE && params_read(rg[0], NULL, used)) return -1;
+  const ir_func *body = ins->op == OP_WHILE ? rg[1] : rg[0];
   int kept = 0;
-  for (int k = 0; k < no; k++) {
-    p->keep_res[k] = ins->op == OP_WHILE || (ins->op == OP_SCAN && k < ns) || live[ins->out + k];
-    kept += p->keep_res[k];
+  for (int pass = 0; pass < 2 && !kept; pass++) {
+    if (pass) /* kept for an effect only: with all its state */
+      for (int k = 0; k < ns; k++) p->keep_res[k] = true;
+    for (bool grew = ns > 0; grew;) { /* the state the kept state and ys need */
+      grew = false;
+      for (int k = 0; k < ns; k++) p->keep_res[k] |= used[k];
+      if (params_read(body, p->keep_res, used)) return -1;
+      for (int k = 0; k < ns; k++) grew |= used[k] && !p->keep_res[k];
+    }
+    for (int k = 0; k < no; k++) kept += p->keep_res[k];
   }
-  if (!kept) { /* kept for an effect only: as it is */
+  if (!kept) { /* kept for an effect only, and it has no state: as it is */
     for (int k = 0; k < no; k++) p->keep_res[k] = true;
     for (int j = 0; j < n; j++) p->keep_op[j] = true;
     return 0;
   }
   p->changed = kept < no;
-  /* the parameters some region reads, given the results it keeps */
-  int first = ins->op == OP_COND ? 1 : 0; /* operand j is parameter j - first */
-  const ir_func *rg[2];
-  int nr = ir_regions(ins, rg);
-  for (int r = 0; r < nr; r++) {
-    const ir_func *g = rg[r];
-    bool *lv = calloc((size_t)g->n_values + 1, sizeof *lv);
-    bool whole = ins->op == OP_WHILE; /* both while regions return all they return */
-    if (!lv || pass_live(g, whole ? NULL : p->keep_res, lv, NULL)) {
-      free(lv);
-      return kiln_has_error() ? -1 : kiln_set_error("dce: out of memory");
-    }
-    for (int j = first; j < n; j++) p->keep_op[j] |= lv[j - first];
-    free(lv);
-  }
-  int fixed = ins->op == OP_COND ? 1 : ns; /* the predicate, the state, the carries */
-  for (int j = 0; j < n; j++) {
-    if (j < fixed) p->keep_op[j] = true;
+  /* the parameters every region reads, given the results it keeps */
+  for (int r = 0; r < nr; r++)
+    if (params_read(rg[r], ins->op == OP_WHILE && r == 0 ? NULL : p->keep_res, used)) return -1;
+  if (ins->op == OP_COND) p->keep_op[0] = true; /* the predicate */
+  for (int k = 0; k < ns; k++) p->keep_op[k] = p->keep_res[k];
+  for (int j = 0; j < n; j++)
     if (!p->keep_op[j]) p->changed = true;
-  }
   return 0;
 }
 
@@ -88,9 +106,13 @@ static int rebuild_control(pass_builder *b, const ir_instr *ins, const ctl_plan 
   for (int j = 0; j < n; j++)
     if (p->keep_op[j]) x[nx++] = pass_map(b, ins->in[j]);
   op_attrs a = ins->attrs;
+  if (ins->op != OP_COND) {
+    a.n_state = 0;
+    for (int j = 0; j < ins->attrs.n_state; j++) a.n_state += p->keep_op[j];
+  }
   if (ins->op == OP_SCAN) {
     a.n_xs = 0;
-    for (int j = a.n_state; j < a.n_state + ins->attrs.n_xs; j++) a.n_xs += p->keep_op[j];
+    for (int j = ins->attrs.n_state; j < ins->attrs.n_state + ins->attrs.n_xs; j++) a.n_xs += p->keep_op[j];
   }
   const ir_func *rg[2];
   int nr = ir_regions(ins, rg);
@@ -98,7 +120,7 @@ static int rebuild_control(pass_builder *b, const ir_instr *ins, const ctl_plan 
   for (int r = 0; r < nr && !rc; r++) {
     const ir_func *g = rg[r];
     bool *live_ins = calloc((size_t)g->n_instrs + 1, sizeof *live_ins);
-    const bool *keep_res = ins->op == OP_WHILE ? NULL : p->keep_res;
+    const bool *keep_res = ins->op == OP_WHILE && r == 0 ? NULL : p->keep_res; /* a while's cond: its bool */
     if (!live_ins) rc = kiln_set_error("dce: out of memory");
     if (!rc) rc = pass_live(g, keep_res, NULL, live_ins);
     if (!rc && !(nw[r] = pass_region_rebuild(g, keep_param, 0, NULL, NULL, live_ins, keep_res))) rc = -1;

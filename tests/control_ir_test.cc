@@ -684,6 +684,59 @@ func @f(%n: i32[], %x: f32[2], %u: f32[2], %v: f32[2]) -> f32[2] {
   EXPECT_EQ(w->n_out, 2); // the loop state stays
 }
 
+// while state: %i (the cond reads it) stays; %acc (used after the loop)
+// stays, and %t with it (the body reads %t for %acc); %junk (used by
+// nobody, not read for anything kept) goes. A scan carry nobody needs goes.
+const char *kDeadState = R"(
+func @f(%n: i32[], %x: f32[2], %xs: f32[3,2]) -> (f32[2], f32[3,2]) {
+  %i, %acc, %t, %junk = while %n, %x, %x, %x {state=4, max_iterations=-1} : i32[], f32[2], f32[2], f32[2]
+    cond func @f.cond(%i: i32[], %acc: f32[2], %t: f32[2], %junk: f32[2]) -> bool[] {
+      %z = constant dense<0> : i32[]
+      %0 = gt %i, %z : bool[]
+      return %0
+    }
+    body func @f.body(%i: i32[], %acc: f32[2], %t: f32[2], %junk: f32[2]) -> (i32[], f32[2], f32[2], f32[2]) {
+      %one = constant dense<1> : i32[]
+      %0 = sub %i, %one : i32[]
+      %1 = add %acc, %t : f32[2]
+      %2 = sin %t : f32[2]
+      %3 = mul %junk, %acc : f32[2]
+      %4 = exp %3 : f32[2]
+      return %0, %1, %2, %4
+    }
+  %c, %d, %ys = scan %x, %x, %xs {carry=2, xs=1, length=3, reverse=false} : f32[2], f32[2], f32[3,2]
+    body func @f.scan(%c: f32[2], %d: f32[2], %r: f32[2]) -> (f32[2], f32[2], f32[2]) {
+      %0 = add %c, %r : f32[2]
+      %1 = mul %d, %c : f32[2]
+      %2 = neg %c : f32[2]
+      return %0, %1, %2
+    }
+  return %acc, %ys
+}
+)";
+
+TEST(ControlPasses, DceDropsLoopStateNothingNeeds) {
+  Scoped s;
+  check_pipeline(kDeadState, "f", "dce", {i32s(3), f32({0.5f, -1}), f32({3, 2}, {1, 2, 3, 4, 5, 6})});
+  Mod m(kDeadState);
+  ASSERT_EQ(pass_run_pipeline(m.f("f"), "dce", nullptr, nullptr, nullptr), 0) << kiln_last_error();
+  const ir_instr *w = first(m.f("f"), OP_WHILE);
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->attrs.n_state, 3);
+  EXPECT_EQ(w->n_out, 3);
+  EXPECT_EQ(w->n_in, 3);
+  EXPECT_EQ(w->attrs.callee->n_params, 3);
+  EXPECT_EQ(w->attrs.callee2->n_params, 3);
+  EXPECT_EQ(count(w->attrs.callee2, OP_EXP), 0);
+  EXPECT_EQ(count(w->attrs.callee2, OP_SIN), 1);
+  const ir_instr *sc = first(m.f("f"), OP_SCAN);
+  ASSERT_NE(sc, nullptr);
+  EXPECT_EQ(sc->attrs.n_state, 1); // %d goes; %c stays (the ys read it)
+  EXPECT_EQ(sc->n_out, 2);
+  EXPECT_EQ(count(sc->attrs.callee, OP_MUL), 0);
+  EXPECT_EQ(ir_verify_module(m.m), 0) << kiln_last_error();
+}
+
 TEST(ControlPasses, ControlFlowIsPureExactlyWhenItsRegionsAre) {
   Scoped s;
   const char *text = R"(
