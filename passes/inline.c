@@ -6,7 +6,8 @@
  * (whose callee is a kernel body) and host calls are never inlined.
  *
  * A control-flow instruction of the callee is copied with copies of its
- * regions (a region belongs to one instruction; the callee keeps its own).
+ * regions (a region belongs to one instruction; the callee keeps its own),
+ * and the regions count towards the callee's size.
  *
  * Callees stay in the module even when no call is left (a pass rewrites one
  * function; other functions of the module, and the JIT's handles, may still
@@ -26,17 +27,29 @@ typedef struct inliner {
   int budget;
 } inliner;
 
+/* g's instructions, its regions' included (a loop body is copied whole) */
+static int size_of(const ir_func *g, int depth) {
+  int n = g->n_instrs;
+  for (int i = 0; i < g->n_instrs && n <= INLINE_BUDGET; i++) {
+    const ir_func *rg[2];
+    int nr = ir_regions(&g->instrs[i], rg);
+    for (int k = 0; k < nr; k++) n += rg[k] && depth < 64 ? size_of(rg[k], depth + 1) : INLINE_BUDGET;
+  }
+  return n;
+}
+
 /* Is this call worth inlining, and within the limits? */
 static bool should_inline(const inliner *in, const ir_instr *ins, int depth) {
   const ir_func *g = ins->attrs.callee;
-  return ins->op == OP_CALL && g && g->n_instrs <= INLINE_MAX_INSTRS && depth < INLINE_MAX_DEPTH &&
-         g->n_instrs <= in->budget;
+  if (ins->op != OP_CALL || !g || g->n_instrs > INLINE_MAX_INSTRS || depth >= INLINE_MAX_DEPTH) return false;
+  int n = size_of(g, 0);
+  return n <= INLINE_MAX_INSTRS && n <= in->budget;
 }
 
 /* Appends g's body with its parameters bound to args (new values) and
  * writes the new value of each of g's results to res. 0 / -1. */
 static int inline_body(inliner *il, const ir_func *g, const ir_value *args, ir_value *res, ir_loc at, int depth) {
-  il->budget -= g->n_instrs;
+  il->budget -= size_of(g, 0);
   ir_value *map = malloc(((size_t)g->n_values + 1) * sizeof *map);
   ir_value *x = NULL;
   int cap = 0, rc = 0;

@@ -988,6 +988,41 @@ TEST(ControlPasses, InlineCopiesTheRegionsOfACalleesWhile) {
   EXPECT_EQ(ir_verify_module(m.m), 0) << kiln_last_error();
 }
 
+TEST(ControlPasses, InlineCountsTheRegionsOfACallee) {
+  Scoped s;
+  // @g has 1 instruction, its loop body 70: too big to inline
+  std::string body;
+  for (int i = 0; i < 70; i++)
+    body += "      %" + std::to_string(i + 1) + " = add %" + (i ? std::to_string(i) : std::string("s")) + ", %s : f32[2]\n";
+  std::string text = R"(
+func @g(%x: f32[2], %n: i32[]) -> f32[2] {
+  %i, %r = while %n, %x {state=2, max_iterations=3} : i32[], f32[2]
+    cond func @g.cond(%i: i32[], %s: f32[2]) -> bool[] {
+      %z = constant dense<0> : i32[]
+      %0 = gt %i, %z : bool[]
+      return %0
+    }
+    body func @g.body(%i: i32[], %s: f32[2]) -> (i32[], f32[2]) {
+)" + body + R"(      return %i, %70
+    }
+  return %r
+}
+
+func @f(%x: f32[2], %n: i32[]) -> f32[2] {
+  %a = call @g(%x, %n) : f32[2]
+  return %a
+}
+)";
+  std::string out = check_pipeline(text, "f", "inline", {f32({0.5f, 1}), i32s(1)});
+  EXPECT_THAT(out, HasSubstr("call @g"));
+  // with a small body it is inlined
+  std::string small = text;
+  size_t a = small.find("      %1 = add"), b = small.find("      return %i, %70");
+  small.replace(a, b - a, "      %70 = add %s, %s : f32[2]\n");
+  std::string in = check_pipeline(small, "f", "inline", {f32({0.5f, 1}), i32s(1)});
+  EXPECT_THAT(in, Not(HasSubstr("call @g")));
+}
+
 TEST(ControlPasses, CallsInsideRegionsAreInlined) {
   Scoped s;
   std::string out = check_pipeline(kNested, "f", "inline",
