@@ -772,6 +772,54 @@ func @f(%x: f32[2], %xs: f32[3,2]) -> f32[2] {
   EXPECT_EQ(ir_verify_module(m.m), 0) << kiln_last_error();
 }
 
+// a host callback that counts its calls and returns its input
+int count_calls(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  ++*(int *)user;
+  out[0] = kiln_identity(in[0]);
+  return out[0] ? 0 : -1;
+}
+
+TEST(ControlPasses, AHostCallInsideABodyKeepsTheLoop) {
+  Scoped s;
+  Mod m(R"(
+func @f(%x: f32[2], %xs: f32[3,2]) -> f32[2] {
+  %c, %ys = scan %x, %xs {carry=1, xs=1, length=3, reverse=false} : f32[2], f32[3,2]
+    body func @f.body(%c: f32[2], %t: f32[2]) -> (f32[2], f32[2]) {
+      %e = exp %t : f32[2]
+      %h = host_call @kiln_test_no_such_symbol(%c) : f32[2]
+      %0 = add %h, %t : f32[2]
+      return %0, %e
+    }
+  %d, %zs = scan %x, %xs {carry=1, xs=1, length=3, reverse=false} : f32[2], f32[3,2]
+    body func @f.body2(%c: f32[2], %t: f32[2]) -> (f32[2], f32[2]) {
+      %e = exp %t : f32[2]
+      %h = host_call @kiln_test_no_such_symbol(%c) : f32[2]
+      %0 = add %h, %t : f32[2]
+      return %0, %e
+    }
+  return %x
+}
+)");
+  ASSERT_NE(m.m, nullptr);
+  int calls = 0;
+  for (int i = 0; i < m.m->n_hosts; i++) {
+    m.m->hosts[i]->fn = count_calls;
+    m.m->hosts[i]->user = &calls;
+  }
+  ASSERT_EQ(pass_run_pipeline(m.f("f"), PASS_DEFAULT_PIPELINE, nullptr, nullptr, nullptr), 0) << kiln_last_error();
+  // nothing reads the scans, but their bodies call back: both stay (never
+  // merged), without their unused ys
+  const ir_func *f = m.f("f");
+  EXPECT_EQ(count(f, OP_SCAN), 2) << m.text();
+  for (int i = 0; i < f->n_instrs; i++)
+    if (f->instrs[i].op == OP_SCAN) {
+      EXPECT_EQ(f->instrs[i].n_out, 1);
+      EXPECT_EQ(count(f->instrs[i].attrs.callee, OP_EXP), 0);
+    }
+  run(f, {f32({1, 2}), f32({3, 2}, {1, 2, 3, 4, 5, 6})});
+  EXPECT_EQ(calls, 6); // 3 steps, 2 scans
+}
+
 const char *kLicm = R"(
 func @f(%n: i32[], %s0: f32[4], %a: f32[4], %b: f32[]) -> (i32[], f32[4]) {
   %i, %s = while %n, %s0, %a, %b {state=2, max_iterations=-1} : i32[], f32[4]
