@@ -13,7 +13,10 @@
  * A `cond` whose predicate is a constant becomes the branch it takes: the
  * branch's instructions are copied in (folded as they come), its
  * parameters bound to the cond's operands; nested control flow moves with
- * them, and pass_commit empties the two old regions. */
+ * them, and pass_commit empties the two old regions. A loop whose body
+ * never runs (a scan of length 0, a while with max_iterations=0 or whose
+ * cond region, pure, returns a constant false) becomes its initial state,
+ * and a scan's ys empty constants. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -71,6 +74,16 @@ static int inline_branch(folder *fo, const ir_instr *ins, const ir_value *x, ir_
   return rc;
 }
 
+/* Does loop ins never run its body? */
+static bool never_runs(const ir_instr *ins) {
+  if (ins->op == OP_SCAN) return ins->attrs.trip == 0;
+  if (ins->op != OP_WHILE) return false;
+  if (ins->attrs.trip == 0) return true;
+  const ir_func *c = ins->attrs.callee;
+  const kiln_tensor *p = c->n_results == 1 ? pass_const(c, c->results[0]) : NULL;
+  return p && !*(const uint8_t *)p->data && pass_func_is_pure(c);
+}
+
 /* g's instructions, folded, appended to the new body; map: g's values to
  * new ones (the builder's own map when top, g being the function). */
 static int fold_body(folder *fo, const ir_func *g, ir_value *map, bool top, int depth) {
@@ -97,6 +110,23 @@ static int fold_body(folder *fo, const ir_func *g, ir_value *map, bool top, int 
       }
       free(xs);
       if (rc) return -1;
+      fo->changed = true;
+      continue;
+    }
+    if (never_runs(ins)) { /* the initial state; empty ys */
+      for (int k = 0; k < ins->n_out; k++) {
+        ir_value v = x[k];
+        bool fresh = false;
+        if (k >= ins->attrs.n_state) {
+          kiln_tensor *e = pass_filled(&g->types[ins->out + k], 0);
+          v = e ? pass_emit_constant(b, e, ins->loc) : -1;
+          kiln_release(e);
+          fresh = true;
+        }
+        if (v < 0) return -1;
+        map[ins->out + k] = v;
+        if (top && pass_replace(b, ins->out + k, v, fresh)) return -1;
+      }
       fo->changed = true;
       continue;
     }

@@ -506,6 +506,90 @@ func @f(%c0: f32[4], %xs: f32[3,4]) -> (f32[4], f32[3,4]) {
   EXPECT_EQ(body->n_instrs, 2) << out;
 }
 
+TEST(ControlPasses, SimplifyForwardsWhatControlFlowPassesThrough) {
+  Scoped s;
+  // the cond's first result is %x either way; the while never changes %k;
+  // the scan returns its carry %d as it came
+  const char *text = R"(
+func @f(%p: bool[], %x: f32[2], %k: f32[2], %xs: f32[3,2]) -> (f32[2], f32[2], f32[2], f32[2], f32[2]) {
+  %r, %q = cond %p, %x, %k : f32[2], f32[2]
+    then func @f.then(%a: f32[2], %b: f32[2]) -> (f32[2], f32[2]) {
+      return %a, %b
+    }
+    else func @f.else(%a: f32[2], %b: f32[2]) -> (f32[2], f32[2]) {
+      %0 = neg %b : f32[2]
+      return %a, %0
+    }
+  %z = constant dense<3> : i32[]
+  %i, %s, %kk = while %z, %x, %k {state=3, max_iterations=-1} : i32[], f32[2], f32[2]
+    cond func @f.cond(%i: i32[], %s: f32[2], %k: f32[2]) -> bool[] {
+      %0 = constant dense<0> : i32[]
+      %1 = gt %i, %0 : bool[]
+      return %1
+    }
+    body func @f.body(%i: i32[], %s: f32[2], %k: f32[2]) -> (i32[], f32[2], f32[2]) {
+      %one = constant dense<1> : i32[]
+      %0 = sub %i, %one : i32[]
+      %1 = add %s, %k : f32[2]
+      return %0, %1, %k
+    }
+  %c, %d, %ys = scan %x, %k, %xs {carry=2, xs=1, length=3, reverse=false} : f32[2], f32[2], f32[3,2]
+    body func @f.scan(%c: f32[2], %d: f32[2], %t: f32[2]) -> (f32[2], f32[2], f32[2]) {
+      %0 = add %c, %t : f32[2]
+      return %0, %d, %c
+    }
+  return %r, %q, %s, %kk, %d
+}
+)";
+  kiln_tensor *x = f32({1, 2}), *k = f32({-1, 0.5f}), *xs = f32({3, 2}, {1, 2, 3, 4, 5, 6});
+  for (bool p : {true, false}) {
+    std::string out = check_pipeline(text, "f", "simplify", {b1(p), x, k, xs});
+    EXPECT_THAT(out, HasSubstr("return %x, %q, %s, %k, %k"));
+  }
+  std::string out = check_pipeline(text, "f", "simplify,dce", {b1(true), x, k, xs});
+  Mod m(text);
+  ASSERT_EQ(pass_run_pipeline(m.f("f"), "simplify,dce", nullptr, nullptr, nullptr), 0) << kiln_last_error();
+  EXPECT_EQ(first(m.f("f"), OP_COND)->n_out, 1) << out;
+  EXPECT_EQ(first(m.f("f"), OP_WHILE)->n_out, 3) << out; // %k is still read by the body: it stays
+  EXPECT_EQ(count(m.f("f"), OP_SCAN), 0) << out;          // %c, %ys, %d: nothing read any more
+}
+
+TEST(ControlPasses, FoldTurnsLoopsThatNeverRunIntoTheirInitialState) {
+  Scoped s;
+  const char *text = R"(
+func @f(%x: f32[2], %xs: f32[0,2], %n: i32[]) -> (f32[2], f32[0,2], i32[], f32[2], f32[2]) {
+  %c, %ys = scan %x, %xs {carry=1, xs=1, length=0, reverse=false} : f32[2], f32[0,2]
+    body func @f.scan(%c: f32[2], %t: f32[2]) -> (f32[2], f32[2]) {
+      %0 = add %c, %t : f32[2]
+      return %0, %0
+    }
+  %i, %s = while %n, %x {state=2, max_iterations=0} : i32[], f32[2]
+    cond func @f.c1(%i: i32[], %s: f32[2]) -> bool[] {
+      %t = constant dense<true> : bool[]
+      return %t
+    }
+    body func @f.b1(%i: i32[], %s: f32[2]) -> (i32[], f32[2]) {
+      %0 = neg %s : f32[2]
+      return %i, %0
+    }
+  %j, %u = while %n, %x {state=2, max_iterations=-1} : i32[], f32[2]
+    cond func @f.c2(%i: i32[], %s: f32[2]) -> bool[] {
+      %f = constant dense<false> : bool[]
+      return %f
+    }
+    body func @f.b2(%i: i32[], %s: f32[2]) -> (i32[], f32[2]) {
+      %0 = neg %s : f32[2]
+      return %i, %0
+    }
+  return %c, %ys, %i, %s, %u
+}
+)";
+  std::string out = check_pipeline(text, "f", "fold", {f32({1, 2}), f32({0, 2}, {}), i32s(4)});
+  EXPECT_THAT(out, Not(HasSubstr("scan")));
+  EXPECT_THAT(out, Not(HasSubstr("while")));
+  EXPECT_THAT(out, HasSubstr("return %x, %ys, %n, %x, %x"));
+}
+
 TEST(ControlPasses, CseNeverMergesControlFlow) {
   Scoped s;
   const char *text = R"(
