@@ -71,7 +71,8 @@ static int inline_body(inliner *il, const ir_func *g, const ir_value *args, ir_v
       rc = inline_body(il, ins->attrs.callee, x, map + ins->out, loc, depth + 1);
     } else {
       op_attrs a;
-      ir_value v = pass_clone_regions(il->b->body.module, ins, &a) ? -1 : pass_emit(il->b, ins->op, &a, ins->n_in, x, loc);
+      ir_value v = pass_clone_regions(il->b->body.module, ins, &a) ? -1
+                                                                   : pass_emit(il->b, ins->op, &a, ins->n_in, x, loc);
       if (v < 0) rc = -1;
       for (int k = 0; k < ins->n_out; k++) map[ins->out + k] = v + k;
     }

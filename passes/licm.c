@@ -11,8 +11,10 @@
  * largest operand (a broadcast or iota stays: inside it fuses into its
  * readers, outside it would be a buffer); gathers and scatters stay (an
  * index out of range must fail only if the loop runs it). A `while`'s cond
- * region gains the new parameters too (unused there). The old regions are
- * emptied by pass_commit; dce drops captures nothing reads any more. */
+ * region is a loop body too (it runs every iteration): its invariant work
+ * moves out the same way; both regions take every new capture (each
+ * reading its own). The old regions are emptied by pass_commit; dce drops
+ * captures nothing reads any more. */
 #include <stdlib.h>
 
 #include "rewrite.h"
@@ -114,22 +116,30 @@ done:
   return rc;
 }
 
-/* Emits the moved instructions of body g before loop ins, then the loop
- * with new regions and the captures appended. 0 / -1. */
-static int hoist_loop(pass_builder *b, const ir_instr *ins, const ir_func *g, const hoist *h) {
-  int rc = 0, n = ins->n_in;
-  ir_value *rmap = malloc(((size_t)g->n_values + 1) * sizeof *rmap);
-  ir_value *x = malloc(((size_t)n + h->n_cap + g->n_values + 1) * sizeof *x), *tmp = x + n + h->n_cap;
-  if (!rmap || !x) {
+/* Emits region g's moved instructions into the new body (g's parameters
+ * bound to the loop's operands x); writes the new value of each capture
+ * h->cap[k] to out[k]. 0 / -1. */
+static int emit_moved(pass_builder *b, const ir_func *g, const hoist *h, const ir_value *x, ir_value *out) {
+  int rc = 0, cap = 8;
+  ir_value *rmap = malloc(((size_t)g->n_values + 1) * sizeof *rmap), *tmp = malloc((size_t)cap * sizeof *tmp);
+  if (!rmap || !tmp) {
     free(rmap);
-    free(x);
+    free(tmp);
     return kiln_set_error("licm: out of memory");
   }
-  for (int j = 0; j < n; j++) x[j] = pass_map(b, ins->in[j]);
   for (int v = 0; v < g->n_values; v++) rmap[v] = v < g->n_params ? x[v] : -1;
   for (int i = 0; i < g->n_instrs && !rc; i++) {
     const ir_instr *in = &g->instrs[i];
     if (!h->moved[i]) continue;
+    if (in->n_in > cap) {
+      ir_value *q = realloc(tmp, (size_t)in->n_in * sizeof *q);
+      if (!q) {
+        rc = kiln_set_error("licm: out of memory");
+        break;
+      }
+      tmp = q;
+      cap = in->n_in;
+    }
     for (int k = 0; k < in->n_in && !rc; k++) {
       ir_value v = in->in[k];
       if (v < 0 || v >= g->n_values) {
@@ -145,26 +155,67 @@ static int hoist_loop(pass_builder *b, const ir_instr *ins, const ir_func *g, co
     if (v < 0) rc = -1;
     rmap[in->out] = v;
   }
-  for (int k = 0; k < h->n_cap && !rc; k++) x[n + k] = rmap[h->cap[k]];
+  for (int k = 0; k < h->n_cap && !rc; k++) out[k] = rmap[h->cap[k]];
+  free(rmap);
+  free(tmp);
+  return rc;
+}
+
+/* Does anything of g move out? */
+static bool any_moved(const ir_func *g, const hoist *h) {
+  for (int k = 0; h->moved && k < g->n_instrs; k++)
+    if (h->moved[k]) return true;
+  return false;
+}
+
+/* Emits what moves out of loop ins's regions (hb: its body, hc: a while's
+ * cond region, NULL for a scan), then the loop with new regions that take
+ * every new capture (the body's, then the cond region's) after the old
+ * operands. 0 / -1. */
+static int hoist_loop(pass_builder *b, const ir_instr *ins, const hoist *hb, const hoist *hc) {
+  const ir_func *body = ins->op == OP_WHILE ? ins->attrs.callee2 : ins->attrs.callee;
+  const ir_func *cond = ins->op == OP_WHILE ? ins->attrs.callee : NULL;
+  int n = ins->n_in, nb = hb->n_cap, nc = hc ? hc->n_cap : 0, rc = 0;
+  ir_value *x = malloc(((size_t)n + nb + nc + 1) * sizeof *x);
+  ir_value *fb = malloc(((size_t)nb + nc + 1) * sizeof *fb); /* extra_for of the body */
+  op_type *types = malloc(((size_t)nb + nc + 1) * sizeof *types);
+  if (!x || !fb || !types) {
+    free(x);
+    free(fb);
+    free(types);
+    return kiln_set_error("licm: out of memory");
+  }
+  ir_value *fcond = malloc(((size_t)nb + nc + 1) * sizeof *fcond);
+  if (!fcond) rc = kiln_set_error("licm: out of memory");
+  for (int j = 0; j < n; j++) x[j] = pass_map(b, ins->in[j]);
+  if (!rc) rc = emit_moved(b, body, hb, x, x + n);
+  if (!rc && nc) rc = emit_moved(b, cond, hc, x, x + n + nb);
+  for (int k = 0; k < nb + nc && !rc; k++) {
+    types[k] = k < nb ? hb->types[k] : hc->types[k - nb];
+    fb[k] = k < nb ? hb->cap[k] : -1;
+    fcond[k] = k < nb ? -1 : hc->cap[k - nb];
+  }
   op_attrs a = ins->attrs;
-  ir_func *body = NULL, *cond = NULL;
-  if (!rc && !(body = pass_region_rebuild(g, NULL, h->n_cap, h->types, h->cap, h->copy, NULL))) rc = -1;
-  if (!rc && ins->op == OP_WHILE &&
-      !(cond = pass_region_rebuild(ins->attrs.callee, NULL, h->n_cap, h->types, NULL, NULL, NULL)))
-    rc = -1;
+  ir_func *nbody = NULL, *ncond = NULL;
+  const bool *copy_body = any_moved(body, hb) ? hb->copy : NULL;
+  const bool *copy_cond = hc && any_moved(cond, hc) ? hc->copy : NULL;
+  if (!rc && !(nbody = pass_region_rebuild(body, NULL, nb + nc, types, fb, copy_body, NULL))) rc = -1;
+  if (!rc && cond && !(ncond = pass_region_rebuild(cond, NULL, nb + nc, types, fcond, copy_cond, NULL))) rc = -1;
   if (!rc) {
-    if (ins->op == OP_WHILE) {
-      a.callee = cond;
-      a.callee2 = body;
+    if (cond) {
+      a.callee = ncond;
+      a.callee2 = nbody;
     } else {
-      a.callee = body;
+      a.callee = nbody;
     }
-    ir_value v = pass_emit(b, ins->op, &a, n + h->n_cap, x, ins->loc);
+    ir_value v = pass_emit(b, ins->op, &a, n + nb + nc, x, ins->loc);
     if (v < 0) rc = -1;
     for (int k = 0; k < ins->n_out && !rc; k++) rc = pass_replace(b, ins->out + k, v + k, true);
   }
-  free(rmap);
   free(x);
+  free(fb);
+  free(fcond);
+  free(types);
   return rc;
 }
 
@@ -180,19 +231,24 @@ int kiln_pass_licm(ir_func *f) {
     const ir_instr *ins = &f->instrs[i];
     int c0 = 0;
     const ir_func *g = loop_body(ins, &c0);
-    hoist h = {0};
-    if (g && !(rc = plan(g, c0, &h)) && h.moved) {
-      bool moves = false;
-      for (int k = 0; k < g->n_instrs && !moves; k++) moves = h.moved[k];
-      if (moves) {
-        rc = hoist_loop(&b, ins, g, &h);
-        changed = true;
-        hoist_free(&h);
-        continue;
+    hoist hb = {0}, hc = {0};
+    bool moves = false;
+    if (g) {
+      rc = plan(g, c0, &hb);
+      moves = !rc && any_moved(g, &hb);
+      if (!rc && ins->op == OP_WHILE) {
+        rc = plan(ins->attrs.callee, c0, &hc);
+        moves |= !rc && any_moved(ins->attrs.callee, &hc);
       }
     }
-    hoist_free(&h);
-    if (!rc) rc = pass_copy(&b, ins) < 0;
+    if (!rc && moves) {
+      rc = hoist_loop(&b, ins, &hb, ins->op == OP_WHILE ? &hc : NULL);
+      changed = true;
+    } else if (!rc) {
+      rc = pass_copy(&b, ins) < 0;
+    }
+    hoist_free(&hb);
+    hoist_free(&hc);
   }
   if (rc) {
     pass_abort(&b);

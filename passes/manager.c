@@ -18,16 +18,18 @@
 /* One line per pass, in default pipeline order. */
 static const pass_info registry[] = {
     {"inline", kiln_pass_inline, "inline calls of small functions (<= 64 instructions)"},
-    {"simplify", kiln_pass_simplify, "algebraic identities (x*1, neg neg x, transpose of transpose, ...)"},
-    {"fold", kiln_pass_fold, "evaluate instructions whose inputs are all constants (results <= 1024 elements); a cond on a "
-     "constant predicate becomes its branch"},
+    {"simplify", kiln_pass_simplify, "algebraic identities (x*1, neg neg x, transpose of transpose, ..., what control flow passes through)"},
+    {"fold", kiln_pass_fold,
+     "evaluate instructions whose inputs are all constants (results <= 1024 elements); a cond on a "
+     "constant predicate becomes its branch, a loop that never runs its initial state"},
     {"licm", kiln_pass_licm,
-     "hoist pure loop-invariant instructions (of captures and constants) out of while and scan bodies"},
+     "hoist pure loop-invariant instructions (of captures and constants) out of while and scan regions"},
     {"cse", kiln_pass_cse, "merge identical pure instructions"},
     {"dce", kiln_pass_dce,
-     "remove instructions no result needs (random and host calls stay), unused scan ys, cond results and "
-     "region parameters"},
-    {"fuse", kiln_pass_fuse, "group instructions into kernels (loop, reduction, dot epilogue, sibling fusion), inside loop "
+     "remove instructions no result needs (random and host calls stay), unused loop state, scan ys, cond "
+     "results and region parameters"},
+    {"fuse", kiln_pass_fuse,
+     "group instructions into kernels (loop, reduction, dot epilogue, sibling fusion), inside loop "
      "bodies too; control flow itself is never fused"},
     {"buffers", kiln_pass_buffers, "place temporaries in one arena (liveness, in-place reuse, best fit)"},
     {NULL, NULL, NULL},

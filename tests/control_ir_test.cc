@@ -954,6 +954,41 @@ TEST(ControlPasses, LicmMovesInvariantWorkOutOfAWhileBody) {
   check_pipeline(kLicm, "f", "licm,cse,dce", {i32s(3), f32({1, 2, 3, 4}), f32({0, 0.5f, -1, 1}), f32({}, {0.25f})});
 }
 
+TEST(ControlPasses, LicmMovesInvariantWorkOutOfAWhileCondRegion) {
+  Scoped s;
+  // Newton-like: loop while |s|^2 > tol^2, tol a capture
+  const char *text = R"(
+func @f(%s0: f32[2], %tol: f32[], %k: f32[]) -> f32[2] {
+  %s = while %s0, %tol, %k {state=1, max_iterations=50} : f32[2]
+    cond func @f.cond(%s: f32[2], %tol: f32[], %k: f32[]) -> bool[] {
+      %0 = mul %s, %s : f32[2]
+      %1 = reduce_sum %0 {axes=[0], keepdims=false} : f32[]
+      %t2 = mul %tol, %tol : f32[]
+      %2 = gt %1, %t2 : bool[]
+      return %2
+    }
+    body func @f.body(%s: f32[2], %tol: f32[], %k: f32[]) -> f32[2] {
+      %h = sigmoid %k : f32[]
+      %0 = mul %s, %h : f32[2]
+      return %0
+    }
+  return %s
+}
+)";
+  std::string out = check_pipeline(text, "f", "licm", {f32({3, -4}), f32({}, {0.01f}), f32({}, {0.5f})});
+  Mod m(text);
+  ASSERT_EQ(pass_run_pipeline(m.f("f"), "licm,dce", nullptr, nullptr, nullptr), 0) << kiln_last_error();
+  const ir_func *f = m.f("f");
+  EXPECT_EQ(count(f, OP_MUL), 1) << out;     // tol * tol
+  EXPECT_EQ(count(f, OP_SIGMOID), 1) << out; // sigmoid k
+  const ir_instr *w = first(f, OP_WHILE);
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(count(w->attrs.callee, OP_MUL), 1) << out; // s * s stays
+  EXPECT_EQ(count(w->attrs.callee2, OP_SIGMOID), 0) << out;
+  EXPECT_EQ(w->n_in, 3) << out; // s, then the two new captures; tol and k went
+  check_pipeline(text, "f", PASS_DEFAULT_PIPELINE, {f32({3, -4}), f32({}, {0.01f}), f32({}, {0.5f})});
+}
+
 TEST(ControlPasses, LicmEmptiesNestedLoopsFromTheInsideOut) {
   Scoped s;
   const char *text = R"(
