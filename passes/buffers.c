@@ -9,7 +9,14 @@
  * alias: it gets its base's buffer, and the base lives until the last
  * reader of any of its views, or to the end when a view is returned (the
  * backends copy such a result out after the last kernel). The plan is
- * ir_func.buf_offset. */
+ * ir_func.buf_offset.
+ *
+ * Control flow (cond, while, scan) is one step of the schedule whose
+ * results are ordinary temporaries, never written over an operand
+ * (can_share); its operands live until it is done. Each region gets a plan
+ * of its own when the pass manager runs this pass over it (manager.c): its
+ * temporaries live in that region's arena for one run of it, which is how
+ * the interpreter replays them under KILN_POISON. */
 #include <stdlib.h>
 #include <string.h>
 

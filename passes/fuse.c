@@ -28,7 +28,7 @@ typedef enum {
                  every consumer that fuses it */
   CLS_REDUCE, /* reductions and argmax: the roots of their kernel */
   CLS_DOT,    /* leads a kernel of its epilogue */
-  CLS_OPAQUE, /* never fused: gather, scatter, concat, big constants, random, calls, host calls */
+  CLS_OPAQUE, /* never fused: gather, scatter, concat, big constants, random, calls, host calls, control flow */
 } fz_class;
 
 /* One instruction of the graph the pass groups: an instruction of f, or a
@@ -100,6 +100,7 @@ static fz_class classify(const ir_func *f, const ir_instr *ins) {
     return CLS_ELEM;
   case OPK_REDUCE:
     return CLS_REDUCE;
+  case OPK_CONTROL: /* cond, while, scan: never fused (their regions are fused inside, see manager.c) */
   default:
     return CLS_OPAQUE;
   }
@@ -127,16 +128,11 @@ static bool is_expensive(op_id op) {
 }
 
 /* An instruction with an effect: its order among the others stays. */
-static bool has_effect(const ir_instr *ins) {
-  op_kind k = kiln_ops[ins->op].kind;
-  return k == OPK_RANDOM || k == OPK_HOST || (k == OPK_CALL && !pass_func_is_pure(ins->attrs.callee));
-}
+static bool has_effect(const ir_instr *ins) { return pass_has_effect(ins); }
 
-/* Host calls and impure calls: nothing is fused across them. */
-static bool is_barrier(const ir_instr *ins) {
-  op_kind k = kiln_ops[ins->op].kind;
-  return k == OPK_HOST || (k == OPK_CALL && !pass_func_is_pure(ins->attrs.callee));
-}
+/* Host calls, impure calls and impure control flow: nothing is fused across
+ * them. */
+static bool is_barrier(const ir_instr *ins) { return kiln_ops[ins->op].kind != OPK_RANDOM && pass_has_effect(ins); }
 
 /* A consumer that takes its producers in: they are copied for it. */
 static bool takes_producers(fz_class c) { return c == CLS_ELEM || c == CLS_MOVE || c == CLS_REDUCE; }

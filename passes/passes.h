@@ -34,6 +34,7 @@ KILN_EXPORT int kiln_pass_simplify(ir_func *f); /* simplify.c: algebraic identit
 KILN_EXPORT int kiln_pass_fold(ir_func *f);     /* fold.c: evaluates constant instructions */
 KILN_EXPORT int kiln_pass_cse(ir_func *f);      /* cse.c: merges identical pure instructions */
 KILN_EXPORT int kiln_pass_dce(ir_func *f);      /* dce.c: removes what no result needs */
+KILN_EXPORT int kiln_pass_licm(ir_func *f);     /* licm.c: hoists loop-invariant work out of loop bodies */
 KILN_EXPORT int kiln_pass_fuse(ir_func *f);     /* fuse.c: groups instructions into kernels (fusion) */
 KILN_EXPORT int kiln_pass_buffers(ir_func *f);  /* buffers.c: plans the temporaries in one arena */
 
@@ -53,7 +54,9 @@ typedef struct pass_report {
   } step[PASS_REPORT_MAX];
 } pass_report;
 
-/* Runs the comma-separated pipeline ("inline,simplify", "" = none) on f.
+/* Runs the comma-separated pipeline ("inline,simplify", "" = none) on f:
+ * each pass on f's regions (innermost first), then on f; on a region
+ * itself it does nothing (the function holding it runs it).
  * Every name is checked before any pass runs ("pass: unknown pass 'x'").
  * f is verified after every pass; a failure says "<pass>: broke the IR:
  * <verifier message>" and stops the pipeline with f as that pass left it.
@@ -66,7 +69,7 @@ KILN_EXPORT int pass_run_pipeline(ir_func *f, const char *pipeline, pass_report 
 KILN_EXPORT int pass_run_pipeline_with(const pass_info *table, int n, ir_func *f, const char *pipeline,
                                        pass_report *report, pass_observer obs, void *ctx);
 
-#define PASS_DEFAULT_PIPELINE "inline,simplify,fold,cse,dce,fuse,buffers"
+#define PASS_DEFAULT_PIPELINE "inline,simplify,fold,licm,cse,dce,fuse,buffers"
 
 #ifdef __cplusplus
 }

@@ -58,6 +58,40 @@ bool pass_is_pure(const ir_instr *ins);
  * effect or is unknown: a call of it is pure. */
 bool pass_func_is_pure(const ir_func *f);
 
+/* ---- control flow (cond, while, scan: regions) ----
+ * A region belongs to one instruction. A pass that rebuilds a control
+ * instruction with other regions makes new ones (pass_region_rebuild,
+ * pass_region_clone); pass_commit then empties the old regions no
+ * instruction of the new body reaches (they stay in the module as empty
+ * functions marked region, which nothing prints or runs). */
+static inline bool pass_is_control(const ir_instr *ins) {
+  return (unsigned)ins->op < OP_COUNT && kiln_ops[ins->op].kind == OPK_CONTROL;
+}
+/* Must ins run even when nothing reads its values? Random draws, host
+ * calls, unknown ops, and calls and control flow whose callees or regions
+ * (transitively) hold one of those. */
+bool pass_has_effect(const ir_instr *ins);
+/* Which values and instructions of g are needed to compute its results
+ * marked in keep_result (NULL = all), effects included: live_val has
+ * g->n_values entries, live_ins g->n_instrs (either may be NULL). 0 / -1. */
+int pass_live(const ir_func *g, const bool *keep_result, bool *live_val, bool *live_ins);
+/* A new region of src's module (named after src: @src.1, @src.2, ...)
+ * made from src: its parameters are those of src marked in keep_param
+ * (NULL = all), then n_extra more of types extra; extra_for[k] (when not
+ * NULL and >= 0) is the value of src the k-th extra parameter replaces.
+ * It copies src's instructions marked in copy (NULL = all), whose operands
+ * must then have a value, and returns the results of src marked in
+ * keep_result (NULL = all). Nested control flow keeps its regions (src is
+ * to be dropped). NULL with the error set. */
+ir_func *pass_region_rebuild(const ir_func *src, const bool *keep_param, int n_extra, const op_type *extra,
+                             const ir_value *extra_for, const bool *copy, const bool *keep_result);
+/* A deep copy of region src as a new region of module m: nested regions
+ * are copied too, called functions shared. NULL with the error set. */
+ir_func *pass_region_clone(ir_module *m, const ir_func *src);
+/* ins's attributes with every region replaced by a deep copy (for an
+ * instruction copied into a second place). 0 / -1. */
+int pass_clone_regions(ir_module *m, const ir_instr *ins, op_attrs *a);
+
 /* ---- constants ---- */
 /* The largest constant a pass makes from something that was not one (fold's
  * results, simplify's broadcast of a scalar): larger ones stay a broadcast or

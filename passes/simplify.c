@@ -31,6 +31,11 @@
  *                          when it has at most PASS_CONST_MAX_ELEMS elements
  *   convert to x's own dtype -> x
  *   select(c, a, b) with c all true -> a, all false -> b; select(p, a, a) -> a
+ * Control flow (the instruction stays; dce drops the results nothing reads):
+ *   cond result k that both branches return as the same parameter j
+ *                          -> operand j + 1
+ *   while state k (scan carry k) the body returns as parameter k unchanged
+ *                          -> operand k, the state as it came in
  * Floats: no rule changes a float result, bit for bit (NaN signs and payloads
  * included), except that a signalling NaN a removed instruction would have
  * quieted stays signalling. */
@@ -243,6 +248,31 @@ static ir_value simplify_instr(ctx *c) {
   }
 }
 
+/* The parameter region g returns as result k, or -1. */
+static int returns_param(const ir_func *g, int k) {
+  ir_value r = k < g->n_results ? g->results[k] : -1;
+  return r >= 0 && r < g->n_params ? r : -1;
+}
+
+/* Control instruction ins, just copied: maps each result that is one of
+ * its operands (see the rules above) to that operand. */
+static int pass_through(pass_builder *b, const ir_instr *ins, bool *changed) {
+  for (int k = 0; k < ins->n_out; k++) {
+    int j = -1;
+    if (ins->op == OP_COND) {
+      int p = returns_param(ins->attrs.callee, k);
+      if (p >= 0 && p == returns_param(ins->attrs.callee2, k)) j = p + 1;
+    } else if (k < ins->attrs.n_state) {
+      const ir_func *body = ins->op == OP_WHILE ? ins->attrs.callee2 : ins->attrs.callee;
+      if (returns_param(body, k) == k) j = k;
+    }
+    if (j < 0) continue;
+    b->map[ins->out + k] = pass_map(b, ins->in[j]);
+    *changed = true;
+  }
+  return 0;
+}
+
 int kiln_pass_simplify(ir_func *f) {
   pass_builder b;
   bool changed = false;
@@ -250,6 +280,13 @@ int kiln_pass_simplify(ir_func *f) {
   for (int i = 0; i < f->n_instrs; i++) {
     const ir_instr *ins = &f->instrs[i];
     ir_value r = NO_RULE, mark = b.body.n_values;
+    if (pass_is_control(ins)) {
+      if (pass_copy(&b, ins) < 0 || pass_through(&b, ins, &changed)) {
+        pass_abort(&b);
+        return pass_fail("simplify");
+      }
+      continue;
+    }
     if (pass_is_pure(ins) && ins->n_in <= 3) {
       ctx c = {&b, &b.body, ins, &f->types[ins->out], {-1, -1, -1}};
       for (int k = 0; k < ins->n_in; k++) c.x[k] = pass_map(&b, ins->in[k]);

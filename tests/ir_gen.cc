@@ -87,6 +87,14 @@ struct Gen {
   std::vector<int64_t> palette;
   int named = 0;
   bool broken = false;  // the builder refused what ir_check_op accepted
+  // control flow (IR_GEN_CONTROL): the module, how deep this function is
+  // nested in regions (0: @gen), the regions made so far (for their names),
+  // and values pick never offers (a loop's state inside its body: see
+  // gen_control)
+  ir_module *mod = nullptr;
+  int depth = 0;
+  int *n_regions = nullptr;
+  std::vector<bool> hidden;
 
   const op_type &type(ir_value v) const { return f->types[v]; }
   kiln_dtype dtype(ir_value v) const { return type(v).dtype; }
@@ -129,7 +137,7 @@ struct Gen {
   ir_value pick(P pred) {
     std::vector<ir_value> c;
     for (ir_value v = 0; v < f->n_values; v++)
-      if (pred(v)) c.push_back(v);
+      if (((size_t)v >= hidden.size() || !hidden[(size_t)v]) && pred(v)) c.push_back(v);
     if (c.empty()) return -1;
     double u = rng.unit();
     if (u < 0.4) return c[c.size() - 1 - (size_t)rng.below(std::min(3, (int)c.size()))];
@@ -1003,6 +1011,7 @@ struct Gen {
       if (!attributed.empty()) pick_at = rng.of(attributed);
     }
     const ir_instr in = f->instrs[pick_at];  // a copy: appending moves f->instrs
+    if (ir_op_info(in.op)->kind == OPK_CONTROL || in.n_out != 1) return false; // a region is held once
     bool near = rng.chance(0.5);
     if (in.op == OP_CONSTANT) {
       kiln_tensor *t = in.attrs.value;
@@ -1077,6 +1086,284 @@ struct Gen {
     return emit(in.op, a, ins) >= 0;
   }
 
+  // ---- control flow (IR_GEN_CONTROL) ----
+  // Each control instruction computes what the flat program would compute
+  // from values in range, so the interval rules still hold: a cond's
+  // branches are two generated programs over the same captures (its
+  // results: the union of both ranges); a loop's body never reads its state
+  // (pick does not offer it), so every iteration computes the same values
+  // from the captures, and the state after the loop is the initial value
+  // (no iteration) or those (the union again); a while counts i up to a
+  // constant 0..3, under max_iterations -1 or 2; a scan has 1-3 steps, an
+  // xs that is a broadcast of a value (every row that value), and ys.
+
+  // A region named @gen.rN.role: parameters lead (the first n_hide hidden) then the
+  // captures caps (values of f, with their ranges), a generated program, and
+  // one result of the type of parameter like[k] for each k (a value of the
+  // program merged into that parameter, or the parameter); then, for a scan,
+  // up to n_ys more results of any type that stacks L deep. Writes each
+  // result's range and integrality. nullptr when refused.
+  ir_func *region(const std::string &name, const std::vector<op_type> &lead, const std::vector<Range> &lead_r,
+                  const std::vector<bool> &lead_int, size_t n_hide, const std::vector<ir_value> &caps,
+                  const std::vector<int> &like, int n_ys, int64_t L, std::vector<Range> *out_r,
+                  std::vector<bool> *out_int) {
+    std::vector<op_type> types = lead;
+    for (ir_value c : caps) types.push_back(type(c));
+    ir_func *g = ir_func_new(mod, name.c_str(), (int)types.size(), types.data());
+    if (!g) {
+      broken = true;
+      return nullptr;
+    }
+    Gen sub;
+    sub.rng = rng;
+    sub.opt = opt;
+    sub.palette = palette;
+    sub.mod = mod;
+    sub.depth = depth + 1;
+    sub.n_regions = n_regions;
+    sub.f = g;
+    if (sub.depth >= 2) sub.opt.kinds &= ~(unsigned)IR_GEN_CONTROL;
+    for (size_t i = 0; i < lead.size(); i++) sub.record((ir_value)i, lead_r[i], lead_int[i]);
+    for (size_t i = 0; i < caps.size(); i++)
+      sub.record((ir_value)(lead.size() + i), range[(size_t)caps[i]], integral[(size_t)caps[i]]);
+    sub.hidden.assign(types.size(), false);
+    for (size_t i = 0; i < n_hide && i < lead.size(); i++) sub.hidden[i] = true;
+    sub.cap = rng.range(1, 6);
+    for (int tries = 0; sub.f->n_instrs < sub.cap && !sub.broken && tries < 200; tries++) sub.step();
+    sub.cap += 2 * (int)like.size() + 4;  // room for the merges
+    std::vector<ir_value> res;
+    for (int p : like) {
+      std::vector<ir_value> s = sub.sinks();
+      ir_value r = p;
+      if (!s.empty() && sub.merge(s[0], p)) r = sub.f->n_values - 1;
+      if (sub.broken) break;
+      res.push_back(r);
+    }
+    std::vector<ir_value> s = sub.sinks();
+    for (ir_value v : s) {
+      if ((int)res.size() >= (int)like.size() + n_ys) break;
+      const op_type &t = sub.type(v);
+      if (t.rank + 1 > kMaxRank || sub.elems(v) * L > kMaxElems) continue;
+      res.push_back(v);
+    }
+    rng = sub.rng;
+    if (sub.broken) {
+      broken = true;
+      return nullptr;
+    }
+    for (ir_value r : res) {
+      out_r->push_back(sub.range[(size_t)r]);
+      out_int->push_back(sub.integral[(size_t)r]);
+    }
+    if (ir_set_results(g, (int)res.size(), res.data())) {
+      broken = true;
+      return nullptr;
+    }
+    return g;
+  }
+
+  // Appends control instruction op over in with attrs a, recording its
+  // results (ranges r, integrality w); false (and the regions made since
+  // keep dropped) if refused.
+  bool emit_control(op_id op, op_attrs a, const std::vector<ir_value> &in, const std::vector<Range> &r,
+                    const std::vector<bool> &w, int keep) {
+    if (broken) return false;
+    ir_value v = ir_append(f, op, &a, (int)in.size(), in.data(), loc());
+    if (v < 0) {
+      kiln_clear_error();
+      ir_module_truncate(mod, keep);
+      return false;
+    }
+    for (size_t k = 0; k < r.size(); k++) record(v + (ir_value)k, r[k], w[k]);
+    for (ir_value x : in) uses[(size_t)x]++;
+    return true;
+  }
+
+  // a scalar bool: a comparison of a value boiled down to a scalar with 0,
+  // or (now and then) a constant
+  ir_value predicate() {
+    if (rng.chance(0.25)) return constant_from(KILN_BOOL, {}, [&](int64_t) { return rng.chance(0.5) ? 1.0 : 0.0; });
+    ir_value x = pick([&](ir_value v) { return is_num(dtype(v)); });
+    if (x < 0) return -1;
+    if (rank(x) > 0) {
+      op_attrs r{};
+      r.naxes = rank(x);
+      for (int i = 0; i < r.naxes; i++) r.axes[i] = i;
+      x = emit(OP_REDUCE_MAX, r, {x});
+    }
+    ir_value z = x < 0 ? -1 : constant_from(dtype(x), {}, [](int64_t) { return 0.0; });
+    return emit2(rng.chance(0.5) ? OP_GT : OP_LE, x, z);
+  }
+
+  bool gen_control(ir_value) {
+    if (!mod || !room(4) || depth >= 2 || (opt.special_floats && rng.chance(0.5))) return false;
+    int keep = mod->n_funcs, id = (*n_regions)++;
+    std::string base = std::string(f->name) + ".r" + std::to_string(id);
+    std::vector<ir_value> caps;
+    for (int n = rng.range(1, 3); (int)caps.size() < n;) {
+      ir_value c = pick([&](ir_value v) { return !is_storage(dtype(v)); });
+      if (c < 0) return false;
+      caps.push_back(c);
+    }
+    int kind = rng.below(3);
+    bool has_bool = allowed(KILN_BOOL);
+    kiln_dtype it = allowed(KILN_I32) ? KILN_I32 : KILN_I64;
+    if (kind < 2 && (!has_bool || !(allowed(KILN_I32) || allowed(KILN_I64)))) kind = 2;
+    if (kind == 0) {  // cond
+      ir_value p = predicate();
+      if (p < 0 || broken) return false;
+      std::vector<int> like;
+      for (int n = rng.range(1, 2); (int)like.size() < n;) like.push_back(rng.below((int)caps.size()));
+      std::vector<Range> r1, r2;
+      std::vector<bool> w1, w2;
+      ir_func *th = region(base + ".then", {}, {}, {}, 0, caps, like, 0, 1, &r1, &w1);
+      ir_func *el = th ? region(base + ".else", {}, {}, {}, 0, caps, like, 0, 1, &r2, &w2) : nullptr;
+      if (!el) return false;
+      for (size_t k = 0; k < r1.size(); k++) r1[k] = hull(r1[k], r2[k]), w1[k] = w1[k] && w2[k];
+      op_attrs a{};
+      a.callee = th;
+      a.callee2 = el;
+      std::vector<ir_value> in = {p};
+      in.insert(in.end(), caps.begin(), caps.end());
+      return emit_control(OP_COND, a, in, r1, w1, keep);
+    }
+    if (kind == 1) {  // while: (i, s...) with s of the captures' types, s never read
+      int64_t n = rng.range(0, 3);
+      ir_value i0 = constant_from(it, {}, [](int64_t) { return 0.0; });
+      if (i0 < 0) return false;
+      std::vector<op_type> lead = {type(i0)};
+      std::vector<Range> lead_r = {Range{0, (double)n}};
+      std::vector<bool> lead_w = {true};
+      std::vector<int> like;
+      std::vector<ir_value> init = {i0};
+      for (int k = rng.range(1, 2); k > 0; k--) {
+        int c = rng.below((int)caps.size());
+        like.push_back(-1 - c);  // fixed below: the capture's parameter index
+        lead.push_back(type(caps[(size_t)c]));
+        lead_r.push_back(range[(size_t)caps[(size_t)c]]);
+        lead_w.push_back(integral[(size_t)caps[(size_t)c]]);
+        init.push_back(caps[(size_t)c]);
+      }
+      for (int &l : like) l = (int)lead.size() + (-1 - l);
+      // the counter goes first in the body: i + 1 (written here, not drawn)
+      std::vector<Range> br;
+      std::vector<bool> bw;
+      ir_func *body = region(base + ".body", lead, lead_r, lead_w, lead.size(), caps, like, 0, 1, &br, &bw);
+      if (!body) return false;
+      if (!counted(body, it, n)) return false;
+      ir_func *cnd = loop_cond(base + ".cond", body, it, n);
+      if (!cnd) return false;
+      std::vector<Range> r = {Range{0, (double)n}};
+      std::vector<bool> w = {true};
+      for (size_t k = 0; k < br.size(); k++) r.push_back(hull(br[k], lead_r[k + 1])), w.push_back(bw[k] && lead_w[k + 1]);
+      op_attrs a{};
+      a.callee = cnd;
+      a.callee2 = body;
+      a.n_state = (int)init.size();
+      a.trip = rng.chance(0.5) ? -1 : 2;
+      std::vector<ir_value> in = init;
+      in.insert(in.end(), caps.begin(), caps.end());
+      return emit_control(OP_WHILE, a, in, r, w, keep);
+    }
+    // scan: carries of captures' types (never read), an xs, ys
+    int64_t L = rng.range(1, 3);
+    std::vector<op_type> lead;
+    std::vector<Range> lead_r;
+    std::vector<bool> lead_w;
+    std::vector<ir_value> init, xs;
+    std::vector<int> like;
+    for (int k = rng.range(0, 1); k > 0; k--) {
+      int c = rng.below((int)caps.size());
+      like.push_back(c);
+      lead.push_back(type(caps[(size_t)c]));
+      lead_r.push_back(range[(size_t)caps[(size_t)c]]);
+      lead_w.push_back(integral[(size_t)caps[(size_t)c]]);
+      init.push_back(caps[(size_t)c]);
+    }
+    size_t nc = init.size();
+    if (rng.chance(0.6)) {  // an xs: a value repeated L times
+      ir_value x = pick([&](ir_value v) { return !is_storage(dtype(v)) && rank(v) < kMaxRank; });
+      op_attrs b{};
+      if (x >= 0) {
+        b.rank = rank(x) + 1;
+        b.shape[0] = L;
+        for (int d = 0; d < rank(x); d++) b.shape[d + 1] = type(x).shape[d];
+      }
+      ir_value xv = x < 0 ? -1 : emit(OP_BROADCAST, b, {x});
+      if (xv >= 0) {
+        xs.push_back(xv);
+        lead.push_back(type(x));
+        lead_r.push_back(range[(size_t)x]);
+        lead_w.push_back(integral[(size_t)x]);
+      }
+    }
+    for (int &l : like) l = (int)lead.size() + l;
+    std::vector<Range> br;
+    std::vector<bool> bw;
+    // the carries are hidden from the body, the rows of the xs are not
+    ir_func *body = region(base + ".body", lead, lead_r, lead_w, nc, caps, like, rng.range(nc ? 0 : 1, 2), L, &br, &bw);
+    if (!body) return false;
+    std::vector<Range> r;
+    std::vector<bool> w;
+    for (size_t k = 0; k < br.size(); k++) {
+      r.push_back(k < nc ? hull(br[k], lead_r[k]) : br[k]);
+      w.push_back(k < nc ? bw[k] && lead_w[k] : bw[k]);
+    }
+    op_attrs a{};
+    a.callee = body;
+    a.n_state = (int)nc;
+    a.n_xs = (int)xs.size();
+    a.trip = L;
+    a.reverse = rng.chance(0.5);
+    std::vector<ir_value> in = init;
+    in.insert(in.end(), xs.begin(), xs.end());
+    in.insert(in.end(), caps.begin(), caps.end());
+    return emit_control(OP_SCAN, a, in, r, w, keep);
+  }
+
+  // Puts the counter first in body g's results: i + 1 (i is parameter 0).
+  bool counted(ir_func *g, kiln_dtype it, int64_t) {
+    kiln_tensor *one = nullptr;
+    if (it == KILN_I32) {
+      int32_t x = 1;
+      one = kiln_tensor_new(it, 0, nullptr, &x);
+    } else {
+      int64_t x = 1;
+      one = kiln_tensor_new(it, 0, nullptr, &x);
+    }
+    ir_value c = one ? ir_constant(g, one, ir_loc{nullptr, 0}) : -1;
+    ir_value in[2] = {0, c};
+    ir_value i1 = c < 0 ? -1 : ir_append(g, OP_ADD, nullptr, 2, in, ir_loc{nullptr, 0});
+    std::vector<ir_value> res = {i1};
+    res.insert(res.end(), g->results, g->results + g->n_results);
+    if (i1 < 0 || ir_set_results(g, (int)res.size(), res.data())) {
+      broken = true;
+      return false;
+    }
+    return true;
+  }
+
+  // The cond region of a while whose body is g: i < n.
+  ir_func *loop_cond(const std::string &name, const ir_func *g, kiln_dtype it, int64_t n) {
+    ir_func *c = ir_func_new(mod, name.c_str(), g->n_params, g->types);
+    kiln_tensor *t = nullptr;
+    if (it == KILN_I32) {
+      int32_t x = (int32_t)n;
+      t = kiln_tensor_new(it, 0, nullptr, &x);
+    } else {
+      int64_t x = n;
+      t = kiln_tensor_new(it, 0, nullptr, &x);
+    }
+    ir_value k = c && t ? ir_constant(c, t, ir_loc{nullptr, 0}) : -1;
+    ir_value in[2] = {0, k};
+    ir_value p = k < 0 ? -1 : ir_append(c, OP_LT, nullptr, 2, in, ir_loc{nullptr, 0});
+    if (p < 0 || ir_set_results(c, 1, &p)) {
+      broken = true;
+      return nullptr;
+    }
+    return c;
+  }
+
   bool step() {
     struct Kind {
       unsigned bit;
@@ -1094,6 +1381,7 @@ struct Gen {
         {IR_GEN_SCATTER, 2, &Gen::gen_scatter},      {IR_GEN_IOTA, 1, &Gen::gen_iota},
         {IR_GEN_CONSTANT, 1, &Gen::gen_constant},    {IR_GEN_IDENTITY, 1, &Gen::gen_identity},
         {IR_GEN_REPEAT, 5, &Gen::gen_repeat},        {IR_GEN_IDIOM, 12, &Gen::gen_idiom},
+        {IR_GEN_CONTROL, 12, &Gen::gen_control},
     };
     int total = 0;
     for (const Kind &k : kinds)
@@ -1271,15 +1559,18 @@ extern "C" ir_module *ir_gen_program(uint64_t seed, const ir_gen_options *opt) {
   unsigned compute = DT_BIT(KILN_F32) | DT_BIT(KILN_F64) | DT_BIT(KILN_I32) | DT_BIT(KILN_I64) | DT_BIT(KILN_BOOL);
   if (o.min_instrs < 0 || o.max_instrs < o.min_instrs || o.max_params < 1 || o.max_params > 8 ||
       o.max_results < 1 || o.max_results > 8 || !(o.dtypes & compute) || (o.dtypes & ~DT_ALL) ||
-      (o.kinds & ~(unsigned)IR_GEN_ALL) || (o.max_instrs > 0 && !o.kinds)) {
+      (o.kinds & ~((unsigned)IR_GEN_ALL | IR_GEN_CONTROL)) || (o.max_instrs > 0 && !o.kinds)) {
     kiln_fail("ir_gen_program: invalid options");
     return nullptr;
   }
   ir_module *m = ir_module_new();
   if (!m) return nullptr;
   Gen g;
+  int n_regions = 0;
   g.rng.s = seed;
   g.opt = o;
+  g.mod = m;
+  g.n_regions = &n_regions;
   kiln_scope_push();  // owns the constants' tensors until the IR has its references
   bool ok = g.params(m);
   if (ok) {

@@ -43,7 +43,11 @@ enum {
   IR_GEN_IDIOM = 1u << 19,    /* what the passes rewrite, and near misses: x + +-0, x * 1,
                                  x / 2^k, x / 3, x - x, select(p, x, x), neg neg,
                                  transpose/reshape back, convert round trips, ... */
-  IR_GEN_ALL = (1u << 20) - 1
+  IR_GEN_ALL = (1u << 20) - 1,
+  /* not in IR_GEN_ALL (backends without control flow use ALL): cond,
+   * while and scan whose regions are generated programs too (nested up to
+   * two deep), computing what a flat program would (see ir_gen.cc) */
+  IR_GEN_CONTROL = 1u << 20
 };
 
 typedef struct ir_gen_options {

@@ -641,12 +641,14 @@ std::string check_program(uint64_t s, const ir_gen_options &o, const std::string
 // optimized program keeps its signature, round-trips through text and has a
 // sound arena plan. Goes through every program and reports the failing
 // seeds, the first three in full.
-PipelineStats check_pipeline(bool special, const std::string &pipeline, bool exact = false) {
+PipelineStats check_pipeline(bool special, const std::string &pipeline, bool exact = false,
+                             unsigned more_kinds = 0) {
   Scoped scope;
   // the interpreter runs the buffers pass's arena plan, poisoning each
   // buffer when its value dies: a plan that overlaps live values shows
   EnvGuard poison("KILN_POISON", "1");
   ir_gen_options o = options(special);
+  o.kinds |= more_kinds;
   PipelineStats stats;
   std::vector<uint64_t> failed;
   for (uint64_t s = first_seed(); s < first_seed() + (uint64_t)program_count(); s++) {
@@ -689,6 +691,15 @@ TEST(IrRandom, PassPipelineIsBitExact) {
 // Each pass alone, too: a pass must not rely on another having run first.
 TEST(IrRandom, EachPassAlonePreservesResults) {
   for (const pass_info *p = pass_list(); p->name; p++) check_pipeline(false, p->name);
+}
+
+// Programs with control flow (cond, while, scan; regions nested two deep):
+// the default pipeline bit for bit, with special floats, and each pass alone.
+TEST(IrRandom, PassPipelineWithControlFlow) {
+  PipelineStats st = check_pipeline(false, PASS_DEFAULT_PIPELINE, true, IR_GEN_CONTROL);
+  EXPECT_LT(st.after, st.before);
+  check_pipeline(true, PASS_DEFAULT_PIPELINE, true, IR_GEN_CONTROL);
+  for (const pass_info *p = pass_list(); p->name; p++) check_pipeline(false, p->name, true, IR_GEN_CONTROL);
 }
 
 #endif  // KILN_TEST_HAVE_PASSES
