@@ -153,9 +153,12 @@ static char *print_with_locs(traced_fn *fn, const ir_module *m) {
       ir_loc loc = g->instrs[i].loc;
       instrs[k][i] = g->instrs[i];
       if (!loc.file && loc.line > 0 && loc.line <= nl) instrs[k][i].loc = fn->locs[loc.line - 1];
-      /* calls and fusions point at the shared callees: print the copies */
-      for (int j = 0; instrs[k][i].attrs.callee && j < m->n_funcs; j++)
+      /* calls, fusions and control flow point at the shared callees and
+       * regions: print the copies */
+      for (int j = 0; j < m->n_funcs; j++) {
         if (instrs[k][i].attrs.callee == m->funcs[j]) instrs[k][i].attrs.callee = &copies[j];
+        if (instrs[k][i].attrs.callee2 == m->funcs[j]) instrs[k][i].attrs.callee2 = &copies[j];
+      }
     }
     copies[k].instrs = instrs[k];
     funcs[k] = &copies[k];
