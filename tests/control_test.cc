@@ -20,7 +20,7 @@ using testing::StartsWith;
 namespace {
 
 struct Interp : EnvGuard {
-  Interp() : EnvGuard("KILN_BACKEND", "interp") {}
+  Interp() : EnvGuard("KILN_BACKEND", getenv("KILN_TEST_CONTROL_BACKEND") ? getenv("KILN_TEST_CONTROL_BACKEND") : "interp") {}
 };
 
 kiln_tensor *s64(int64_t v) { return kiln_scalar(KILN_I64, (double)v); }
