@@ -500,8 +500,13 @@ int kiln_host_call_with_gradient(kiln_host_fn fn, kiln_host_grad_fn grad, void *
  * afresh at each iteration. Not yet: assigning a variable inside a staged
  * body, and gradients through staged control flow (a tape watching an
  * operand of a staged cond / while_loop / scan fails, naming it); both work
- * eagerly. Staged control flow runs interpreted for now (KILN_LOG=compile
- * says so; KILN_BACKEND=cpu makes that an error).
+ * eagerly. Staged control flow is compiled by the CPU backend: a cond is a
+ * branch on its predicate, a while_loop / scan a real loop around one copy
+ * of its body's kernels (a scan's xs read, and its ys written, in place at
+ * row t), so code and compile time do not grow with the trip count. Under
+ * a GPU's scope it runs interpreted for now (the CUDA backend does not
+ * lower it yet; KILN_LOG=compile says so, KILN_BACKEND=cpu makes that an
+ * error).
  * ---------------------------------------------------------------------- */
 
 /* pred: bool scalar. Runs then_fn or else_fn on in[0..n); both must return

@@ -183,7 +183,7 @@ int plan_keep_const(kiln_tensor ***list, int *n, const kiln_tensor *t);
 
 /* The alignment (a power of two, at most KILN_ALIGN) of slot s's bytes:
  * KILN_ALIGN but for rows, at the alignment of their row size. */
-int64_t plan_slot_align(const plan *pl, int s);
+KILN_EXPORT int64_t plan_slot_align(const plan *pl, int s);
 
 /* elements and bytes of a value of type t */
 int64_t plan_type_size(const op_type *t);
