@@ -67,6 +67,20 @@ Compiled compile_and_run(const char *backend, int64_t T) {
   return r;
 }
 
+// body staged (2 inputs, 2 results) and called compiled (got[0]) and
+// interpreted (got[1]); false on an error
+bool on_both(kiln_body_fn body, kiln_tensor *const *in, kiln_tensor *got[2][2]) {
+  const char *backends[2] = {"cpu", "interp"};
+  for (int b = 0; b < 2; b++) {
+    EnvGuard env("KILN_BACKEND", backends[b]);
+    kiln_function *f = kiln_function_new("both", body, nullptr, 2, 2);
+    int rc = kiln_function_call(f, in, got[b]);
+    kiln_function_free(f);
+    if (rc) return false;
+  }
+  return true;
+}
+
 int count(const std::string &s, const std::string &what) {
   int n = 0;
   for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) n++;
@@ -108,13 +122,7 @@ TEST(ControlCompiled, RowsOfOddSizesAndReverse) {
   for (size_t i = 0; i < xv.size(); i++) xv[i] = (float)i * 0.25f - 1.0f;
   kiln_tensor *in[2] = {f32({3}, {1, 2, 3}), f32({7, 3}, xv)};
   kiln_tensor *got[2][2] = {};
-  const char *backends[2] = {"cpu", "interp"};
-  for (int b = 0; b < 2; b++) {
-    EnvGuard env("KILN_BACKEND", backends[b]);
-    kiln_function *f = kiln_function_new("rev", rev, nullptr, 2, 2);
-    ASSERT_EQ(kiln_function_call(f, in, got[b]), 0) << kiln_last_error();
-    kiln_function_free(f);
-  }
+  ASSERT_TRUE(on_both(rev, in, got)) << kiln_last_error();
   for (int k = 0; k < 2; k++) EXPECT_TRUE(allclose(got[0][k], got[1][k], 0, 0)) << "result " << k;
   // the last row is the first step: ys[6] = (c0 + x6) * x6
   std::vector<double> y = values(got[0][1]);
@@ -144,13 +152,7 @@ TEST(ControlCompiled, WhileSwappingItsStateMatchesTheInterpreter) {
   };
   kiln_tensor *in[2] = {f32({2}, {0, 1}), f32({2}, {1, 1})};
   kiln_tensor *got[2][2] = {};
-  const char *backends[2] = {"cpu", "interp"};
-  for (int b = 0; b < 2; b++) {
-    EnvGuard env("KILN_BACKEND", backends[b]);
-    kiln_function *f = kiln_function_new("fib", fib, nullptr, 2, 2);
-    ASSERT_EQ(kiln_function_call(f, in, got[b]), 0) << kiln_last_error();
-    kiln_function_free(f);
-  }
+  ASSERT_TRUE(on_both(fib, in, got)) << kiln_last_error();
   EXPECT_EQ(values(got[0][0]), (VD{34, 55}));
   EXPECT_EQ(values(got[0][1]), (VD{55, 89}));
   for (int k = 0; k < 2; k++) EXPECT_TRUE(allclose(got[0][k], got[1][k], 0, 0)) << "result " << k;
