@@ -8,6 +8,8 @@
 #include <chrono>
 #include <string>
 
+#include "cpu/cpu.h"
+#include "ir.h"
 #include "test_util.h"
 
 using namespace kiln_test;
@@ -156,6 +158,45 @@ TEST(ControlCompiled, WhileSwappingItsStateMatchesTheInterpreter) {
   EXPECT_EQ(values(got[0][0]), (VD{34, 55}));
   EXPECT_EQ(values(got[0][1]), (VD{55, 89}));
   for (int k = 0; k < 2; k++) EXPECT_TRUE(allclose(got[0][k], got[1][k], 0, 0)) << "result " << k;
+}
+
+TEST(ControlCompiled, ALoopWhoseKernelsLieInTwoModules) {
+  // the body's two kernels compiled in two LLVM modules (cpu_options.parts),
+  // the loop in the entry calling across them
+  Scoped s;
+  auto two = [](void *, int, kiln_tensor *const *in, int, kiln_tensor **out) -> int {
+    return kiln_scan(
+        [](void *, int, kiln_tensor *const *st, int, kiln_tensor **o) {
+          o[0] = kiln_tanh(kiln_mul(st[0], st[0])); // no constants: the compiled
+          o[1] = kiln_exp(kiln_neg(st[1]));        // function has the two parameters
+          return o[0] && o[1] ? 0 : -1;
+        },
+        nullptr, 1, &in[0], 1, &in[1], -1, false, 1, &out[0], &out[1]);
+  };
+  std::vector<float> xv(5 * 3);
+  for (size_t i = 0; i < xv.size(); i++) xv[i] = (float)i * 0.1f;
+  kiln_tensor *in[2] = {f32({8}, std::vector<float>(8, 0.7f)), f32({5, 3}, xv)};
+  EnvGuard env("KILN_BACKEND", "interp");
+  kiln_function *f = kiln_function_new("two", two, nullptr, 2, 2);
+  kiln_tensor *want[2];
+  ASSERT_EQ(kiln_function_call(f, in, want), 0) << kiln_last_error();
+  char *text = kiln_function_ir(f, 0, "optimized");
+  kiln_function_free(f);
+  ASSERT_NE(text, nullptr) << kiln_last_error();
+  ir_module *m = ir_parse(text, "two.kir");
+  free(text);
+  ASSERT_NE(m, nullptr) << kiln_last_error();
+  cpu_options opt = {};
+  opt.parts = 2;
+  cpu_program *p = cpu_compile_with(ir_module_find(m, "two"), &opt);
+  ASSERT_NE(p, nullptr) << kiln_last_error();
+  EXPECT_EQ(cpu_program_kernels(p), 2);
+  EXPECT_EQ(cpu_program_parts(p), 2);
+  kiln_tensor *got[2] = {};
+  ASSERT_EQ(cpu_run(p, in, got), 0) << kiln_last_error();
+  for (int k = 0; k < 2; k++) EXPECT_TRUE(allclose(got[k], want[k], 1e-6, 1e-6)) << "result " << k;
+  cpu_program_free(p);
+  ir_module_free(m);
 }
 
 TEST(ControlCompiled, GpuCodeRefusesControlFlowClearly) {
