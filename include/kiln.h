@@ -507,8 +507,13 @@ int kiln_host_call_with_gradient(kiln_host_fn fn, kiln_host_grad_fn grad, void *
  * through the instruction as extra loop state (a later iteration, and a
  * later read in the body, sees the assignment) and assigned when the call
  * returns. Not yet: gradients through a staged body that draws random
- * numbers (it fails clearly; eagerly it works). Staged control flow runs interpreted for now
- * (KILN_LOG=compile says so; KILN_BACKEND=cpu makes that an error).
+ * numbers (it fails clearly; eagerly it works). Staged control flow is
+ * compiled by the CPU backend: a cond is a branch on its predicate, a
+ * while_loop / scan a real loop around one copy of its body's kernels (a
+ * scan's xs read, and its ys written, in place at row t), so code and
+ * compile time do not grow with the trip count. Under a GPU's scope it runs
+ * interpreted for now (the CUDA backend does not lower it yet;
+ * KILN_LOG=compile says so, KILN_BACKEND=cpu makes that an error).
  * ---------------------------------------------------------------------- */
 
 /* pred: bool scalar. Runs then_fn or else_fn on in[0..n); both must return

@@ -3,8 +3,9 @@
 // results match eager C (the Collatz loop, Newton's iteration stopping on
 // convergence, a scan against its unrolled form), captures of the enclosing
 // trace, variable reads, random draws per iteration, nesting, bad inputs.
-// Staged control flow runs interpreted for now (the CPU backend does not
-// lower it yet), so the staged tests set KILN_BACKEND=interp.
+// Every test runs twice, compiled by the CPU backend (real loops in the
+// generated code) and interpreted (the reference): Control.X/cpu and
+// Control.X/interp.
 #include <gmock/gmock.h>
 
 #include <cmath>
@@ -19,9 +20,15 @@ using testing::StartsWith;
 
 namespace {
 
-struct Interp : EnvGuard {
-  Interp() : EnvGuard("KILN_BACKEND", "interp") {}
+// the backend of a test's run: KILN_BACKEND=cpu (no interpreter fallback) or interp
+struct Backend : EnvGuard {
+  explicit Backend(const char *name) : EnvGuard("KILN_BACKEND", name) {}
 };
+
+class Control : public testing::TestWithParam<const char *> {};
+class ControlGradients : public testing::TestWithParam<const char *> {};
+std::string backend_name(const testing::TestParamInfo<const char *> &i) { return i.param; }
+
 
 kiln_tensor *s64(int64_t v) { return kiln_scalar(KILN_I64, (double)v); }
 
@@ -60,9 +67,9 @@ int64_t collatz_c(int64_t a) {
   return n;
 }
 
-TEST(Control, CollatzEagerAndStagedMatchC) {
+TEST_P(Control, CollatzEagerAndStagedMatchC) {
   Scoped s;
-  Interp env;
+  Backend env(GetParam());
   kiln_function *f = kiln_function_new("collatz", collatz, nullptr, 1, 2);
   for (int64_t a : {1, 6, 7, 27, 97}) {
     kiln_tensor *x = s64(a), *eager[2] = {}, *staged[2] = {};
@@ -106,9 +113,9 @@ int newton(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   return 0;
 }
 
-TEST(Control, NewtonStopsOnConvergence) {
+TEST_P(Control, NewtonStopsOnConvergence) {
   Scoped s;
-  Interp env;
+  Backend env(GetParam());
   kiln_function *f = kiln_function_new("newton", newton, nullptr, 1, 2);
   for (double a : {2.0, 1e6, 0.25}) {
     kiln_tensor *x = kiln_scalar(KILN_F64, a), *out[2] = {nullptr, nullptr}, *eager[2] = {nullptr, nullptr};
@@ -137,9 +144,9 @@ int bounded(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   return kiln_while_loop(always, inc, nullptr, 1, in, 7, out);
 }
 
-TEST(Control, MaxIterationsBoundsTheLoop) {
+TEST_P(Control, MaxIterationsBoundsTheLoop) {
   Scoped s;
-  Interp env;
+  Backend env(GetParam());
   kiln_tensor *x = f32({2}, {0, 10}), *out = nullptr;
   ASSERT_EQ(bounded(nullptr, 1, &x, 1, &out), 0) << kiln_last_error();
   EXPECT_EQ(values(out), (VD{7, 17}));
@@ -185,9 +192,9 @@ int rnn_unrolled(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   return out[1] ? 0 : -1;
 }
 
-TEST(Control, ScanMatchesTheUnrolledLoop) {
+TEST_P(Control, ScanMatchesTheUnrolledLoop) {
   Scoped s;
-  Interp env;
+  Backend env(GetParam());
   kiln_tensor *c0 = f64({2}, {0.1, -0.2});
   std::vector<double> xv;
   for (int i = 0; i < 10; i++) xv.push_back(std::sin(i * 0.7)), xv.push_back(std::cos(i * 0.3));
@@ -227,9 +234,9 @@ int rev_cumsum(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   return kiln_scan(cumsum_step, nullptr, 1, &zero, 1, in, -1, true, 1, &out[0], &out[1]);
 }
 
-TEST(Control, ReverseScanLinesUpWithXs) {
+TEST_P(Control, ReverseScanLinesUpWithXs) {
   Scoped s;
-  Interp env;
+  Backend env(GetParam());
   kiln_tensor *x = f32({1, 2, 3, 4}), *eager[2] = {}, *staged[2] = {};
   ASSERT_EQ(rev_cumsum(nullptr, 1, &x, 2, eager), 0) << kiln_last_error();
   EXPECT_EQ(values(eager[1]), (VD{10, 9, 7, 4}));
@@ -259,9 +266,9 @@ int noisy(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   return kiln_scan(noisy_step, nullptr, 1, in, 0, nullptr, 8, false, 1, &out[0], &out[1]);
 }
 
-TEST(Control, RandomOpsDrawAfreshEachIteration) {
+TEST_P(Control, RandomOpsDrawAfreshEachIteration) {
   Scoped s;
-  Interp env;
+  Backend env(GetParam());
   kiln_function *f = kiln_function_new("noisy", noisy, nullptr, 1, 2);
   kiln_tensor *x = f32({1}), *a[2] = {}, *b[2] = {};
   ASSERT_EQ(kiln_function_call(f, &x, a), 0) << kiln_last_error();
@@ -291,9 +298,9 @@ int var_loop(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   return kiln_while_loop(lt_ten, add_var, user, 1, in, -1, out);
 }
 
-TEST(Control, BodiesReadVariablesAtEachCall) {
+TEST_P(Control, BodiesReadVariablesAtEachCall) {
   Scoped s;
-  Interp env;
+  Backend env(GetParam());
   Owned o;
   VarUser u{o.var(f32({1, 2}), "step")};
   kiln_function *f = kiln_function_new("var_loop", var_loop, &u, 1, 1);
@@ -359,9 +366,9 @@ int assign_if_positive(void *user, int, kiln_tensor *const *in, int, kiln_tensor
   return kiln_cond(p, assign_then, keep_else, user, 1, in, 1, out);
 }
 
-TEST(Control, BodiesAssignVariables) {
+TEST_P(Control, BodiesAssignVariables) {
   Scoped s;
-  Interp env;
+  Backend env(GetParam());
   for (bool staged : {false, true}) {
     SCOPED_TRACE(staged ? "staged" : "eager");
     Owned o;
@@ -440,9 +447,9 @@ int nested(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   return kiln_cond(p, nest_then, nest_else, &n, 1, in, 1, out);
 }
 
-TEST(Control, NestedControlFlowCapturesTheOutermostTrace) {
+TEST_P(Control, NestedControlFlowCapturesTheOutermostTrace) {
   Scoped s;
-  Interp env;
+  Backend env(GetParam());
   kiln_tensor *x = f64({1, -2, 3}), *k = kiln_scalar(KILN_F64, 2), *in[2] = {x, k}, *eager = nullptr, *staged = nullptr;
   ASSERT_EQ(nested(nullptr, 2, in, 1, &eager), 0) << kiln_last_error();
   // v = [3, 2, 9] (x*3 where positive, -x else), c = 14: ys + c
@@ -488,9 +495,9 @@ int calls_scan(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   return kiln_scan(calls_inside, nullptr, 1, in, 0, nullptr, 3, false, 1, &out[0], &out[1]);
 }
 
-TEST(Control, StagedAndHostCallsInsideABody) {
+TEST_P(Control, StagedAndHostCallsInsideABody) {
   Scoped s;
-  Interp env;
+  Backend env(GetParam());
   g_twice = kiln_function_new("twice", twice_body, nullptr, 1, 1);
   kiln_function *f = kiln_function_new("calls", calls_scan, nullptr, 1, 2);
   kiln_tensor *x = f32({1, 2}), *out[2] = {};
@@ -552,9 +559,9 @@ int bad_index(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   return kiln_while_loop(always, bad_index_body, &t, 2, init, 100, out);
 }
 
-TEST(Control, BadInputFailsClearly) {
+TEST_P(Control, BadInputFailsClearly) {
   Scoped s;
-  Interp env;
+  Backend env(GetParam());
   kiln_tensor *x = f32({1, 2}), *out[2] = {nullptr, nullptr};
   EXPECT_EQ(wrong_shape(nullptr, 1, &x, 1, out), -1);
   EXPECT_THAT(kiln_last_error(), StartsWith("while_loop: the body returned state 0 as f32[4], expected f32[2]"));
@@ -617,9 +624,9 @@ int square_three(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   return kiln_while_loop(always, square_body, nullptr, 1, in, 3, out);
 }
 
-TEST(Control, EagerGradientsThroughLoops) {
+TEST_P(Control, EagerGradientsThroughLoops) {
   Scoped s;
-  Interp env;
+  Backend env(GetParam());
   kiln_tensor *x = f64({1.1, 0.9}), *y = nullptr, *dx = nullptr;
   kiln_tape *t = kiln_tape_begin(false);
   kiln_tape_watch(t, x);
@@ -714,9 +721,9 @@ int cond_model(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   return out[0] ? 0 : -1;
 }
 
-TEST(ControlGradients, CondTakesItsBranchsGradient) {
+TEST_P(ControlGradients, CondTakesItsBranchsGradient) {
   Scoped s;
-  Interp env;
+  Backend env(GetParam());
   expect_grads_match(cond_model, 1, {f64({0.5, 1.5, -0.3}), f64({0.2, -0.7, 1.1})}, "cond_pos");
   expect_grads_match(cond_model, 1, {f64({-0.5, 0.5, -0.3}), f64({0.2, -0.7, 1.1})}, "cond_neg");
 }
@@ -737,9 +744,9 @@ int rnn_loss_unrolled(void *, int n, kiln_tensor *const *in, int, kiln_tensor **
   return out[0] ? 0 : -1;
 }
 
-TEST(ControlGradients, ScanMatchesTheUnrolledLoopsGradient) {
+TEST_P(ControlGradients, ScanMatchesTheUnrolledLoopsGradient) {
   Scoped s;
-  Interp env;
+  Backend env(GetParam());
   std::vector<double> xv;
   for (int i = 0; i < 12; i++) xv.push_back(std::sin(i * 0.7));
   std::vector<kiln_tensor *> in = {f64({2}, {0.1, -0.2}), f64({6, 2}, xv), f64({2}, {0.9, -0.4})};
@@ -813,9 +820,9 @@ kiln_tensor *uniform64(V64 shape, double scale) {
   return kiln_random_uniform(KILN_F64, (int)shape.size(), shape.data(), -scale, scale);
 }
 
-TEST(ControlGradients, LstmScanMatchesUnrolledValuesAndGradients) {
+TEST_P(ControlGradients, LstmScanMatchesUnrolledValuesAndGradients) {
   Scoped s;
-  Interp env;
+  Backend env(GetParam());
   kiln_random_seed(11);
   std::vector<kiln_tensor *> in = {uniform64({LB, LH}, 0.5), uniform64({LB, LH}, 0.5), uniform64({LT, LB, LIN}, 1),
                                    uniform64({LIN + LH, 4 * LH}, 0.4), uniform64({4 * LH}, 0.1)};
@@ -883,9 +890,9 @@ int leapfrog_unrolled(void *, int, kiln_tensor *const *in, int, kiln_tensor **ou
   return 0;
 }
 
-TEST(Control, L2hmcLeapfrogAsAScan) {
+TEST_P(Control, L2hmcLeapfrogAsAScan) {
   Scoped s;
-  Interp env;
+  Backend env(GetParam());
   kiln_random_seed(5);
   Energy e{uniform64({2, 10}, 0.5), uniform64({10}, 0.1), uniform64({10, 2}, 0.5), uniform64({2}, 0.1)};
   g_energy = &e;
@@ -911,9 +918,9 @@ int newton_loss(void *, int n, kiln_tensor *const *in, int, kiln_tensor **out) {
 
 int pow8(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) { return square_three(nullptr, 1, in, 1, out); }
 
-TEST(ControlGradients, BoundedWhileLoops) {
+TEST_P(ControlGradients, BoundedWhileLoops) {
   Scoped s;
-  Interp env;
+  Backend env(GetParam());
   expect_grads_match(pow8, 1, {f64({1.1, 0.9, -0.7})}, "pow8");
   kiln_function *f = kiln_function_new("newton", newton_loss, nullptr, 1, 1);
   kiln_tensor *a = kiln_scalar(KILN_F64, 2.0);
@@ -931,9 +938,9 @@ int scan_pow(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   return 0;
 }
 
-TEST(ControlGradients, SecondOrderThroughAScan) {
+TEST_P(ControlGradients, SecondOrderThroughAScan) {
   Scoped s;
-  Interp env;
+  Backend env(GetParam());
   kiln_function *f = kiln_function_new("scan_pow", scan_pow, nullptr, 1, 1);
   kiln_function *g = kiln_gradients(f), *h = g ? kiln_gradients(g) : nullptr;
   ASSERT_NE(h, nullptr) << kiln_last_error();
@@ -954,9 +961,9 @@ int unbounded_pow(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
 }
 
 // an eager tape over a staged call (the taped-call path) and an unbounded loop
-TEST(ControlGradients, TapedCallsAndUnboundedLoops) {
+TEST_P(ControlGradients, TapedCallsAndUnboundedLoops) {
   Scoped s;
-  Interp env;
+  Backend env(GetParam());
   kiln_function *f = kiln_function_new("rnn", rnn_loss, nullptr, 3, 1);
   std::vector<double> xv;
   for (int i = 0; i < 8; i++) xv.push_back(std::cos(i * 0.4));
@@ -982,5 +989,8 @@ TEST(ControlGradients, TapedCallsAndUnboundedLoops) {
   kiln_function_free(g);
   kiln_function_free(f);
 }
+
+INSTANTIATE_TEST_SUITE_P(, Control, testing::Values("cpu", "interp"), backend_name);
+INSTANTIATE_TEST_SUITE_P(, ControlGradients, testing::Values("cpu", "interp"), backend_name);
 
 } // namespace

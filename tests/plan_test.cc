@@ -22,6 +22,7 @@ plan_as place(const ir_func *, const ir_instr *in) {
   switch (ir_op_info(in->op)->kind) {
     case OPK_UNARY:
     case OPK_BINARY:
+    case OPK_COMPARE:
       return PLAN_AS_KERNEL;
     case OPK_REDUCE: return in->op == OP_ARGMAX ? PLAN_AS_SPECIAL : PLAN_AS_KERNEL;
     case OPK_RANDOM:
@@ -314,6 +315,114 @@ TEST(Plan, DotHooks) {
     EXPECT_TRUE(k.member[1]);
     EXPECT_EQ(k.leaf[3], p.pl.steps[0].slots[0]) << "the kernel reads the dot's result";
   }
+}
+
+// A scan: one step holding its body's steps; the xs and ys are rows read
+// and written in place (row slots of the stacked buffers), the body's
+// temporaries lie past the arena of the enclosing function, the carry the
+// body computes is copied back into the scan's result slot, and the carry
+// it passes through is not copied at all.
+TEST(Plan, ScanHoldsItsBodysSteps) {
+  Scoped scope;
+  plan_policy po = basic();
+  Planned p(
+      "func @body.fused(%0: f32[8], %1: f32[8], %2: f32[8]) -> (f32[8], f32[8]) {\n"
+      "  %3 = mul %0, %1 : f32[8]\n"
+      "  %4 = add %3, %2 : f32[8]\n"
+      "  %5 = tanh %4 : f32[8]\n"
+      "  %6 = exp %5 : f32[8]\n"
+      "  return %5, %6\n"
+      "}\n"
+      "\n"
+      "func @f(%0: f32[8], %1: f32[6,8], %2: f32[8]) -> (f32[8], f32[8], f32[6,8]) {\n"
+      "  %3, %4, %5 = scan %0, %2, %1 {carry=2, xs=1, length=6, reverse=true} : f32[8], f32[8], f32[6,8]\n"
+      "    body func @scan.body(%0: f32[8], %1: f32[8], %2: f32[8]) -> (f32[8], f32[8], f32[8]) {\n"
+      "      %3, %4 = fusion @body.fused(%0, %1, %2) : f32[8], f32[8]\n"
+      "      return %3, %1, %4\n"
+      "    }\n"
+      "  return %3, %4, %5\n"
+      "}\n",
+      "f", po);
+  ASSERT_EQ(p.rc, 0) << kiln_last_error();
+  const plan &pl = p.pl;
+  // the carries copied into the scan's result buffers, then the loop
+  ASSERT_EQ(pl.n_steps, 3);
+  EXPECT_EQ(pl.steps[0].kind, PLAN_STEP_COPY);
+  EXPECT_EQ(pl.steps[1].kind, PLAN_STEP_COPY);
+  EXPECT_EQ(p.slot_of(pl.steps[0].slots[0]).kind, PLAN_SLOT_RESULT);
+  const plan_step &scan = pl.steps[2];
+  ASSERT_EQ(scan.kind, PLAN_STEP_SCAN);
+  EXPECT_EQ(scan.trip, 6);
+  EXPECT_TRUE(scan.reverse);
+  ASSERT_EQ(scan.n_slots, 2) << "the row of xs and the row of ys";
+  for (int k = 0; k < 2; k++) {
+    const plan_slot &row = p.slot_of(scan.slots[k]);
+    EXPECT_EQ(row.kind, PLAN_SLOT_ROW);
+    EXPECT_EQ(row.offset, 32) << "8 floats a row";
+    EXPECT_EQ(plan_slot_align(&pl, scan.slots[k]), 32);
+  }
+  EXPECT_EQ(p.slot_of(p.slot_of(scan.slots[0]).index).kind, PLAN_SLOT_PARAM) << "xs read in place";
+  EXPECT_EQ(p.slot_of(p.slot_of(scan.slots[1]).index).kind, PLAN_SLOT_RESULT) << "ys written in place";
+  // the body: its kernel, then the new carry copied back (w passes through)
+  ASSERT_EQ(scan.n_sub[0], 2);
+  const plan_step &k = scan.sub[0][0], &back = scan.sub[0][1];
+  ASSERT_EQ(k.kind, PLAN_STEP_KERNEL);
+  const plan_kernel &g = pl.kernels[k.index];
+  ASSERT_EQ(g.n_out, 2);
+  EXPECT_EQ(p.slot_of(g.out_slot[0]).kind, PLAN_SLOT_ARENA) << "a body temporary";
+  EXPECT_EQ(g.out_slot[1], scan.slots[1]) << "y_t made in its row";
+  EXPECT_EQ(g.leaf[2], scan.slots[0]) << "x_t read from its row";
+  EXPECT_EQ(g.leaf[0], pl.steps[0].slots[0]) << "the carry read in the scan's result buffer";
+  ASSERT_EQ(back.kind, PLAN_STEP_COPY);
+  EXPECT_EQ(back.slots[0], pl.steps[0].slots[0]);
+  EXPECT_EQ(back.slots[1], g.out_slot[0]);
+  EXPECT_EQ(back.bytes, 32);
+  EXPECT_EQ(scan.n_sub[1], 0);
+}
+
+// A while whose body swaps its state: the swap goes through a temporary
+// (no copy overwrites a value a later copy reads); the predicate's steps
+// are the first list, the body's the second.
+TEST(Plan, WhileSwapsItsStateThroughATemporary) {
+  Scoped scope;
+  plan_policy po = basic();
+  Planned p(
+      "func @f(%0: f32[4], %1: f32[4], %2: f32[]) -> (f32[4], f32[4]) {\n"
+      "  %3, %4 = while %0, %1, %2 {state=2, max_iterations=3} : f32[4], f32[4]\n"
+      "    cond func @while.cond(%0: f32[4], %1: f32[4], %2: f32[]) -> bool[] {\n"
+      "      %3 = lt %2, %2 : bool[]\n"
+      "      return %3\n"
+      "    }\n"
+      "    body func @while.body(%0: f32[4], %1: f32[4], %2: f32[]) -> (f32[4], f32[4]) {\n"
+      "      return %1, %0\n"
+      "    }\n"
+      "  return %3, %4\n"
+      "}\n",
+      "f", po);
+  if (p.rc) {
+    ADD_FAILURE() << kiln_last_error();
+    return;
+  }
+  const plan &pl = p.pl;
+  ASSERT_EQ(pl.n_steps, 3);
+  const plan_step &w = pl.steps[2];
+  ASSERT_EQ(w.kind, PLAN_STEP_WHILE);
+  EXPECT_EQ(w.trip, 3);
+  ASSERT_EQ(w.n_sub[0], 1);
+  EXPECT_EQ(w.n_sub[0] ? w.sub[0][0].kind : -1, PLAN_STEP_KERNEL);
+  EXPECT_EQ(w.slots[0], pl.kernels[w.sub[0][0].index].out_slot[0]) << "the predicate";
+  // each result that is another state value goes through a temporary
+  // first, then into its place
+  ASSERT_EQ(w.n_sub[1], 4);
+  int s0 = pl.steps[0].slots[0], s1 = pl.steps[1].slots[0];
+  const plan_step *b = w.sub[1];
+  for (int i = 0; i < 4; i++) EXPECT_EQ(b[i].kind, PLAN_STEP_COPY);
+  EXPECT_EQ(b[0].slots[1], s1);
+  EXPECT_EQ(b[1].slots[1], s0);
+  EXPECT_EQ(b[2].slots[0], s0);
+  EXPECT_EQ(b[2].slots[1], b[0].slots[0]);
+  EXPECT_EQ(b[3].slots[0], s1);
+  EXPECT_EQ(b[3].slots[1], b[1].slots[0]);
 }
 
 }  // namespace

@@ -215,8 +215,8 @@ bool cpu_cache_dir(char *buf, size_t n) {
 
 static int add_callees(const ir_func *f, const ir_func ***list, int *n, int *cap, int depth) {
   if (depth > 100) return -1;
-  for (int i = 0; i < f->n_instrs; i++) {
-    const ir_func *c = f->instrs[i].attrs.callee;
+  for (int j = 0; j < 2 * f->n_instrs; j++) { /* callee, and a control instruction's second region */
+    const ir_func *c = j % 2 ? f->instrs[j / 2].attrs.callee2 : f->instrs[j / 2].attrs.callee;
     if (!c) continue;
     bool seen = false;
     for (int k = 0; k < *n && !seen; k++) seen = (*list)[k] == c;

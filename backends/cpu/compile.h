@@ -36,6 +36,7 @@ typedef struct {
   int max_bufs;     /* most pointers one step passes */
   bool x86;         /* the host is x86-64: streaming stores */
   int64_t max_work; /* elements of the biggest kernel */
+  bool pool_busy;   /* a matmul threads: the pool is awake anyway */
   /* emission */
   llvm_emit e;
   LLVMBuilderRef eb; /* the entry function's builder */
@@ -81,6 +82,18 @@ void cpu_add_target_attrs(LLVMContextRef ctx, LLVMValueRef fn);
 /* Emits the entry function entry_name, which runs the plan's steps, and
  * every kernel. 0, or -1 with the error set. */
 int cpu_emit_program(cpu_build *cb, const char *entry_name);
+/* Emits steps (n of them) at the entry builder's place. 0, or -1 with the
+ * error set. */
+int cpu_emit_steps(cpu_build *cb, const plan_step *steps, int n);
+/* if (cond) return -1 from the entry after calling kiln_rt_kernel_fail of
+ * kernel (when >= 0) */
+void cpu_emit_bail(cpu_build *cb, LLVMValueRef cond, int32_t kernel);
+
+/* ---- control.c ---- */
+/* Emits a cond, while or scan step: a branch on the predicate's byte, or a
+ * loop over its nested steps. 0, or -1 with the error set. */
+int cpu_emit_control(cpu_build *cb, const plan_step *st);
+
 /* the symbol kiln_const<i> of t (llvm_emit's const_data) */
 LLVMValueRef cpu_const_data(void *user, const kiln_tensor *t);
 /* the alignment the code may assume of a constant's data (part of the key) */

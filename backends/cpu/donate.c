@@ -44,8 +44,9 @@ static void at_store_index(const plan_kernel *g, bool *at) {
   free(used);
 }
 
-/* whether a step reads slot s, or can fail */
+/* whether a step reads slot s, or can fail (a control step: assumed) */
 static bool step_reads(const plan *pl, const plan_step *st, int s) {
+  if (st->kind >= PLAN_STEP_COND) return true;
   if (st->kind == PLAN_STEP_CALL) {
     for (int k = 0; k < st->n_slots; k++)
       if (st->slots[k] == s) return true;
@@ -59,7 +60,7 @@ static bool step_reads(const plan *pl, const plan_step *st, int s) {
 }
 
 static bool step_can_fail(const plan *pl, const plan_step *st) {
-  if (st->kind == PLAN_STEP_CALL) return true;
+  if (st->kind == PLAN_STEP_CALL || st->kind >= PLAN_STEP_COND) return true;
   if (st->kind == PLAN_STEP_COPY) return false;
   const plan_kernel *g = &pl->kernels[st->index]; /* integer division checks its divisors */
   for (int i = 0; i < g->f->n_instrs; i++) {

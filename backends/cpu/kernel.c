@@ -189,6 +189,13 @@ static int emit_reduce_columns(cpu_build *cb, const plan_kernel *g, llvm_group *
   return 0;
 }
 
+/* whether g's outputs are all KILN_ALIGN-aligned (not a scan's rows) */
+static bool outs_aligned(const cpu_build *cb, const plan_kernel *g) {
+  for (int k = 0; k < g->n_out; k++)
+    if (plan_slot_align(&cb->pl, g->out_slot[k]) < KILN_ALIGN) return false;
+  return true;
+}
+
 enum { NT_TILE = 1024 }; /* elements a streaming kernel computes into L1 before storing them */
 
 /* A kernel of cheap ops waits on memory: streaming stores then save a third
@@ -471,8 +478,10 @@ int cpu_emit_kernel(cpu_build *cb, const plan_kernel *g, int id, kinfo *ki) {
     for (int q = 0; q < nb && alone; q++)
       if (q != k && (q < g->n_out || k < g->n_out)) alone = !slots_overlap(cb, g, ki->buf_slot[k], ki->buf_slot[q]);
     if (alone) LLVMAddAttributeAtIndex(fn, (unsigned)k + 1, LLVMCreateEnumAttribute(e->ctx, noalias, 0));
-    /* tensors, the arena and its offsets are all 64-byte aligned */
-    LLVMAddAttributeAtIndex(fn, (unsigned)k + 1, LLVMCreateEnumAttribute(e->ctx, align, KILN_ALIGN));
+    /* tensors, the arena and its offsets are all 64-byte aligned; a scan's
+     * rows at the alignment of their size */
+    uint64_t al = (uint64_t)plan_slot_align(&cb->pl, ki->buf_slot[k]);
+    LLVMAddAttributeAtIndex(fn, (unsigned)k + 1, LLVMCreateEnumAttribute(e->ctx, align, al));
   }
   LLVMPositionBuilderAtEnd(e->b, LLVMAppendBasicBlockInContext(e->ctx, fn, "entry"));
   LLVMValueRef begin = LLVMGetParam(fn, (unsigned)nb + 1), end = LLVMGetParam(fn, (unsigned)nb + 2);
@@ -596,7 +605,7 @@ int cpu_emit_kernel(cpu_build *cb, const plan_kernel *g, int id, kinfo *ki) {
                                 LLVMCreateStringAttribute(e->ctx, PF_ATTR, (unsigned)strlen(PF_ATTR), "", 0));
         cpu_add_fn_attr(e->ctx, fn, "noinline");
       }
-      if (cb->x86 && plan_type_bytes(ot) >= NT_MIN_BYTES && g->n_out <= 8 && memory_bound(g)) {
+      if (cb->x86 && plan_type_bytes(ot) >= NT_MIN_BYTES && g->n_out <= 8 && memory_bound(g) && outs_aligned(cb, g)) {
         rc = emit_streaming(cb, g, &lg, fn, lo_i, hi_i, bad_slot);
         goto flat_done;
       }

@@ -132,16 +132,21 @@ static int take_helper(cpu_helper *h, const plan_call *c) {
   return 0;
 }
 
-/* the most pointers one step passes (the entry's array of them) */
-static int max_bufs(const plan *pl) {
+/* the most pointers one of steps (n of them, nested lists included) passes
+ * (the entry's array of them) */
+static int max_bufs(const plan *pl, const plan_step *steps, int n) {
   int most = 2;
-  for (int s = 0; s < pl->n_steps; s++) {
-    const plan_step *st = &pl->steps[s];
+  for (int s = 0; s < n; s++) {
+    const plan_step *st = &steps[s];
     int bufs = st->n_slots + 1;
     if (st->kind == PLAN_STEP_KERNEL) {
       const plan_kernel *g = &pl->kernels[st->index];
       bufs = g->n_out + 2;
       for (int v = 0; v < g->f->n_values; v++) bufs += g->leaf[v] >= 0;
+    }
+    for (int k = 0; k < 2; k++) {
+      int sub = max_bufs(pl, st->sub[k], st->n_sub[k]);
+      if (sub > bufs) bufs = sub;
     }
     if (bufs > most) most = bufs;
   }
@@ -152,11 +157,8 @@ int cpu_plan(cpu_build *cb) {
   cpu_program *p = cb->p;
   plan *pl = &cb->pl;
   if (plan_build(pl, cb->f, &cpu_policy)) return -1;
-  for (int s = 0; s < pl->n_steps; s++)
-    if (pl->steps[s].kind > PLAN_STEP_COPY)
-      return kiln_set_error("cpu: @%s: control flow is not supported by the CPU backend yet", cb->f->name);
   p->arena_bytes = pl->arena_bytes;
-  cb->max_bufs = max_bufs(pl);
+  cb->max_bufs = max_bufs(pl, pl->steps, pl->n_steps);
   p->results = calloc((size_t)cb->f->n_results + 1, sizeof *p->results);
   p->helpers = calloc((size_t)pl->n_calls + 1, sizeof *p->helpers);
   if (!p->results || !p->helpers) return cpu_oom();

@@ -80,13 +80,14 @@ static void emit_slot_ptrs(cpu_build *cb, LLVMValueRef params, LLVMValueRef resu
         ix = llvm_i64(e, sl->offset);
         cb->slot_ptr[s] = LLVMBuildGEP2(b, e->t_i8, arena, &ix, 1, "");
         break;
-      default: cb->slot_ptr[s] = cpu_const_data(cb, sl->cst); break;
+      case PLAN_SLOT_CONST: cb->slot_ptr[s] = cpu_const_data(cb, sl->cst); break;
+      default: break; /* a row: set by its scan's loop */
     }
   }
 }
 
 /* if (cond) return -1 after calling fail (when given) */
-static void emit_bail(cpu_build *cb, LLVMValueRef cond, int32_t kernel) {
+void cpu_emit_bail(cpu_build *cb, LLVMValueRef cond, int32_t kernel) {
   llvm_emit *e = &cb->e;
   LLVMBuilderRef b = cb->eb;
   LLVMBasicBlockRef bad = LLVMAppendBasicBlockInContext(e->ctx, cb->entry, "bail");
@@ -101,38 +102,16 @@ static void emit_bail(cpu_build *cb, LLVMValueRef cond, int32_t kernel) {
   LLVMPositionBuilderAtEnd(b, next);
 }
 
-int cpu_emit_program(cpu_build *cb, const char *entry_name) {
+/* Emits steps (n of them) into the entry function at the builder's place:
+ * each kernel called on this thread or over the pool, each runtime helper,
+ * each copy, each control step (control.c) with its nested lists. */
+int cpu_emit_steps(cpu_build *cb, const plan_step *steps, int n) {
   llvm_emit *e = &cb->e;
   cpu_program *p = cb->p;
-  LLVMTypeRef pp[4] = {e->t_i64, e->t_i64, e->t_ptr, e->t_ptr}; /* parallel_for(n, grain, fn, ctx) */
-  cb->ty_par = LLVMFunctionType(e->t_void, pp, 4, 0);
-  cb->fn_par = LLVMAddFunction(e->mod, "kiln_rt_parallel_for", cb->ty_par);
-  LLVMTypeRef hp[3] = {e->t_ptr, e->t_i32, e->t_ptr};
-  cb->ty_helper = LLVMFunctionType(e->t_i32, hp, 3, 0);
-  cb->fn_helper = LLVMAddFunction(e->mod, "kiln_rt_helper", cb->ty_helper);
-  cb->ty_fail = LLVMFunctionType(e->t_void, hp, 2, 0);
-  cb->fn_fail = LLVMAddFunction(e->mod, "kiln_rt_kernel_fail", cb->ty_fail);
-  LLVMTypeRef tp[3] = {e->t_ptr, e->t_i64, e->t_i64};
-  cb->ty_task = LLVMFunctionType(e->t_void, tp, 3, 0);
-
-  LLVMTypeRef ep[4] = {e->t_ptr, e->t_ptr, e->t_ptr, e->t_ptr};
-  LLVMTypeRef ety = LLVMFunctionType(e->t_i32, ep, 4, 0);
-  cb->entry = LLVMAddFunction(e->mod, entry_name, ety);
-  cpu_add_fn_attr(e->ctx, cb->entry, "nounwind");
-  cpu_add_target_attrs(e->ctx, cb->entry);
-  cb->eb = LLVMCreateBuilderInContext(e->ctx);
-  LLVMPositionBuilderAtEnd(cb->eb, LLVMAppendBasicBlockInContext(e->ctx, cb->entry, "entry"));
-  cb->call_arg = LLVMGetParam(cb->entry, 3);
-  cb->slot_ptr = calloc((size_t)cb->pl.n_slots + 1, sizeof *cb->slot_ptr);
-  p->kernel_fail_op = calloc((size_t)cb->pl.n_kernels + 1, sizeof *p->kernel_fail_op);
-  if (!cb->slot_ptr || !p->kernel_fail_op) return kiln_set_error("cpu: out of memory");
-  LLVMTypeRef arr = LLVMArrayType2(e->t_ptr, (uint64_t)cb->max_bufs + 1);
-  cb->ctx_array = LLVMBuildAlloca(cb->eb, arr, "bufs");
-  emit_slot_ptrs(cb, LLVMGetParam(cb->entry, 0), LLVMGetParam(cb->entry, 1), LLVMGetParam(cb->entry, 2));
   LLVMBuilderRef b = cb->eb;
-  bool pool_busy = threaded_matmuls(cb);
-  for (int s = 0; s < cb->pl.n_steps; s++) {
-    const plan_step *st = &cb->pl.steps[s];
+  bool pool_busy = cb->pool_busy;
+  for (int s = 0; s < n; s++) {
+    const plan_step *st = &steps[s];
     if (st->kind == PLAN_STEP_KERNEL) {
       kinfo ki;
       int id = st->index, rc = cpu_emit_kernel(cb, &cb->pl.kernels[id], id, &ki);
@@ -175,7 +154,7 @@ int cpu_emit_program(cpu_build *cb, const char *entry_name) {
         LLVMValueRef flag = LLVMBuildLoad2(b, e->t_i32, cb->call_arg, "");
         LLVMSetOrdering(flag, LLVMAtomicOrderingMonotonic);
         LLVMSetAlignment(flag, 4);
-        emit_bail(cb, LLVMBuildICmp(b, LLVMIntNE, flag, llvm_i32(e, 0), ""), id);
+        cpu_emit_bail(cb, LLVMBuildICmp(b, LLVMIntNE, flag, llvm_i32(e, 0), ""), id);
       }
     } else if (st->kind == PLAN_STEP_CALL) {
       /* bufs = {outs..., ins...}; kiln_rt_helper(call, h, bufs) */
@@ -185,11 +164,46 @@ int cpu_emit_program(cpu_build *cb, const char *entry_name) {
       }
       LLVMValueRef ha[3] = {cb->call_arg, llvm_i32(e, st->index), cb->ctx_array};
       LLVMValueRef rc = LLVMBuildCall2(b, cb->ty_helper, cb->fn_helper, ha, 3, "");
-      emit_bail(cb, LLVMBuildICmp(b, LLVMIntNE, rc, llvm_i32(e, 0), ""), -1);
+      cpu_emit_bail(cb, LLVMBuildICmp(b, LLVMIntNE, rc, llvm_i32(e, 0), ""), -1);
     } else if (st->kind == PLAN_STEP_COPY && st->bytes > 0) { /* a result computed elsewhere, into its buffer */
       LLVMBuildMemCpy(b, cb->slot_ptr[st->slots[0]], 1, cb->slot_ptr[st->slots[1]], 1, llvm_i64(e, st->bytes));
+    } else if (st->kind >= PLAN_STEP_COND && cpu_emit_control(cb, st)) {
+      return -1;
     }
   }
-  LLVMBuildRet(b, llvm_i32(e, 0));
+  return 0;
+}
+
+int cpu_emit_program(cpu_build *cb, const char *entry_name) {
+  llvm_emit *e = &cb->e;
+  cpu_program *p = cb->p;
+  LLVMTypeRef pp[4] = {e->t_i64, e->t_i64, e->t_ptr, e->t_ptr}; /* parallel_for(n, grain, fn, ctx) */
+  cb->ty_par = LLVMFunctionType(e->t_void, pp, 4, 0);
+  cb->fn_par = LLVMAddFunction(e->mod, "kiln_rt_parallel_for", cb->ty_par);
+  LLVMTypeRef hp[3] = {e->t_ptr, e->t_i32, e->t_ptr};
+  cb->ty_helper = LLVMFunctionType(e->t_i32, hp, 3, 0);
+  cb->fn_helper = LLVMAddFunction(e->mod, "kiln_rt_helper", cb->ty_helper);
+  cb->ty_fail = LLVMFunctionType(e->t_void, hp, 2, 0);
+  cb->fn_fail = LLVMAddFunction(e->mod, "kiln_rt_kernel_fail", cb->ty_fail);
+  LLVMTypeRef tp[3] = {e->t_ptr, e->t_i64, e->t_i64};
+  cb->ty_task = LLVMFunctionType(e->t_void, tp, 3, 0);
+
+  LLVMTypeRef ep[4] = {e->t_ptr, e->t_ptr, e->t_ptr, e->t_ptr};
+  LLVMTypeRef ety = LLVMFunctionType(e->t_i32, ep, 4, 0);
+  cb->entry = LLVMAddFunction(e->mod, entry_name, ety);
+  cpu_add_fn_attr(e->ctx, cb->entry, "nounwind");
+  cpu_add_target_attrs(e->ctx, cb->entry);
+  cb->eb = LLVMCreateBuilderInContext(e->ctx);
+  LLVMPositionBuilderAtEnd(cb->eb, LLVMAppendBasicBlockInContext(e->ctx, cb->entry, "entry"));
+  cb->call_arg = LLVMGetParam(cb->entry, 3);
+  cb->slot_ptr = calloc((size_t)cb->pl.n_slots + 1, sizeof *cb->slot_ptr);
+  p->kernel_fail_op = calloc((size_t)cb->pl.n_kernels + 1, sizeof *p->kernel_fail_op);
+  if (!cb->slot_ptr || !p->kernel_fail_op) return kiln_set_error("cpu: out of memory");
+  LLVMTypeRef arr = LLVMArrayType2(e->t_ptr, (uint64_t)cb->max_bufs + 1);
+  cb->ctx_array = LLVMBuildAlloca(cb->eb, arr, "bufs");
+  emit_slot_ptrs(cb, LLVMGetParam(cb->entry, 0), LLVMGetParam(cb->entry, 1), LLVMGetParam(cb->entry, 2));
+  cb->pool_busy = threaded_matmuls(cb);
+  if (cpu_emit_steps(cb, cb->pl.steps, cb->pl.n_steps)) return -1;
+  LLVMBuildRet(cb->eb, llvm_i32(e, 0));
   return 0;
 }

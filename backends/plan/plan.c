@@ -1,19 +1,30 @@
 /* plan.c — plans a function for a backend (plan.h): every value gets a
  * slot and every instruction a step, in schedule order; calls and fusions
- * that are not one kernel are inlined; results computed elsewhere (a view, a
+ * that are not one kernel are inlined; control flow gets nested step lists
+ * (control.c); results computed elsewhere (a view, a
  * call's result) are copied into their buffers at the end. The backend's
  * plan_policy says what one kernel holds and which ops are calls. */
-#include "plan/plan.h"
+#include "plan/build.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-static int oom(const plan *pl) { return kiln_set_error("%s: out of memory", pl->policy->who); }
+int plan_oom(const plan *pl) { return kiln_set_error("%s: out of memory", pl->policy->who); }
 
 int64_t plan_type_size(const op_type *t) {
   int64_t n = 1;
   for (int i = 0; i < t->rank; i++) n *= t->shape[i];
   return n;
+}
+
+int64_t plan_slot_align(const plan *pl, int s) {
+  int64_t a = KILN_ALIGN;
+  while (pl->slots[s].kind == PLAN_SLOT_ROW) {
+    int64_t row = pl->slots[s].offset;
+    while (a > 1 && row % a) a /= 2;
+    s = pl->slots[s].index;
+  }
+  return a;
 }
 
 int64_t plan_type_bytes(const op_type *t) { return plan_type_size(t) * (int64_t)kiln_dtype_sizes[t->dtype]; }
@@ -28,11 +39,11 @@ int plan_keep_const(kiln_tensor ***list, int *n, const kiln_tensor *t) {
   return 0;
 }
 
-static int add_slot(plan *pl, plan_slot s) {
+int plan_add_slot(plan *pl, plan_slot s) {
   if (pl->n_slots == pl->cap_slots) {
     int cap = pl->cap_slots ? 2 * pl->cap_slots : 16;
     plan_slot *q = realloc(pl->slots, (size_t)cap * sizeof *q);
-    if (!q) return oom(pl);
+    if (!q) return plan_oom(pl);
     pl->slots = q;
     pl->cap_slots = cap;
   }
@@ -40,29 +51,36 @@ static int add_slot(plan *pl, plan_slot s) {
   return pl->n_slots++;
 }
 
-static int arena_slot(plan *pl, const op_type *t) {
+int plan_arena_slot(plan *pl, const op_type *t) {
   int64_t off = (int64_t)pl->arena_bytes;
   pl->arena_bytes = (size_t)((off + plan_type_bytes(t) + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN);
-  return add_slot(pl, (plan_slot){PLAN_SLOT_ARENA, 0, off, NULL});
+  return plan_add_slot(pl, (plan_slot){PLAN_SLOT_ARENA, 0, off, NULL});
 }
 
 /* A fresh place for value v of f: the buffer of the result that returns it
- * (top level), else the buffers pass's place, else the arena's end. */
-static int value_slot(plan *pl, const ir_func *f, ir_value v, bool top) {
+ * (top level), else the buffers pass's place, else the arena's end; in a
+ * region with a place given for v (a cond's result, a scan's row of ys),
+ * that place. */
+int plan_value_slot(plan *pl, const ir_func *f, ir_value v, bool top) {
+  if (f == pl->dest_f && pl->dest[v] >= 0) {
+    int s = pl->dest[v];
+    pl->dest[v] = -1; /* once: a value is made once */
+    return s;
+  }
   if (top && pl->result_of[v] >= 0 && !pl->result_done[pl->result_of[v]]) {
     pl->result_done[pl->result_of[v]] = true;
-    return add_slot(pl, (plan_slot){PLAN_SLOT_RESULT, pl->result_of[v], 0, NULL});
+    return plan_add_slot(pl, (plan_slot){PLAN_SLOT_RESULT, pl->result_of[v], 0, NULL});
   }
   if (top && f->buf_offset && f->buf_offset[v] >= 0)
-    return add_slot(pl, (plan_slot){PLAN_SLOT_ARENA, 0, f->buf_offset[v], NULL});
-  return arena_slot(pl, &f->types[v]);
+    return plan_add_slot(pl, (plan_slot){PLAN_SLOT_ARENA, 0, f->buf_offset[v], NULL});
+  return plan_arena_slot(pl, &f->types[v]);
 }
 
-static int add_step(plan *pl, plan_step st) {
+int plan_add_step(plan *pl, plan_step st) {
   plan_step *q = realloc(pl->steps, (size_t)(pl->n_steps + 1) * sizeof *q);
   if (!q) {
     free(st.slots);
-    return oom(pl);
+    return plan_oom(pl);
   }
   pl->steps = q;
   pl->steps[pl->n_steps++] = st;
@@ -73,7 +91,7 @@ static int note_const(plan *pl, const kiln_tensor *t) {
   if (pl->n_consts == pl->cap_consts) {
     int cap = pl->cap_consts ? 2 * pl->cap_consts : 16;
     const kiln_tensor **q = realloc(pl->consts, (size_t)cap * sizeof *q);
-    if (!q) return oom(pl);
+    if (!q) return plan_oom(pl);
     pl->consts = q;
     pl->cap_consts = cap;
   }
@@ -83,7 +101,7 @@ static int note_const(plan *pl, const kiln_tensor *t) {
 
 static plan_kernel *new_kernel(plan *pl, const ir_func *f, int n_out, op_id op) {
   plan_kernel *q = realloc(pl->kernels, (size_t)(pl->n_kernels + 1) * sizeof *q);
-  if (!q) return oom(pl), NULL;
+  if (!q) return plan_oom(pl), NULL;
   pl->kernels = q;
   plan_kernel *g = &pl->kernels[pl->n_kernels++]; /* freed with the plan, even half made */
   memset(g, 0, sizeof *g);
@@ -93,14 +111,14 @@ static plan_kernel *new_kernel(plan *pl, const ir_func *f, int n_out, op_id op) 
   g->leaf = malloc(((size_t)f->n_values + 1) * sizeof *g->leaf);
   g->out = malloc(((size_t)n_out + 1) * sizeof *g->out);
   g->out_slot = malloc(((size_t)n_out + 1) * sizeof *g->out_slot);
-  if (!g->member || !g->leaf || !g->out || !g->out_slot) return oom(pl), NULL;
+  if (!g->member || !g->leaf || !g->out || !g->out_slot) return plan_oom(pl), NULL;
   for (int v = 0; v < f->n_values; v++) g->leaf[v] = -1;
   g->n_out = n_out;
   return g;
 }
 
 static int add_kernel_step(plan *pl, int gi) {
-  return add_step(pl, (plan_step){.kind = PLAN_STEP_KERNEL, .index = gi});
+  return plan_add_step(pl, (plan_step){.kind = PLAN_STEP_KERNEL, .index = gi});
 }
 
 /* The step(s) of the newest kernel: two for a reduction the policy splits
@@ -118,7 +136,7 @@ static int kernel_step(plan *pl) {
   g2->pass = 2;
   for (int q = 0; q < g->n_out; q++) {
     op_type t = {KILN_F64, 1, {split * plan_type_size(&g->f->types[g->out[q]])}}; /* 8 bytes: any accumulator */
-    int s = arena_slot(pl, &t);
+    int s = plan_arena_slot(pl, &t);
     if (s < 0) return -1;
     g2->out[q] = g->out[q];
     g2->out_slot[q] = g->out_slot[q];
@@ -154,7 +172,7 @@ static int special_kernel(plan *pl, const ir_func *f, const ir_instr *in, int *v
   if (!g) return -1;
   g->special = in;
   for (int k = 0; k < in->n_in; k++) g->leaf[in->in[k]] = vs[in->in[k]];
-  int s = vs[in->out] = value_slot(pl, f, in->out, top);
+  int s = vs[in->out] = plan_value_slot(pl, f, in->out, top);
   if (s < 0) return -1;
   g = &pl->kernels[pl->n_kernels - 1];
   g->out[0] = in->out;
@@ -165,7 +183,7 @@ static int special_kernel(plan *pl, const ir_func *f, const ir_instr *in, int *v
 /* in (of f) as a call step: its outputs get fresh slots */
 static int add_call(plan *pl, const ir_func *f, const ir_instr *in, int *vs, bool top) {
   plan_call *q = realloc(pl->calls, (size_t)(pl->n_calls + 1) * sizeof *q);
-  if (!q) return oom(pl);
+  if (!q) return plan_oom(pl);
   pl->calls = q;
   plan_call *h = &pl->calls[pl->n_calls++];
   memset(h, 0, sizeof *h);
@@ -179,7 +197,7 @@ static int add_call(plan *pl, const ir_func *f, const ir_instr *in, int *vs, boo
   st.slots = malloc((size_t)st.n_slots * sizeof *st.slots + 1);
   if (!h->in_types || !h->out_types || !st.slots) {
     free(st.slots);
-    return oom(pl);
+    return plan_oom(pl);
   }
   for (int k = 0; k < in->n_in; k++) {
     h->in_types[k] = f->types[in->in[k]];
@@ -187,12 +205,12 @@ static int add_call(plan *pl, const ir_func *f, const ir_instr *in, int *vs, boo
   }
   for (int k = 0; k < in->n_out; k++) {
     h->out_types[k] = f->types[in->out + k];
-    if ((vs[in->out + k] = st.slots[k] = value_slot(pl, f, in->out + k, top)) < 0) {
+    if ((vs[in->out + k] = st.slots[k] = plan_value_slot(pl, f, in->out + k, top)) < 0) {
       free(st.slots);
       return -1;
     }
   }
-  return add_step(pl, st);
+  return plan_add_step(pl, st);
 }
 
 /* ---- dots that read transposed operands in place (plan_policy.dot_transposes) ---- */
@@ -262,7 +280,7 @@ static int mark_read_transposes(const plan *pl, const ir_func *f, const int *use
                !epilogue(pl, in->attrs.callee, ops, &epi)) {
       const ir_func *c = in->attrs.callee;
       int *body_uses = value_uses(c);
-      if (!body_uses) return oom(pl);
+      if (!body_uses) return plan_oom(pl);
       for (int j = 0; j < c->n_instrs; j++)
         if (before_kernel(pl, c, &c->instrs[j]) &&
             fusion_dot_transposes(pl, f, in, uses, &c->instrs[j], body_uses, t))
@@ -302,7 +320,7 @@ static int fusion_kernel(plan *pl, const ir_func *f, const ir_instr *in, int *vs
   bool *unread = calloc((size_t)in->n_in + 1, sizeof *unread);
   if (!cvs || !body_uses || !unread) {
     free(cvs), free(body_uses), free(unread);
-    return oom(pl);
+    return plan_oom(pl);
   }
   for (int k = 0; k < in->n_in; k++) cvs[k] = vs[in->in[k]];
   int rc = 0;
@@ -342,7 +360,7 @@ static int fusion_kernel(plan *pl, const ir_func *f, const ir_instr *in, int *vs
   for (int k = 0; k < in->n_in; k++) g->leaf[k] = unread[k] ? -1 : vs[in->in[k]];
   free(unread);
   for (int r = 0; r < c->n_results; r++) {
-    int s = value_slot(pl, f, in->out + r, top);
+    int s = plan_value_slot(pl, f, in->out + r, top);
     if (s < 0) return -1;
     vs[in->out + r] = s;
     g->out[r] = c->results[r];
@@ -356,7 +374,7 @@ static int fusion_kernel(plan *pl, const ir_func *f, const ir_instr *in, int *vs
 /* Plans f's instructions. vs (per value of f) gets each value's slot; the
  * parameters' slots are given. top: f is the compiled function, whose
  * results get their own buffers. Calls are inlined. */
-static int plan_func(plan *pl, const ir_func *f, int *vs, const int *param_slots, bool top, int depth) {
+int plan_func_steps(plan *pl, const ir_func *f, int *vs, const int *param_slots, bool top, int depth) {
   const plan_policy *po = pl->policy;
   if (depth > 100) return kiln_set_error("%s: @%s: calls nest too deep", po->who, pl->f->name);
   for (int i = 0; i < f->n_params; i++) vs[i] = param_slots[i];
@@ -366,7 +384,7 @@ static int plan_func(plan *pl, const ir_func *f, int *vs, const int *param_slots
   if (po->dot_transposes) {
     uses = value_uses(f);
     skip = calloc((size_t)f->n_instrs + 1, sizeof *skip);
-    rc = !uses || !skip ? oom(pl) : mark_read_transposes(pl, f, uses, skip);
+    rc = !uses || !skip ? plan_oom(pl) : mark_read_transposes(pl, f, uses, skip);
   }
   for (int i = 0; i < f->n_instrs && rc >= 0; i++) {
     rc = 0;
@@ -390,23 +408,25 @@ static int plan_func(plan *pl, const ir_func *f, int *vs, const int *param_slots
       rc = fusion_kernel(pl, f, in, vs, top, uses);
     } else if (op == OP_CONSTANT) {
       rc = note_const(pl, in->attrs.value);
-      if (rc >= 0) rc = vs[v] = add_slot(pl, (plan_slot){PLAN_SLOT_CONST, 0, 0, in->attrs.value});
+      if (rc >= 0) rc = vs[v] = plan_add_slot(pl, (plan_slot){PLAN_SLOT_CONST, 0, 0, in->attrs.value});
+    } else if (kind == OPK_CONTROL) {
+      rc = plan_control(pl, f, in, vs, top, depth);
     } else if (kind == OPK_VIEW) {
       vs[v] = vs[in->in[0]]; /* the same bytes, read with another shape */
     } else if (kind == OPK_CALL) { /* call, and fusions that are not one kernel: inline */
       const ir_func *c = in->attrs.callee;
       int *cvs = malloc(((size_t)c->n_values + 1) * sizeof *cvs);
       int *ps = malloc(((size_t)in->n_in + 1) * sizeof *ps);
-      if (!cvs || !ps) rc = oom(pl);
+      if (!cvs || !ps) rc = plan_oom(pl);
       for (int k = 0; !rc && k < in->n_in; k++) ps[k] = vs[in->in[k]];
-      if (!rc) rc = plan_func(pl, c, cvs, ps, false, depth + 1);
+      if (!rc) rc = plan_func_steps(pl, c, cvs, ps, false, depth + 1);
       for (int k = 0; !rc && k < in->n_out; k++) vs[v + k] = cvs[c->results[k]];
       free(cvs);
       free(ps);
     } else {
       switch (po->place(f, in)) {
         case PLAN_AS_KERNEL: {
-          int dst = vs[v] = value_slot(pl, f, v, top);
+          int dst = vs[v] = plan_value_slot(pl, f, v, top);
           rc = dst < 0 ? -1 : instr_kernel(pl, f, i, vs, dst);
           break;
         }
@@ -440,15 +460,15 @@ static int plan_results(plan *pl) {
       *res = (plan_result){PLAN_RES_OWN, 0, NULL};
       const plan_slot *s = &pl->slots[pl->vslot[v]];
       if (s->kind == PLAN_SLOT_RESULT && s->index == r) continue;
-      int dst = add_slot(pl, (plan_slot){PLAN_SLOT_RESULT, r, 0, NULL});
+      int dst = plan_add_slot(pl, (plan_slot){PLAN_SLOT_RESULT, r, 0, NULL});
       int *sl = malloc(2 * sizeof *sl);
       if (dst < 0 || !sl) {
         free(sl);
-        return dst < 0 ? -1 : oom(pl);
+        return dst < 0 ? -1 : plan_oom(pl);
       }
       sl[0] = dst;
       sl[1] = pl->vslot[v];
-      if (add_step(pl, (plan_step){.kind = PLAN_STEP_COPY, .n_slots = 2, .slots = sl,
+      if (plan_add_step(pl, (plan_step){.kind = PLAN_STEP_COPY, .n_slots = 2, .slots = sl,
                                    .bytes = plan_type_bytes(&f->types[v])}))
         return -1;
     }
@@ -467,7 +487,7 @@ int plan_build(plan *pl, const ir_func *f, const plan_policy *policy) {
   int *ps = malloc(((size_t)f->n_params + 1) * sizeof *ps);
   if (!pl->vslot || !pl->result_of || !pl->result_done || !pl->results || !ps) {
     free(ps);
-    return oom(pl);
+    return plan_oom(pl);
   }
   for (int v = 0; v < f->n_values; v++) pl->vslot[v] = -1, pl->result_of[v] = -1;
   for (int r = f->n_results - 1; r >= 0; r--) pl->result_of[f->results[r]] = r;
@@ -475,17 +495,17 @@ int plan_build(plan *pl, const ir_func *f, const plan_policy *policy) {
   if (f->buf_offset) pl->arena_bytes = (size_t)((f->arena_bytes + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN);
   int rc = 0;
   for (int i = 0; i < f->n_params && rc >= 0; i++)
-    rc = ps[i] = add_slot(pl, (plan_slot){PLAN_SLOT_PARAM, i, 0, NULL});
-  if (rc >= 0) rc = plan_func(pl, f, pl->vslot, ps, true, 0);
+    rc = ps[i] = plan_add_slot(pl, (plan_slot){PLAN_SLOT_PARAM, i, 0, NULL});
+  if (rc >= 0) rc = plan_func_steps(pl, f, pl->vslot, ps, true, 0);
   free(ps);
   if (rc < 0) return -1;
   return plan_results(pl);
 }
 
-static void free_steps(plan_step *steps, int n) {
+void plan_free_steps(plan_step *steps, int n) {
   for (int s = 0; s < n; s++) {
     free(steps[s].slots);
-    for (int k = 0; k < 2; k++) free_steps(steps[s].sub[k], steps[s].n_sub[k]);
+    for (int k = 0; k < 2; k++) plan_free_steps(steps[s].sub[k], steps[s].n_sub[k]);
   }
   free(steps);
 }
@@ -498,7 +518,7 @@ void plan_free(plan *pl) {
     free(pl->kernels[g].out_slot);
   }
   for (int c = 0; c < pl->n_calls; c++) free(pl->calls[c].in_types), free(pl->calls[c].out_types);
-  free_steps(pl->steps, pl->n_steps);
+  plan_free_steps(pl->steps, pl->n_steps);
   free(pl->kernels);
   free(pl->calls);
   free(pl->slots);

@@ -19,12 +19,15 @@
 extern "C" {
 #endif
 
-/* A place of a value. */
-enum { PLAN_SLOT_PARAM, PLAN_SLOT_RESULT, PLAN_SLOT_ARENA, PLAN_SLOT_CONST };
+/* A place of a value. A row is row t of another slot's bytes (index), t
+ * the iteration of the innermost SCAN step listing the row in its slots:
+ * the bytes at index's place + t * offset (a scan's xs read, and its ys
+ * written, in place). */
+enum { PLAN_SLOT_PARAM, PLAN_SLOT_RESULT, PLAN_SLOT_ARENA, PLAN_SLOT_CONST, PLAN_SLOT_ROW };
 typedef struct plan_slot {
   int kind;
-  int index;              /* parameter or result */
-  int64_t offset;         /* arena: byte offset */
+  int index;              /* parameter or result; row: the slot it is a row of */
+  int64_t offset;         /* arena: byte offset; row: bytes per row */
   const kiln_tensor *cst; /* constant (the IR's; a backend retains what it keeps) */
 } plan_slot;
 
@@ -65,20 +68,26 @@ enum {
   PLAN_STEP_KERNEL, /* kernels[index] */
   PLAN_STEP_CALL,   /* calls[index] over slots: its outputs, then its inputs */
   PLAN_STEP_COPY,   /* bytes from slots[1] into slots[0] (a result computed elsewhere) */
-  /* Control flow. Declared, not planned yet: nothing makes these steps, and
-   * a backend that meets one fails. Each holds nested step lists (sub[0],
-   * sub[1], of n_sub[0], n_sub[1] steps) over this plan's slots and kernels:
-   * buffers are planned once for the whole function, loop bodies included,
-   * as XLA's WhileThunk holds sequences over one buffer assignment.
+  /* Control flow: nested step lists (sub[0], sub[1], of n_sub[0], n_sub[1]
+   * steps) over this plan's slots and kernels: buffers are planned once
+   * for the whole function, loop bodies included, as XLA's WhileThunk holds
+   * sequences over one buffer assignment. A region's temporaries lie past
+   * the buffers pass's arena (nothing live across the instruction shares
+   * them); its parameters are the slots of the state and of the captured
+   * operands. The carried state lives in the instruction's result slots:
+   * copied in before the loop, read in place by the body, whose results
+   * (fresh slots) the body's last steps copy back (a result that is its own
+   * parameter needs no copy).
    * - COND: slots[0] the predicate (a bool scalar); sub[0] runs when it is
-   *   true, sub[1] when false; both leave their results in the same slots.
+   *   true, sub[1] when false; both leave their results in the same slots
+   *   (computed there, or copied by their last steps).
    * - WHILE: sub[0] computes the predicate into slots[0]; while it is true
    *   sub[1] (the body) runs and sub[0] again; trip is the bound (max
-   *   iterations, -1 none). The carried state is slots[1..n_slots): the body
-   *   reads and writes them in place (double-buffered by the buffers pass).
-   * - SCAN: sub[0], the body, runs trip times (a static count); slots[1..]
-   *   are the carries, as for WHILE; the stacked inputs and outputs are read
-   *   and written at the iteration's row by the body's steps. */
+   *   iterations, -1 none).
+   * - SCAN: sub[0], the body, runs trip times (t = 0 .. trip-1, or down
+   *   from trip-1 with reverse); slots are the rows (PLAN_SLOT_ROW) taken at
+   *   row t each iteration: the xs' rows the body reads, the ys' rows it
+   *   writes its outputs into. */
   PLAN_STEP_COND,
   PLAN_STEP_WHILE,
   PLAN_STEP_SCAN,
@@ -92,6 +101,7 @@ typedef struct plan_step {
   struct plan_step *sub[2]; /* control flow (above) */
   int n_sub[2];
   int64_t trip;
+  bool reverse; /* scan */
 } plan_step;
 
 /* How each result is produced: written by the steps into its own buffer,
@@ -156,6 +166,8 @@ typedef struct plan {
   /* planning */
   int *result_of;    /* per value of f: the first result that returns it, or -1 */
   bool *result_done; /* per result: its buffer is taken */
+  const ir_func *dest_f; /* a region being planned, whose values dest (per value, or -1) are placed in given slots */
+  int *dest;
 } plan;
 
 /* Plans f (verified) under policy into pl (whose old contents are
@@ -168,6 +180,10 @@ KILN_EXPORT void plan_free(plan *pl); /* a second call does nothing */
  * (a program keeps each constant it reads once). 0, or -1 out of memory
  * (no error set: the backend says it). */
 int plan_keep_const(kiln_tensor ***list, int *n, const kiln_tensor *t);
+
+/* The alignment (a power of two, at most KILN_ALIGN) of slot s's bytes:
+ * KILN_ALIGN but for rows, at the alignment of their row size. */
+KILN_EXPORT int64_t plan_slot_align(const plan *pl, int s);
 
 /* elements and bytes of a value of type t */
 int64_t plan_type_size(const op_type *t);

@@ -1,0 +1,25 @@
+/* build.h — the planner's parts shared by its files (plan.c: slots, steps,
+ * instructions; control.c: cond, while and scan). Internal to backends/plan. */
+#ifndef KILN_PLAN_BUILD_H
+#define KILN_PLAN_BUILD_H
+
+#include "plan/plan.h"
+
+int plan_oom(const plan *pl); /* -1 with "<who>: out of memory" */
+/* a new slot (its index), or -1 */
+int plan_add_slot(plan *pl, plan_slot s);
+/* a new slot at the arena's end, of t's bytes */
+int plan_arena_slot(plan *pl, const op_type *t);
+/* a fresh place for value v of f (top: f is the compiled function) */
+int plan_value_slot(plan *pl, const ir_func *f, ir_value v, bool top);
+/* appends st to pl->steps, the list being planned (st.slots is freed on failure) */
+int plan_add_step(plan *pl, plan_step st);
+/* Plans f's instructions into pl->steps; vs (per value of f) gets each
+ * value's slot, the parameters' slots given. */
+int plan_func_steps(plan *pl, const ir_func *f, int *vs, const int *param_slots, bool top, int depth);
+/* frees n steps (their nested lists too) and the array */
+void plan_free_steps(plan_step *steps, int n);
+/* A cond, while or scan (in, of f) as a control step (plan.h). */
+int plan_control(plan *pl, const ir_func *f, const ir_instr *in, int *vs, bool top, int depth);
+
+#endif
