@@ -133,15 +133,15 @@ static void release_all(int n, kiln_tensor **t) {
   }
 }
 
-/* the bool of a bool[] result, released */
+/* the bool of a bool[] result (read back from a GPU), released */
 static bool take_bool(kiln_tensor *p) {
-  bool b = *(const uint8_t *)p->data != 0;
+  bool b = kiln_tensor_item(p) != 0;
   kiln_release(p);
   return b;
 }
 
 static int run_cond(const ir_instr *in, kiln_tensor *const *ins, kiln_tensor **outs) {
-  const ir_func *g = *(const uint8_t *)ins[0]->data ? in->attrs.callee : in->attrs.callee2;
+  const ir_func *g = kiln_tensor_item(ins[0]) != 0 ? in->attrs.callee : in->attrs.callee2;
   return run(g, ins + 1, outs);
 }
 
@@ -164,8 +164,9 @@ static int run_while(const ir_instr *in, kiln_tensor *const *ins, kiln_tensor **
   return rc;
 }
 
-/* row t of x (axis 0), a new tensor */
-static kiln_tensor *row(const kiln_tensor *x, int64_t t) {
+/* row t of x (axis 0), a new tensor (a GPU tensor's by the index op) */
+static kiln_tensor *row(kiln_tensor *x, int64_t t) {
+  if (x->device) return kiln_retain(kiln_index(x, t));
   kiln_tensor *r = tensor_alloc("scan", (kiln_dtype)x->dtype, x->rank - 1, x->shape + 1);
   size_t bytes = r ? tensor_bytes(r) : 0;
   if (r && bytes) memcpy(r->data, (const char *)x->data + (size_t)t * bytes, bytes);
@@ -195,9 +196,20 @@ static int run_scan(const ir_func *f, const ir_instr *in, kiln_tensor *const *in
     memcpy(args, res, (size_t)nc * sizeof *args);
     for (int k = nc; k < nr; k++) {
       size_t bytes = tensor_bytes(res[k]);
-      if (bytes) memcpy((char *)outs[k]->data + (size_t)t * bytes, res[k]->data, bytes);
+      kiln_tensor *h = rc || !res[k]->device ? res[k] : kiln_to_device(res[k], "cpu:0"); /* a GPU's y: via the host */
+      if (!h) rc = -1;
+      else if (!rc && bytes) memcpy((char *)outs[k]->data + (size_t)t * bytes, h->data, bytes);
       kiln_release(res[k]);
     }
+  }
+  for (int k = nc; k < nr && !rc && device_current() != 0; k++) { /* the ys where the ops run */
+    kiln_tensor *d = kiln_to_device(outs[k], kiln_device_current());
+    if (!d) {
+      rc = -1;
+      break;
+    }
+    kiln_release(outs[k]);
+    outs[k] = kiln_retain(d);
   }
   for (int k = 0; k < nc; k++) outs[k] = rc ? NULL : kiln_retain(args[k]);
   if (rc) release_all(nr, outs);
