@@ -143,6 +143,7 @@ int kiln_pass_dce(ir_func *f) {
   bool *live = calloc((size_t)f->n_values + 1, sizeof *live);
   bool *keep = calloc((size_t)f->n_instrs + 1, sizeof *keep);
   ctl_plan *plans = NULL;
+  int n_plans = 0;
   int rc = 0, dead = 0, keep_funcs = f->module ? f->module->n_funcs : 0;
   bool shrinks = false;
   if (!live || !keep) {
@@ -161,7 +162,7 @@ int kiln_pass_dce(ir_func *f) {
     }
     keep[i] = true;
     if (pass_is_control(ins)) { /* (its results' liveness first: what it keeps) */
-      if (!plans && !(plans = calloc((size_t)f->n_instrs, sizeof *plans))) {
+      if (!plans && !(plans = calloc((size_t)(n_plans = f->n_instrs), sizeof *plans))) {
         rc = kiln_set_error("dce: out of memory");
         break;
       }
@@ -190,7 +191,7 @@ int kiln_pass_dce(ir_func *f) {
       rc = pass_commit(&b);
   }
   if (rc && f->module) ir_module_truncate(f->module, keep_funcs);
-  for (int i = 0; plans && i < f->n_instrs; i++) plan_free(&plans[i]);
+  for (int i = 0; plans && i < n_plans; i++) plan_free(&plans[i]); /* (the commit may have shrunk f) */
   free(plans);
   free(live);
   free(keep);
