@@ -10,19 +10,6 @@
 #include "autodiff.h"
 #include "control.h"
 
-static void type_of(const kiln_tensor *t, op_type *ty) {
-  ty->dtype = (kiln_dtype)t->dtype;
-  ty->rank = t->rank;
-  for (int i = 0; i < t->rank; i++) ty->shape[i] = t->shape[i];
-}
-
-static bool same_type(const kiln_tensor *t, const op_type *ty) {
-  if (t->dtype != ty->dtype || t->rank != ty->rank) return false;
-  for (int i = 0; i < t->rank; i++)
-    if (t->shape[i] != ty->shape[i]) return false;
-  return true;
-}
-
 static bool scalar_bool(const kiln_tensor *t) { return t->dtype == KILN_BOOL && t->rank == 0; }
 
 /* n tensors, none NULL (a NULL keeps the error that made it) */
@@ -49,7 +36,7 @@ static int type_changed(const char *who, const char *role, const char *what, int
                         const kiln_tensor *got) {
   char a[256], b[256];
   op_type g;
-  type_of(got, &g);
+  op_type_of(got, &g);
   return kiln_set_error("%s: the %s returned %s %d as %s, expected %s", who, role, what, k,
                         ir_type_str(a, sizeof a, &g), ir_type_str(b, sizeof b, want));
 }
@@ -219,7 +206,7 @@ static int stage(const char *who, op_id op, op_attrs *a, int n_jobs, region_job 
   for (int i = 0; i < n_ops && !rc; i++) {
     ops[i] = i < n_head ? head[i] : env.t[i - n_head] ? env.t[i - n_head] : kiln_variable_read(env.v[i - n_head]);
     if (!ops[i]) rc = -1;
-    else type_of(ops[i], &types[i]);
+    else op_type_of(ops[i], &types[i]);
   }
   if (!rc) {
     a->callee = r[0] ? r[0]->func : NULL;
@@ -274,7 +261,7 @@ int kiln_cond(kiln_tensor *pred, kiln_body_fn then_fn, kiln_body_fn else_fn, voi
   if (!scalar_bool(pred)) {
     char t[256];
     op_type ty;
-    type_of(pred, &ty);
+    op_type_of(pred, &ty);
     return kiln_set_error("%s: the predicate is %s, expected bool[] (a scalar)", who, ir_type_str(t, sizeof t, &ty));
   }
   if (!(pred->flags & TF_SYMBOLIC)) { /* eager, or a known predicate while tracing: C control flow */
@@ -286,7 +273,7 @@ int kiln_cond(kiln_tensor *pred, kiln_body_fn then_fn, kiln_body_fn else_fn, voi
   int rc = head && types ? 0 : kiln_set_error("%s: out of memory", who);
   if (!rc) {
     head[0] = pred;
-    for (int i = 0; i < n; i++) head[1 + i] = in[i], type_of(in[i], &types[i]);
+    for (int i = 0; i < n; i++) head[1 + i] = in[i], op_type_of(in[i], &types[i]);
     region_job jobs[2] = {{"then branch", "cond.then", then_fn, n_out, NULL, NULL},
                           {"else branch", "cond.else", else_fn, n_out, NULL, NULL}};
     op_attrs a = {0};
@@ -316,7 +303,7 @@ static int while_eager(const char *who, kiln_body_fn cond_fn, kiln_body_fn body_
   kiln_tensor **cur = calloc(2 * (size_t)n + 1, sizeof *cur), **next = cur + n;
   op_type *types = malloc((size_t)n * sizeof *types);
   int rc = cur && types ? 0 : kiln_set_error("%s: out of memory", who);
-  for (int i = 0; i < n && !rc; i++) cur[i] = kiln_retain(init[i]), type_of(init[i], &types[i]);
+  for (int i = 0; i < n && !rc; i++) cur[i] = kiln_retain(init[i]), op_type_of(init[i], &types[i]);
   for (int64_t it = 0; !rc && (max_iterations < 0 || it < max_iterations); it++) {
     kiln_scope_push();
     kiln_tensor *p = NULL;
@@ -328,7 +315,7 @@ static int while_eager(const char *who, kiln_body_fn cond_fn, kiln_body_fn body_
     bool go = !rc && kiln_tensor_item(p) != 0;
     if (go) rc = run_body(who, "body", body_fn, user, n, cur, n, next);
     for (int k = 0; go && !rc && k < n; k++)
-      if (!same_type(next[k], &types[k])) rc = type_changed(who, "body", "state", k, &types[k], next[k]);
+      if (!op_type_is(next[k], &types[k])) rc = type_changed(who, "body", "state", k, &types[k], next[k]);
     for (int k = 0; go && !rc && k < n; k++) kiln_retain(next[k]);
     kiln_scope_pop();
     if (rc || !go) break;
@@ -404,7 +391,7 @@ int kiln_while_loop(kiln_body_fn cond_fn, kiln_body_fn body_fn, void *user, int 
     return while_as_scan(cond_fn, body_fn, user, n, init, max_iterations, final);
   op_type *types = malloc((size_t)n * sizeof *types);
   if (!types) return kiln_set_error("%s: out of memory", who);
-  for (int i = 0; i < n; i++) type_of(init[i], &types[i]);
+  for (int i = 0; i < n; i++) op_type_of(init[i], &types[i]);
   region_job jobs[2] = {{"cond", "while.cond", cond_fn, 1, NULL, NULL},
                         {"body", "while.body", body_fn, n, NULL, NULL}};
   op_attrs a = {0};
@@ -437,7 +424,7 @@ static int ys_types(const char *who, kiln_body_fn body, void *user, int n_in, co
   kiln_scope_push();
   trace *tr = trace_begin_region(n_in, in_types, sym);
   int rc = tr ? run_body(who, "body", body, user, n_in, sym, nc + n_ys, outs) : -1;
-  for (int k = 0; k < n_ys && !rc; k++) type_of(outs[nc + k], &ys[k]);
+  for (int k = 0; k < n_ys && !rc; k++) op_type_of(outs[nc + k], &ys[k]);
   trace_free(tr);
   kiln_scope_pop();
   free(sym);
@@ -452,9 +439,9 @@ static int scan_eager(const char *who, kiln_body_fn body, void *user, int nc, ki
   kiln_tensor **steps = calloc((size_t)n_ys * (size_t)len + 1, sizeof *steps); /* y k of step t at k * len + t */
   op_type *types = malloc(((size_t)n_in + n_ys + 1) * sizeof *types), *yt = types ? types + n_in : NULL;
   int rc = cur && steps && types ? 0 : kiln_set_error("%s: out of memory", who);
-  for (int i = 0; i < nc && !rc; i++) cur[i] = kiln_retain(init[i]), type_of(init[i], &types[i]);
+  for (int i = 0; i < nc && !rc; i++) cur[i] = kiln_retain(init[i]), op_type_of(init[i], &types[i]);
   for (int i = 0; i < nx && !rc; i++) {
-    type_of(xs[i], &types[nc + i]);
+    op_type_of(xs[i], &types[nc + i]);
     types[nc + i].rank--;
     memmove(types[nc + i].shape, types[nc + i].shape + 1, (size_t)types[nc + i].rank * sizeof *types->shape);
   }
@@ -465,10 +452,10 @@ static int scan_eager(const char *who, kiln_body_fn body, void *user, int nc, ki
       if (!(cur[nc + i] = kiln_index(xs[i], t))) rc = -1;
     if (!rc) rc = run_body(who, "body", body, user, n_in, cur, n_out, res);
     for (int k = 0; k < nc && !rc; k++)
-      if (!same_type(res[k], &types[k])) rc = type_changed(who, "body", "carry", k, &types[k], res[k]);
+      if (!op_type_is(res[k], &types[k])) rc = type_changed(who, "body", "carry", k, &types[k], res[k]);
     for (int k = 0; k < n_ys && !rc; k++) {
-      if (s == 0) type_of(res[nc + k], &yt[k]);
-      if (!same_type(res[nc + k], &yt[k])) rc = type_changed(who, "body", "y", k, &yt[k], res[nc + k]);
+      if (s == 0) op_type_of(res[nc + k], &yt[k]);
+      if (!op_type_is(res[nc + k], &yt[k])) rc = type_changed(who, "body", "y", k, &yt[k], res[nc + k]);
     }
     for (int k = 0; k < n_out && !rc; k++) kiln_retain(res[k]);
     kiln_scope_pop();
@@ -543,7 +530,7 @@ int kiln_scan(kiln_body_fn body, void *user, int n_carry, kiln_tensor *const *in
   int rc = head && out && types ? 0 : kiln_set_error("%s: out of memory", who);
   for (int i = 0; i < n_in && !rc; i++) {
     head[i] = i < n_carry ? init[i] : xs[i - n_carry];
-    type_of(head[i], &types[i]);
+    op_type_of(head[i], &types[i]);
     if (i >= n_carry) { /* x_t: one slice along axis 0 */
       types[i].rank--;
       memmove(types[i].shape, types[i].shape + 1, (size_t)types[i].rank * sizeof *types->shape);

@@ -111,12 +111,6 @@ static kiln_tensor *sym_tensor(trace *tr, const char *who, const op_type *ty, in
   return sym_tensor_sub(tr, who, ty, kind, index, 0);
 }
 
-static void type_of(const kiln_tensor *t, op_type *ty) {
-  ty->dtype = (kiln_dtype)t->dtype;
-  ty->rank = t->rank;
-  for (int i = 0; i < t->rank; i++) ty->shape[i] = t->shape[i];
-}
-
 /* The node of an input: its own for a symbolic tensor of this trace, a
  * (deduplicated) capture for a concrete one. -1 with the error set. */
 /* A value of tr->fwd read by tr: a residual parameter (deduplicated). */
@@ -137,7 +131,7 @@ static int residual_node(trace *tr, int fwd_id, const kiln_tensor *t) {
   int id = add_node(tr, NODE_RES, tr->n_res, 0, NULL);
   if (id < 0) return -1;
   tr->res_fwd[tr->n_res] = fwd_id;
-  type_of(t, &tr->res_types[tr->n_res++]);
+  op_type_of(t, &tr->res_types[tr->n_res++]);
   return id;
 }
 
@@ -213,7 +207,7 @@ kiln_tensor *trace_apply(op_id op, const op_attrs *attrs, int n, kiln_tensor *co
     goto fail;
   }
   for (int i = 0; i < n; i++) {
-    type_of(in[i], &types[i]);
+    op_type_of(in[i], &types[i]);
     if ((ids[i] = node_of(tr, who, i, in[i])) < 0) goto fail;
   }
   if (ir_check_op(op, attrs, n, types, &out)) goto fail;
@@ -248,7 +242,7 @@ static int var_index(trace *tr, kiln_variable *v, const kiln_tensor *value) {
   tr->var_write = w;
   tr->cap_vars = cap;
   tr->vars[k] = v;
-  type_of(value, &tr->var_types[k]);
+  op_type_of(value, &tr->var_types[k]);
   tr->var_write[k] = -1;
   tr->n_vars++;
   return k;
@@ -386,7 +380,7 @@ trace *trace_begin(int n_in, kiln_tensor *const *in, kiln_tensor **sym_in) {
   tr->prev = trace_current;
   for (int i = 0; i < n_in; i++) {
     op_type ty;
-    type_of(in[i], &ty);
+    op_type_of(in[i], &ty);
     if (!(sym_in[i] = scope_own(sym_tensor(tr, "function_call", &ty, NODE_ARG, i)))) {
       trace_free(tr);
       return NULL;
@@ -593,13 +587,13 @@ int trace_region_close(trace *tr, const char *who, int n_out, kiln_tensor *const
   if (tr->prev) tr->n_created = 0;
   op_type ty;
   for (int k = 0; k < tr->n_caps; k++) {
-    type_of(tr->caps[k], &ty);
+    op_type_of(tr->caps[k], &ty);
     if (env_add(env, tr->caps[k], NULL, &ty)) return -1;
   }
   for (int k = 0; k < tr->n_vars; k++)
     if (env_add(env, NULL, tr->vars[k], &tr->var_types[k])) return -1;
   for (int k = 0; k < tr->n_outer; k++) {
-    type_of(tr->outer[k], &ty);
+    op_type_of(tr->outer[k], &ty);
     if (env_add(env, tr->outer[k], NULL, &ty)) return -1;
   }
   return 0;
@@ -684,13 +678,13 @@ static int finish(trace *tr, const char *name, int n_out, kiln_tensor *const *ou
   fn->n_writes = n_writes;
   for (int r = 0; r < tr->n_recs; r++) fn->pcs[r] = tr->recs[r].pc; /* instruction r is record r */
   for (int id = 0; id < tr->n_nodes; id++)
-    if (tr->nodes[id].kind == NODE_ARG) type_of(tr->nodes[id].t, &params[tr->nodes[id].index]);
+    if (tr->nodes[id].kind == NODE_ARG) op_type_of(tr->nodes[id].t, &params[tr->nodes[id].index]);
   if (env) { /* a region: its captures, variables and outer values are the environment's */
     for (int k = 0; k < env->n; k++) params[tr->n_in + k] = env->type[k];
     for (int k = 0; k < tr->n_caps; k++) tr->cap_node[k] = env_find(env, tr->caps[k], NULL);
     for (int k = 0; k < tr->n_vars; k++) tr->var_write[k] = env_find(env, NULL, tr->vars[k]);
   } else {
-    for (int k = 0; k < tr->n_caps; k++) type_of(tr->caps[k], &params[tr->n_in + k]);
+    for (int k = 0; k < tr->n_caps; k++) op_type_of(tr->caps[k], &params[tr->n_in + k]);
     for (int k = 0; k < tr->n_vars; k++) params[tr->n_in + tr->n_caps + k] = tr->var_types[k];
     for (int k = 0; k < tr->n_res; k++) params[tr->n_in + tr->n_caps + tr->n_vars + k] = tr->res_types[k];
   }

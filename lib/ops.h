@@ -72,6 +72,21 @@ typedef struct op_type {
   int64_t shape[KILN_MAX_RANK];
 } op_type;
 
+/* The type of a tensor. */
+static inline void op_type_of(const kiln_tensor *t, op_type *ty) {
+  ty->dtype = (kiln_dtype)t->dtype;
+  ty->rank = t->rank;
+  for (int i = 0; i < t->rank; i++) ty->shape[i] = t->shape[i];
+}
+
+/* Is t of type ty? */
+static inline bool op_type_is(const kiln_tensor *t, const op_type *ty) {
+  if (t->dtype != ty->dtype || t->rank != ty->rank) return false;
+  for (int i = 0; i < t->rank; i++)
+    if (t->shape[i] != ty->shape[i]) return false;
+  return true;
+}
+
 /* Writes *out or sets an error that starts with the op's name; 0 / -1. */
 typedef int (*infer_fn)(op_id op, const op_attrs *a, int n, const op_type *in, op_type *out);
 

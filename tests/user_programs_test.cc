@@ -726,17 +726,22 @@ TEST(UserPrograms, GeneratorIsDeterministicAndCoversWhatUsersWrite) {
   EXPECT_GT(big, 10);
 }
 
+// p run eagerly, compiled and interpreted: "" or what differs
+std::string run_and_compare(const Program &p) {
+  Result want = run(p, EAGER);
+  if (!want.error.empty()) return "eager failed: " + want.error;
+  Result compiled = run(p, COMPILED), interpreted = run(p, INTERPRETED);
+  std::string m = differ(p, want, compiled, "compiled");
+  return m.empty() ? differ(p, want, interpreted, "interpreted") : m;
+}
+
 TEST(UserPrograms, EagerCompiledAndInterpretedAgree) {
   Scoped scope;
   int n = program_count(), compared = 0;
   for (uint64_t s = first_seed(); s < first_seed() + (uint64_t)n; s++) {
     Program p = Gen(s).make();
     kiln_scope_push();
-    Result want = run(p, EAGER);
-    ASSERT_EQ(want.error, "") << p.str();
-    Result compiled = run(p, COMPILED), interpreted = run(p, INTERPRETED);
-    std::string m = differ(p, want, compiled, "compiled");
-    if (m.empty()) m = differ(p, want, interpreted, "interpreted");
+    std::string m = run_and_compare(p);
     EXPECT_EQ(m, "") << p.str();
     kiln_scope_pop();
     compared++;
@@ -750,7 +755,7 @@ TEST(UserPrograms, EagerCompiledAndInterpretedAgree) {
 // staged compiled (real loops in the CPU backend's code) and staged
 // interpreted, gradients (kiln_gradients against an eager tape) included
 // except through unbounded while loops.
-TEST(UserPrograms, ControlFlowEagerAndInterpretedAgree) {
+TEST(UserPrograms, ControlFlowEagerCompiledAndInterpretedAgree) {
   Scoped scope;
   int n = program_count(), compared = 0, controlled = 0;
   for (uint64_t s = first_seed(); s < first_seed() + (uint64_t)n; s++) {
@@ -758,11 +763,7 @@ TEST(UserPrograms, ControlFlowEagerAndInterpretedAgree) {
     if (!p.control) continue;
     controlled++;
     kiln_scope_push();
-    Result want = run(p, EAGER);
-    ASSERT_EQ(want.error, "") << p.str();
-    Result compiled = run(p, COMPILED), interpreted = run(p, INTERPRETED);
-    std::string m = differ(p, want, compiled, "compiled");
-    if (m.empty()) m = differ(p, want, interpreted, "interpreted");
+    std::string m = run_and_compare(p);
     EXPECT_EQ(m, "") << p.str();
     kiln_scope_pop();
     compared++;

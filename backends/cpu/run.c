@@ -9,19 +9,6 @@
 #include "cpu/cpu.h"
 #include "matmul.h"
 
-static void tensor_type(const kiln_tensor *t, op_type *ty) {
-  ty->dtype = (kiln_dtype)t->dtype;
-  ty->rank = t->rank;
-  for (int k = 0; k < t->rank; k++) ty->shape[k] = t->shape[k];
-}
-
-static bool same_type(const kiln_tensor *t, const op_type *want) {
-  if (t->dtype != want->dtype || t->rank != want->rank) return false;
-  for (int k = 0; k < t->rank; k++)
-    if (t->shape[k] != want->shape[k]) return false;
-  return true;
-}
-
 static int arg_error(const cpu_program *p, int i, const kiln_tensor *t) {
   char want[256], have[256] = "NULL";
   ir_type_str(want, sizeof want, &p->param_types[i]);
@@ -31,7 +18,7 @@ static int arg_error(const cpu_program *p, int i, const kiln_tensor *t) {
     snprintf(have, sizeof have, "a tensor on device %d", t->device);
   } else if (t) {
     op_type ty;
-    tensor_type(t, &ty);
+    op_type_of(t, &ty);
     ir_type_str(have, sizeof have, &ty);
   }
   return kiln_set_error("cpu: @%s: argument %d is %s, the parameter is %s", p->name, i, have, want);
@@ -67,7 +54,7 @@ int cpu_run_donating(cpu_program *p, kiln_tensor *const *args, kiln_tensor **res
     return kiln_set_error("cpu: @%s: args or results is NULL", p->name);
   for (int i = 0; i < p->n_params; i++) {
     const kiln_tensor *t = args[i];
-    if (!t || (t->flags & TF_SYMBOLIC) || t->device != 0 || !same_type(t, &p->param_types[i]))
+    if (!t || (t->flags & TF_SYMBOLIC) || t->device != 0 || !op_type_is(t, &p->param_types[i]))
       return arg_error(p, i, t);
   }
   enum { SMALL = 16 };
@@ -168,12 +155,12 @@ static int run_host(const cpu_helper *h, void **bufs) {
   }
   for (int k = 0; k < h->n_out && !rc; k++) {
     const kiln_tensor *t = outs[k];
-    if (!t || (t->flags & TF_SYMBOLIC) || t->device != 0 || !same_type(t, &h->out_types[k])) {
+    if (!t || (t->flags & TF_SYMBOLIC) || t->device != 0 || !op_type_is(t, &h->out_types[k])) {
       char w[256], g[256] = "NULL";
       ir_type_str(w, sizeof w, &h->out_types[k]);
       if (t) {
         op_type ty;
-        tensor_type(t, &ty);
+        op_type_of(t, &ty);
         ir_type_str(g, sizeof g, &ty);
       }
       rc = kiln_set_error("host_call: @%s returned %s for output %d, declared %s", h->host_name, g, k, w);
