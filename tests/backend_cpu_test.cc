@@ -1013,6 +1013,47 @@ TEST(CpuBackend, IndexErrorsFailTheCall) {
   ir_module_free(m);
 }
 
+// Kernels that are the same code (a loop body traced twice, an unrolled
+// loop's steps) are compiled once: one LLVM function called from each
+// place, whatever buffers each is given (reuse.c).
+TEST(CpuBackend, KernelsThatAreTheSameCodeAreCompiledOnce) {
+  Scoped scope;
+  ir_module *m = ir_parse(
+      "func @f(%x: f32[1000], %y: f32[1000]) -> (f32[1000], f32[1000]) {\n"
+      "  %a = tanh %x : f32[1000]\n  %b = tanh %a : f32[1000]\n  %c = exp %b : f32[1000]\n"
+      "  %d = tanh %c : f32[1000]\n  %e = tanh %y : f32[1000]\n  %g = add %d, %e : f32[1000]\n"
+      "  %h = add %b, %e : f32[1000]\n  return %g, %h\n}\n",
+      "reuse.kir");
+  ASSERT_NE(m, nullptr) << kiln_last_error();
+  const int64_t n[1] = {1000};
+  std::vector<kiln_tensor *> args = {kiln_random_uniform(KILN_F32, 1, n, -2, 2),
+                                     kiln_random_uniform(KILN_F32, 1, n, -2, 2)};
+  for (int parts = 1; parts <= 2; parts++) {
+    cpu_options o{};
+    o.parts = parts;
+    EXPECT_TRUE(same_as_interpreter(m->funcs[0], args, Tol{0, 1e-5}, "reuse", nullptr, &o)) << parts;
+    cpu_program *p = cpu_compile_with(m->funcs[0], &o);
+    ASSERT_NE(p, nullptr) << kiln_last_error();
+    EXPECT_EQ(cpu_program_kernels(p), 7);
+    char *ll = cpu_program_text(p, "llvm");
+    ASSERT_NE(ll, nullptr) << kiln_last_error();
+    // The four tanh kernels are one function, called four times (and kept
+    // out of line); the two adds one more; exp, used once, is inlined.
+    int defs = 0;
+    for (const char *at = ll; (at = strstr(at, "define ")); at++) {
+      const char *eol = strchr(at, '\n');
+      std::string line(at, eol ? eol : at + strlen(at));
+      if (line.find("@kernel") != std::string::npos && line.find(".task") == std::string::npos) defs++;
+    }
+    if (parts == 1) {
+      EXPECT_EQ(defs, 2) << ll;
+    }
+    free(ll);
+    cpu_program_free(p);
+  }
+  ir_module_free(m);
+}
+
 // ---- text ----
 
 TEST(CpuBackend, TextStages) {
@@ -1105,11 +1146,16 @@ TEST(CpuBackend, ProgramsCompiledInTwoPartsMatchTheInterpreter) {
 // kernels in one (its kernels stay inlinable into the entry).
 TEST(CpuBackend, BigProgramsCompileInTwoPartsByDefault) {
   Scoped scope;
-  std::string big = "func @f(%x: f32[1024,64]) -> f32[1024,64] {\n  %v0 = tanh %x : f32[1024,64]\n";
+  // twelve kernels of vector math, no two the same code (reuse.c would
+  // compile a repeated one once): six ops over two sizes
+  std::string big = "func @f(%x: f32[1024,64], %y: f32[1000,64]) -> (f32[1024,64], f32[1000,64]) {\n";
   const char *ops[] = {"sin", "exp", "cos", "tanh", "sigmoid", "log1p"};
-  for (int k = 1; k <= 12; k++)  // an op each: twelve kernels of vector math
-    big += "  %v" + std::to_string(k) + " = " + ops[k % 6] + " %v" + std::to_string(k - 1) + " : f32[1024,64]\n";
-  big += "  return %v12\n}\n";
+  for (int k = 0; k < 12; k++) {
+    std::string ty = k < 6 ? "f32[1024,64]" : "f32[1000,64]";
+    std::string from = k == 0 ? "%x" : k == 6 ? "%y" : "%v" + std::to_string(k - 1);
+    big += "  %v" + std::to_string(k) + " = " + ops[k % 6] + " " + from + " : " + ty + "\n";
+  }
+  big += "  return %v5, %v11\n}\n";
   ir_module *m = ir_parse(big.c_str(), "big.kir");
   ASSERT_NE(m, nullptr) << kiln_last_error();
   cpu_program *p = cpu_compile(m->funcs[0]);

@@ -28,6 +28,7 @@
 static void build_free(cpu_build *cb) {
   plan_free(&cb->pl);
   free(cb->slot_ptr);
+  cpu_reuse_free(&cb->reuse);
   if (cb->eb) LLVMDisposeBuilder(cb->eb);
   llvm_emit_dispose(&cb->e);
   memset(cb, 0, sizeof *cb); /* a second call does nothing */

@@ -27,6 +27,13 @@ static inline double cpu_now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
+/* The kernels emitted so far, each by its text (reuse.c). */
+typedef struct {
+  int n, cap;
+  char **text;
+  LLVMValueRef *fn, *task;
+} cpu_reuse;
+
 /* What compiling one function builds: the shared plan (backends/plan),
  * then the LLVM module that emission fills in. */
 typedef struct {
@@ -43,6 +50,7 @@ typedef struct {
   LLVMValueRef entry, call_arg, ctx_array, *slot_ptr;
   LLVMTypeRef ty_par, ty_helper, ty_fail, ty_task;
   LLVMValueRef fn_par, fn_helper, fn_fail;
+  cpu_reuse reuse;
 } cpu_build;
 
 /* What the entry needs to know about an emitted kernel. */
@@ -55,6 +63,13 @@ typedef struct {
   bool can_fail;
   op_id fail_op;
 } kinfo;
+
+/* ---- reuse.c ---- */
+/* ki, just emitted, is the same code as a kernel emitted before: its
+ * functions are deleted and ki takes that kernel's (1); or ki is new and
+ * remembered (0); -1 out of memory. */
+int cpu_reuse_kernel(cpu_build *cb, kinfo *ki);
+void cpu_reuse_free(cpu_reuse *r);
 
 /* "cpu: out of memory"; -1 */
 int cpu_oom(void);

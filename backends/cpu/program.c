@@ -115,6 +115,7 @@ int cpu_emit_steps(cpu_build *cb, const plan_step *steps, int n) {
     if (st->kind == PLAN_STEP_KERNEL) {
       kinfo ki;
       int id = st->index, rc = cpu_emit_kernel(cb, &cb->pl.kernels[id], id, &ki);
+      if (!rc) rc = cpu_reuse_kernel(cb, &ki) < 0 ? -1 : 0;
       if (rc) {
         free(ki.buf_slot);
         return -1;
