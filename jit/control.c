@@ -233,7 +233,8 @@ static int stage(const char *who, op_id op, op_attrs *a, int n_jobs, region_job 
     r[0] = r[1] = NULL; /* taken */
   }
   if (with_grad && !rc)
-    rc = cf_record_gradients(grad, rg, n_head, head, n_ops - n_head, ops + n_head, out, out + grad->n_out - grad->nc);
+    rc = cf_record_gradients(grad, rg, n_head, head, n_ops - n_head, ops + n_head, out,
+                             out + grad->n_out - grad->nc - grad->n_draws);
   ir_module_free(copies);
   for (int k = 0; k < n_res && !rc; k++) kiln_scope_escape(out[k]);
   for (int k = 0; k < 2; k++)
@@ -485,20 +486,41 @@ static int scan_eager(const char *who, kiln_body_fn body, void *user, int nc, ki
   return rc;
 }
 
-/* A scan body that also returns the carries it received (the backward's
- * residuals). */
+/* A scan body that also returns the carries it received and the random
+ * numbers it drew (the backward's residuals: it replays the step with the
+ * same draws). */
 typedef struct {
   kiln_body_fn body;
   void *user;
-  int nc, n_ys;
+  int nc, n_ys, n_draws;
 } scan_aug;
 
 static int augmented(void *user, int n, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
   (void)n_out;
   const scan_aug *s = user;
+  int first = trace_draw_count(trace_current);
   if (run_body("scan", "body", s->body, s->user, n, in, s->nc + s->n_ys, out)) return -1;
   for (int j = 0; j < s->nc; j++) out[s->nc + s->n_ys + j] = in[j];
+  if (trace_draw_count(trace_current) - first != s->n_draws)
+    return kiln_set_error("scan: the body drew %d random tensors, then %d: it must draw the same each time",
+                          s->n_draws, trace_draw_count(trace_current) - first);
+  for (int k = 0; k < s->n_draws; k++)
+    if (!(out[2 * s->nc + s->n_ys + k] = trace_draw(trace_current, first + k))) return -1;
   return 0;
+}
+
+/* How many random tensors the body draws (its own ops, not nested
+ * regions'), from a trace of it that is thrown away; -1 on error. */
+static int count_draws(const char *who, kiln_body_fn body, void *user, int n_in, const op_type *in_types, int n_out) {
+  kiln_tensor **sym = calloc((size_t)n_in + n_out + 1, sizeof *sym), **outs = sym + n_in;
+  if (!sym) return kiln_set_error("%s: out of memory", who);
+  kiln_scope_push();
+  trace *tr = trace_begin_region(n_in, in_types, sym);
+  int rc = tr ? run_body(who, "body", body, user, n_in, sym, n_out, outs) : -1, n = trace_draw_count(tr);
+  trace_free(tr); /* what it recorded, variables' assignments included, is dropped */
+  kiln_scope_pop();
+  free(sym);
+  return rc ? -1 : n;
 }
 
 int kiln_scan(kiln_body_fn body, void *user, int n_carry, kiln_tensor *const *init, int n_xs, kiln_tensor *const *xs,
@@ -540,17 +562,23 @@ int kiln_scan(kiln_body_fn body, void *user, int n_carry, kiln_tensor *const *in
     /* under a tape, the steps' incoming carries are stacked too (extra ys):
      * the backward scan reads them */
     bool grad = tape_active_count > 0;
-    scan_aug aug = {body, user, n_carry, n_ys};
-    region_job job = {"body", "scan.body", grad ? augmented : body, n_carry + n_ys + (grad ? n_carry : 0), NULL, NULL};
+    int n_draws = grad ? count_draws(who, body, user, n_in, types, n_carry + n_ys) : 0;
+    if (n_draws < 0) rc = -1, n_draws = 0;
+    kiln_tensor **more = n_draws ? realloc(out, (2 * (size_t)n_carry + n_ys + n_draws + 1) * sizeof *out) : out;
+    if (!more) rc = kiln_set_error("%s: out of memory", who);
+    else out = more;
+    scan_aug aug = {body, user, n_carry, n_ys, n_draws};
+    region_job job = {"body", "scan.body", grad ? augmented : body, n_carry + n_ys + (grad ? n_carry + n_draws : 0),
+                      NULL, NULL};
     op_attrs a = {0};
     a.n_state = n_carry;
     a.n_xs = n_xs;
     a.trip = len;
     a.reverse = reverse;
-    cf_spec g = {.op = OP_SCAN, .n_in = n_in, .n_out = 2 * n_carry + n_ys, .nc = n_carry, .nx = n_xs,
-                 .n_ys = n_ys + n_carry, .len = len, .reverse = reverse};
+    cf_spec g = {.op = OP_SCAN, .n_in = n_in, .n_out = 2 * n_carry + n_ys + n_draws, .nc = n_carry, .nx = n_xs,
+                 .n_ys = n_ys + n_carry + n_draws, .n_draws = n_draws, .len = len, .reverse = reverse};
     written w = {0, NULL};
-    rc = stage(who, OP_SCAN, &a, 1, &job, grad ? (void *)&aug : user, n_in, types, n_in, head, out,
+    if (!rc) rc = stage(who, OP_SCAN, &a, 1, &job, grad ? (void *)&aug : user, n_in, types, n_in, head, out,
                grad ? &g : NULL, &w);
     if (rc == 1) { /* the body assigns variables: carried after the carries */
       carrying c = {{body, NULL}, user, n_carry, {n_carry, n_carry}, w};

@@ -10,7 +10,9 @@ typedef struct cf_spec {
   op_id op;             /* OP_COND or OP_SCAN */
   int n_in;             /* explicit inputs of a region: cond n; scan carries + xs */
   int n_out;            /* the instruction's outputs: cond n_out; scan carries + ys (+ the stacked carries) */
-  int nc, nx, n_ys;     /* scan: n_ys counts the stacked carries, the last nc ys */
+  /* scan: n_ys counts the stacked carries (nc ys after the body's own) and
+   * the stacked random draws (the last n_draws) */
+  int nc, nx, n_ys, n_draws;
   int64_t len;
   bool reverse;
 } cf_spec;
@@ -21,9 +23,11 @@ typedef struct cf_spec {
  * (cond: pred, inputs; scan: carries, xs) and env the environment's
  * operands (retained by the nodes); outs[0..s->n_out) its outputs, replaced
  * by the nodes' results. For a scan, stack[0..nc) holds each step's
- * incoming carries (stacked, the last nc outputs: they get nodes too, so
+ * incoming carries (stacked, nc outputs after the body's ys: they get nodes too, so
  * that a second derivative sees how they depend on the inputs), which the
- * backward scan reads. 0 / -1. */
+ * backward scan reads; and when the body draws random numbers, the
+ * outputs after them are each draw, stacked, that the backward's replay of
+ * a step uses instead of drawing again. 0 / -1. */
 int cf_record_gradients(const cf_spec *s, const ir_func *const *regions, int n_head, kiln_tensor *const *head,
                         int n_env, kiln_tensor *const *env, kiln_tensor **outs, kiln_tensor *const *stack);
 

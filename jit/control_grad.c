@@ -17,7 +17,8 @@
  * recording: the tapes see the ops. Nested control flow goes through the
  * public calls, whose bodies replay the nested regions. */
 
-static int replay(const ir_func *g, kiln_tensor *const *args, kiln_tensor **results, int depth);
+static int replay(const ir_func *g, kiln_tensor *const *args, kiln_tensor **results, int depth,
+                  kiln_tensor *const *draws);
 
 typedef struct {
   const ir_func *r[2];
@@ -32,7 +33,7 @@ static int replay_region(void *user, int b, int n, kiln_tensor *const *in, kiln_
   if (!args) return kiln_set_error("trace: out of memory");
   for (int i = 0; i < n; i++) args[i] = in[i];
   for (int i = 0; i < c->n_env; i++) args[n + i] = c->env[i];
-  int rc = replay(c->r[b], args, out, c->depth + 1);
+  int rc = replay(c->r[b], args, out, c->depth + 1, NULL);
   free(args);
   return rc;
 }
@@ -67,10 +68,13 @@ static int replay_control(const ir_instr *in, kiln_tensor *const *ins, kiln_tens
   }
 }
 
-static int replay(const ir_func *g, kiln_tensor *const *args, kiln_tensor **results, int depth) {
+/* draws: the values of g's own random instructions, in order (the forward
+ * step's), or NULL (a region that draws has no gradient then) */
+static int replay(const ir_func *g, kiln_tensor *const *args, kiln_tensor **results, int depth,
+                  kiln_tensor *const *draws) {
   if (depth > 64) return kiln_set_error("trace: regions nested too deeply to replay");
   kiln_tensor **v = calloc((size_t)g->n_values + 1, sizeof *v), **ins = NULL;
-  int cap = 0, rc = v ? 0 : kiln_set_error("trace: out of memory");
+  int cap = 0, rc = v ? 0 : kiln_set_error("trace: out of memory"), drawn = 0;
   for (int i = 0; i < g->n_params && !rc; i++) v[i] = args[i];
   for (int i = 0; i < g->n_instrs && !rc; i++) {
     const ir_instr *in = &g->instrs[i];
@@ -88,12 +92,15 @@ static int replay(const ir_func *g, kiln_tensor *const *args, kiln_tensor **resu
     if (in->op == OP_CONSTANT) {
       v[in->out] = in->attrs.value;
     } else if (kind == OPK_CALL) {
-      rc = replay(in->attrs.callee, ins, v + in->out, depth + 1);
+      rc = replay(in->attrs.callee, ins, v + in->out, depth + 1, NULL);
     } else if (kind == OPK_CONTROL) {
       rc = replay_control(in, ins, v + in->out, depth);
+    } else if (kind == OPK_RANDOM && draws) { /* the forward's draw, not a new one */
+      v[in->out] = draws[drawn++];
     } else if (kind == OPK_RANDOM) {
-      rc = kiln_set_error("%s: a staged loop or branch that draws random numbers has no gradient yet (its "
-                          "draws would differ in the backward pass)", kiln_ops[in->op].api);
+      rc = kiln_set_error("%s: a staged branch, or a loop nested in a staged loop's body, that draws random "
+                          "numbers has no gradient yet (its draws would differ in the backward pass)",
+                          kiln_ops[in->op].api);
     } else if (kind == OPK_HOST) {
       const ir_host *h = in->attrs.host;
       kiln_spec *specs = calloc((size_t)h->n_out + 1, sizeof *specs);
@@ -127,7 +134,7 @@ struct cf_node {
   ir_module *m;          /* copies of the regions */
   const ir_func *r[2];
   int n_head, n_env;
-  kiln_tensor **head, **env, **stack; /* retained */
+  kiln_tensor **head, **env, **stack, **draws; /* retained */
   cf_slot *slots;
 };
 
@@ -147,6 +154,7 @@ static void node_free(cf_node *nd) {
   release_n(nd->n_head, nd->head);
   release_n(nd->n_env, nd->env);
   release_n(nd->s.nc, nd->stack);
+  release_n(nd->s.n_draws, nd->draws);
   free(nd->slots);
   free(nd);
 }
@@ -164,7 +172,7 @@ static const tape_closure scan_closure = {node_retain, node_release, "scan"};
 /* g[0..n_in + n_env) = d L / d (in, env), L = sum_j <out_j, seeds[j]> over
  * the body's float outputs with a seed; zeros where L does not depend. */
 static int body_vjp(const cf_node *nd, int b, int n_in, kiln_tensor *const *in, kiln_tensor *const *seeds,
-                    kiln_tensor **g) {
+                    kiln_tensor *const *draws, kiln_tensor **g) {
   const char *who = kiln_ops[nd->s.op].api;
   int n_src = n_in + nd->n_env, n_out = nd->r[b]->n_results, rc = 0;
   kiln_tensor **src = calloc((size_t)n_src + n_out + 1, sizeof *src), **o = src + n_src;
@@ -174,7 +182,7 @@ static int body_vjp(const cf_node *nd, int b, int n_in, kiln_tensor *const *in, 
   if (!tape) rc = -1;
   for (int i = 0; i < n_src && !rc; i++)
     if (is_float(src[i])) kiln_tape_watch(tape, src[i]);
-  if (!rc) rc = replay(nd->r[b], src, o, 0); /* the region's parameters: its inputs, then the environment */
+  if (!rc) rc = replay(nd->r[b], src, o, 0, draws); /* the region's parameters: its inputs, then the environment */
   kiln_tensor *loss = NULL;
   for (int j = 0; j < nd->s.n_out && !rc; j++) {
     if (!seeds[j] || !is_float(o[j])) continue;
@@ -202,7 +210,7 @@ static int cond_vjp(void *user, int b, int n, kiln_tensor *const *in, kiln_tenso
   kiln_tensor **seeds = calloc((size_t)nd->s.n_out + 1, sizeof *seeds);
   if (!seeds) return kiln_set_error("cond: out of memory");
   seeds[sl->k] = in[n_in];
-  int rc = body_vjp(nd, b, n_in, in, seeds, out);
+  int rc = body_vjp(nd, b, n_in, in, seeds, NULL, out);
   free(seeds);
   return rc;
 }
@@ -236,8 +244,9 @@ static int cond_grad(void *user, int n, kiln_tensor *const *xs, kiln_tensor *y, 
 
 /* ---- scan ---- */
 
-/* in: dcarry (nc), denv (n_env), the step's carry (nc), x_t (nx), then dy_t
- * where the slot's output is a y; out: dcarry, denv + this step's, dx_t */
+/* in: dcarry (nc), denv (n_env), the step's carry (nc), x_t (nx), dy_t
+ * where the slot's output is a y, then the step's draws; out: dcarry, denv
+ * + this step's, dx_t */
 static int scan_vjp(void *user, int n, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
   (void)n, (void)n_out;
   const cf_slot *sl = user;
@@ -248,7 +257,7 @@ static int scan_vjp(void *user, int n, kiln_tensor *const *in, int n_out, kiln_t
   if (!seeds) return kiln_set_error("scan: out of memory");
   for (int j = 0; j < nc; j++) seeds[j] = dc[j];
   if (sl->k >= nc) seeds[sl->k] = in[nc + ne + n_in];
-  rc = body_vjp(nd, 0, n_in, step_in, seeds, g);
+  rc = body_vjp(nd, 0, n_in, step_in, seeds, step_in + n_in + (sl->k >= nc), g);
   for (int j = 0; j < nc && !rc; j++) out[j] = g[j];
   for (int j = 0; j < ne && !rc; j++) /* summed over the steps; none for integers and bools */
     if (!(out[nc + j] = is_float(denv[j]) ? kiln_add(denv[j], g[n_in + j]) : denv[j])) rc = -1;
@@ -263,7 +272,7 @@ static int scan_grad(void *user, int n, kiln_tensor *const *xs, kiln_tensor *y, 
   const cf_slot *sl = user;
   const cf_node *nd = sl->node;
   int nc = nd->s.nc, nx = nd->s.nx, ne = nd->n_env, k = sl->k, rc = 0;
-  int n_carry = nc + ne, n_xs = nc + nx + (k >= nc);
+  int n_carry = nc + ne, n_xs = nc + nx + (k >= nc) + nd->s.n_draws;
   kiln_tensor **init = calloc((size_t)n_carry + n_xs + n_carry + nx + 1, sizeof *init);
   if (!init) return kiln_set_error("scan: out of memory");
   kiln_tensor **seq = init + n_carry, **fin = seq + n_xs, **dxt = fin + n_carry;
@@ -274,6 +283,7 @@ static int scan_grad(void *user, int n, kiln_tensor *const *xs, kiln_tensor *y, 
   for (int j = 0; j < nc; j++) seq[j] = nd->stack[j];
   for (int i = 0; i < nx; i++) seq[nc + i] = xs[nc + i];
   if (k >= nc) seq[nc + nx] = dy;
+  for (int i = 0; i < nd->s.n_draws; i++) seq[nc + nx + (k >= nc) + i] = nd->draws[i];
   if (!rc)
     rc = kiln_scan(scan_vjp, user, n_carry, init, n_xs, seq, nd->s.len, !nd->s.reverse, nx, fin, nx ? dxt : NULL);
   for (int i = 0; i < n; i++) dxs[i] = NULL;
@@ -317,9 +327,10 @@ int cf_record_gradients(const cf_spec *s, const ir_func *const *regions, int n_h
     nd->head = calloc((size_t)n_head + 1, sizeof *nd->head);
     nd->env = calloc((size_t)n_env + 1, sizeof *nd->env);
     nd->stack = calloc((size_t)s->nc + 1, sizeof *nd->stack);
+    nd->draws = calloc((size_t)s->n_draws + 1, sizeof *nd->draws);
     nd->slots = calloc((size_t)s->n_out + 1, sizeof *nd->slots);
   }
-  if (!nd || !ops || !nd->m || !nd->head || !nd->env || !nd->stack || !nd->slots) {
+  if (!nd || !ops || !nd->m || !nd->head || !nd->env || !nd->stack || !nd->draws || !nd->slots) {
     if (nd) node_free(nd);
     free(ops);
     return kiln_set_error("%s: out of memory", who);
@@ -327,10 +338,11 @@ int cf_record_gradients(const cf_spec *s, const ir_func *const *regions, int n_h
   for (int i = 0; i < n_head; i++) ops[i] = nd->head[i] = kiln_retain(head[i]);
   for (int i = 0; i < n_env; i++) ops[n_head + i] = nd->env[i] = kiln_retain(env[i]);
   for (int j = 0; s->op == OP_SCAN && j < s->nc; j++) nd->stack[j] = kiln_retain(stack[j]);
+  for (int j = 0; j < s->n_draws; j++) nd->draws[j] = kiln_retain(stack[s->nc + j]);
   int rc = 0;
   for (int k = 0; k < s->n_out && !rc; k++) {
     nd->slots[k] = (cf_slot){nd, k};
-    if (!is_float(outs[k])) continue;
+    if (!is_float(outs[k]) || k >= s->n_out - s->n_draws) continue; /* draws depend on nothing */
     pending = outs[k];
     kiln_tensor *y = tape_custom_gradient(forward_done, s->op == OP_COND ? cond_grad : scan_grad, &nd->slots[k],
                                           s->op == OP_COND ? &cond_closure : &scan_closure, n_head + n_env, ops);

@@ -129,6 +129,12 @@ int trace_region_close(trace *tr, const char *who, int n_out, kiln_tensor *const
 /* The variables region tr's body assigned (*vars malloc'd); their count,
  * -1 on out of memory. */
 int trace_region_written(const trace *tr, kiln_variable ***vars);
+/* The random draws tr recorded so far (its own instructions, not those of
+ * regions nested in it), in order. */
+int trace_draw_count(const trace *tr);
+/* A symbolic tensor for the value of draw k of tr (a new tensor of the
+ * caller's scope); NULL with the error set. */
+kiln_tensor *trace_draw(trace *tr, int k);
 /* Forgets the active trace's assignment of v (its value was carried out of
  * a region as an output instead). */
 void trace_variable_unwrite(kiln_variable *v);

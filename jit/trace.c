@@ -67,6 +67,10 @@ struct trace {
   bool region;
   kiln_tensor **outer;
   int n_outer, cap_outer;
+  /* its own random draws, in order: each one's record and type */
+  int *draw_rec;
+  op_type *draw_type;
+  int n_draws, cap_draws, cap_draw_types;
 };
 
 static int grow(void **p, int *cap, int need, size_t elem) {
@@ -218,6 +222,14 @@ kiln_tensor *trace_apply(op_id op, const op_attrs *attrs, int n, kiln_tensor *co
     op_attrs *a = &tr->recs[tr->n_recs].attrs;
     a->stateful = true;
     a->seed = a->counter = 0;
+    if (grow((void **)&tr->draw_rec, &tr->cap_draws, tr->n_draws + 1, sizeof *tr->draw_rec) ||
+        grow((void **)&tr->draw_type, &tr->cap_draw_types, tr->n_draws + 1, sizeof *tr->draw_type)) {
+      kiln_release(t);
+      t = NULL;
+      goto fail; /* the record was not counted yet: fail frees its ids */
+    }
+    tr->draw_rec[tr->n_draws] = tr->n_recs;
+    tr->draw_type[tr->n_draws++] = out;
   }
   tr->n_recs++;
   if (types != small) free(types);
@@ -455,7 +467,16 @@ void trace_free(trace *tr) {
   free(tr->var_write);
   free(tr->res_fwd);
   free(tr->res_types);
+  free(tr->draw_rec);
+  free(tr->draw_type);
   free(tr);
+}
+
+int trace_draw_count(const trace *tr) { return tr ? tr->n_draws : 0; }
+
+kiln_tensor *trace_draw(trace *tr, int k) {
+  if (!tr || k < 0 || k >= tr->n_draws) return kiln_set_error("trace: no draw %d", k), NULL;
+  return scope_own(sym_tensor(tr, "trace", &tr->draw_type[k], NODE_INSTR, tr->draw_rec[k]));
 }
 
 void traced_fn_free(traced_fn *fn) {

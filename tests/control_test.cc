@@ -744,6 +744,98 @@ int rnn_loss_unrolled(void *, int n, kiln_tensor *const *in, int, kiln_tensor **
   return out[0] ? 0 : -1;
 }
 
+// Dropout in a recurrent scan: the body draws a mask every step, and the
+// gradient uses the forward's masks (stacked residuals), not new draws.
+// Seeded, the staged run draws what the eager C loop draws, so staged and
+// eager gradients agree, and central differences (reseeded per run) too.
+kiln_tensor *g_drop_w;
+
+int dropout_step(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *pre = kiln_tanh(kiln_add(kiln_matmul(in[0], g_drop_w), in[1]));
+  const int64_t *shape = kiln_tensor_shape(in[0]);
+  kiln_tensor *u = kiln_random_uniform(KILN_F64, 2, shape, 0, 1);
+  kiln_tensor *keep = kiln_cast(kiln_less(u, kiln_scalar_like(u, 0.7)), KILN_F64);
+  out[0] = kiln_div(kiln_mul(pre, keep), kiln_scalar_like(pre, 0.7));
+  out[1] = kiln_mul(out[0], u); // the draw itself reaches the loss too
+  return out[0] && out[1] ? 0 : -1;
+}
+
+int dropout_rnn(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  g_drop_w = in[2];
+  kiln_tensor *h = nullptr, *ys = nullptr;
+  if (kiln_scan(dropout_step, nullptr, 1, &in[0], 1, &in[1], -1, false, 1, &h, &ys)) return -1;
+  out[0] = kiln_add(kiln_reduce_sum(kiln_square(h), 0, nullptr, false), kiln_reduce_sum(kiln_sin(ys), 0, nullptr, false));
+  return out[0] ? 0 : -1;
+}
+
+TEST_P(ControlGradients, ScanBodiesThatDrawRandomNumbersHaveGradients) {
+  Scoped s;
+  Backend env(GetParam());
+  std::vector<double> xv, wv;
+  for (int i = 0; i < 5 * 3 * 4; i++) xv.push_back(std::sin(i * 0.37));
+  for (int i = 0; i < 16; i++) wv.push_back(std::cos(i * 0.9) * 0.6);
+  std::vector<double> hv;
+  for (int i = 0; i < 12; i++) hv.push_back(0.1 * i - 0.5);
+  std::vector<kiln_tensor *> in = {f64({3, 4}, hv), f64({5, 3, 4}, xv), f64({4, 4}, wv)};
+  kiln_function *f = kiln_function_new("dropout_rnn", dropout_rnn, nullptr, 3, 1);
+  kiln_random_seed(3);
+  std::vector<kiln_tensor *> st = staged_grads(f, in);
+  kiln_random_seed(3);
+  std::vector<kiln_tensor *> ea = eager_grads(dropout_rnn, 1, in);
+  for (size_t i = 0; i < in.size(); i++) {
+    SCOPED_TRACE("input " + std::to_string(i));
+    ASSERT_NE(st[i], nullptr);
+    ASSERT_NE(ea[i], nullptr);
+    EXPECT_TRUE(allclose(st[i], ea[i], 1e-9, 1e-12)) << "staged " << testing::PrintToString(values(st[i]))
+                                                     << " eager " << testing::PrintToString(values(ea[i]));
+    VD g = values(st[i]);
+    for (int64_t e = 0; e < (int64_t)g.size(); e += 3) {
+      auto eval = [&](double delta) {
+        std::vector<kiln_tensor *> x = in;
+        VD v = values(in[i]);
+        v[(size_t)e] += delta;
+        x[i] = from_values(KILN_F64, shape_of(in[i]), v);
+        kiln_tensor *o = nullptr;
+        kiln_random_seed(3);
+        EXPECT_EQ(dropout_rnn(nullptr, 3, x.data(), 1, &o), 0);
+        return kiln_tensor_item(o);
+      };
+      EXPECT_NEAR(g[(size_t)e], (eval(1e-6) - eval(-1e-6)) / 2e-6, 1e-5 * (1 + std::fabs(g[(size_t)e]))) << e;
+    }
+  }
+  // the masks differ from step to step and from call to call (fresh draws)
+  kiln_tensor *a = nullptr, *b = nullptr;
+  ASSERT_EQ(kiln_function_call(f, in.data(), &a), 0) << kiln_last_error();
+  ASSERT_EQ(kiln_function_call(f, in.data(), &b), 0) << kiln_last_error();
+  EXPECT_NE(kiln_tensor_item(a), kiln_tensor_item(b));
+  kiln_function_free(f);
+}
+
+// A branch that draws has no gradient yet: an error naming the op, not
+// gradients of other draws.
+int drawing_branch(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_mul(in[0], kiln_random_uniform(KILN_F64, 0, nullptr, 0, 1));
+  return out[0] ? 0 : -1;
+}
+
+int drawing_cond(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *p = kiln_greater(kiln_reduce_sum(in[0], 0, nullptr, false), kiln_scalar_like(in[0], 0));
+  return kiln_cond(p, drawing_branch, drawing_branch, nullptr, 1, in, 1, out);
+}
+
+TEST_P(ControlGradients, BranchesThatDrawRandomNumbersSayTheyHaveNoGradient) {
+  Scoped s;
+  Backend env(GetParam());
+  kiln_function *f = kiln_function_new("drawing_cond", drawing_cond, nullptr, 1, 1);
+  kiln_function *g = kiln_gradients(f);
+  ASSERT_NE(g, nullptr) << kiln_last_error();
+  kiln_tensor *x = f64({0.5, 1.0}), *d = nullptr;
+  EXPECT_NE(kiln_function_call(g, &x, &d), 0);
+  EXPECT_THAT(kiln_last_error(), HasSubstr("random_uniform: a staged branch"));
+  kiln_function_free(g);
+  kiln_function_free(f);
+}
+
 TEST_P(ControlGradients, ScanMatchesTheUnrolledLoopsGradient) {
   Scoped s;
   Backend env(GetParam());
