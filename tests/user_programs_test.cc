@@ -92,6 +92,7 @@ enum Kind {
   // control flow, made from a UNARY or BINARY step by with_control (never by step()):
   COND,       // cond(sum(a) > 0, then: the step's op, else: another op), b captured by the branches
   SCAN,       // over axis 0 of a: carry' = binary(axis % 6, carry, unary(op, x_t)), y_t = carry'; u = ys
+              // (var: times a dropout mask drawn in the body each step)
   WHILE,      // (s, i) = (a, 0); while i < 1 + axis % 3: s = max(unary(op, s), b), b captured
 };
 
@@ -126,6 +127,7 @@ struct Program {
       const Step &s = steps[i];
       r += "  v" + std::to_string(inputs.size() + i) + " = " + names[s.kind] + "(";
       if (s.kind == VAR_READ || s.kind == VAR_ADD) r += "var" + std::to_string(s.var) + (s.a >= 0 ? ", " : "");
+      if (s.kind == SCAN && s.var) r += "dropout, ";
       if (s.a >= 0) r += "v" + std::to_string(s.a);
       if (s.b >= 0) r += ", v" + std::to_string(s.b);
       r += ") op=" + std::to_string(s.op) + " axis=" + std::to_string(s.axis) + " -> " +
@@ -425,6 +427,7 @@ Program with_control(Program p) {
     } else if (r == 1) {
       st.kind = SCAN;
       st.b = -1;
+      st.var = (st.op + st.axis) % 3 == 0;  // from the choices made: the other programs stay the same
     } else {
       st.kind = WHILE;
       p.unbounded |= st.axis == 5;
@@ -492,6 +495,11 @@ int cf_else(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
 int cf_scan(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   const CfCtx *c = (const CfCtx *)user;
   out[0] = binary(c->s->axis % 6, in[0], unary(c->s->op, in[1]));
+  if (c->s->var && out[0]) {  // dropout: a new mask every step, the gradient through the same masks
+    kiln_tensor *u = kiln_random_uniform(KILN_F32, kiln_tensor_rank(out[0]), kiln_tensor_shape(out[0]), 0, 1);
+    kiln_tensor *keep = kiln_cast(kiln_greater_equal(u, kiln_scalar_like(u, 0.3)), KILN_F32);
+    out[0] = kiln_div(kiln_mul(out[0], keep), kiln_scalar_like(u, 0.7));
+  }
   out[1] = out[0];
   return out[0] ? 0 : -1;
 }
@@ -757,11 +765,14 @@ TEST(UserPrograms, EagerCompiledAndInterpretedAgree) {
 // except through unbounded while loops.
 TEST(UserPrograms, ControlFlowEagerCompiledAndInterpretedAgree) {
   Scoped scope;
-  int n = program_count(), compared = 0, controlled = 0;
+  int n = program_count(), compared = 0, controlled = 0, dropout = 0;
   for (uint64_t s = first_seed(); s < first_seed() + (uint64_t)n; s++) {
     Program p = with_control(Gen(s).make());
     if (!p.control) continue;
     controlled++;
+    bool drops = false;
+    for (const Step &st : p.steps) drops = drops || (st.kind == SCAN && st.var);
+    dropout += drops && !p.writes && !p.unbounded;
     kiln_scope_push();
     std::string m = run_and_compare(p);
     EXPECT_EQ(m, "") << p.str();
@@ -770,7 +781,11 @@ TEST(UserPrograms, ControlFlowEagerCompiledAndInterpretedAgree) {
     if (!m.empty()) break;
   }
   EXPECT_GT(controlled, n / 2) << "most programs have control flow";
-  std::printf("  %d programs with control flow compared\n", compared);
+  if (n >= 100) {
+    EXPECT_GT(dropout, n / 20) << "some take gradients through scans that draw";
+  }
+  std::printf("  %d programs with control flow compared (%d with gradients through a scan that draws)\n", compared,
+              dropout);
 }
 
 // ---- the cases the generator was built from, by hand ----
