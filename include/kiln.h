@@ -506,8 +506,12 @@ int kiln_host_call_with_gradient(kiln_host_fn fn, kiln_host_grad_fn grad, void *
  * Bodies may assign variables: staged, each assigned variable is carried
  * through the instruction as extra loop state (a later iteration, and a
  * later read in the body, sees the assignment) and assigned when the call
- * returns. Not yet: gradients through a staged body that draws random
- * numbers (it fails clearly; eagerly it works). Staged control flow is
+ * returns. Bodies and branches that draw random numbers are
+ * differentiable: the staged forward keeps each step's draws (stacked, as
+ * the carries are) and the backward uses them, so the gradient is the one
+ * of the numbers drawn. Not yet: gradients through a staged cond or loop
+ * that draws while nested in another staged loop's body or branch (it
+ * fails clearly, naming the op; eagerly it works). Staged control flow is
  * compiled by the CPU backend: a cond is a branch on its predicate, a
  * while_loop / scan a real loop around one copy of its body's kernels (a
  * scan's xs read, and its ys written, in place at row t), so code and

@@ -249,7 +249,62 @@ static int stage(const char *who, op_id op, op_attrs *a, int n_jobs, region_job 
   return rc;
 }
 
+/* How many random tensors the body draws (its own ops, not nested
+ * regions'), from a trace of it that is thrown away; with types, their
+ * types too (malloc'd). -1 on error. */
+static int count_draws(const char *who, kiln_body_fn body, void *user, int n_in, const op_type *in_types, int n_out,
+                       op_type **types) {
+  kiln_tensor **sym = calloc((size_t)n_in + n_out + 1, sizeof *sym), **outs = sym + n_in;
+  if (!sym) return kiln_set_error("%s: out of memory", who);
+  kiln_scope_push();
+  trace *tr = trace_begin_region(n_in, in_types, sym);
+  int rc = tr ? run_body(who, "body", body, user, n_in, sym, n_out, outs) : -1, n = trace_draw_count(tr);
+  if (!rc && types && !(*types = malloc(((size_t)n + 1) * sizeof **types)))
+    rc = kiln_set_error("%s: out of memory", who);
+  for (int k = 0; !rc && types && k < n; k++) (*types)[k] = *trace_draw_type(tr, k);
+  trace_free(tr); /* what it recorded, variables' assignments included, is dropped */
+  kiln_scope_pop();
+  free(sym);
+  return rc ? -1 : n;
+}
+
 /* ---- cond ---- */
+
+/* Under a tape, branches that draw random numbers also return their draws
+ * (the backward replays the taken branch with them): the then branch's
+ * draws, then the else branch's, each branch giving zeros for the other's. */
+typedef struct {
+  kiln_body_fn fn[2];
+  void *user;
+  int n_out, nd[2];
+  op_type *types[2];
+} cond_aug;
+
+static int cond_augmented(const cond_aug *c, int b, int n, kiln_tensor *const *in, kiln_tensor **out) {
+  int first = trace_draw_count(trace_current);
+  if (run_body("cond", b ? "else branch" : "then branch", c->fn[b], c->user, n, in, c->n_out, out)) return -1;
+  if (trace_draw_count(trace_current) - first != c->nd[b])
+    return kiln_set_error("cond: the branch drew %d random tensors, then %d: it must draw the same each time",
+                          c->nd[b], trace_draw_count(trace_current) - first);
+  int at = c->n_out;
+  for (int side = 0; side < 2; side++)
+    for (int k = 0; k < c->nd[side]; k++, at++) {
+      const op_type *t = &c->types[side][k];
+      if (!(out[at] = side == b ? trace_draw(trace_current, first + k) : kiln_zeros(t->dtype, t->rank, t->shape)))
+        return -1;
+    }
+  return 0;
+}
+
+static int cond_aug_then(void *user, int n, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  (void)n_out;
+  return cond_augmented(user, 0, n, in, out);
+}
+
+static int cond_aug_else(void *user, int n, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  (void)n_out;
+  return cond_augmented(user, 1, n, in, out);
+}
 
 int kiln_cond(kiln_tensor *pred, kiln_body_fn then_fn, kiln_body_fn else_fn, void *user, int n,
               kiln_tensor *const *in, int n_out, kiln_tensor **out) {
@@ -275,12 +330,21 @@ int kiln_cond(kiln_tensor *pred, kiln_body_fn then_fn, kiln_body_fn else_fn, voi
   if (!rc) {
     head[0] = pred;
     for (int i = 0; i < n; i++) head[1 + i] = in[i], op_type_of(in[i], &types[i]);
-    region_job jobs[2] = {{"then branch", "cond.then", then_fn, n_out, NULL, NULL},
-                          {"else branch", "cond.else", else_fn, n_out, NULL, NULL}};
+    cond_aug aug = {{then_fn, else_fn}, user, n_out, {0, 0}, {NULL, NULL}};
+    for (int b = 0; b < 2 && !rc && tape_active_count > 0; b++)
+      if ((aug.nd[b] = count_draws(who, aug.fn[b], user, n, types, n_out, &aug.types[b])) < 0) rc = -1;
+    int nd = aug.nd[0] + aug.nd[1];
+    kiln_tensor **all = nd ? calloc((size_t)n_out + nd + 1, sizeof *all) : out;
+    if (!all) rc = kiln_set_error("%s: out of memory", who);
+    region_job jobs[2] = {{"then branch", "cond.then", nd ? cond_aug_then : then_fn, n_out + nd, NULL, NULL},
+                          {"else branch", "cond.else", nd ? cond_aug_else : else_fn, n_out + nd, NULL, NULL}};
     op_attrs a = {0};
-    cf_spec g = {.op = OP_COND, .n_in = n, .n_out = n_out};
+    cf_spec g = {.op = OP_COND, .n_in = n, .n_out = n_out + nd, .n_draws = nd, .n_draws0 = aug.nd[0]};
     written w = {0, NULL};
-    rc = stage(who, OP_COND, &a, 2, jobs, user, n, types, n + 1, head, out, &g, &w);
+    if (!rc) rc = stage(who, OP_COND, &a, 2, jobs, nd ? (void *)&aug : user, n, types, n + 1, head, all, &g, &w);
+    if (!rc && nd) memcpy(out, all, (size_t)n_out * sizeof *out);
+    if (all != out) free(all);
+    free(aug.types[0]), free(aug.types[1]);
     if (rc == 1) { /* the branches assign variables: carried as extra inputs and outputs */
       carrying c = {{then_fn, else_fn}, user, n, {n_out, n_out}, w};
       kiln_tensor **in2 = with_vars(n, in, &w), **out2 = calloc((size_t)n_out + w.n + 1, sizeof *out2);
@@ -509,20 +573,6 @@ static int augmented(void *user, int n, kiln_tensor *const *in, int n_out, kiln_
   return 0;
 }
 
-/* How many random tensors the body draws (its own ops, not nested
- * regions'), from a trace of it that is thrown away; -1 on error. */
-static int count_draws(const char *who, kiln_body_fn body, void *user, int n_in, const op_type *in_types, int n_out) {
-  kiln_tensor **sym = calloc((size_t)n_in + n_out + 1, sizeof *sym), **outs = sym + n_in;
-  if (!sym) return kiln_set_error("%s: out of memory", who);
-  kiln_scope_push();
-  trace *tr = trace_begin_region(n_in, in_types, sym);
-  int rc = tr ? run_body(who, "body", body, user, n_in, sym, n_out, outs) : -1, n = trace_draw_count(tr);
-  trace_free(tr); /* what it recorded, variables' assignments included, is dropped */
-  kiln_scope_pop();
-  free(sym);
-  return rc ? -1 : n;
-}
-
 int kiln_scan(kiln_body_fn body, void *user, int n_carry, kiln_tensor *const *init, int n_xs, kiln_tensor *const *xs,
               int64_t length, bool reverse, int n_ys, kiln_tensor **final_carry, kiln_tensor **ys) {
   const char *who = "scan";
@@ -562,7 +612,7 @@ int kiln_scan(kiln_body_fn body, void *user, int n_carry, kiln_tensor *const *in
     /* under a tape, the steps' incoming carries are stacked too (extra ys):
      * the backward scan reads them */
     bool grad = tape_active_count > 0;
-    int n_draws = grad ? count_draws(who, body, user, n_in, types, n_carry + n_ys) : 0;
+    int n_draws = grad ? count_draws(who, body, user, n_in, types, n_carry + n_ys, NULL) : 0;
     if (n_draws < 0) rc = -1, n_draws = 0;
     kiln_tensor **more = n_draws ? realloc(out, (2 * (size_t)n_carry + n_ys + n_draws + 1) * sizeof *out) : out;
     if (!more) rc = kiln_set_error("%s: out of memory", who);

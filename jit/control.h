@@ -13,6 +13,7 @@ typedef struct cf_spec {
   /* scan: n_ys counts the stacked carries (nc ys after the body's own) and
    * the stacked random draws (the last n_draws) */
   int nc, nx, n_ys, n_draws;
+  int n_draws0;         /* cond: the last n_draws outputs are the then branch's n_draws0 draws, then the else's */
   int64_t len;
   bool reverse;
 } cf_spec;

@@ -98,7 +98,7 @@ static int replay(const ir_func *g, kiln_tensor *const *args, kiln_tensor **resu
     } else if (kind == OPK_RANDOM && draws) { /* the forward's draw, not a new one */
       v[in->out] = draws[drawn++];
     } else if (kind == OPK_RANDOM) {
-      rc = kiln_set_error("%s: a staged branch, or a loop nested in a staged loop's body, that draws random "
+      rc = kiln_set_error("%s: a staged loop or branch nested in a staged loop's body or branch that draws random "
                           "numbers has no gradient yet (its draws would differ in the backward pass)",
                           kiln_ops[in->op].api);
     } else if (kind == OPK_HOST) {
@@ -202,15 +202,17 @@ static int body_vjp(const cf_node *nd, int b, int n_in, kiln_tensor *const *in, 
 
 /* ---- cond ---- */
 
-/* in: the branch's inputs, then dy; out: their gradients, then the environment's */
+/* in: the branch's inputs, dy, then the draws of both branches; out: the
+ * inputs' gradients, then the environment's */
 static int cond_vjp(void *user, int b, int n, kiln_tensor *const *in, kiln_tensor **out) {
   const cf_slot *sl = user;
   const cf_node *nd = sl->node;
-  int n_in = n - 1;
+  int n_in = n - 1 - nd->s.n_draws;
   kiln_tensor **seeds = calloc((size_t)nd->s.n_out + 1, sizeof *seeds);
   if (!seeds) return kiln_set_error("cond: out of memory");
   seeds[sl->k] = in[n_in];
-  int rc = body_vjp(nd, b, n_in, in, seeds, NULL, out);
+  kiln_tensor *const *draws = in + n_in + 1 + (b ? nd->s.n_draws0 : 0);
+  int rc = body_vjp(nd, b, n_in, in, seeds, draws, out);
   free(seeds);
   return rc;
 }
@@ -230,12 +232,13 @@ static int cond_grad(void *user, int n, kiln_tensor *const *xs, kiln_tensor *y, 
   (void)y;
   const cf_slot *sl = user;
   const cf_node *nd = sl->node;
-  int n_in = nd->s.n_in, n_g = n_in + nd->n_env;
-  kiln_tensor **args = calloc((size_t)n_in + 2 + n_g, sizeof *args), **g = args + n_in + 1;
+  int n_in = nd->s.n_in, n_g = n_in + nd->n_env, n_args = n_in + 1 + nd->s.n_draws;
+  kiln_tensor **args = calloc((size_t)n_args + 1 + n_g, sizeof *args), **g = args + n_args;
   if (!args) return kiln_set_error("cond: out of memory");
   for (int i = 0; i < n_in; i++) args[i] = xs[1 + i];
   args[n_in] = dy;
-  int rc = kiln_cond(xs[0], cond_vjp_then, cond_vjp_else, user, n_in + 1, args, n_g, g);
+  for (int i = 0; i < nd->s.n_draws; i++) args[n_in + 1 + i] = nd->draws[i];
+  int rc = kiln_cond(xs[0], cond_vjp_then, cond_vjp_else, user, n_args, args, n_g, g);
   dxs[0] = NULL;
   for (int i = 1; i < n; i++) dxs[i] = !rc && is_float(xs[i]) ? g[i - 1] : NULL;
   free(args);

@@ -132,6 +132,8 @@ int trace_region_written(const trace *tr, kiln_variable ***vars);
 /* The random draws tr recorded so far (its own instructions, not those of
  * regions nested in it), in order. */
 int trace_draw_count(const trace *tr);
+/* the type of draw k of tr (NULL when there is none) */
+const op_type *trace_draw_type(const trace *tr, int k);
 /* A symbolic tensor for the value of draw k of tr (a new tensor of the
  * caller's scope); NULL with the error set. */
 kiln_tensor *trace_draw(trace *tr, int k);

@@ -474,6 +474,10 @@ void trace_free(trace *tr) {
 
 int trace_draw_count(const trace *tr) { return tr ? tr->n_draws : 0; }
 
+const op_type *trace_draw_type(const trace *tr, int k) {
+  return tr && k >= 0 && k < tr->n_draws ? &tr->draw_type[k] : NULL;
+}
+
 kiln_tensor *trace_draw(trace *tr, int k) {
   if (!tr || k < 0 || k >= tr->n_draws) return kiln_set_error("trace: no draw %d", k), NULL;
   return scope_own(sym_tensor(tr, "trace", &tr->draw_type[k], NODE_INSTR, tr->draw_rec[k]));

@@ -92,7 +92,7 @@ enum Kind {
   // control flow, made from a UNARY or BINARY step by with_control (never by step()):
   COND,       // cond(sum(a) > 0, then: the step's op, else: another op), b captured by the branches
   SCAN,       // over axis 0 of a: carry' = binary(axis % 6, carry, unary(op, x_t)), y_t = carry'; u = ys
-              // (var: times a dropout mask drawn in the body each step)
+              // (drops: times a dropout mask drawn in the body each step)
   WHILE,      // (s, i) = (a, 0); while i < 1 + axis % 3: s = max(unary(op, s), b), b captured
 };
 
@@ -100,6 +100,7 @@ struct Step {
   explicit Step(Kind k) : kind(k) {}
   Kind kind;
   int a = -1, b = -1, op = 0, axis = 0, var = 0;
+  bool drops = false;    // SCAN: the body draws a dropout mask each step; COND: the then branch does
   Shape shape;           // the result's (RESHAPE: the target)
   Shape begin, size;     // SLICE
   std::vector<int64_t> idx;  // GATHER
@@ -127,7 +128,7 @@ struct Program {
       const Step &s = steps[i];
       r += "  v" + std::to_string(inputs.size() + i) + " = " + names[s.kind] + "(";
       if (s.kind == VAR_READ || s.kind == VAR_ADD) r += "var" + std::to_string(s.var) + (s.a >= 0 ? ", " : "");
-      if (s.kind == SCAN && s.var) r += "dropout, ";
+      if (s.drops) r += "dropout, ";
       if (s.a >= 0) r += "v" + std::to_string(s.a);
       if (s.b >= 0) r += ", v" + std::to_string(s.b);
       r += ") op=" + std::to_string(s.op) + " axis=" + std::to_string(s.axis) + " -> " +
@@ -424,10 +425,11 @@ Program with_control(Program p) {
       if (st.b < 0) st.b = st.a;  // a unary step: no second operand
       st.kind = COND;
       st.var = st.op;  // the then op; op seeds the else op
+      st.drops = (st.op + st.axis) % 4 == 1;
     } else if (r == 1) {
       st.kind = SCAN;
       st.b = -1;
-      st.var = (st.op + st.axis) % 3 == 0;  // from the choices made: the other programs stay the same
+      st.drops = (st.op + st.axis) % 3 == 0;  // from the choices made: the other programs stay the same
     } else {
       st.kind = WHILE;
       p.unbounded |= st.axis == 5;
@@ -480,9 +482,18 @@ struct CfCtx {
 };
 
 // COND's branches: the step's own op, or another; a unary step ignores b
+// x times a mask of 70% ones drawn now, scaled by 1 / 0.7
+kiln_tensor *dropout(kiln_tensor *x) {
+  if (!x) return nullptr;
+  kiln_tensor *u = kiln_random_uniform(KILN_F32, kiln_tensor_rank(x), kiln_tensor_shape(x), 0, 1);
+  kiln_tensor *keep = kiln_cast(kiln_greater_equal(u, kiln_scalar_like(u, 0.3)), KILN_F32);
+  return kiln_div(kiln_mul(x, keep), kiln_scalar_like(u, 0.7));
+}
+
 int cf_then(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   const CfCtx *c = (const CfCtx *)user;
   out[0] = c->s->b != c->s->a ? binary(c->s->var % 6, in[0], c->b) : unary(c->s->var % 8, in[0]);
+  if (c->s->drops) out[0] = dropout(out[0]);
   return out[0] ? 0 : -1;
 }
 
@@ -495,11 +506,7 @@ int cf_else(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
 int cf_scan(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   const CfCtx *c = (const CfCtx *)user;
   out[0] = binary(c->s->axis % 6, in[0], unary(c->s->op, in[1]));
-  if (c->s->var && out[0]) {  // dropout: a new mask every step, the gradient through the same masks
-    kiln_tensor *u = kiln_random_uniform(KILN_F32, kiln_tensor_rank(out[0]), kiln_tensor_shape(out[0]), 0, 1);
-    kiln_tensor *keep = kiln_cast(kiln_greater_equal(u, kiln_scalar_like(u, 0.3)), KILN_F32);
-    out[0] = kiln_div(kiln_mul(out[0], keep), kiln_scalar_like(u, 0.7));
-  }
+  if (c->s->drops) out[0] = dropout(out[0]);  // a new mask every step, the gradient through the same masks
   out[1] = out[0];
   return out[0] ? 0 : -1;
 }
@@ -771,7 +778,7 @@ TEST(UserPrograms, ControlFlowEagerCompiledAndInterpretedAgree) {
     if (!p.control) continue;
     controlled++;
     bool drops = false;
-    for (const Step &st : p.steps) drops = drops || (st.kind == SCAN && st.var);
+    for (const Step &st : p.steps) drops = drops || st.drops;
     dropout += drops && !p.writes && !p.unbounded;
     kiln_scope_push();
     std::string m = run_and_compare(p);
@@ -782,9 +789,9 @@ TEST(UserPrograms, ControlFlowEagerCompiledAndInterpretedAgree) {
   }
   EXPECT_GT(controlled, n / 2) << "most programs have control flow";
   if (n >= 100) {
-    EXPECT_GT(dropout, n / 20) << "some take gradients through scans that draw";
+    EXPECT_GT(dropout, n / 20) << "some take gradients through scans and conds that draw";
   }
-  std::printf("  %d programs with control flow compared (%d with gradients through a scan that draws)\n", compared,
+  std::printf("  %d programs with control flow compared (%d with gradients through a scan or cond that draws)\n", compared,
               dropout);
 }
 
