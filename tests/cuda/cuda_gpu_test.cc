@@ -113,13 +113,16 @@ TEST(CudaGpu, EagerOpsMatchTheCpu) {
   kiln_device_pop();
 }
 
-TEST(CudaGpu, RandomProgramsMatchTheInterpreter) {
-  NEED_GPU();
+// the random corpus (with control flow when control) compiled for gpu:0
+// against the interpreter
+void random_programs_match(bool control) {
   const char *arch = cuda_arch_of(0);
   int n = 300, failures = 0;
+  ir_gen_options o = ir_gen_default_options();
+  if (control) o.kinds |= IR_GEN_CONTROL;
   for (int seed = 1; seed <= n && failures < 5; seed++) {
     Scoped s;
-    ir_module *m = ir_gen_program((uint64_t)seed, nullptr);
+    ir_module *m = ir_gen_program((uint64_t)seed, &o);
     ASSERT_NE(m, nullptr) << kiln_last_error();
     ir_func *f = m->funcs[m->n_funcs - 1];
     std::vector<kiln_tensor *> args((size_t)f->n_params + 1), want((size_t)f->n_results + 1),
@@ -138,6 +141,17 @@ TEST(CudaGpu, RandomProgramsMatchTheInterpreter) {
     cuda_program_free(p);
     ir_module_free(m);
   }
+}
+
+TEST(CudaGpu, RandomProgramsMatchTheInterpreter) {
+  NEED_GPU();
+  random_programs_match(false);
+}
+
+// cond, while and scan steps run by the host over the kernels of their bodies
+TEST(CudaGpu, RandomProgramsWithControlFlowMatchTheInterpreter) {
+  NEED_GPU();
+  random_programs_match(true);
 }
 
 int mlp(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
