@@ -535,6 +535,51 @@ TEST(CudaControl, AScanInsideAWhileRestartsItsRowsEachIteration) {
   EXPECT_EQ(counts(launches())[pred->name], 3);
 }
 
+// A scan over the rows of a constant: the constant is uploaded to the GPU
+// once (with the module), and the rows are device addresses inside it.
+TEST(CudaControl, ARowOfAConstantIsReadOnTheGpu) {
+  GpuTest s;
+  Mod m(R"(
+func @f(%c0: f32[3]) -> f32[3] {
+  %w = constant dense<[1, 2, 3, 4, 5, 6, 7, 8, 9, 1.5, 2.5, 3.5]> : f32[4,3]
+  %c = scan %c0, %w {carry=1, xs=1, length=4, reverse=false} : f32[3]
+    body func @f.body(%k: f32[3], %r: f32[3]) -> f32[3] {
+      %0 = mul %k, %r : f32[3]
+      return %0
+    }
+  return %c
+}
+)");
+  Prog p(m.f("f"));
+  ASSERT_NE(p.p, nullptr);
+  const cuda_step *sc = find_step(p.p, CUDA_STEP_SCAN);
+  ASSERT_NE(sc, nullptr);
+  ASSERT_EQ(sc->n_bufs, 1);
+  ASSERT_EQ(p.p->slots[p.p->slots[sc->bufs[0].index].index].kind, PLAN_SLOT_CONST);
+  auto body = kernels_of(sc->sub[0], sc->n_sub[0]);
+  ASSERT_EQ(body.size(), 1u);
+  int qi = -1;
+  for (int q = 0; q < body[0]->n_bufs; q++)
+    if (body[0]->bufs[q].kind == CUDA_REF_ROW) qi = q;
+  ASSERT_GE(qi, 0);
+  long htod = calls("cuMemcpyHtoDAsync");
+  for (int call = 0; call < 2; call++) {
+    clear_launches();
+    ASSERT_EQ(run(p.p, {f32({3}, {1, 1, 1})}), 0) << error();
+    auto l = launches();
+    ASSERT_EQ(l.size(), 4u);
+    for (int t = 0; t < 4; t++) {
+      EXPECT_EQ(l[t].bad_params, 0) << "the rows are GPU memory";
+      EXPECT_NE(l[t].ptr[qi], 0u);
+      if (t) {
+        EXPECT_EQ(l[t].ptr[qi] - l[t - 1].ptr[qi], 12u);
+      }
+    }
+  }
+  // the argument twice, the constant once
+  EXPECT_EQ(calls("cuMemcpyHtoDAsync"), htod + 3);
+}
+
 // ---- errors ----
 
 TEST(CudaControl, AnErrorInIteration57NamesTheOpAndTheProgramRunsAgain) {
