@@ -28,6 +28,8 @@
 #include "fake_cuda.h"
 #include "ir.h"
 
+extern "C" const ir_func *jit_optimized_func(kiln_function *f, int trace);
+
 using namespace kiln_test;
 using ::testing::HasSubstr;
 
@@ -783,5 +785,67 @@ TEST(CudaControl, InterpretedControlFlowNeverTouchesGpuMemoryOnTheHost) {
   EXPECT_STREQ(kiln_tensor_device(out[0]), "gpu:0");
   EXPECT_STREQ(kiln_tensor_device(out[1]), "gpu:0");
   EXPECT_EQ(shape_of(out[1]), (V64{3, 2}));
+  kiln_function_free(f);
+}
+
+namespace {
+
+// c += sum(tab[idx_t]) over the rows of idx (tab captured)
+int gather_body(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  int axis = 0;
+  out[0] = kiln_add(in[0], kiln_reduce_sum(kiln_gather((kiln_tensor *)user, in[1], 0), 1, &axis, false));
+  return out[0] ? 0 : -1;
+}
+int gather_loop(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  return kiln_scan(gather_body, in[2], 1, &in[0], 1, &in[1], -1, false, 0, out, nullptr);
+}
+
+}  // namespace
+
+// The bad input: an error inside the 57th iteration of a staged
+// loop on a GPU comes back as the op's message under the function's name,
+// and the function works on the next call.
+TEST(CudaControl, AStagedLoopFailingInIteration57NamesTheOpAndWorksAfter) {
+  GpuTest s;
+  kiln_function *f = kiln_function_new("gl", gather_loop, nullptr, 3, 1);
+  std::vector<int64_t> idx(120, 3);
+  kiln_tensor *in[3] = {on("gpu:0", f32({4}, {0, 0, 0, 0})),
+                        on("gpu:0", kiln_tensor_new(KILN_I64, KILN_SHAPE(60, 2), idx.data())),
+                        on("gpu:0", kiln_ones(KILN_F32, KILN_SHAPE(10, 4)))};
+  kiln_tensor *out = nullptr;
+  {
+    OnDevice d("gpu:0");
+    ASSERT_EQ(kiln_function_call(f, in, &out), 0) << error();
+  }
+  kiln_stats st{};
+  ASSERT_EQ(kiln_function_stats(f, 0, &st), 0) << error();
+  EXPECT_GT(st.compile_ms, 0.0) << "compiled, not interpreted";
+  // the trace's program, as jit compiled it for gpu:0: its gather kernel
+  const ir_func *opt = jit_optimized_func(f, 0);
+  ASSERT_NE(opt, nullptr) << error();
+  Prog p(opt);
+  ASSERT_NE(p.p, nullptr);
+  const cuda_step *sc = find_step(p.p, CUDA_STEP_SCAN), *g = nullptr;
+  ASSERT_NE(sc, nullptr);
+  for (const cuda_step *k : kernels_of(sc->sub[0], sc->n_sub[0]))
+    if (k->op == OP_GATHER) g = k;
+  ASSERT_NE(g, nullptr);
+  std::vector<int> word(60, FAKE_CUDA_SKIP);
+  word[56] = g->no + 1;
+  script(g->name, -1, 4, word);
+  clear_launches();
+  {
+    OnDevice d("gpu:0");
+    EXPECT_EQ(kiln_function_call(f, in, &out), -1);
+  }
+  EXPECT_EQ(error(), "@gl: gather: an index is not in [0, 10)");
+  EXPECT_EQ(counts(launches())[g->name], 60);
+  script(g->name, 0, 4, {});
+  kiln_clear_error();
+  {
+    OnDevice d("gpu:0");
+    EXPECT_EQ(kiln_function_call(f, in, &out), 0) << error();
+  }
+  EXPECT_EQ(kiln_function_trace_count(f), 1) << "the same compiled trace";
   kiln_function_free(f);
 }
