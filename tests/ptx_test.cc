@@ -609,6 +609,93 @@ TEST(Ptx, RandomProgramsAssemble) {
 
 }  // namespace
 
+// Control flow (cond / while / scan steps): the kernels of every nested
+// body are in the module, and it assembles; a hand-written program nesting
+// all three (a gather in a scan body, rows of a constant), then random
+// programs with control flow after the default pipeline.
+TEST(Ptx, ControlFlowBodiesAssemble) {
+  Scoped scope;
+  const char *text =
+      "func @f(%p: bool[], %x: f32[3], %n: i32[], %xs: f32[4,3], %ix: i64[4,2], %tab: f32[6,3]) -> (f32[3], f32[4,3], f32[3]) {\n"
+      "  %r, %ys = cond %p, %x, %n, %xs : f32[3], f32[4,3]\n"
+      "    then func @f.then(%a: f32[3], %m: i32[], %s: f32[4,3]) -> (f32[3], f32[4,3]) {\n"
+      "      %i, %acc = while %m, %a, %s {state=2, max_iterations=10} : i32[], f32[3]\n"
+      "        cond func @f.wc(%j: i32[], %c: f32[3], %q: f32[4,3]) -> bool[] {\n"
+      "          %z = constant dense<0> : i32[]\n"
+      "          %0 = gt %j, %z : bool[]\n"
+      "          return %0\n"
+      "        }\n"
+      "        body func @f.wb(%j: i32[], %c: f32[3], %q: f32[4,3]) -> (i32[], f32[3]) {\n"
+      "          %one = constant dense<1> : i32[]\n"
+      "          %0 = sub %j, %one : i32[]\n"
+      "          %c2, %y = scan %c, %q {carry=1, xs=1, length=4, reverse=true} : f32[3], f32[4,3]\n"
+      "            body func @f.sb(%k: f32[3], %t: f32[3]) -> (f32[3], f32[3]) {\n"
+      "              %0 = add %k, %t : f32[3]\n"
+      "              %1 = tanh %0 : f32[3]\n"
+      "              return %1, %0\n"
+      "            }\n"
+      "          return %0, %c2\n"
+      "        }\n"
+      "      return %acc, %s\n"
+      "    }\n"
+      "    else func @f.else(%a: f32[3], %m: i32[], %s: f32[4,3]) -> (f32[3], f32[4,3]) {\n"
+      "      %0 = neg %a : f32[3]\n"
+      "      return %0, %s\n"
+      "    }\n"
+      "  %w = constant dense<[1, 2, 3, 4, 5, 6, 7, 8, 9, 1.5, 2.5, 3.5]> : f32[4,3]\n"
+      "  %g = scan %r, %ix, %w, %tab {carry=1, xs=2, length=4, reverse=false} : f32[3]\n"
+      "    body func @f.gb(%c: f32[3], %i: i64[2], %wr: f32[3], %tab: f32[6,3]) -> f32[3] {\n"
+      "      %0 = gather %tab, %i {axis=0} : f32[2,3]\n"
+      "      %1 = reduce_sum %0 {axes=[0]} : f32[3]\n"
+      "      %2 = mul %1, %wr : f32[3]\n"
+      "      %3 = add %c, %2 : f32[3]\n"
+      "      return %3\n"
+      "    }\n"
+      "  return %r, %ys, %g\n"
+      "}\n";
+  ir_module *m = ir_parse(text, "control.kir");
+  ASSERT_NE(m, nullptr) << kiln_last_error();
+  const ir_func *f = ir_module_find(m, "f");
+  std::string ptx = check_ptx(f, "sm_90", -1, "nested control flow");
+  EXPECT_THAT(ptx, HasSubstr("atom.global.cas.b32")) << "the gather's error word";
+  check_ptx(f, "sm_80", -1, "nested control flow");
+  cuda_program *p = cuda_compile(f, "sm_90");
+  ASSERT_NE(p, nullptr) << kiln_last_error();
+  int control = 0;
+  for (int s = 0; s < p->n_all; s++) control += p->all[s]->kind >= CUDA_STEP_COND;
+  EXPECT_EQ(control, 4) << "cond, while, two scans";
+  EXPECT_GT(cuda_program_kernels(p), p->n_steps) << "most kernels are nested";
+  for (int s = 0; s < p->n_all; s++)  // every nested kernel is an .entry
+    if (p->all[s]->kind == CUDA_STEP_KERNEL) {
+      EXPECT_THAT(ptx, HasSubstr(".entry " + std::string(p->all[s]->name) + "("));
+    }
+  cuda_program_free(p);
+  ir_module_free(m);
+
+  ir_gen_options o = ir_gen_default_options();
+  o.kinds |= IR_GEN_CONTROL;
+  int n = program_count() / 5, with_control = 0;
+  for (int i = 0; i < n && !HasFailure(); i++) {
+    uint64_t seed = 1 + (uint64_t)i;
+    ir_module *g = ir_gen_program(seed, &o);
+    ASSERT_NE(g, nullptr) << kiln_last_error();
+    char *t = ir_print_module(g);
+    std::string what = "seed " + std::to_string(seed) + "\n" + (t ? t : "");
+    free(t);
+    ir_func *gf = ir_module_find(g, "gen");
+    ASSERT_NE(gf, nullptr);
+    ASSERT_EQ(pass_run_pipeline(gf, PASS_DEFAULT_PIPELINE, nullptr, nullptr, nullptr), 0) << what << kiln_last_error();
+    bool has = false;
+    for (int k = 0; k < gf->n_instrs; k++)
+      has = has || gf->instrs[k].op == OP_COND || gf->instrs[k].op == OP_WHILE || gf->instrs[k].op == OP_SCAN;
+    with_control += has;
+    check_ptx(gf, i % 2 ? "sm_80" : "sm_90", -1, what);
+    ir_module_free(g);
+  }
+  EXPECT_GT(with_control, n / 4) << "the generator made control flow";
+  if (!have_ptxas()) GTEST_SKIP() << "ptxas not installed: PTX generated but not assembled";
+}
+
 namespace {
 
 using namespace kiln_test;

@@ -45,5 +45,10 @@ int cuda_oom(void);
  * cb->p's steps (one per plan step), results and retained constants. 0, or
  * -1 with the error set. */
 int cuda_plan(cuda_build *cb);
+/* The launch plan's name of plan slot s: the slot itself, or for a row
+ * CUDA_REF_ROW naming s (ptx.h). */
+cuda_ref cuda_slot_ref(const plan *pl, int s);
+/* n steps and their nested lists, freed (NULL is fine) */
+void cuda_steps_free(cuda_step *steps, int n);
 
 #endif

@@ -147,8 +147,8 @@ KILN_EXPORT int kiln_debug_cuda_copy(int gpu, void *dst, const void *src, size_t
 
 /* A device pointer (as void *) of at least bytes on gpu (0 counts as 1)
  * and its class. NULL with "op: ..." on failure. */
-void *cuda_alloc(const char *op, int gpu, size_t bytes, int32_t *cls);
-void cuda_free(int gpu, void *p, int32_t cls); /* NULL is fine */
+KILN_EXPORT void *cuda_alloc(const char *op, int gpu, size_t bytes, int32_t *cls); /* exported for the tests */
+KILN_EXPORT void cuda_free(int gpu, void *p, int32_t cls); /* NULL is fine */
 
 typedef struct cuda_mem_stats {
   size_t in_use;           /* bytes of blocks handed out (class sizes) */
@@ -183,7 +183,7 @@ KILN_EXPORT int cuda_program_run(struct cuda_program *p, int gpu, struct kiln_te
                                  struct kiln_tensor **results);
 /* cuda_program_run over device pointers on gpu (params, results: one per
  * parameter and result of p; results must be CUDA_RES_OWN). 0 / -1. */
-int cuda_program_launch(struct cuda_program *p, int gpu, void *const *params, void *const *results);
+KILN_EXPORT int cuda_program_launch(struct cuda_program *p, int gpu, void *const *params, void *const *results);
 
 /* The eager GPU kernels' cache (eager.c): single-op programs compiled once
  * per (op, attributes, input types, architecture). */

@@ -2,8 +2,10 @@
  * on one GPU: the module loaded once per device, results and a per-call
  * arena from the caching allocator, the plan's steps queued in schedule
  * order on the device's stream, the steps the GPU cannot run done on the
- * host, and the error word the kernels raise turned into the eager op's
- * message. */
+ * host, control flow run by the host over the queued launches (a
+ * predicate's byte read back in stream order, a scan's rows recomputed
+ * each iteration), and the error word the kernels raise turned into the
+ * eager op's message. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,8 +17,9 @@
 /* What one GPU holds of a program: set once under load_lock, then only read. */
 typedef struct {
   CUmodule mod;           /* NULL until loaded */
-  CUfunction *fn;         /* per step: its kernel's function (NULL for other steps) */
+  CUfunction *fn;         /* per step of the tree (cuda_step.no): its kernel's function (NULL for other steps) */
   kiln_tensor **res_cst;  /* per result of kind CUDA_RES_CONST: its copy on this GPU */
+  kiln_tensor **slot_cst; /* per slot: a constant that rows are taken of, its copy on this GPU */
 } gpu_image;
 
 typedef struct {
@@ -48,7 +51,7 @@ static const char *kernel_label(const cuda_step *st, char *buf, size_t n) {
   return buf;
 }
 
-static void image_close(gpu_image *im, int gpu, int n_results) {
+static void image_close(gpu_image *im, int gpu, int n_results, int n_slots) {
   if (im->mod) {
     CUstream s;
     if (cuda_enter("cuda", gpu, &s) == 0) { /* queued launches may still use it */
@@ -60,6 +63,9 @@ static void image_close(gpu_image *im, int gpu, int n_results) {
   if (im->res_cst)
     for (int r = 0; r < n_results; r++) kiln_release(im->res_cst[r]);
   free(im->res_cst);
+  if (im->slot_cst)
+    for (int s = 0; s < n_slots; s++) kiln_release(im->slot_cst[s]);
+  free(im->slot_cst);
   free(im->fn);
   memset(im, 0, sizeof *im);
 }
@@ -72,23 +78,24 @@ static int image_open(cuda_program *p, int gpu, gpu_image *im) {
                           "cuLaunchKernel or cuMemsetD8Async",
                           p->name);
   if (!p->ptx) return kiln_set_error("cuda: @%s: the program has no PTX", p->name);
-  im->fn = calloc((size_t)p->n_steps + 1, sizeof *im->fn);
+  im->fn = calloc((size_t)p->n_all + 1, sizeof *im->fn);
   im->res_cst = calloc((size_t)p->n_results + 1, sizeof *im->res_cst);
-  if (!im->fn || !im->res_cst) {
-    image_close(im, gpu, p->n_results);
+  im->slot_cst = calloc((size_t)p->n_slots + 1, sizeof *im->slot_cst);
+  if (!im->fn || !im->res_cst || !im->slot_cst) {
+    image_close(im, gpu, p->n_results, p->n_slots);
     return kiln_set_error("cuda: out of memory");
   }
   char what[64];
   snprintf(what, sizeof what, "loading its PTX on gpu:%d", gpu);
   if (cuda_enter("cuda", gpu, NULL)) {
-    image_close(im, gpu, p->n_results);
+    image_close(im, gpu, p->n_results, p->n_slots);
     return -1;
   }
   CUresult r = cuda_drv.cuModuleLoadData(&im->mod, p->ptx);
   int rc = r == CUDA_SUCCESS ? 0 : drv_fail(p, what, r, "cuModuleLoadData");
   if (rc) im->mod = NULL;
-  for (int s = 0; !rc && s < p->n_steps; s++) {
-    const cuda_step *st = &p->steps[s];
+  for (int s = 0; !rc && s < p->n_all; s++) {
+    const cuda_step *st = p->all[s];
     if (st->kind != CUDA_STEP_KERNEL) continue;
     if ((r = cuda_drv.cuModuleGetFunction(&im->fn[s], im->mod, st->name)) != CUDA_SUCCESS) {
       char label[64];
@@ -99,7 +106,12 @@ static int image_open(cuda_program *p, int gpu, gpu_image *im) {
   for (int i = 0; !rc && i < p->n_results; i++)
     if (p->results[i].kind == CUDA_RES_CONST && !(im->res_cst[i] = tensor_to_device("cuda", p->results[i].cst, gpu + 1)))
       rc = -1;
-  if (rc) image_close(im, gpu, p->n_results);
+  for (int s = 0; !rc && s < p->n_slots; s++) { /* a scan over a constant's rows reads them on the GPU */
+    int b = p->slots[s].index;
+    if (p->slots[s].kind != PLAN_SLOT_ROW || p->slots[b].kind != PLAN_SLOT_CONST || im->slot_cst[b]) continue;
+    if (!(im->slot_cst[b] = tensor_to_device("cuda", p->slots[b].cst, gpu + 1))) rc = -1;
+  }
+  if (rc) image_close(im, gpu, p->n_results, p->n_slots);
   return rc;
 }
 
@@ -125,7 +137,7 @@ void cuda_program_rt_free(cuda_program *p) {
   bool had = kiln_has_error();
   if (had) snprintf(saved, sizeof saved, "%s", kiln_last_error());
   for (int g = 0; g < CUDA_MAX_GPUS; g++)
-    if (rt->gpu[g].mod) image_close(&rt->gpu[g], g, p->n_results);
+    if (rt->gpu[g].mod) image_close(&rt->gpu[g], g, p->n_results, p->n_slots);
   if (had)
     kiln_set_error("%s", saved);
   else
@@ -142,6 +154,13 @@ typedef struct {
   void *const *params, *const *results;
   unsigned char *arena;
   CUstream stream;
+  const gpu_image *im;
+  CUdeviceptr err;  /* the error word */
+  bool can_fail;    /* some kernel may raise it */
+  bool stop;        /* it was seen raised while reading a predicate back: run no more steps */
+  unsigned char **row; /* per slot: a row's address in the current iteration of its scan (NULL before) */
+  CUdeviceptr *vals;   /* a kernel's parameters (as many as the most buffers of a step) */
+  void **kp;
 } run_ctx;
 
 /* The device address of a buffer; constants (host tensors) give NULL with
@@ -152,9 +171,24 @@ static void *ref_ptr(const run_ctx *rc, const cuda_ref *r, const void **host) {
     case CUDA_REF_PARAM: return rc->params[r->index];
     case CUDA_REF_RESULT: return rc->results[r->index];
     case CUDA_REF_ARENA: return rc->arena + r->offset;
+    case CUDA_REF_ROW: return rc->row[r->index];
     default:
       if (host) *host = r->cst->data;
       return NULL;
+  }
+}
+
+/* The device address of the program's slot s (a row's base): a constant's
+ * is its copy on this GPU. */
+static unsigned char *slot_ptr(const run_ctx *rc, int s) {
+  const plan_slot *sl = &rc->p->slots[s];
+  switch (sl->kind) {
+    case PLAN_SLOT_ROW: return rc->row[s];
+    case PLAN_SLOT_CONST: return rc->im->slot_cst[s] ? rc->im->slot_cst[s]->data : NULL;
+    default: {
+      cuda_ref r = *sl;
+      return ref_ptr(rc, &r, NULL);
+    }
   }
 }
 
@@ -258,9 +292,14 @@ static int kernel_check_failed(const run_ctx *rc, const cuda_step *st) {
   if (st->index_buf < 0 || st->index_buf >= st->n_bufs)
     return kiln_set_error("%s: an index is not in [0, %lld)", api, (long long)st->index_dim);
   size_t esize = kiln_dtype_sizes[st->index_dtype], bytes = (size_t)st->index_count * esize;
+  void *at = ref_ptr(rc, &st->bufs[st->index_buf], NULL);
+  /* a row of indices: the failing iteration's row may be gone; the message
+   * then names no index */
+  if (!at || st->bufs[st->index_buf].kind == CUDA_REF_ROW)
+    return kiln_set_error("%s: an index is not in [0, %lld)", api, (long long)st->index_dim);
   void *idx = malloc(bytes + 1);
   if (!idx) return kiln_set_error("%s: out of memory", api);
-  if (cuda_copy(api, -1, idx, rc->gpu, ref_ptr(rc, &st->bufs[st->index_buf], NULL), bytes)) {
+  if (cuda_copy(api, -1, idx, rc->gpu, at, bytes)) {
     free(idx);
     return -1;
   }
@@ -277,29 +316,91 @@ static int kernel_check_failed(const run_ctx *rc, const cuda_step *st) {
   return r;
 }
 
-/* Queues the kernels and copies of the plan (host steps in between, in
- * order); with ctx pushed. */
-static int run_steps(run_ctx *rc, const gpu_image *im, CUdeviceptr err) {
+static int run_steps(run_ctx *rc, const cuda_step *steps, int n);
+
+/* Whether the predicate (a bool in the step's bufs[0]) is true: its byte
+ * read back after the work queued before it (and the error word with it:
+ * once a kernel has raised it, rc->stop and false). With ctx pushed. */
+static int read_pred(run_ctx *rc, const cuda_step *st, bool *yes) {
+  const void *host;
+  void *dev = ref_ptr(rc, &st->bufs[0], &host);
+  unsigned char byte = host ? *(const unsigned char *)host : 0;
+  int32_t word = 0;
+  CUresult cr = CUDA_SUCCESS;
+  const char *call = "cuMemcpyDtoHAsync";
+  if (!host) cr = cuda_drv.cuMemcpyDtoHAsync(&byte, (CUdeviceptr)(uintptr_t)dev, 1, rc->stream);
+  if (cr == CUDA_SUCCESS && rc->can_fail) cr = cuda_drv.cuMemcpyDtoHAsync(&word, rc->err, sizeof word, rc->stream);
+  if (cr == CUDA_SUCCESS && (!host || rc->can_fail)) {
+    call = "cuStreamSynchronize";
+    cr = cuda_drv.cuStreamSynchronize(rc->stream);
+  }
+  if (cr != CUDA_SUCCESS) {
+    char label[64];
+    snprintf(label, sizeof label, "step %d (%s predicate)", st->no, st->kind == CUDA_STEP_COND ? "cond" : "while");
+    return drv_fail(rc->p, label, cr, call);
+  }
+  rc->stop = word != 0;
+  *yes = byte != 0 && !rc->stop;
+  return 0;
+}
+
+static int run_cond(run_ctx *rc, const cuda_step *st) {
+  bool yes;
+  if (read_pred(rc, st, &yes)) return -1;
+  if (rc->stop) return 0;
+  int b = yes ? 0 : 1;
+  return run_steps(rc, st->sub[b], st->n_sub[b]);
+}
+
+/* the predicate's steps, then the body's while it holds, at most trip
+ * times (then the loop stops, as the interpreter's does) */
+static int run_while(run_ctx *rc, const cuda_step *st) {
+  for (int64_t i = 0; (st->trip < 0 || i < st->trip) && !rc->stop; i++) {
+    bool yes;
+    if (run_steps(rc, st->sub[0], st->n_sub[0])) return -1;
+    if (rc->stop) return 0;
+    if (read_pred(rc, st, &yes)) return -1;
+    if (!yes) return 0;
+    if (run_steps(rc, st->sub[1], st->n_sub[1])) return -1;
+  }
+  return 0;
+}
+
+/* the body trip times, its rows at t = 0 .. trip-1 (or down) */
+static int run_scan(run_ctx *rc, const cuda_step *st) {
+  const plan_slot *slots = rc->p->slots;
+  for (int64_t i = 0; i < st->trip && !rc->stop; i++) {
+    int64_t t = st->reverse ? st->trip - 1 - i : i;
+    for (int k = 0; k < st->n_bufs; k++) {
+      int s = st->bufs[k].index;
+      unsigned char *base = slot_ptr(rc, slots[s].index);
+      if (!base) return kiln_set_error("cuda: @%s: step %d (scan): row %d has no base on the GPU", rc->p->name, st->no, k);
+      rc->row[s] = base + t * slots[s].offset;
+    }
+    if (run_steps(rc, st->sub[0], st->n_sub[0])) return -1;
+  }
+  return 0;
+}
+
+/* Queues the kernels and copies of n steps (host steps in between, in
+ * order; control flow run here); with ctx pushed. Stops early once
+ * rc->stop is set. */
+static int run_steps(run_ctx *rc, const cuda_step *steps, int n) {
   cuda_program *p = rc->p;
-  int max_bufs = 0;
-  for (int s = 0; s < p->n_steps; s++)
-    if (p->steps[s].n_bufs > max_bufs) max_bufs = p->steps[s].n_bufs;
-  CUdeviceptr *vals = malloc(((size_t)max_bufs + 1) * sizeof *vals);
-  void **kp = malloc(((size_t)max_bufs + 1) * sizeof *kp);
-  int r = vals && kp ? 0 : kiln_set_error("cuda: out of memory");
-  for (int s = 0; s < p->n_steps && !r; s++) {
-    const cuda_step *st = &p->steps[s];
+  int r = 0;
+  for (int s = 0; s < n && !r && !rc->stop; s++) {
+    const cuda_step *st = &steps[s];
     char label[64];
     CUresult cr = CUDA_SUCCESS;
     if (st->kind == CUDA_STEP_KERNEL) {
       if (st->grid[0] == 0) continue; /* nothing to do */
       for (int q = 0; q < st->n_bufs; q++) {
-        vals[q] = (CUdeviceptr)(uintptr_t)ref_ptr(rc, &st->bufs[q], NULL);
-        kp[q] = &vals[q];
+        rc->vals[q] = (CUdeviceptr)(uintptr_t)ref_ptr(rc, &st->bufs[q], NULL);
+        rc->kp[q] = &rc->vals[q];
       }
-      kp[st->n_bufs] = &err;
-      cr = cuda_drv.cuLaunchKernel(im->fn[s], st->grid[0], st->grid[1], st->grid[2], st->block[0], st->block[1],
-                                   st->block[2], st->shared_bytes, rc->stream, kp, NULL);
+      rc->kp[st->n_bufs] = &rc->err;
+      cr = cuda_drv.cuLaunchKernel(rc->im->fn[st->no], st->grid[0], st->grid[1], st->grid[2], st->block[0],
+                                   st->block[1], st->block[2], st->shared_bytes, rc->stream, rc->kp, NULL);
       if (cr != CUDA_SUCCESS) r = drv_fail(p, kernel_label(st, label, sizeof label), cr, "cuLaunchKernel");
     } else if (st->kind == CUDA_STEP_COPY) {
       const void *host;
@@ -308,14 +409,18 @@ static int run_steps(run_ctx *rc, const gpu_image *im, CUdeviceptr err) {
       if (st->bytes <= 0) continue;
       cr = host ? cuda_drv.cuMemcpyHtoDAsync(dst, host, (size_t)st->bytes, rc->stream)
                 : cuda_drv.cuMemcpyDtoDAsync(dst, src, (size_t)st->bytes, rc->stream);
-      snprintf(label, sizeof label, "step %d (copy)", s);
+      snprintf(label, sizeof label, "step %d (copy)", st->no);
       if (cr != CUDA_SUCCESS) r = drv_fail(p, label, cr, host ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoDAsync");
-    } else {
+    } else if (st->kind == CUDA_STEP_HOST) {
       r = host_step(rc, st);
+    } else if (st->kind == CUDA_STEP_COND) {
+      r = run_cond(rc, st);
+    } else if (st->kind == CUDA_STEP_WHILE) {
+      r = run_while(rc, st);
+    } else {
+      r = run_scan(rc, st);
     }
   }
-  free(vals);
-  free(kp);
   return r;
 }
 
@@ -325,8 +430,11 @@ int cuda_program_launch(cuda_program *p, int gpu, void *const *params, void *con
   gpu_image *im = program_image(p, gpu);
   if (!im) return -1;
   bool can_fail = false;
-  for (int s = 0; s < p->n_steps; s++)
-    can_fail = can_fail || (p->steps[s].kind == CUDA_STEP_KERNEL && p->steps[s].op != OP_COUNT);
+  int max_bufs = 0;
+  for (int s = 0; s < p->n_all; s++) {
+    can_fail = can_fail || (p->all[s]->kind == CUDA_STEP_KERNEL && p->all[s]->op != OP_COUNT);
+    if (p->all[s]->n_bufs > max_bufs) max_bufs = p->all[s]->n_bufs;
+  }
   /* the error word lives after the arena */
   size_t arena_bytes = (p->arena_bytes + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN;
   int32_t cls;
@@ -335,29 +443,35 @@ int cuda_program_launch(cuda_program *p, int gpu, void *const *params, void *con
   unsigned char *arena = cuda_alloc(who, gpu, arena_bytes + sizeof(int32_t), &cls);
   if (!arena) return -1;
   CUdeviceptr err = (CUdeviceptr)(uintptr_t)(arena + arena_bytes);
-  run_ctx rc = {p, gpu, params, results, arena, NULL};
-  int r = cuda_enter(who, gpu, &rc.stream);
+  run_ctx rc = {.p = p, .gpu = gpu, .params = params, .results = results, .arena = arena, .im = im, .err = err,
+                .can_fail = can_fail};
+  rc.row = calloc((size_t)p->n_slots + 1, sizeof *rc.row);
+  rc.vals = malloc(((size_t)max_bufs + 1) * sizeof *rc.vals);
+  rc.kp = malloc(((size_t)max_bufs + 1) * sizeof *rc.kp);
+  int r = rc.row && rc.vals && rc.kp ? cuda_enter(who, gpu, &rc.stream) : kiln_set_error("cuda: out of memory");
   if (r) {
+    free(rc.row), free(rc.vals), free(rc.kp);
     cuda_free(gpu, arena, cls);
     return -1;
   }
   CUresult cr = CUDA_SUCCESS;
   if (can_fail && (cr = cuda_drv.cuMemsetD8Async(err, 0, sizeof(int32_t), rc.stream)) != CUDA_SUCCESS)
     r = drv_fail(p, "clearing the error word", cr, "cuMemsetD8Async");
-  if (!r) r = run_steps(&rc, im, err);
+  if (!r) r = run_steps(&rc, p->steps, p->n_steps);
   int32_t word = 0;
   if (!r && can_fail) {
     if ((cr = cuda_drv.cuMemcpyDtoHAsync(&word, err, sizeof word, rc.stream)) == CUDA_SUCCESS)
       cr = cuda_drv.cuStreamSynchronize(rc.stream);
     if (cr != CUDA_SUCCESS) r = drv_fail(p, "reading the error word", cr, "cuMemcpyDtoHAsync");
   }
-  if (!r && word > 0 && word <= p->n_steps) {
-    r = kernel_check_failed(&rc, &p->steps[word - 1]);
+  if (!r && word > 0 && word <= p->n_all && p->all[word - 1]->kind == CUDA_STEP_KERNEL) {
+    r = kernel_check_failed(&rc, p->all[word - 1]);
   } else if (!r && word != 0) {
     r = kiln_set_error("cuda: @%s: the kernels raised the error word %d, which names no step", p->name, (int)word);
   }
   cuda_leave();
   cuda_free(gpu, arena, cls); /* stream order: safe while kernels still run */
+  free(rc.row), free(rc.vals), free(rc.kp);
   return r;
 }
 

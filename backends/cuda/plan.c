@@ -69,41 +69,106 @@ static const plan_policy cuda_policy = {
 };
 
 
-/* a new launch step; its buffers (n of them) zeroed for the caller to fill */
-static cuda_step *add_step(cuda_program *p, int kind, int n_bufs) {
-  cuda_step *q = realloc(p->steps, (size_t)(p->n_steps + 1) * sizeof *q);
-  if (!q) return cuda_oom(), NULL;
-  p->steps = q;
-  cuda_step *st = &p->steps[p->n_steps++]; /* freed with the program, even half made */
-  memset(st, 0, sizeof *st);
+cuda_ref cuda_slot_ref(const plan *pl, int s) {
+  if (pl->slots[s].kind == PLAN_SLOT_ROW) return (cuda_ref){CUDA_REF_ROW, s, 0, NULL};
+  return pl->slots[s];
+}
+
+/* step st (zeroed by the caller) made of kind with n_bufs buffers, zeroed
+ * for the caller to fill */
+static int init_step(cuda_step *st, int kind, int n_bufs) {
   st->kind = kind;
   st->op = OP_COUNT;
   st->kernel_op = OP_COUNT;
   st->index_buf = -1;
+  st->kernel = -1;
   st->n_bufs = n_bufs;
   st->bufs = calloc((size_t)n_bufs + 1, sizeof *st->bufs);
-  if (!st->bufs) return cuda_oom(), NULL;
-  return st;
+  return st->bufs ? 0 : cuda_oom();
 }
 
 /* a call step of the plan: an op the host runs (random draws, host callbacks) */
-static int host_step(cuda_program *p, const plan *pl, const plan_step *ps) {
+static int host_step(cuda_step *st, const plan *pl, const plan_step *ps) {
   const plan_call *c = &pl->calls[ps->index];
-  cuda_step *st = add_step(p, CUDA_STEP_HOST, c->n_out + c->n_in);
-  if (!st) return -1;
+  if (init_step(st, CUDA_STEP_HOST, c->n_out + c->n_in)) return -1;
   st->op = c->op;
   st->n_out = c->n_out;
   st->attrs = c->attrs;
   if (!(st->types = malloc(((size_t)c->n_out + (size_t)c->n_in) * sizeof *st->types))) return cuda_oom();
   memcpy(st->types, c->out_types, (size_t)c->n_out * sizeof *st->types);
   memcpy(st->types + c->n_out, c->in_types, (size_t)c->n_in * sizeof *st->types);
-  for (int k = 0; k < ps->n_slots; k++) st->bufs[k] = pl->slots[ps->slots[k]];
+  for (int k = 0; k < ps->n_slots; k++) st->bufs[k] = cuda_slot_ref(pl, ps->slots[k]);
   return 0;
 }
 
+/* The launch steps of the n plan steps ps into *out (malloc'd, n of them,
+ * freed with the program even half made), control flow recursively. */
+static int make_steps(cuda_program *p, const plan *pl, const plan_step *ps, int n, cuda_step **out) {
+  cuda_step *steps = *out = calloc((size_t)n + 1, sizeof *steps);
+  if (!steps) return cuda_oom();
+  for (int s = 0; s < n; s++) {
+    const plan_step *q = &ps[s];
+    cuda_step *st = &steps[s];
+    int rc = 0;
+    switch (q->kind) {
+      case PLAN_STEP_KERNEL:
+        rc = init_step(st, CUDA_STEP_KERNEL, 0);
+        st->kernel = q->index;
+        st->kernel_op = pl->kernels[q->index].op;
+        p->n_kernels++;
+        break;
+      case PLAN_STEP_CALL: rc = host_step(st, pl, q); break;
+      case PLAN_STEP_COPY:
+        if (!(rc = init_step(st, CUDA_STEP_COPY, 2))) {
+          st->bufs[0] = cuda_slot_ref(pl, q->slots[0]);
+          st->bufs[1] = cuda_slot_ref(pl, q->slots[1]);
+          st->bytes = q->bytes;
+        }
+        break;
+      case PLAN_STEP_COND:
+      case PLAN_STEP_WHILE:
+      case PLAN_STEP_SCAN: {
+        int kind = q->kind == PLAN_STEP_COND ? CUDA_STEP_COND : q->kind == PLAN_STEP_WHILE ? CUDA_STEP_WHILE : CUDA_STEP_SCAN;
+        if ((rc = init_step(st, kind, q->n_slots))) break;
+        for (int k = 0; k < q->n_slots; k++) st->bufs[k] = cuda_slot_ref(pl, q->slots[k]);
+        st->trip = q->trip;
+        st->reverse = q->reverse;
+        for (int b = 0; b < 2 && !rc; b++) {
+          st->n_sub[b] = q->n_sub[b];
+          rc = make_steps(p, pl, q->sub[b], q->n_sub[b], &st->sub[b]);
+        }
+        break;
+      }
+      default: rc = kiln_set_error("cuda: @%s: unknown plan step %d", p->name, q->kind);
+    }
+    if (rc) return -1;
+  }
+  return 0;
+}
+
+/* numbers the tree's steps in pre-order into p->all (counted first) */
+static void number_steps(cuda_program *p, cuda_step *steps, int n) {
+  for (int s = 0; s < n; s++) {
+    cuda_step *st = &steps[s];
+    st->no = p->n_all;
+    if (p->all) p->all[st->no] = st;
+    p->n_all++;
+    for (int b = 0; b < 2; b++) number_steps(p, st->sub[b], st->n_sub[b]);
+  }
+}
+
+void cuda_steps_free(cuda_step *steps, int n) {
+  for (int s = 0; steps && s < n; s++) {
+    cuda_step *st = &steps[s];
+    free(st->bufs), free(st->types);
+    for (int b = 0; b < 2; b++) cuda_steps_free(st->sub[b], st->n_sub[b]);
+  }
+  free(steps);
+}
+
 /* Plans cb->f and makes the launch plan: a step per plan step (a kernel's
- * buffers and launch shape come with its emission), the results, the
- * constants the steps read (retained). */
+ * buffers and launch shape come with its emission), control flow nested as
+ * the plan's, the results, the constants the steps read (retained). */
 int cuda_plan(cuda_build *cb) {
   cuda_program *p = cb->p;
   plan *pl = &cb->pl;
@@ -112,24 +177,15 @@ int cuda_plan(cuda_build *cb) {
   for (int s = 0; s < pl->n_slots; s++) /* uploaded by the runtime */
     if (pl->slots[s].kind == PLAN_SLOT_CONST && plan_keep_const(&p->consts, &p->n_consts, pl->slots[s].cst))
       return cuda_oom();
-  for (int s = 0; s < pl->n_steps; s++) {
-    const plan_step *ps = &pl->steps[s];
-    cuda_step *st;
-    if (ps->kind == PLAN_STEP_KERNEL) {
-      if (!(st = add_step(p, CUDA_STEP_KERNEL, 0))) return -1;
-      st->kernel_op = pl->kernels[ps->index].op;
-      p->n_kernels++;
-    } else if (ps->kind == PLAN_STEP_CALL) {
-      if (host_step(p, pl, ps)) return -1;
-    } else if (ps->kind == PLAN_STEP_COPY) {
-      if (!(st = add_step(p, CUDA_STEP_COPY, 2))) return -1;
-      st->bufs[0] = pl->slots[ps->slots[0]];
-      st->bufs[1] = pl->slots[ps->slots[1]];
-      st->bytes = ps->bytes;
-    } else {
-      return kiln_set_error("cuda: @%s: control flow is not supported on the GPU yet", cb->f->name);
-    }
-  }
+  if (!(p->slots = malloc(((size_t)pl->n_slots + 1) * sizeof *p->slots))) return cuda_oom();
+  memcpy(p->slots, pl->slots, (size_t)pl->n_slots * sizeof *p->slots);
+  p->n_slots = pl->n_slots;
+  p->n_steps = pl->n_steps;
+  if (make_steps(p, pl, pl->steps, pl->n_steps, &p->steps)) return -1;
+  number_steps(p, p->steps, p->n_steps);
+  if (!(p->all = malloc(((size_t)p->n_all + 1) * sizeof *p->all))) return cuda_oom();
+  p->n_all = 0;
+  number_steps(p, p->steps, p->n_steps);
   p->results = calloc((size_t)cb->f->n_results + 1, sizeof *p->results);
   if (!p->results) return cuda_oom();
   for (int r = 0; r < cb->f->n_results; r++)

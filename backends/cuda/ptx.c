@@ -292,7 +292,7 @@ static int kernel_begin(kctx *k) {
     return cuda_oom();
   }
   st->n_bufs = nb;
-  for (int q = 0; q < nb; q++) st->bufs[q] = cb->pl.slots[ref_slot[q]], params[q] = e->t_ptr;
+  for (int q = 0; q < nb; q++) st->bufs[q] = cuda_slot_ref(&cb->pl, ref_slot[q]), params[q] = e->t_ptr;
   params[nb] = e->t_ptr;
   LLVMTypeRef ft = LLVMFunctionType(e->t_void, params, (unsigned)nb + 1, 0);
   free(params);
@@ -307,15 +307,19 @@ static int kernel_begin(kctx *k) {
   unsigned nounwind = LLVMGetEnumAttributeKindForName("nounwind", 8);
   LLVMAddAttributeAtIndex(k->fn, LLVMAttributeFunctionIndex, LLVMCreateEnumAttribute(e->ctx, nounwind, 0));
   for (int q = 0; q < nb; q++) {
-    /* noalias unless the buffers pass put an output over an input that dies here */
+    /* noalias unless the buffers pass put an output over an input that dies
+     * here (arena bytes; a row counts as arena: its base may be) */
     bool alone = true;
     for (int r = 0; r < nb && alone; r++) {
       if (r == q || (r >= g->n_out && q >= g->n_out)) continue;
       const cuda_ref *x = &st->bufs[q], *y = &st->bufs[r];
-      alone = !(x->kind == CUDA_REF_ARENA && y->kind == CUDA_REF_ARENA);
+      alone = !((x->kind == CUDA_REF_ARENA || x->kind == CUDA_REF_ROW) &&
+                (y->kind == CUDA_REF_ARENA || y->kind == CUDA_REF_ROW));
     }
     if (alone) LLVMAddAttributeAtIndex(k->fn, (unsigned)q + 1, LLVMCreateEnumAttribute(e->ctx, noalias, 0));
-    LLVMAddAttributeAtIndex(k->fn, (unsigned)q + 1, LLVMCreateEnumAttribute(e->ctx, align, KILN_ALIGN));
+    /* a row is aligned as its row size allows */
+    LLVMAddAttributeAtIndex(k->fn, (unsigned)q + 1,
+                            LLVMCreateEnumAttribute(e->ctx, align, (uint64_t)plan_slot_align(&cb->pl, ref_slot[q])));
   }
   LLVMPositionBuilderAtEnd(e->b, LLVMAppendBasicBlockInContext(e->ctx, k->fn, "entry"));
   for (int o = 0; o < g->n_out; o++) k->outp[o] = LLVMGetParam(k->fn, (unsigned)o);
@@ -1046,9 +1050,9 @@ static int emit_scatter_add(kctx *k) {
   return 0;
 }
 
-static int emit_kernel(cuda_build *cb, int step_no, const plan_kernel *g) {
+static int emit_kernel(cuda_build *cb, cuda_step *st, const plan_kernel *g) {
   llvm_emit *e = &cb->e;
-  kctx k = {.cb = cb, .g = g, .st = &cb->p->steps[step_no], .step_no = step_no};
+  kctx k = {.cb = cb, .g = g, .st = st, .step_no = st->no};
   if (g->pass) cuda_column_plan(g->f, g->out[0], &k.col); /* as the plan's split made it */
   int rc = kernel_begin(&k);
   bool can_fail = false;
@@ -1115,9 +1119,9 @@ static int compile_module(cuda_build *cb, const char *arch) {
   cb->e.const_data = const_data;
   cb->e.user = cb;
   int rc = 0;
-  for (int s = 0; s < p->n_steps && !rc; s++)
-    if (p->steps[s].kind == CUDA_STEP_KERNEL) {
-      rc = emit_kernel(cb, s, &cb->pl.kernels[cb->pl.steps[s].index]);
+  for (int s = 0; s < p->n_all && !rc; s++) /* every kernel of the tree, loop bodies' too */
+    if (p->all[s]->kind == CUDA_STEP_KERNEL) {
+      rc = emit_kernel(cb, p->all[s], &cb->pl.kernels[p->all[s]->kernel]);
       if (rc) rewrap_error();
     }
   char *msg = NULL;
@@ -1243,17 +1247,18 @@ bool cuda_use_tf32(void) {
 
 int cuda_program_unsupported(const cuda_program *p) {
   if (!p) return kiln_set_error("cuda: no program");
-  for (int s = 0; s < p->n_steps; s++)
-    if (p->steps[s].kind == CUDA_STEP_HOST)
-      return kiln_set_error("cuda: @%s: %s is not supported on the GPU yet", p->name, kiln_ops[p->steps[s].op].name);
+  for (int s = 0; s < p->n_all; s++)
+    if (p->all[s]->kind == CUDA_STEP_HOST)
+      return kiln_set_error("cuda: @%s: %s is not supported on the GPU yet", p->name, kiln_ops[p->all[s]->op].name);
   return 0;
 }
 
 void cuda_program_free(cuda_program *p) {
   if (!p) return;
   cuda_program_rt_free(p);
-  for (int s = 0; s < p->n_steps; s++) free(p->steps[s].bufs), free(p->steps[s].types);
-  free(p->steps);
+  cuda_steps_free(p->steps, p->n_steps);
+  free(p->all);
+  free(p->slots);
   for (int i = 0; i < p->n_consts; i++) kiln_release(p->consts[i]);
   free(p->consts);
   if (p->results)

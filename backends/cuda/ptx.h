@@ -17,23 +17,37 @@ extern "C" {
 
 /* A device buffer a step reads or writes: a slot of the shared plan
  * (backends/plan); a constant's tensor the program retains, uploaded by the
- * runtime. */
+ * runtime. A row (row t of another buffer, inside a scan) is named by its
+ * own slot: index is the slot in the program's slots (cuda_program.slots,
+ * whose entry gives the slot it is a row of and the row's bytes); the
+ * runtime sets its address each iteration of the scan listing it. */
 enum {
   CUDA_REF_PARAM = PLAN_SLOT_PARAM,
   CUDA_REF_RESULT = PLAN_SLOT_RESULT,
   CUDA_REF_ARENA = PLAN_SLOT_ARENA,
-  CUDA_REF_CONST = PLAN_SLOT_CONST
+  CUDA_REF_CONST = PLAN_SLOT_CONST,
+  CUDA_REF_ROW = PLAN_SLOT_ROW
 };
 typedef plan_slot cuda_ref;
 
-/* One step of the launch plan, in schedule order. */
+/* One step of the launch plan, in schedule order. Control flow (the
+ * plan's COND / WHILE / SCAN steps) holds nested step lists that the host
+ * runs: the predicate's byte is read back after the work queued before it,
+ * a scan's rows are device addresses recomputed each iteration. */
 enum {
   CUDA_STEP_KERNEL, /* launch the kernel `name` */
   CUDA_STEP_COPY,   /* device copy of bytes from bufs[1] to bufs[0] */
-  CUDA_STEP_HOST    /* an op the GPU cannot run yet (random draws, host callbacks) */
+  CUDA_STEP_HOST,   /* an op the GPU cannot run yet (random draws, host callbacks) */
+  CUDA_STEP_COND,   /* bufs[0] the predicate (a bool); sub[0] when true, sub[1] when false */
+  CUDA_STEP_WHILE,  /* sub[0] computes the predicate into bufs[0]; while true sub[1] and sub[0] again; at most trip times (-1: no bound) */
+  CUDA_STEP_SCAN    /* sub[0] trip times, t = 0 .. trip-1 (down with reverse); bufs the rows (CUDA_REF_ROW) taken at row t */
 };
 typedef struct cuda_step {
   int kind;
+  /* its number: pre-order over the program's step tree (cuda_program.all);
+   * a kernel's .entry is "kernel<no>" and its error word no + 1 */
+  int no;
+  int kernel; /* kernel: the plan's kernel it emits (ptx.c) */
   char name[24];              /* kernel: its .entry */
   unsigned grid[3], block[3]; /* kernel: grid[0] == 0 when there is nothing to do */
   unsigned shared_bytes;      /* kernel: dynamic shared memory (0: all static) */
@@ -57,6 +71,11 @@ typedef struct cuda_step {
    * each of bufs */
   op_attrs attrs;
   op_type *types;
+  /* control flow (above) */
+  struct cuda_step *sub[2];
+  int n_sub[2];
+  int64_t trip;
+  bool reverse;
 } cuda_step;
 
 /* How each result is produced (as cpu.h's cpu_result). */
@@ -74,8 +93,12 @@ typedef struct cuda_program {
   int n_params, n_results;
   op_type *param_types, *result_types;
   cuda_result *results;
-  int n_steps, n_kernels;
+  int n_steps, n_kernels; /* top-level steps; kernel steps anywhere in the tree */
   cuda_step *steps;
+  cuda_step **all; /* every step of the tree, in pre-order: all[s->no] == s */
+  int n_all;
+  plan_slot *slots; /* the plan's slots (rows resolve their bases through them) */
+  int n_slots;
   size_t arena_bytes;
   kiln_tensor **consts; /* retained */
   int n_consts;

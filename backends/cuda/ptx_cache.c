@@ -17,12 +17,13 @@
 #include "cpu/cpu.h"
 #include "cuda/ptx.h"
 
-/* The launch fields of the kernel steps, as int64 words: a header (magic,
- * format, steps, kernels, arena bytes, kernel records), then per kernel step
- * its number, grid[3], block[3], shared bytes, op, index buffer, index
+/* The launch fields of the kernel steps (every one in the step tree, loop
+ * bodies' included, in pre-order), as int64 words: a header (magic,
+ * format, steps of the tree, kernels, arena bytes, kernel records), then per
+ * kernel step its number, grid[3], block[3], shared bytes, op, index buffer, index
  * count, index dim, index dtype, buffers, and per buffer kind, index and
  * offset. */
-enum { PLAN_MAGIC = 0x4c50434b /* "KCPL" */, PLAN_FORMAT = 1, HEAD = 6, REC = 14 };
+enum { PLAN_MAGIC = 0x4c50434b /* "KCPL" */, PLAN_FORMAT = 2, HEAD = 6, REC = 14 };
 
 static char *cache_meta(const cuda_program *p) {
   unsigned maj, min, pat;
@@ -43,14 +44,14 @@ static char *cache_meta(const cuda_program *p) {
 
 static int64_t *plan_words(const cuda_program *p, size_t *len) {
   size_t n = HEAD;
-  for (int s = 0; s < p->n_steps; s++)
-    if (p->steps[s].kind == CUDA_STEP_KERNEL) n += REC + 3 * (size_t)p->steps[s].n_bufs;
+  for (int s = 0; s < p->n_all; s++)
+    if (p->all[s]->kind == CUDA_STEP_KERNEL) n += REC + 3 * (size_t)p->all[s]->n_bufs;
   int64_t *w = malloc(n * sizeof *w);
   if (!w) return NULL;
   size_t at = HEAD;
   int64_t recs = 0;
-  for (int s = 0; s < p->n_steps; s++) {
-    const cuda_step *st = &p->steps[s];
+  for (int s = 0; s < p->n_all; s++) {
+    const cuda_step *st = p->all[s];
     if (st->kind != CUDA_STEP_KERNEL) continue;
     int64_t r[REC] = {s,         st->grid[0],     st->grid[1],    st->grid[2],       st->block[0],
                       st->block[1], st->block[2], st->shared_bytes, st->op,          st->index_buf,
@@ -64,7 +65,7 @@ static int64_t *plan_words(const cuda_program *p, size_t *len) {
     }
     recs++;
   }
-  int64_t h[HEAD] = {PLAN_MAGIC, PLAN_FORMAT, p->n_steps, p->n_kernels, (int64_t)p->arena_bytes, recs};
+  int64_t h[HEAD] = {PLAN_MAGIC, PLAN_FORMAT, p->n_all, p->n_kernels, (int64_t)p->arena_bytes, recs};
   memcpy(w, h, sizeof h);
   *len = n * sizeof *w;
   return w;
@@ -73,16 +74,16 @@ static int64_t *plan_words(const cuda_program *p, size_t *len) {
 static bool in(int64_t x, int64_t lo, int64_t hi) { return x >= lo && x <= hi; }
 
 /* Whether the words fit p's plan: the same steps, every buffer a parameter,
- * result or arena place of p, launch shapes a GPU takes, and an .entry in
+ * result or arena place of p or one of its rows, launch shapes a GPU takes, and an .entry in
  * the PTX for each kernel. */
 static bool plan_fits(const cuda_program *p, const int64_t *w, size_t n, const char *ptx) {
-  if (n < HEAD || w[0] != PLAN_MAGIC || w[1] != PLAN_FORMAT || w[2] != p->n_steps || w[3] != p->n_kernels ||
+  if (n < HEAD || w[0] != PLAN_MAGIC || w[1] != PLAN_FORMAT || w[2] != p->n_all || w[3] != p->n_kernels ||
       w[4] != (int64_t)p->arena_bytes)
     return false;
   size_t at = HEAD;
   int64_t recs = 0;
-  for (int s = 0; s < p->n_steps; s++) {
-    if (p->steps[s].kind != CUDA_STEP_KERNEL) continue;
+  for (int s = 0; s < p->n_all; s++) {
+    if (p->all[s]->kind != CUDA_STEP_KERNEL) continue;
     if (at + REC > n) return false;
     const int64_t *r = w + at;
     bool ok = r[0] == s && in(r[1], 0, 0x7fffffff) && in(r[2], 0, 65535) && in(r[3], 0, 65535) &&
@@ -98,6 +99,8 @@ static bool plan_fits(const cuda_program *p, const int64_t *w, size_t n, const c
         ok = ok && in(b[1], 0, p->n_results - 1);
       else if (b[0] == CUDA_REF_ARENA)
         ok = ok && in(b[2], 0, (int64_t)p->arena_bytes);
+      else if (b[0] == CUDA_REF_ROW)
+        ok = ok && in(b[1], 0, p->n_slots - 1) && p->slots[b[1]].kind == PLAN_SLOT_ROW;
       else
         ok = false;
     }
@@ -113,11 +116,11 @@ static bool plan_fits(const cuda_program *p, const int64_t *w, size_t n, const c
 /* Takes the words into p's kernel steps (they fit). 0, or -1 out of memory
  * with p untouched. */
 static int take_plan(cuda_program *p, const int64_t *w) {
-  cuda_ref **all = calloc((size_t)p->n_steps + 1, sizeof *all);
+  cuda_ref **all = calloc((size_t)p->n_all + 1, sizeof *all);
   bool ok = all != NULL;
   size_t at = HEAD;
-  for (int s = 0; ok && s < p->n_steps; s++) {
-    if (p->steps[s].kind != CUDA_STEP_KERNEL) continue;
+  for (int s = 0; ok && s < p->n_all; s++) {
+    if (p->all[s]->kind != CUDA_STEP_KERNEL) continue;
     const int64_t *r = w + at;
     if (!(all[s] = calloc((size_t)r[13] + 1, sizeof **all))) ok = false;
     for (int64_t q = 0; ok && q < r[13]; q++) {
@@ -127,8 +130,8 @@ static int take_plan(cuda_program *p, const int64_t *w) {
     at += REC + 3 * (size_t)r[13];
   }
   at = HEAD;
-  for (int s = 0; ok && s < p->n_steps; s++) {
-    cuda_step *st = &p->steps[s];
+  for (int s = 0; ok && s < p->n_all; s++) {
+    cuda_step *st = p->all[s];
     if (st->kind != CUDA_STEP_KERNEL) continue;
     const int64_t *r = w + at;
     free(st->bufs);
@@ -145,7 +148,7 @@ static int take_plan(cuda_program *p, const int64_t *w) {
     st->index_dtype = (kiln_dtype)r[12];
     at += REC + 3 * (size_t)r[13];
   }
-  for (int s = 0; all && s < p->n_steps; s++) free(all[s]);
+  for (int s = 0; all && s < p->n_all; s++) free(all[s]);
   free(all);
   return ok ? 0 : -1;
 }

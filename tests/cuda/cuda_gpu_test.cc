@@ -113,13 +113,16 @@ TEST(CudaGpu, EagerOpsMatchTheCpu) {
   kiln_device_pop();
 }
 
-TEST(CudaGpu, RandomProgramsMatchTheInterpreter) {
-  NEED_GPU();
+// the random corpus (with control flow when control) compiled for gpu:0
+// against the interpreter
+void random_programs_match(bool control) {
   const char *arch = cuda_arch_of(0);
   int n = 300, failures = 0;
+  ir_gen_options o = ir_gen_default_options();
+  if (control) o.kinds |= IR_GEN_CONTROL;
   for (int seed = 1; seed <= n && failures < 5; seed++) {
     Scoped s;
-    ir_module *m = ir_gen_program((uint64_t)seed, nullptr);
+    ir_module *m = ir_gen_program((uint64_t)seed, &o);
     ASSERT_NE(m, nullptr) << kiln_last_error();
     ir_func *f = m->funcs[m->n_funcs - 1];
     std::vector<kiln_tensor *> args((size_t)f->n_params + 1), want((size_t)f->n_results + 1),
@@ -138,6 +141,17 @@ TEST(CudaGpu, RandomProgramsMatchTheInterpreter) {
     cuda_program_free(p);
     ir_module_free(m);
   }
+}
+
+TEST(CudaGpu, RandomProgramsMatchTheInterpreter) {
+  NEED_GPU();
+  random_programs_match(false);
+}
+
+// cond, while and scan steps run by the host over the kernels of their bodies
+TEST(CudaGpu, RandomProgramsWithControlFlowMatchTheInterpreter) {
+  NEED_GPU();
+  random_programs_match(true);
 }
 
 int mlp(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
@@ -220,4 +234,116 @@ TEST(CudaGpu, Tf32MatmulIsCloseToTheCpu) {
     }
   }
   unsetenv("KILN_CUDA_TF32");
+}
+
+// ---- control flow (backends/cuda/launch.c runs cond / while / scan steps) ----
+
+namespace {
+
+int neg_branch(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_neg(in[0]);
+  return out[0] ? 0 : -1;
+}
+int exp_branch(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_exp(in[0]);
+  return out[0] ? 0 : -1;
+}
+// exp(x) where sum(x) > 0, else -x
+int cond_fn(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *p = kiln_greater(kiln_reduce_sum(in[0], 0, nullptr, false), kiln_scalar_like(in[0], 0));
+  return kiln_cond(p, exp_branch, neg_branch, nullptr, 1, in, 1, out);
+}
+
+// Collatz: while a != 1 { a = a even ? a / 2 : 3a + 1; n += 1 }
+int collatz_cond(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_not_equal(in[0], kiln_scalar_like(in[0], 1));
+  return out[0] ? 0 : -1;
+}
+int collatz_body(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *a = in[0], *two = kiln_scalar_like(a, 2);
+  kiln_tensor *even = kiln_equal(kiln_mod(a, two), kiln_scalar_like(a, 0));
+  out[0] = kiln_select(even, kiln_div(a, two), kiln_add(kiln_mul(a, kiln_scalar_like(a, 3)), kiln_scalar_like(a, 1)));
+  out[1] = kiln_add(in[1], kiln_scalar_like(in[1], 1));
+  return out[0] && out[1] ? 0 : -1;
+}
+int collatz(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *init[2] = {in[0], kiln_scalar_like(in[0], 0)};
+  return kiln_while_loop(collatz_cond, collatz_body, nullptr, 2, init, -1, out);
+}
+
+// cumulative sum: carry c, y_t = c + x_t
+int cumsum_body(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_add(in[0], in[1]);
+  out[1] = out[0];
+  return out[0] ? 0 : -1;
+}
+int cumsum(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  return kiln_scan(cumsum_body, nullptr, 1, &in[0], 1, &in[1], -1, false, 1, &out[0], &out[1]);
+}
+
+// an LSTM-like cell: gates from [x_t, h] @ w, c' = f*c + i*g, h' = o*tanh(c')
+int lstm_body(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *w = (kiln_tensor *)user, *h = in[0], *c = in[1], *x = in[2];
+  kiln_tensor *xh[2] = {x, h};
+  kiln_tensor *z = kiln_matmul(kiln_concat(2, xh, 1), w);  // [B, 4H]
+  if (!z) return -1;
+  int64_t B = kiln_tensor_shape(h)[0], H = kiln_tensor_shape(h)[1];
+  auto gate = [&](int k) {
+    int64_t begin[2] = {0, k * H}, size[2] = {B, H};
+    return kiln_slice(z, begin, size);
+  };
+  kiln_tensor *i = kiln_sigmoid(gate(0)), *f = kiln_sigmoid(gate(1)), *g = kiln_tanh(gate(2)),
+              *o = kiln_sigmoid(gate(3));
+  out[1] = kiln_add(kiln_mul(f, c), kiln_mul(i, g));
+  out[0] = kiln_mul(o, kiln_tanh(out[1]));
+  out[2] = out[0];
+  return out[0] && out[1] ? 0 : -1;
+}
+// (h0, c0, xs, w): w captured by the body
+int lstm(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *init[2] = {in[0], in[1]};
+  return kiln_scan(lstm_body, in[3], 2, init, 1, &in[2], -1, false, 1, out, &out[2]);
+}
+
+// f(in) on the CPU and under gpu:0 (inputs moved there): every output close
+void same_on_both(const char *name, kiln_body_fn body, void *user, std::vector<kiln_tensor *> in, int n_out,
+                  double rel = 1e-5) {
+  SCOPED_TRACE(name);
+  kiln_function *f = kiln_function_new(name, body, user, (int)in.size(), n_out);
+  std::vector<kiln_tensor *> cpu((size_t)n_out), gpu((size_t)n_out), gin;
+  ASSERT_EQ(kiln_function_call(f, in.data(), cpu.data()), 0) << kiln_last_error();
+  for (kiln_tensor *t : in) gin.push_back(to(t, "gpu:0"));
+  ASSERT_EQ(kiln_device_push("gpu:0"), 0);
+  int rc = kiln_function_call(f, gin.data(), gpu.data());
+  kiln_device_pop();
+  ASSERT_EQ(rc, 0) << kiln_last_error();
+  kiln_stats st{};
+  ASSERT_EQ(kiln_function_stats(f, 1, &st), 0) << kiln_last_error();
+  EXPECT_GT(st.compile_ms, 0.0) << "the GPU trace compiled";
+  for (int k = 0; k < n_out; k++) {
+    EXPECT_STREQ(kiln_tensor_device(gpu[(size_t)k]), "gpu:0");
+    EXPECT_TRUE(close(gpu[(size_t)k], cpu[(size_t)k], rel)) << "output " << k;
+  }
+  kiln_function_free(f);
+}
+
+}  // namespace
+
+TEST(CudaGpu, ControlFlowMatchesTheCpu) {
+  NEED_GPU();
+  Scoped s;
+  same_on_both("cond_pos", cond_fn, nullptr, {f32({4}, {1, -2, 3, 0.5})}, 1);
+  same_on_both("cond_neg", cond_fn, nullptr, {f32({4}, {-1, -2, 3, -0.5})}, 1);
+  // 27 takes 111 steps to reach 1
+  same_on_both("collatz", collatz, nullptr, {i64({}, {27})}, 2);
+  kiln_tensor *c0 = f32({3}, {0, 1, 2});
+  kiln_tensor *xs = kiln_reshape(kiln_arange(KILN_F32, 300), KILN_SHAPE(100, 3));
+  same_on_both("cumsum", cumsum, nullptr, {c0, xs}, 2);
+  kiln_random_seed(5);
+  const int B = 8, H = 16, X = 12, T = 20;
+  kiln_tensor *w = kiln_mul(kiln_random_normal(KILN_F32, KILN_SHAPE(X + H, 4 * H)), kiln_scalar(KILN_F32, 0.2));
+  same_on_both("lstm", lstm, nullptr,
+               {kiln_zeros(KILN_F32, KILN_SHAPE(B, H)), kiln_zeros(KILN_F32, KILN_SHAPE(B, H)),
+                kiln_random_normal(KILN_F32, KILN_SHAPE(T, B, X)), w},
+               3, 1e-4);
 }

@@ -286,42 +286,8 @@ TEST(CudaStaged, ABadLabelNamesTheOpAndTheLabel) {
   }
 }
 
-int cf_body(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
-  out[0] = kiln_add(in[0], in[1]);
-  out[1] = kiln_exp(out[0]);
-  return out[0] && out[1] ? 0 : -1;
-}
-
-int cf_then(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
-  out[0] = kiln_neg(in[0]);
-  return out[0] ? 0 : -1;
-}
-
-int cf_scan(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
-  kiln_tensor *c = nullptr, *ys = nullptr, *r = nullptr;
-  if (kiln_scan(cf_body, nullptr, 1, &in[0], 1, &in[1], -1, true, 1, &c, &ys)) return -1;
-  kiln_tensor *p = kiln_greater(kiln_reduce_sum(c, 0, nullptr, false), kiln_scalar(KILN_F32, 0));
-  if (kiln_cond(p, cf_then, cf_then, nullptr, 1, &c, 1, &r)) return -1;
-  out[0] = r;
-  out[1] = ys;
-  return 0;
-}
-
-// A GPU trace with control flow runs interpreted (the CUDA backend does not
-// lower it yet): the interpreter reads the predicate back and moves rows
-// through the host instead of dereferencing GPU memory (the fake driver's
-// device addresses crash on the host).
-TEST(CudaStaged, ControlFlowRunsInterpretedWithoutTouchingGpuMemoryOnTheHost) {
-  GpuTest s;
-  Fn f("cf", cf_scan, 2, 2);
-  kiln_tensor *c0 = on("gpu:0", f32({2}, {1, 2})), *xs = on("gpu:0", f32({3, 2}, {1, 2, 3, 4, 5, 6}));
-  kiln_tensor *in[2] = {c0, xs}, *out[2] = {nullptr, nullptr};
-  OnDevice d("gpu:0");
-  ASSERT_EQ(kiln_function_call(f.f, in, out), 0) << error();
-  EXPECT_STREQ(kiln_tensor_device(out[0]), "gpu:0");
-  EXPECT_STREQ(kiln_tensor_device(out[1]), "gpu:0");
-  EXPECT_EQ(shape_of(out[1]), (V64{3, 2}));
-}
+// Control flow on a GPU (compiled, and interpreted with KILN_BACKEND=interp):
+// cuda_control_test.cc.
 
 TEST(CudaStaged, RandomDrawsMatchTheCpus) {
   GpuTest s;

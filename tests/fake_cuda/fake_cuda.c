@@ -20,8 +20,11 @@
  * .target newer than the device. Kernels cannot run here: cuLaunchKernel
  * checks its arguments (the function's module on the current context's
  * device, the stream, the launch shape, every pointer parameter 0 or memory
- * of that device) and records the launch; fake_cuda.h lists what tests can
- * read and inject. */
+ * of that device) and records the launch (its pointer values included);
+ * scripted launches store given values into a parameter's memory, in stream
+ * order, standing in for what the kernel would compute (a loop's
+ * predicate, an error word); fake_cuda.h lists what tests can read and
+ * inject. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdbool.h>
@@ -505,6 +508,13 @@ static bool fail_any;
 static CUresult fail_code;
 static int write_value;
 
+typedef struct {
+  char name[64]; /* "" when unused */
+  int param, width, n, at;
+  int *values;
+} script;
+static script scripts[8];
+
 EXPORT int fake_cuda_launch_count(void) {
   pthread_mutex_lock(&lock);
   int n = n_launches;
@@ -539,6 +549,47 @@ EXPORT void fake_cuda_launch_write(const char *name, int value) {
   snprintf(write_name, sizeof write_name, "%s", name ? name : "");
   write_value = value;
   pthread_mutex_unlock(&lock);
+}
+
+EXPORT void fake_cuda_launch_script(const char *name, int param, int width, const int *values, int n) {
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < 8; i++) /* the kernel's old script (or every one) ends */
+    if (scripts[i].name[0] && (!name || strcmp(scripts[i].name, name) == 0)) {
+      free(scripts[i].values);
+      memset(&scripts[i], 0, sizeof scripts[i]);
+    }
+  for (int i = 0; name && n > 0 && values && i < 8; i++) {
+    if (scripts[i].name[0]) continue;
+    script *sc = &scripts[i];
+    if (!(sc->values = malloc((size_t)n * sizeof *sc->values))) break;
+    memcpy(sc->values, values, (size_t)n * sizeof *sc->values);
+    snprintf(sc->name, sizeof sc->name, "%s", name);
+    sc->param = param, sc->width = width == 1 ? 1 : 4, sc->n = n, sc->at = 0;
+    break;
+  }
+  pthread_mutex_unlock(&lock);
+}
+
+/* queues a store of width bytes of value at dst on s (as the kernel's own
+ * store would be ordered); CUDA_ERROR_ILLEGAL_ADDRESS where dst is no
+ * memory of dev */
+static CUresult queue_store(fake_stream *s, int dev, CUdeviceptr dst, int width, int value) {
+  op *o = calloc(1, sizeof *o);
+  unsigned char *v = o ? malloc(sizeof(int)) : NULL;
+  if (!o || !v || !translate(dst, (size_t)width, dev)) {
+    free(o);
+    free(v);
+    return CUDA_ERROR_ILLEGAL_ADDRESS;
+  }
+  if (width == 1)
+    v[0] = (unsigned char)value;
+  else
+    memcpy(v, &value, sizeof(int));
+  o->kind = 0;
+  o->staging = v;
+  o->dst_dev = dst;
+  o->bytes = (size_t)width;
+  return enqueue(s, o);
 }
 
 EXPORT int fake_cuda_modules_live(void) {
@@ -679,23 +730,18 @@ EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned 
     for (int i = 0; i < f->n_params; i++) { /* every Kiln kernel parameter is a pointer */
       CUdeviceptr p = *(const CUdeviceptr *)params[i];
       if (p && !translate(p, 1, c->dev)) l->bad_params++;
+      if (i < 16) l->ptr[i] = p;
     }
-    if (write_name[0] && strcmp(write_name, f->name) == 0 && f->n_params) {
-      op *o = calloc(1, sizeof *o);
-      unsigned char *v = o ? malloc(sizeof(int)) : NULL;
-      CUdeviceptr dst = *(const CUdeviceptr *)params[f->n_params - 1];
-      if (!o || !v || !translate(dst, sizeof(int), c->dev)) {
-        free(o);
-        free(v);
-        r = CUDA_ERROR_ILLEGAL_ADDRESS;
-      } else { /* stream ordered, as the kernel's own store would be */
-        memcpy(v, &write_value, sizeof(int));
-        o->kind = 0;
-        o->staging = v;
-        o->dst_dev = dst;
-        o->bytes = sizeof(int);
-        r = enqueue(s, o);
-      }
+    if (write_name[0] && strcmp(write_name, f->name) == 0 && f->n_params)
+      r = queue_store(s, c->dev, *(const CUdeviceptr *)params[f->n_params - 1], 4, write_value);
+    for (int i = 0; r == CUDA_SUCCESS && i < 8; i++) {
+      script *sc = &scripts[i];
+      if (!sc->name[0] || strcmp(sc->name, f->name) != 0) continue;
+      int q = sc->param < 0 ? f->n_params + sc->param : sc->param;
+      int v = sc->values[sc->at < sc->n ? sc->at : sc->n - 1];
+      sc->at++;
+      if (q < 0 || q >= f->n_params) r = CUDA_ERROR_INVALID_VALUE;
+      else if (v != FAKE_CUDA_SKIP) r = queue_store(s, c->dev, *(const CUdeviceptr *)params[q], sc->width, v);
     }
   }
   return leave(r);
