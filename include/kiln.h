@@ -515,9 +515,11 @@ int kiln_host_call_with_gradient(kiln_host_fn fn, kiln_host_grad_fn grad, void *
  * compiled by the CPU backend: a cond is a branch on its predicate, a
  * while_loop / scan a real loop around one copy of its body's kernels (a
  * scan's xs read, and its ys written, in place at row t), so code and
- * compile time do not grow with the trip count. Under a GPU's scope it runs
- * interpreted for now (the CUDA backend does not lower it yet;
- * KILN_LOG=compile says so, KILN_BACKEND=cpu makes that an error).
+ * compile time do not grow with the trip count. Under a GPU's scope the
+ * CUDA backend runs it from the host: a loop over the body's kernel
+ * launches, a cond's or while's predicate read back after the work queued
+ * before it (one wait on the GPU per branch or iteration), a scan's rows
+ * advanced between launches.
  * ---------------------------------------------------------------------- */
 
 /* pred: bool scalar. Runs then_fn or else_fn on in[0..n); both must return
