@@ -466,8 +466,9 @@ static int broadcasts_into(const char *op, const char *what, const kiln_tensor *
                         shape_str(a, sizeof a, p->rank, p->shape), shape_str(b, sizeof b, x->rank, x->shape));
 }
 
-/* x * inv + (offset - mean * inv) with inv = rsqrt(variance + epsilon) *
- * scale: the per-channel work on the small tensors, two elementwise ops on x. */
+/* (x - mean) * rsqrt(variance + epsilon) * scale + offset, in that order:
+ * folding the per-channel factors first (x * a + b) would save passes over
+ * x eagerly but gives NaN where this gives infinities (an infinite scale). */
 kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *mean, kiln_tensor *variance, kiln_tensor *offset,
                              kiln_tensor *scale, double epsilon) {
   const char *op = "batch_norm";
@@ -482,10 +483,9 @@ kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *mean, kiln_tensor *var
   }
   kiln_scope_push();
   kiln_tensor *inv = kiln_rsqrt(kiln_add(variance, kiln_scalar_like(variance, epsilon)));
-  if (scale) inv = kiln_mul(inv, scale);
-  kiln_tensor *shift = kiln_mul(mean, inv);
-  shift = offset ? kiln_sub(offset, shift) : kiln_neg(shift);
-  return finish(kiln_add(kiln_mul(x, inv), shift));
+  kiln_tensor *y = kiln_mul(kiln_sub(x, mean), inv);
+  if (scale) y = kiln_mul(y, scale);
+  return finish(offset ? kiln_add(y, offset) : y);
 }
 
 /* mean(x) and mean((x - mean)^2) over axes. The mean inside the variance
