@@ -15,7 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "cpu/cpu.h"
 #include "ir.h"
+#include "ir_gen.h"
 #include "test_util.h"
 
 using namespace kiln_test;
@@ -608,6 +610,46 @@ TEST(ConvIr, BadAttributesAreParseErrors) {
     }
     ir_module_free(m);
   }
+}
+
+// Random programs with windows (tests/ir_gen.cc, IR_GEN_WINDOW): compiled
+// for the CPU == interpreted, bit for bit (both run the eager kernels for
+// the windows; the rest without FP contraction), and they do hold windows.
+TEST(ConvRandom, ProgramsWithWindowsCompiledEqualInterpreted) {
+  Scoped s;
+  ir_gen_options o = ir_gen_default_options();
+  o.kinds |= IR_GEN_WINDOW;
+  o.dtypes = DT_BIT(KILN_F32) | DT_BIT(KILN_F64);
+  cpu_options strict{};
+  strict.no_contract = true;
+  int windows = 0, programs = 0, differ = 0;
+  for (uint64_t seed = 1; seed <= 60; seed++) {
+    ir_module *m = ir_gen_program(seed, &o);
+    ASSERT_NE(m, nullptr) << "seed " << seed << ": " << kiln_last_error();
+    const ir_func *f = m->funcs[0];
+    bool has = false;
+    for (int i = 0; i < f->n_instrs; i++)
+      if (ir_op_info(f->instrs[i].op)->kind == OPK_WINDOW) windows++, has = true;
+    kiln_scope_push();
+    std::vector<kiln_tensor *> args((size_t)f->n_params), want((size_t)f->n_results), got((size_t)f->n_results);
+    ASSERT_EQ(ir_gen_args(f, seed, args.data()), 0) << kiln_last_error();
+    ASSERT_EQ(ir_interpret(f, args.data(), want.data()), 0) << "seed " << seed << ": " << kiln_last_error();
+    cpu_program *p = cpu_compile_with(f, &strict);
+    ASSERT_NE(p, nullptr) << "seed " << seed << ": " << kiln_last_error();
+    ASSERT_EQ(cpu_run(p, args.data(), got.data()), 0) << "seed " << seed << ": " << kiln_last_error();
+    cpu_program_free(p);
+    for (int r = 0; r < f->n_results; r++) {
+      bool ok = allclose(got[(size_t)r], want[(size_t)r], 1e-5, 1e-5);
+      EXPECT_TRUE(ok) << "seed " << seed << " result " << r;
+      differ += !ok;
+    }
+    kiln_scope_pop();
+    programs += has;
+    ir_module_free(m);
+  }
+  EXPECT_GT(programs, 30) << "programs with a window op";
+  EXPECT_GT(windows, 60);
+  EXPECT_EQ(differ, 0);
 }
 
 // ---- gradients against central differences (f64) ----
