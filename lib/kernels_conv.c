@@ -13,6 +13,7 @@
  *                    into dx (col2im, adding where windows overlap)
  *   backprop_filter: df_g[K, og]  += col(x)[rows, K]^T . dy[rows, g]
  * with K = kh * kw * cg, one filter row per (ky, kx, c) as HWIO lays it out.
+ * Depthwise convolutions (one channel per group) are direct loops instead.
  * Every sum runs in a fixed order (chunks in turn, no atomics): the same
  * inputs give the same bits. Pooling is direct loops, vectorised over the
  * channels, in parallel over images. Only f32 and f64 (the op table). */
@@ -150,6 +151,105 @@ static void put_cols(const geom *g, char *dst, const char *src, int64_t rows, in
   for (int64_t r = 0; r < rows; r++) memcpy(dst + (size_t)(r * ld + off) * g->es, src + r * run, run);
 }
 
+/* ---- depthwise: direct loops ----
+ * One input channel per group (cg = 1, groups = c, og = o / c the channel
+ * multiplier): output channel k reads input channel k / og only, so im2col
+ * would copy single elements and multiply c matrices of one column. Here
+ * each tap (ky, kx) is a vector operation over the channels, in the order
+ * the taps come. Forward and backprop_input split the work over images
+ * (each writes only its own), backprop_filter over taps (each sums every
+ * position for its own): deterministic either way. */
+
+typedef struct {
+  const geom *g;
+  const void *a, *b; /* conv2d: x, f; backprop_input: dy, f; backprop_filter: x, dy */
+  void *out;
+} dw_ctx;
+
+#define DEPTHWISE(T)                                                                                  \
+  static void dw_fwd_##T(void *arg, int64_t b, int64_t e) {                                           \
+    const dw_ctx *t = arg;                                                                            \
+    const geom *g = t->g;                                                                             \
+    const T *x = t->a, *f = t->b;                                                                     \
+    int64_t m = g->og;                                                                                \
+    for (int64_t r = b; r < e; r++) {                                                                 \
+      int64_t n = r / (g->oh * g->ow), oy = r / g->ow % g->oh, ox = r % g->ow;                        \
+      T *restrict y = (T *)t->out + r * g->o;                                                         \
+      for (int64_t k = 0; k < g->o; k++) y[k] = 0;                                                    \
+      for (int64_t ky = 0; ky < g->kh; ky++) {                                                        \
+        int64_t iy = oy * g->sh - g->pt + ky * g->dh;                                                 \
+        if (iy < 0 || iy >= g->h) continue;                                                           \
+        for (int64_t kx = 0; kx < g->kw; kx++) {                                                      \
+          int64_t ix = ox * g->sw - g->pl + kx * g->dw;                                               \
+          if (ix < 0 || ix >= g->w) continue;                                                         \
+          const T *restrict v = x + ((n * g->h + iy) * g->w + ix) * g->c;                             \
+          const T *restrict w = f + (ky * g->kw + kx) * g->o;                                         \
+          if (m == 1)                                                                                 \
+            for (int64_t k = 0; k < g->o; k++) y[k] += v[k] * w[k];                                   \
+          else                                                                                        \
+            for (int64_t k = 0; k < g->o; k++) y[k] += v[k / m] * w[k];                               \
+        }                                                                                             \
+      }                                                                                               \
+    }                                                                                                 \
+  }                                                                                                   \
+  /* images [b, e) of dx (zeroed) */                                                                  \
+  static void dw_bp_input_##T(void *arg, int64_t b, int64_t e) {                                      \
+    const dw_ctx *t = arg;                                                                            \
+    const geom *g = t->g;                                                                             \
+    const T *dy = t->a, *f = t->b;                                                                    \
+    int64_t m = g->og;                                                                                \
+    for (int64_t n = b; n < e; n++)                                                                   \
+      for (int64_t oy = 0; oy < g->oh; oy++)                                                          \
+        for (int64_t ox = 0; ox < g->ow; ox++) {                                                      \
+          const T *restrict d = dy + ((n * g->oh + oy) * g->ow + ox) * g->o;                          \
+          for (int64_t ky = 0; ky < g->kh; ky++) {                                                    \
+            int64_t iy = oy * g->sh - g->pt + ky * g->dh;                                             \
+            if (iy < 0 || iy >= g->h) continue;                                                       \
+            for (int64_t kx = 0; kx < g->kw; kx++) {                                                  \
+              int64_t ix = ox * g->sw - g->pl + kx * g->dw;                                           \
+              if (ix < 0 || ix >= g->w) continue;                                                     \
+              T *restrict dx = (T *)t->out + ((n * g->h + iy) * g->w + ix) * g->c;                    \
+              const T *restrict w = f + (ky * g->kw + kx) * g->o;                                     \
+              if (m == 1)                                                                             \
+                for (int64_t k = 0; k < g->o; k++) dx[k] += d[k] * w[k];                              \
+              else                                                                                    \
+                for (int64_t k = 0; k < g->o; k++) dx[k / m] += d[k] * w[k];                          \
+            }                                                                                         \
+          }                                                                                           \
+        }                                                                                             \
+  }                                                                                                   \
+  /* taps [b, e) of df (zeroed) */                                                                    \
+  static void dw_bp_filter_##T(void *arg, int64_t b, int64_t e) {                                     \
+    const dw_ctx *t = arg;                                                                            \
+    const geom *g = t->g;                                                                             \
+    const T *x = t->a, *dy = t->b;                                                                    \
+    int64_t m = g->og;                                                                                \
+    for (int64_t tap = b; tap < e; tap++) {                                                           \
+      int64_t ky = tap / g->kw, kx = tap % g->kw;                                                     \
+      T *restrict acc = (T *)t->out + tap * g->o;                                                     \
+      for (int64_t n = 0; n < g->n; n++)                                                              \
+        for (int64_t oy = 0; oy < g->oh; oy++) {                                                      \
+          int64_t iy = oy * g->sh - g->pt + ky * g->dh;                                               \
+          if (iy < 0 || iy >= g->h) continue;                                                         \
+          for (int64_t ox = 0; ox < g->ow; ox++) {                                                    \
+            int64_t ix = ox * g->sw - g->pl + kx * g->dw;                                             \
+            if (ix < 0 || ix >= g->w) continue;                                                       \
+            const T *restrict v = x + ((n * g->h + iy) * g->w + ix) * g->c;                           \
+            const T *restrict d = dy + ((n * g->oh + oy) * g->ow + ox) * g->o;                        \
+            if (m == 1)                                                                               \
+              for (int64_t k = 0; k < g->o; k++) acc[k] += v[k] * d[k];                               \
+            else                                                                                      \
+              for (int64_t k = 0; k < g->o; k++) acc[k] += v[k / m] * d[k];                           \
+          }                                                                                           \
+        }                                                                                             \
+    }                                                                                                 \
+  }
+DEPTHWISE(float)
+DEPTHWISE(double)
+
+/* depthwise with more than one group (one channel is an ordinary conv) */
+static bool depthwise(const geom *g) { return g->cg == 1 && g->groups == g->c && g->groups > 1; }
+
 /* ---- the three convolutions ---- */
 
 /* The buffers of one kernel call, freed together. */
@@ -188,6 +288,11 @@ static int conv2d_kernel(const op_call *c) {
     mat(&A, g.dt, m, g.c, c->in[0]->data), mat(&B, g.dt, g.c, g.o, c->in[1]->data), mat(&C, g.dt, m, g.o, c->out->data);
     return matmul_epilogue(&A, &B, NULL, GEMM_EPI_NONE, &C);
   }
+  if (depthwise(&g)) {
+    dw_ctx t = {&g, c->in[0]->data, c->in[1]->data, c->out->data};
+    parallel_for(m, 64, g.dt == KILN_F32 ? dw_fwd_float : dw_fwd_double, &t);
+    return 0;
+  }
   int64_t rows = chunk_rows(&g);
   bufs b = {malloc((size_t)(rows * g.k) * g.es), NULL, NULL, NULL};
   if (!b.col) return oom(c->op, &b);
@@ -223,6 +328,11 @@ static int conv2d_bp_input_kernel(const op_call *c) {
   }
   memset(c->out->data, 0, tensor_bytes(c->out));
   if (m == 0 || g.og == 0) return 0;
+  if (depthwise(&g)) {
+    dw_ctx t = {&g, c->in[0]->data, c->in[1]->data, c->out->data};
+    parallel_for(g.n, 1, g.dt == KILN_F32 ? dw_bp_input_float : dw_bp_input_double, &t);
+    return 0;
+  }
   int64_t rows = chunk_rows(&g);
   bufs b = {malloc((size_t)(rows * g.k) * g.es), NULL, NULL, NULL};
   if (!b.col) return oom(c->op, &b);
@@ -271,6 +381,11 @@ static int conv2d_bp_filter_kernel(const op_call *c) {
   }
   memset(c->out->data, 0, tensor_bytes(c->out));
   if (m == 0) return 0;
+  if (depthwise(&g)) {
+    dw_ctx t = {&g, c->in[0]->data, c->in[1]->data, c->out->data};
+    parallel_for(g.kh * g.kw, 1, g.dt == KILN_F32 ? dw_bp_filter_float : dw_bp_filter_double, &t);
+    return 0;
+  }
   int64_t rows = chunk_rows(&g);
   size_t part = (size_t)(g.k * g.og) * g.es;
   bufs b = {malloc((size_t)(rows * g.k) * g.es), malloc((size_t)(rows * g.og) * g.es + 1), malloc(part),
