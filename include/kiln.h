@@ -600,6 +600,54 @@ const char *kiln_device_current(void);         /* innermost device scope, "cpu:0
 kiln_tensor *kiln_to_device(kiln_tensor *t, const char *name); /* a copy there; t itself if there */
 
 /* ------------------------------------------------------------------------
+ * 10. Convolutional networks (API.md §10). Images NHWC, filters HWIO
+ * (height, width, in channels per group, out channels); f32 or f64. Errors
+ * begin with the op's name: channel mismatch, a window larger than the
+ * padded input, negative padding, groups that do not divide the channels.
+ * ---------------------------------------------------------------------- */
+
+typedef struct {
+  int  stride[2];     /* 0 = 1 */
+  int  dilation[2];   /* 0 = 1 */
+  int  padding[4];    /* explicit zero padding: top, bottom, left, right */
+  bool same;          /* TensorFlow's "SAME" padding; overrides padding */
+  int  groups;        /* 0 = 1; depthwise when groups == input channels */
+} kiln_conv_opts;     /* NULL opts = stride 1, no padding ("VALID") */
+
+/* x [n, h, w, c], filter [kh, kw, c / groups, o] -> [n, oh, ow, o] with
+   oh = (h + pad_top + pad_bottom - (kh - 1) * dilation - 1) / stride + 1
+   (SAME: oh = ceil(h / stride), the padding split as TensorFlow does) */
+kiln_tensor *kiln_conv2d(kiln_tensor *x, kiln_tensor *filter, const kiln_conv_opts *);
+/* The gradient of conv2d w.r.t. its image: x [n, oh, ow, o] (as conv2d's
+   result), filter as conv2d's -> [n, out_hw[0], out_hw[1], c]; opts are
+   those of the conv2d whose input is out_hw large */
+kiln_tensor *kiln_conv2d_transpose(kiln_tensor *x, kiln_tensor *filter, const int64_t out_hw[2],
+                                   const kiln_conv_opts *);     /* the gradient of conv2d w.r.t. x */
+/* Pooling over windows of window[0] x window[1] (opts: stride, padding or
+   SAME; no dilation or groups). Padding on each side must be smaller than
+   the window and never counts: max pooling ignores it, average pooling
+   divides by the count of image elements in the window (TensorFlow's rule).
+   The gradient of max pooling goes to the elements equal to the window's
+   max, shared evenly among ties (as reduce_max's); max pooling's gradient
+   has no gradient itself (differentiating it twice is an error). */
+kiln_tensor *kiln_max_pool2d(kiln_tensor *x, const int window[2], const kiln_conv_opts *);
+kiln_tensor *kiln_avg_pool2d(kiln_tensor *x, const int window[2], const kiln_conv_opts *);
+/* t padded with value: before[i] and after[i] elements on axis i (>= 0) */
+kiln_tensor *kiln_pad(kiln_tensor *t, const int64_t *before, const int64_t *after, double value);
+/* (x - mean) * rsqrt(variance + epsilon) * scale + offset, broadcast over the last axis.
+   mean, variance, offset and scale broadcast to x (typically [c]); offset
+   and scale may be NULL (0 and 1). epsilon >= 0. */
+kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *mean, kiln_tensor *variance,
+                             kiln_tensor *offset, kiln_tensor *scale, double epsilon);
+/* Mean and (biased) variance of x over axes (NULL = all); both kept as 1s
+   when keepdims. Writes *mean and *variance only on success. 0 / -1. */
+int          kiln_moments(kiln_tensor *x, int naxes, const int *axes, bool keepdims,
+                          kiln_tensor **mean, kiln_tensor **variance);
+/* x * (u >= rate) / (1 - rate) with u uniform in [0, 1), a new u every call,
+   staged calls included; rate in [0, 1), 0 = the identity */
+kiln_tensor *kiln_dropout(kiln_tensor *x, double rate);  /* new mask every call, staged too */
+
+/* ------------------------------------------------------------------------
  * Debugging and tests
  * ---------------------------------------------------------------------- */
 

@@ -407,6 +407,16 @@ static int parse_attrs(parser *ps, op_id op, op_attrs *a) {
       } else if (IS("max_iterations") || IS("length")) {
         if (parse_int(ps, IS("length") ? 0 : -1, INT64_MAX, "count", &x)) return -1;
         a->trip = x;
+      } else if (IS("stride") || IS("dilation") || IS("padding") || IS("window")) {
+        int want = IS("padding") ? 4 : 2; /* values are checked by the op's inference */
+        if (parse_list(ps, INT32_MIN, INT32_MAX, "a window attribute", &cnt, v)) return -1;
+        if (cnt != want)
+          return fail_at(ps, at, "bad attribute: %.*s needs %d entries, got %d", (int)n, key, want, cnt);
+        int *dst = IS("stride") ? a->stride : IS("dilation") ? a->dilation : IS("padding") ? a->padding : a->window;
+        for (int i = 0; i < cnt; i++) dst[i] = (int)v[i];
+      } else if (IS("groups")) {
+        if (parse_int(ps, INT32_MIN, INT32_MAX, "groups", &x)) return -1;
+        a->groups = (int)x;
       } else if (IS("reverse")) {
         if (keyword(ps, "true"))
           a->reverse = true;

@@ -154,6 +154,16 @@ static void put_attrs(ir_buf *b, op_id op, const op_attrs *a) {
       ir_buf_printf(b, "%lld", (long long)a->trip);
     else if (IS("reverse"))
       ir_buf_printf(b, "%s", a->reverse ? "true" : "false");
+    else if (IS("stride"))
+      put_int_list(b, 2, a->stride);
+    else if (IS("dilation"))
+      put_int_list(b, 2, a->dilation);
+    else if (IS("padding"))
+      put_int_list(b, 4, a->padding);
+    else if (IS("window"))
+      put_int_list(b, 2, a->window);
+    else if (IS("groups"))
+      ir_buf_printf(b, "%d", a->groups);
 #undef IS
     p = e ? e + 1 : p + n;
   }

@@ -409,3 +409,137 @@ kiln_tensor *kiln_clip_by_norm(kiln_tensor *t, double max_norm) {
   kiln_tensor *norm = kiln_select(pos, kiln_sqrt(kiln_select(pos, sum2, kiln_scalar_like(t, 1))), zero);
   return finish(kiln_mul(t, kiln_div(m, kiln_maximum(norm, m))));
 }
+
+/* ---- convolutional networks (API.md §10): the composites ---- */
+
+/* t with before[i] and after[i] elements of value around axis i: one
+ * concat per padded axis, the pads broadcasts of one scalar (they fuse). */
+kiln_tensor *kiln_pad(kiln_tensor *t, const int64_t *before, const int64_t *after, double value) {
+  const char *op = "pad";
+  if (null_input(op, t)) return NULL;
+  if (t->rank > 0 && (!before || !after)) {
+    kiln_set_error("%s: %s is NULL", op, before ? "after" : "before");
+    return NULL;
+  }
+  int64_t shape[KILN_MAX_RANK], size;
+  for (int i = 0; i < t->rank; i++) {
+    if (before[i] < 0 || after[i] < 0) {
+      kiln_set_error("%s: negative padding on axis %d (before %lld, after %lld)", op, i, (long long)before[i],
+                     (long long)after[i]);
+      return NULL;
+    }
+    if (KILN_ADD_OVERFLOW(t->shape[i], before[i], &shape[i]) || KILN_ADD_OVERFLOW(shape[i], after[i], &shape[i])) {
+      kiln_set_error("%s: axis %d overflows with its padding", op, i);
+      return NULL;
+    }
+  }
+  if (shape_check(op, t->rank, shape, &size)) return NULL;
+  kiln_scope_push();
+  kiln_tensor *cur = t, *fill = kiln_scalar_like(t, value);
+  for (int i = 0; i < t->rank && cur; i++) {
+    if (!before[i] && !after[i]) continue;
+    kiln_tensor *parts[3];
+    int n = 0;
+    int64_t part[KILN_MAX_RANK];
+    memcpy(part, cur->shape, sizeof part);
+    if (before[i]) part[i] = before[i], parts[n++] = kiln_broadcast_to(fill, cur->rank, part);
+    parts[n++] = cur;
+    if (after[i]) part[i] = after[i], parts[n++] = kiln_broadcast_to(fill, cur->rank, part);
+    cur = kiln_concat(n, parts, i);
+  }
+  return finish(cur == t ? kiln_identity(t) : cur);
+}
+
+/* Does p broadcast to x's shape without changing it? */
+static int broadcasts_into(const char *op, const char *what, const kiln_tensor *p, const kiln_tensor *x) {
+  if (p->dtype != x->dtype)
+    return kiln_set_error("%s: %s has dtype %s, x %s", op, what, kiln_dtype_name((kiln_dtype)p->dtype),
+                          kiln_dtype_name((kiln_dtype)x->dtype));
+  bool ok = p->rank <= x->rank;
+  for (int i = 0; ok && i < p->rank; i++) {
+    int64_t d = p->shape[p->rank - 1 - i];
+    ok = d == 1 || d == x->shape[x->rank - 1 - i];
+  }
+  if (ok) return 0;
+  char a[160], b[160];
+  return kiln_set_error("%s: %s of shape %s does not broadcast to x's shape %s", op, what,
+                        shape_str(a, sizeof a, p->rank, p->shape), shape_str(b, sizeof b, x->rank, x->shape));
+}
+
+/* (x - mean) * rsqrt(variance + epsilon) * scale + offset, in that order:
+ * folding the per-channel factors first (x * a + b) would save passes over
+ * x eagerly but gives NaN where this gives infinities (an infinite scale). */
+kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *mean, kiln_tensor *variance, kiln_tensor *offset,
+                             kiln_tensor *scale, double epsilon) {
+  const char *op = "batch_norm";
+  if (null_input(op, x) || null_input(op, mean) || null_input(op, variance)) return NULL;
+  if (check_dtype(op, x, DT_FLOAT) || broadcasts_into(op, "mean", mean, x) ||
+      broadcasts_into(op, "variance", variance, x) || (offset && broadcasts_into(op, "offset", offset, x)) ||
+      (scale && broadcasts_into(op, "scale", scale, x)))
+    return NULL;
+  if (!(epsilon >= 0) || isinf(epsilon)) {
+    kiln_set_error("%s: epsilon = %g must be finite and >= 0", op, epsilon);
+    return NULL;
+  }
+  kiln_scope_push();
+  kiln_tensor *inv = kiln_rsqrt(kiln_add(variance, kiln_scalar_like(variance, epsilon)));
+  kiln_tensor *y = kiln_mul(kiln_sub(x, mean), inv);
+  if (scale) y = kiln_mul(y, scale);
+  return finish(offset ? kiln_add(y, offset) : y);
+}
+
+/* mean(x) and mean((x - mean)^2) over axes. The mean inside the variance
+ * is held constant for the gradient: the variance's derivative through it
+ * is zero (sum(x - mean) = 0), so this drops work, not terms. */
+int kiln_moments(kiln_tensor *x, int naxes, const int *axes, bool keepdims, kiln_tensor **mean,
+                 kiln_tensor **variance) {
+  const char *op = "moments";
+  if (null_input(op, x)) return -1;
+  if (!mean || !variance) return kiln_set_error("%s: %s is NULL", op, mean ? "variance" : "mean");
+  if (check_dtype(op, x, DT_FLOAT)) return -1;
+  bool reduced[KILN_MAX_RANK] = {false};
+  if (!axes) {
+    for (int i = 0; i < x->rank; i++) reduced[i] = true;
+  } else {
+    if (naxes < 0 || naxes > x->rank) return kiln_set_error("%s: %d axes given for rank %d", op, naxes, x->rank);
+    for (int i = 0; i < naxes; i++) {
+      int ax;
+      if (axis_normalize(op, axes[i], x->rank, &ax)) return -1;
+      if (reduced[ax]) return kiln_set_error("%s: axis %d is repeated", op, axes[i]);
+      reduced[ax] = true;
+    }
+  }
+  int64_t shape[KILN_MAX_RANK];
+  int rank = 0;
+  for (int i = 0; i < x->rank; i++)
+    if (!reduced[i]) shape[rank++] = x->shape[i];
+  kiln_scope_push();
+  kiln_tensor *m = kiln_reduce_mean(x, naxes, axes, true);
+  kiln_tensor *d = kiln_sub(x, kiln_stop_gradient(m));
+  kiln_tensor *v = kiln_reduce_mean(kiln_mul(d, d), naxes, axes, keepdims);
+  if (!keepdims) m = kiln_reshape(m, rank, shape);
+  int rc = m && v ? 0 : -1;
+  if (!rc) {
+    *mean = kiln_scope_escape(m);
+    *variance = kiln_scope_escape(v);
+  }
+  kiln_scope_pop();
+  return rc;
+}
+
+/* select(u >= rate, x / (1 - rate), 0): the draw is an op like any other,
+ * so a staged function draws a new mask at each call. */
+kiln_tensor *kiln_dropout(kiln_tensor *x, double rate) {
+  const char *op = "dropout";
+  if (null_input(op, x) || check_dtype(op, x, DT_FLOAT)) return NULL;
+  if (!(rate >= 0 && rate < 1)) {
+    kiln_set_error("%s: rate = %g is not in [0, 1)", op, rate);
+    return NULL;
+  }
+  if (rate == 0) return kiln_identity(x);
+  kiln_scope_push();
+  kiln_tensor *u = kiln_random_uniform((kiln_dtype)x->dtype, x->rank, x->shape, 0, 1);
+  kiln_tensor *keep = kiln_greater_equal(u, kiln_scalar_like(x, rate));
+  kiln_tensor *kept = kiln_mul(x, kiln_scalar_like(x, 1 / (1 - rate)));
+  return finish(kiln_select(keep, kept, kiln_scalar_like(x, 0)));
+}

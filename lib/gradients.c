@@ -277,6 +277,56 @@ static int g_scatter_add(const grad_args *g) {
   return done(g);
 }
 
+/* ---- windows (conv2d, pooling) ----
+ * The three convolutions are bilinear, each the gradient of another, with
+ * the same stride, dilation, padding and groups: conv2d(x, f) = y,
+ * backprop_input(dy, f) = dx, backprop_filter(x, dy) = df. So gradients of
+ * any order are convolutions again. attrs.shape names the result's shape
+ * of the two backprops. */
+static kiln_tensor *window_op(op_id op, const op_attrs *attrs, const kiln_tensor *shaped, kiln_tensor *a,
+                              kiln_tensor *b) {
+  op_attrs at = *attrs;
+  if (shaped) {
+    at.rank = shaped->rank;
+    memcpy(at.shape, shaped->shape, (size_t)shaped->rank * sizeof at.shape[0]);
+  }
+  return b ? op_apply2(op, &at, a, b) : op_apply1(op, &at, a);
+}
+static int g_conv2d(const grad_args *g) { /* in: x, f */
+  if (NEED(0)) g->dx[0] = window_op(OP_CONV2D_BP_INPUT, g->attrs, X(0), DOUT, X(1));
+  if (NEED(1)) g->dx[1] = window_op(OP_CONV2D_BP_FILTER, g->attrs, X(1), X(0), DOUT);
+  return done(g);
+}
+static int g_conv2d_bp_input(const grad_args *g) { /* in: dy, f; out: dx */
+  if (NEED(0)) g->dx[0] = window_op(OP_CONV2D, g->attrs, NULL, DOUT, X(1));
+  if (NEED(1)) g->dx[1] = window_op(OP_CONV2D_BP_FILTER, g->attrs, X(1), DOUT, X(0));
+  return done(g);
+}
+static int g_conv2d_bp_filter(const grad_args *g) { /* in: x, dy; out: df */
+  if (NEED(0)) g->dx[0] = window_op(OP_CONV2D_BP_INPUT, g->attrs, X(0), X(1), DOUT);
+  if (NEED(1)) g->dx[1] = window_op(OP_CONV2D, g->attrs, NULL, X(0), DOUT);
+  return done(g);
+}
+static int g_avg_pool2d(const grad_args *g) {
+  return g->dx[0] = window_op(OP_AVG_POOL2D_GRAD, g->attrs, X(0), DOUT, NULL), done(g);
+}
+static int g_avg_pool2d_grad(const grad_args *g) { /* linear in dy: its own transpose */
+  return g->dx[0] = window_op(OP_AVG_POOL2D, g->attrs, NULL, DOUT, NULL), done(g);
+}
+static int g_max_pool2d(const grad_args *g) { /* to the window's max, ties sharing (as reduce_max) */
+  return g->dx[0] = window_op(OP_MAX_POOL2D_GRAD, g->attrs, NULL, X(0), DOUT), done(g);
+}
+/* max_pool2d_grad(x, dy): piecewise constant in x (no gradient flows to x);
+ * linear in dy, but its transpose (a gather of each window's max) is not an
+ * op yet, so a second derivative through max pooling is an error. */
+static int g_max_pool2d_grad(const grad_args *g) {
+  if (NEED(1))
+    return kiln_set_error("max_pool2d_grad: the gradient of max_pool2d's gradient with respect to dy is not "
+                          "supported (a second derivative through max_pool2d)");
+  if (NEED(0)) g->dx[0] = kiln_zeros((kiln_dtype)X(0)->dtype, X(0)->rank, X(0)->shape);
+  return done(g);
+}
+
 /* NULL: the result carries no gradient (integer, boolean or piecewise
  * constant: sign, floor, ceil, comparisons, argmax; sources). */
 const grad_fn kiln_grads[OP_COUNT] = {
@@ -315,4 +365,11 @@ const grad_fn kiln_grads[OP_COUNT] = {
     [OP_DOT] = g_dot,
     [OP_GATHER] = g_gather,
     [OP_SCATTER_ADD] = g_scatter_add,
+    [OP_CONV2D] = g_conv2d,
+    [OP_CONV2D_BP_INPUT] = g_conv2d_bp_input,
+    [OP_CONV2D_BP_FILTER] = g_conv2d_bp_filter,
+    [OP_MAX_POOL2D] = g_max_pool2d,
+    [OP_MAX_POOL2D_GRAD] = g_max_pool2d_grad,
+    [OP_AVG_POOL2D] = g_avg_pool2d,
+    [OP_AVG_POOL2D_GRAD] = g_avg_pool2d_grad,
 };

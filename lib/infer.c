@@ -307,3 +307,142 @@ int infer_none(op_id op, const op_attrs *a, int n, const op_type *in, op_type *o
   (void)a, (void)n, (void)in, (void)out;
   return kiln_set_error("%s: its result types come from its callee, not from an inference rule", API(op));
 }
+
+/* ---- windows over NHWC images (conv2d, pooling and their gradients) ---- */
+
+static int rank4(op_id op, const char *what, const op_type *t) {
+  if (t->rank == 4) return 0;
+  char s[160];
+  return kiln_set_error("%s: the %s must have rank 4 (%s), got shape %s", API(op), what,
+                        what[0] == 'f' ? "HWIO" : "NHWC", SHAPE(s, *t));
+}
+
+/* stride and padding (and dilation and groups for convolutions) as the API
+ * leaves them: explicit, strides >= 1, padding >= 0 */
+static int window_attrs(op_id op, const op_attrs *a, bool conv) {
+  for (int i = 0; i < 2; i++) {
+    if (a->stride[i] < 1) return kiln_set_error("%s: stride %d must be positive", API(op), a->stride[i]);
+    if (conv && a->dilation[i] < 1)
+      return kiln_set_error("%s: dilation %d must be positive", API(op), a->dilation[i]);
+    if (!conv && a->window[i] < 1) return kiln_set_error("%s: window %d must be positive", API(op), a->window[i]);
+  }
+  for (int i = 0; i < 4; i++)
+    if (a->padding[i] < 0) return kiln_set_error("%s: padding %d is negative", API(op), a->padding[i]);
+  if (conv && a->groups < 1) return kiln_set_error("%s: groups %d must be positive", API(op), a->groups);
+  return 0;
+}
+
+/* The output length of a window of extent k (dilated) over n + padding,
+ * or -1 with the error set when the window is larger than the padded input. */
+static int64_t window_out(op_id op, int64_t n, int64_t k, int dilation, int pad0, int pad1, int stride,
+                          const char *axis) {
+  int64_t span, padded = n + pad0 + pad1;
+  if (k == 0) return kiln_set_error("%s: the window has no %s", API(op), axis), -1;
+  if (KILN_MUL_OVERFLOW(k - 1, (int64_t)dilation, &span) || span + 1 > padded) {
+    kiln_set_error("%s: the window (%lld %s, dilation %d) is larger than the padded input (%lld + %d + %d)", API(op),
+                   (long long)k, axis, dilation, (long long)n, pad0, pad1);
+    return -1;
+  }
+  return (padded - span - 1) / stride + 1;
+}
+
+/* the result of conv2d(x, f) under a */
+static int conv_result(op_id op, const op_attrs *a, const op_type *x, const op_type *f, op_type *out) {
+  if (rank4(op, "input", x) || rank4(op, "filter", f) || same_dtype(op, x, f) || window_attrs(op, a, true)) return -1;
+  int64_t c = x->shape[3], cg = f->shape[2], o = f->shape[3], g = a->groups;
+  if (c % g)
+    return kiln_set_error("%s: groups %lld does not divide the %lld input channels", API(op), (long long)g,
+                          (long long)c);
+  if (o % g)
+    return kiln_set_error("%s: groups %lld does not divide the %lld output channels (filter dim 3)", API(op),
+                          (long long)g, (long long)o);
+  if (cg * g != c) {
+    if (g == 1)
+      return kiln_set_error("%s: channel mismatch: the input has %lld channels, the filter takes %lld", API(op),
+                            (long long)c, (long long)cg);
+    return kiln_set_error("%s: channel mismatch: the input has %lld channels, the filter takes %lld per group "
+                          "(%lld groups)", API(op), (long long)c, (long long)cg, (long long)g);
+  }
+  int64_t oh = window_out(op, x->shape[1], f->shape[0], a->dilation[0], a->padding[0], a->padding[1], a->stride[0],
+                          "rows");
+  if (oh < 0) return -1;
+  int64_t ow = window_out(op, x->shape[2], f->shape[1], a->dilation[1], a->padding[2], a->padding[3], a->stride[1],
+                          "columns");
+  if (ow < 0) return -1;
+  *out = (op_type){x->dtype, 4, {x->shape[0], oh, ow, o}};
+  return 0;
+}
+
+/* the result of pooling x under a; the padding on each side is smaller than
+ * the window, so every window holds an element of x */
+static int pool_result(op_id op, const op_attrs *a, const op_type *x, op_type *out) {
+  if (rank4(op, "input", x) || window_attrs(op, a, false)) return -1;
+  for (int i = 0; i < 4; i++)
+    if (a->padding[i] >= a->window[i / 2])
+      return kiln_set_error("%s: padding %d is not smaller than the window (%d)", API(op), a->padding[i],
+                            a->window[i / 2]);
+  int64_t oh = window_out(op, x->shape[1], a->window[0], 1, a->padding[0], a->padding[1], a->stride[0], "rows");
+  if (oh < 0) return -1;
+  int64_t ow = window_out(op, x->shape[2], a->window[1], 1, a->padding[2], a->padding[3], a->stride[1], "columns");
+  if (ow < 0) return -1;
+  *out = (op_type){x->dtype, 4, {x->shape[0], oh, ow, x->shape[3]}};
+  return 0;
+}
+
+static int same_type(op_id op, const char *what, const op_type *have, const op_type *want) {
+  bool eq = have->dtype == want->dtype && have->rank == want->rank;
+  for (int i = 0; eq && i < have->rank; i++) eq = have->shape[i] == want->shape[i];
+  if (eq) return 0;
+  char x[160], y[160];
+  return kiln_set_error("%s: %s has shape %s, expected %s", API(op), what, SHAPE(x, *have), SHAPE(y, *want));
+}
+
+int infer_conv2d(op_id op, const op_attrs *a, int n, const op_type *in, op_type *out) {
+  (void)n;
+  return conv_result(op, a, &in[0], &in[1], out);
+}
+
+/* in: dy, filter; attrs.shape: the image's (the result's) shape */
+int infer_conv2d_bp_input(op_id op, const op_attrs *a, int n, const op_type *in, op_type *out) {
+  (void)n;
+  op_type x, y;
+  if (attr_shape(op, a, &x, in[0].dtype) || rank4(op, "output shape", &x)) return -1;
+  if (rank4(op, "input", &in[0]) || conv_result(op, a, &x, &in[1], &y) || same_type(op, "the input", &in[0], &y))
+    return -1;
+  *out = x;
+  return 0;
+}
+
+/* in: x, dy; attrs.shape: the filter's (the result's) shape */
+int infer_conv2d_bp_filter(op_id op, const op_attrs *a, int n, const op_type *in, op_type *out) {
+  (void)n;
+  op_type f, y;
+  if (attr_shape(op, a, &f, in[0].dtype) || rank4(op, "filter", &f)) return -1;
+  if (same_dtype(op, &in[0], &in[1]) || conv_result(op, a, &in[0], &f, &y) || same_type(op, "dy", &in[1], &y))
+    return -1;
+  *out = f;
+  return 0;
+}
+
+int infer_pool2d(op_id op, const op_attrs *a, int n, const op_type *in, op_type *out) {
+  (void)n;
+  return pool_result(op, a, &in[0], out);
+}
+
+/* in: x, dy */
+int infer_max_pool2d_grad(op_id op, const op_attrs *a, int n, const op_type *in, op_type *out) {
+  (void)n;
+  op_type y;
+  if (same_dtype(op, &in[0], &in[1]) || pool_result(op, a, &in[0], &y) || same_type(op, "dy", &in[1], &y)) return -1;
+  *out = in[0];
+  return 0;
+}
+
+/* in: dy; attrs.shape: the image's (the result's) shape */
+int infer_avg_pool2d_grad(op_id op, const op_attrs *a, int n, const op_type *in, op_type *out) {
+  (void)n;
+  op_type x, y;
+  if (attr_shape(op, a, &x, in[0].dtype) || pool_result(op, a, &x, &y) || same_type(op, "dy", &in[0], &y)) return -1;
+  *out = x;
+  return 0;
+}

@@ -23,6 +23,7 @@ typedef enum {
   OPK_REDUCE,  /* reductions and argmax */
   OPK_DOT,     /* batched matmul */
   OPK_INDEX,   /* gather, scatter_add */
+  OPK_WINDOW,  /* convolutions, pooling and their gradients: pure, never fused; CPU: a call of the eager kernel */
   OPK_SOURCE,  /* no inputs */
   OPK_RANDOM,  /* no inputs, draws from the generator: never folded or CSE'd */
   OPK_CONST,   /* IR only: a literal tensor (attrs.value); never run eagerly */
@@ -63,6 +64,12 @@ typedef struct op_attrs {
   int n_xs;                      /* scan: the sequences sliced along axis 0 */
   int64_t trip;                  /* scan: its length; while: max_iterations (-1 = unbounded) */
   bool reverse;                  /* scan: from the end */
+  /* windows (conv2d, pooling, their gradients), explicit and >= 1 (padding >= 0) */
+  int stride[2];                 /* rows, columns */
+  int dilation[2];               /* conv: rows, columns */
+  int padding[4];                /* top, bottom, left, right */
+  int groups;                    /* conv: input and output channels split into this many groups */
+  int window[2];                 /* pooling: rows, columns */
 } op_attrs;
 
 /* The static type of a value: what inference computes. */

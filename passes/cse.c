@@ -27,6 +27,11 @@ enum {
   F_SEED = 1 << 8,
   F_COUNTER = 1 << 9,
   F_VALUE = 1 << 10,
+  F_STRIDE = 1 << 11,
+  F_DILATION = 1 << 12,
+  F_PADDING = 1 << 13,
+  F_GROUPS = 1 << 14,
+  F_WINDOW = 1 << 15,
   F_UNKNOWN = 1 << 30, /* a field this pass does not know: never merge */
 };
 
@@ -38,7 +43,8 @@ static unsigned attr_fields(op_id op) {
   } known[] = {{"dtype", F_DTYPE}, {"shape", F_SHAPE},       {"size", F_SHAPE}, {"begin", F_BEGIN},
                {"axes", F_AXES},   {"perm", F_AXES},         {"axis", F_AXIS},  {"keepdims", F_KEEPDIMS},
                {"lo", F_LO},       {"hi", F_HI},             {"seed", F_SEED},  {"counter", F_COUNTER},
-               {"value", F_VALUE}};
+               {"value", F_VALUE}, {"stride", F_STRIDE},     {"dilation", F_DILATION},
+               {"padding", F_PADDING}, {"groups", F_GROUPS}, {"window", F_WINDOW}};
   unsigned mask = 0;
   for (const char *p = kiln_ops[op].attrs; *p;) {
     const char *e = strchr(p, ',');
@@ -75,6 +81,11 @@ static bool same_attrs(unsigned m, const op_attrs *a, const op_attrs *b) {
   if ((m & F_SEED) && a->seed != b->seed) return false;
   if ((m & F_COUNTER) && a->counter != b->counter) return false;
   if ((m & F_VALUE) && !same_value(a->value, b->value)) return false;
+  if ((m & F_STRIDE) && memcmp(a->stride, b->stride, sizeof a->stride)) return false;
+  if ((m & F_DILATION) && memcmp(a->dilation, b->dilation, sizeof a->dilation)) return false;
+  if ((m & F_PADDING) && memcmp(a->padding, b->padding, sizeof a->padding)) return false;
+  if ((m & F_GROUPS) && a->groups != b->groups) return false;
+  if ((m & F_WINDOW) && memcmp(a->window, b->window, sizeof a->window)) return false;
   return true;
 }
 

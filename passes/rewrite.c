@@ -224,6 +224,7 @@ bool pass_is_pure(const ir_instr *ins) {
   case OPK_REDUCE:
   case OPK_DOT:
   case OPK_INDEX:
+  case OPK_WINDOW:
   case OPK_SOURCE:
   case OPK_CONST:
     return true;

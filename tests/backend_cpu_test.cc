@@ -274,6 +274,40 @@ std::vector<Case> cases_for(op_id op, kiln_dtype dt, std::mt19937 &rng) {
     default: break;
   }
   switch (op) {
+    case OP_CONV2D:
+    case OP_CONV2D_BP_INPUT:
+    case OP_CONV2D_BP_FILTER: {  // stride, dilation, uneven padding and 2 groups at once
+      c.a.stride[0] = 2, c.a.stride[1] = 1, c.a.dilation[0] = 1, c.a.dilation[1] = 2, c.a.groups = 2;
+      c.a.padding[0] = 1, c.a.padding[1] = 0, c.a.padding[2] = 2, c.a.padding[3] = 1;
+      V64 xs = {2, 5, 6, 4}, fs = {3, 2, 2, 4}, ys = {2, 2, 7, 4};
+      const V64 &res = op == OP_CONV2D_BP_INPUT ? xs : fs;
+      if (op != OP_CONV2D) {
+        c.a.rank = 4;
+        for (int k = 0; k < 4; k++) c.a.shape[k] = res[k];
+      }
+      c.in = op == OP_CONV2D ? std::vector<kiln_tensor *>{R(dt, xs), R(dt, fs)}
+             : op == OP_CONV2D_BP_INPUT ? std::vector<kiln_tensor *>{R(dt, ys), R(dt, fs)}
+                                        : std::vector<kiln_tensor *>{R(dt, xs), R(dt, ys)};
+      out.push_back(c);
+      break;
+    }
+    case OP_MAX_POOL2D:
+    case OP_MAX_POOL2D_GRAD:
+    case OP_AVG_POOL2D:
+    case OP_AVG_POOL2D_GRAD: {
+      c.a.window[0] = 3, c.a.window[1] = 2, c.a.stride[0] = c.a.stride[1] = 2;
+      c.a.padding[0] = 1, c.a.padding[1] = 1, c.a.padding[2] = 0, c.a.padding[3] = 1;
+      V64 xs = {2, 5, 6, 3}, ys = {2, 3, 3, 3};
+      if (op == OP_AVG_POOL2D_GRAD) {
+        c.a.rank = 4;
+        for (int k = 0; k < 4; k++) c.a.shape[k] = xs[k];
+      }
+      c.in = op == OP_MAX_POOL2D || op == OP_AVG_POOL2D ? std::vector<kiln_tensor *>{R(dt, xs)}
+             : op == OP_MAX_POOL2D_GRAD                ? std::vector<kiln_tensor *>{R(dt, xs), R(dt, ys)}
+                                                       : std::vector<kiln_tensor *>{R(dt, ys)};
+      out.push_back(c);
+      break;
+    }
     case OP_IDENTITY:
     case OP_STOP_GRADIENT:
       c.in = {R(dt, {2, 3})};

@@ -126,6 +126,36 @@ kiln_tensor *eager(op_id op, const op_attrs &a, const std::vector<kiln_tensor *>
       kiln_random_set_state(a.seed, a.counter);
       return kiln_random_normal(a.dtype, a.rank, a.shape);
     case OP_CONSTANT: return kiln_identity(a.value);
+    case OP_CONV2D:
+    case OP_CONV2D_BP_INPUT:
+    case OP_MAX_POOL2D:
+    case OP_AVG_POOL2D: {
+      kiln_conv_opts o = {};
+      for (int k = 0; k < 2; k++) o.stride[k] = a.stride[k], o.dilation[k] = a.dilation[k];
+      for (int k = 0; k < 4; k++) o.padding[k] = a.padding[k];
+      o.groups = a.groups;
+      if (op == OP_CONV2D) return kiln_conv2d(x, y, &o);
+      if (op == OP_CONV2D_BP_INPUT) return kiln_conv2d_transpose(x, y, a.shape + 1, &o);
+      return op == OP_MAX_POOL2D ? kiln_max_pool2d(x, a.window, &o) : kiln_avg_pool2d(x, a.window, &o);
+    }
+    case OP_CONV2D_BP_FILTER:
+    case OP_MAX_POOL2D_GRAD:
+    case OP_AVG_POOL2D_GRAD: {  // gradients only: the tape's gradient of sum(forward * dy)
+      kiln_conv_opts o = {};
+      for (int k = 0; k < 2; k++) o.stride[k] = a.stride[k], o.dilation[k] = a.dilation[k];
+      for (int k = 0; k < 4; k++) o.padding[k] = a.padding[k];
+      o.groups = a.groups;
+      kiln_dtype dt = kiln_tensor_dtype(x);
+      kiln_tensor *src = op == OP_MAX_POOL2D_GRAD ? x : kiln_zeros(dt, a.rank, a.shape), *g = nullptr;
+      kiln_tape *tape = kiln_tape_begin(false);
+      kiln_tape_watch(tape, src);
+      kiln_tensor *fwd = op == OP_CONV2D_BP_FILTER ? kiln_conv2d(x, src, &o)
+                         : op == OP_MAX_POOL2D_GRAD ? kiln_max_pool2d(src, a.window, &o)
+                                                    : kiln_avg_pool2d(src, a.window, &o);
+      int rc = kiln_tape_gradient(tape, kiln_mul(fwd, op == OP_AVG_POOL2D_GRAD ? x : y), 1, &src, &g);
+      kiln_tape_free(tape);
+      return rc ? nullptr : g;
+    }
     default: return nullptr;
   }
 }
@@ -209,6 +239,38 @@ bool cases_for(op_id op, kiln_dtype dt, std::mt19937 &rng, std::vector<OpCase> &
     default: break;
   }
   switch (op) {
+    case OP_CONV2D:
+    case OP_CONV2D_BP_INPUT:
+    case OP_CONV2D_BP_FILTER: {  // stride, dilation, uneven padding and 2 groups at once
+      c.a.stride[0] = 2, c.a.stride[1] = 1, c.a.dilation[0] = 1, c.a.dilation[1] = 2, c.a.groups = 2;
+      c.a.padding[0] = 1, c.a.padding[1] = 0, c.a.padding[2] = 2, c.a.padding[3] = 1;
+      std::vector<int64_t> xs = {2, 5, 6, 4}, fs = {3, 2, 2, 4}, ys = {2, 2, 7, 4};
+      const std::vector<int64_t> &res = op == OP_CONV2D_BP_INPUT ? xs : fs;
+      if (op != OP_CONV2D) {
+        c.a.rank = 4;
+        for (int k = 0; k < 4; k++) c.a.shape[k] = res[k];
+      }
+      c.in = op == OP_CONV2D ? std::vector<kiln_tensor *>{R(dt, xs), R(dt, fs)}
+             : op == OP_CONV2D_BP_INPUT ? std::vector<kiln_tensor *>{R(dt, ys), R(dt, fs)}
+                                        : std::vector<kiln_tensor *>{R(dt, xs), R(dt, ys)};
+      break;
+    }
+    case OP_MAX_POOL2D:
+    case OP_MAX_POOL2D_GRAD:
+    case OP_AVG_POOL2D:
+    case OP_AVG_POOL2D_GRAD: {
+      c.a.window[0] = 3, c.a.window[1] = 2, c.a.stride[0] = c.a.stride[1] = 2;
+      c.a.padding[0] = 1, c.a.padding[1] = 1, c.a.padding[2] = 0, c.a.padding[3] = 1;
+      std::vector<int64_t> xs = {2, 5, 6, 3}, ys = {2, 3, 3, 3};
+      if (op == OP_AVG_POOL2D_GRAD) {
+        c.a.rank = 4;
+        for (int k = 0; k < 4; k++) c.a.shape[k] = xs[k];
+      }
+      c.in = op == OP_MAX_POOL2D || op == OP_AVG_POOL2D ? std::vector<kiln_tensor *>{R(dt, xs)}
+             : op == OP_MAX_POOL2D_GRAD                ? std::vector<kiln_tensor *>{R(dt, xs), R(dt, ys)}
+                                                       : std::vector<kiln_tensor *>{R(dt, ys)};
+      break;
+    }
     case OP_IDENTITY:
     case OP_STOP_GRADIENT: c.in = {R(dt, {2, 3})}; break;
     case OP_RESHAPE:

@@ -297,6 +297,30 @@ struct Gen {
         *r = {0, std::max(n - 1, 0.0)};
         return true;
       }
+      // windows: sums of at most n products (each output element of conv2d
+      // kh kw cg; of backprop_input kh kw o, as windows overlap; of
+      // backprop_filter every output position), pooling gradients at most
+      // kh kw shares of dy
+      case OP_CONV2D:
+      case OP_CONV2D_BP_INPUT:
+      case OP_CONV2D_BP_FILTER: {
+        const int64_t *fs = op == OP_CONV2D_BP_FILTER ? a.shape : T(1).shape;
+        double n = op == OP_CONV2D      ? (double)(fs[0] * fs[1] * fs[2])
+                   : op == OP_CONV2D_BP_INPUT ? (double)(fs[0] * fs[1] * fs[3])
+                                              : (double)(T(1).shape[0] * T(1).shape[1] * T(1).shape[2]);
+        Range p = times(x, R(1));
+        *r = {std::min(0.0, n * p.lo), std::max(0.0, n * p.hi)};
+        return true;
+      }
+      case OP_MAX_POOL2D:
+      case OP_AVG_POOL2D: *r = x; return true;
+      case OP_MAX_POOL2D_GRAD:
+      case OP_AVG_POOL2D_GRAD: {
+        Range d = op == OP_MAX_POOL2D_GRAD ? R(1) : x;
+        double n = (double)a.window[0] * a.window[1];
+        *r = {std::min(0.0, n * d.lo), std::max(0.0, n * d.hi)};
+        return true;
+      }
       default: return false;
     }
   }
@@ -868,6 +892,96 @@ struct Gen {
     return idx >= 0 && emit(OP_SCATTER_ADD, a, {u, idx}) >= 0;
   }
 
+  // ---- windows (IR_GEN_WINDOW) ----
+
+  // the output length of a window of k (dilation d) over n padded p0 + p1,
+  // stride st; <= 0 when it does not fit
+  static int64_t window_len(int64_t n, int64_t k, int d, int p0, int p1, int st) {
+    int64_t span = (k - 1) * d + 1;
+    return n + p0 + p1 < span ? 0 : (n + p0 + p1 - span) / st + 1;
+  }
+  // the input length whose windows give m outputs (the smallest), or <= 0
+  static int64_t window_in(int64_t m, int64_t k, int d, int p0, int p1, int st) {
+    return (m - 1) * st + (k - 1) * d + 1 - p0 - p1;
+  }
+
+  bool gen_window(ir_value) {
+    ir_value x = pick([&](ir_value v) { return is_float(dtype(v)) && rank(v) >= 1 && rank(v) <= 4; });
+    if (x < 0) return false;
+    if (rank(x) < 4) {  // leading 1s: [1, ..., shape]
+      op_attrs a{};
+      a.rank = 4;
+      Shape s = shape(x);
+      for (int i = 0; i < 4; i++) a.shape[i] = i < 4 - (int)s.size() ? 1 : s[(size_t)(i - (4 - (int)s.size()))];
+      if (!room(3) || (x = emit(OP_RESHAPE, a, {x})) < 0) return false;
+    }
+    Shape s = shape(x);
+    kiln_dtype dt = dtype(x);
+    op_attrs a{};
+    int which = rng.below(7);
+    bool conv = which < 3;
+    a.stride[0] = rng.range(1, 2), a.stride[1] = rng.range(1, 2);
+    int64_t kh = rng.range(1, 3), kw = rng.range(1, 3);
+    for (int i = 0; i < 4; i++) a.padding[i] = rng.chance(0.6) ? 0 : rng.range(1, 2);
+    if (conv) {
+      a.dilation[0] = rng.chance(0.7) ? 1 : 2, a.dilation[1] = rng.chance(0.7) ? 1 : 2;
+      // groups: 1, depthwise, or another divisor of the channels (the dy's for backprop_input)
+      int64_t ch = s[3];
+      std::vector<int> divisors;
+      for (int d = 1; d <= ch; d++)
+        if (ch % d == 0) divisors.push_back(d);
+      a.groups = rng.chance(0.5) || divisors.empty() ? 1 : rng.of(divisors);  // (none: 0 channels)
+    } else {
+      a.window[0] = (int)kh, a.window[1] = (int)kw;
+      for (int i = 0; i < 4; i++) a.padding[i] = std::min<int>(a.padding[i], (int)(i < 2 ? kh : kw) - 1);
+    }
+    auto set_shape = [&](const Shape &t) {
+      a.rank = (int)t.size();
+      std::copy(t.begin(), t.end(), a.shape);
+    };
+    switch (which) {
+      case 0: {  // conv2d(x, constant filter)
+        int64_t og = rng.range(1, 3);
+        ir_value f = constant(dt, Shape{kh, kw, s[3] / a.groups, og * a.groups});
+        return f >= 0 && emit(OP_CONV2D, a, {x, f}) >= 0;
+      }
+      case 1: {  // backprop_input(x as dy, filter) into the image whose conv2d has x's shape
+        int64_t cg = rng.range(1, 3);
+        int64_t h = window_in(s[1], kh, a.dilation[0], a.padding[0], a.padding[1], a.stride[0]);
+        int64_t w = window_in(s[2], kw, a.dilation[1], a.padding[2], a.padding[3], a.stride[1]);
+        if (h < 1 || w < 1) return false;
+        set_shape(Shape{s[0], h, w, cg * a.groups});
+        ir_value f = constant(dt, Shape{kh, kw, cg, s[3]});
+        return f >= 0 && emit(OP_CONV2D_BP_INPUT, a, {x, f}) >= 0;
+      }
+      case 2: {  // backprop_filter(x, dy)
+        int64_t oh = window_len(s[1], kh, a.dilation[0], a.padding[0], a.padding[1], a.stride[0]);
+        int64_t ow = window_len(s[2], kw, a.dilation[1], a.padding[2], a.padding[3], a.stride[1]);
+        if (oh < 1 || ow < 1) return false;
+        int64_t o = rng.range(1, 3) * a.groups;
+        set_shape(Shape{kh, kw, s[3] / a.groups, o});
+        ir_value dy = constant(dt, Shape{s[0], oh, ow, o});
+        return dy >= 0 && emit(OP_CONV2D_BP_FILTER, a, {x, dy}) >= 0;
+      }
+      case 3: return emit(OP_MAX_POOL2D, a, {x}) >= 0;
+      case 4: return emit(OP_AVG_POOL2D, a, {x}) >= 0;
+      case 5: {  // max_pool2d_grad(x, dy)
+        int64_t oh = window_len(s[1], kh, 1, a.padding[0], a.padding[1], a.stride[0]);
+        int64_t ow = window_len(s[2], kw, 1, a.padding[2], a.padding[3], a.stride[1]);
+        if (oh < 1 || ow < 1) return false;
+        ir_value dy = constant(dt, Shape{s[0], oh, ow, s[3]});
+        return dy >= 0 && emit(OP_MAX_POOL2D_GRAD, a, {x, dy}) >= 0;
+      }
+      default: {  // avg_pool2d_grad(x as dy) into the image it pooled
+        int64_t h = window_in(s[1], kh, 1, a.padding[0], a.padding[1], a.stride[0]);
+        int64_t w = window_in(s[2], kw, 1, a.padding[2], a.padding[3], a.stride[1]);
+        if (h < 1 || w < 1) return false;
+        set_shape(Shape{s[0], h, w, s[3]});
+        return emit(OP_AVG_POOL2D_GRAD, a, {x}) >= 0;
+      }
+    }
+  }
+
   bool gen_iota(ir_value) {
     std::vector<kiln_dtype> dts;
     for (kiln_dtype d : {KILN_F32, KILN_F64, KILN_I32, KILN_I64})
@@ -1381,7 +1495,7 @@ struct Gen {
         {IR_GEN_SCATTER, 2, &Gen::gen_scatter},      {IR_GEN_IOTA, 1, &Gen::gen_iota},
         {IR_GEN_CONSTANT, 1, &Gen::gen_constant},    {IR_GEN_IDENTITY, 1, &Gen::gen_identity},
         {IR_GEN_REPEAT, 5, &Gen::gen_repeat},        {IR_GEN_IDIOM, 12, &Gen::gen_idiom},
-        {IR_GEN_CONTROL, 12, &Gen::gen_control},
+        {IR_GEN_CONTROL, 12, &Gen::gen_control},      {IR_GEN_WINDOW, 30, &Gen::gen_window},
     };
     int total = 0;
     for (const Kind &k : kinds)
@@ -1559,7 +1673,7 @@ extern "C" ir_module *ir_gen_program(uint64_t seed, const ir_gen_options *opt) {
   unsigned compute = DT_BIT(KILN_F32) | DT_BIT(KILN_F64) | DT_BIT(KILN_I32) | DT_BIT(KILN_I64) | DT_BIT(KILN_BOOL);
   if (o.min_instrs < 0 || o.max_instrs < o.min_instrs || o.max_params < 1 || o.max_params > 8 ||
       o.max_results < 1 || o.max_results > 8 || !(o.dtypes & compute) || (o.dtypes & ~DT_ALL) ||
-      (o.kinds & ~((unsigned)IR_GEN_ALL | IR_GEN_CONTROL)) || (o.max_instrs > 0 && !o.kinds)) {
+      (o.kinds & ~((unsigned)IR_GEN_ALL | IR_GEN_CONTROL | IR_GEN_WINDOW)) || (o.max_instrs > 0 && !o.kinds)) {
     kiln_fail("ir_gen_program: invalid options");
     return nullptr;
   }

@@ -47,7 +47,11 @@ enum {
   /* not in IR_GEN_ALL (backends without control flow use ALL): cond,
    * while and scan whose regions are generated programs too (nested up to
    * two deep), computing what a flat program would (see ir_gen.cc) */
-  IR_GEN_CONTROL = 1u << 20
+  IR_GEN_CONTROL = 1u << 20,
+  /* not in IR_GEN_ALL either (the GPU backend does not lower them yet):
+   * conv2d, its two gradients, max/avg pooling and theirs, over float
+   * NHWC values (lower ranks reshaped to 4-D) with constant filters */
+  IR_GEN_WINDOW = 1u << 21
 };
 
 typedef struct ir_gen_options {

@@ -702,6 +702,14 @@ TEST(IrRandom, PassPipelineWithControlFlow) {
   for (const pass_info *p = pass_list(); p->name; p++) check_pipeline(false, p->name, true, IR_GEN_CONTROL);
 }
 
+// Programs with convolutions, pooling and their gradients (OPK_WINDOW): the
+// default pipeline bit for bit (cse, dce, fold and licm over them), with
+// special floats too.
+TEST(IrRandom, PassPipelineWithWindows) {
+  check_pipeline(false, PASS_DEFAULT_PIPELINE, true, IR_GEN_WINDOW);
+  check_pipeline(true, PASS_DEFAULT_PIPELINE, true, IR_GEN_WINDOW);
+}
+
 #endif  // KILN_TEST_HAVE_PASSES
 
 }  // namespace

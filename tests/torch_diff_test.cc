@@ -239,6 +239,20 @@ int apply(const Case &c, kiln_tensor *const *x, kiln_tensor **y) {
     y[0] = kiln_log_softmax(x[0], (int)a[0]);
   } else if (c.op == "clip_by_norm") {
     y[0] = kiln_clip_by_norm(x[0], c.fls[0]);
+  } else if (c.op == "conv2d") {  // ints: stride 2, dilation 2, padding 4 (top, bottom, left, right), groups
+    kiln_conv_opts o = {};
+    o.stride[0] = (int)a[0], o.stride[1] = (int)a[1], o.dilation[0] = (int)a[2], o.dilation[1] = (int)a[3];
+    for (int k = 0; k < 4; k++) o.padding[k] = (int)a[4 + k];
+    o.groups = (int)a[8];
+    y[0] = kiln_conv2d(x[0], x[1], &o);
+  } else if (c.op == "max_pool2d" || c.op == "avg_pool2d") {  // ints: window 2, stride 2, padding 4
+    kiln_conv_opts o = {};
+    o.stride[0] = (int)a[2], o.stride[1] = (int)a[3];
+    for (int k = 0; k < 4; k++) o.padding[k] = (int)a[4 + k];
+    int win[2] = {(int)a[0], (int)a[1]};
+    y[0] = c.op == "max_pool2d" ? kiln_max_pool2d(x[0], win, &o) : kiln_avg_pool2d(x[0], win, &o);
+  } else if (c.op == "batch_norm") {  // x, mean, variance, offset, scale; floats: epsilon
+    y[0] = kiln_batch_norm(x[0], x[1], x[2], x[3], x[4], c.fls[0]);
   } else {
     return kiln_fail("torch_diff_test: unknown op %s", c.op.c_str());
   }
@@ -387,7 +401,8 @@ const std::vector<std::string> &all_ops() {
       "select", "cast", "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod", "argmax",
       "matmul", "reshape", "transpose", "broadcast_to", "expand_dims", "squeeze", "slice", "index",
       "concat", "split", "stack", "gather", "scatter_add", "one_hot", "softmax", "log_softmax",
-      "softmax_cross_entropy", "sparse_softmax_cross_entropy", "clip_by_norm"};
+      "softmax_cross_entropy", "sparse_softmax_cross_entropy", "clip_by_norm",
+      "conv2d", "max_pool2d", "avg_pool2d", "batch_norm"};
   return ops;
 }
 
@@ -635,6 +650,45 @@ Case make_case(Gen &g, const std::string &op) {
     c.in.push_back(g.tensor(g.pick(kFloat), g.shape(rank)));
     c.fls = {g.pick<double>({0.5, 1, 3, 100})};
     c.accum = true;
+  } else if (op == "conv2d" || op == "max_pool2d" || op == "avg_pool2d") {
+    // NHWC images, HWIO filters; uneven padding, strides, dilations and groups.
+    // Values uniform in [-1, 1): no ties for max pooling, whose gradient at a
+    // tie Kiln shares and PyTorch gives to one element.
+    auto uniform = [&](double *v) {
+      *v = 2 * g.uni() - 1;
+      return true;
+    };
+    kiln_dtype dt = g.pick(kFloat);
+    bool conv = op == "conv2d";
+    int64_t groups = conv ? g.irange(1, 3) : 1, cg = g.irange(1, 3), og = g.irange(1, 3);
+    int64_t n = g.irange(1, 2), h = g.irange(1, 7), w = g.irange(1, 7), kh = g.irange(1, 3), kw = g.irange(1, 3);
+    int64_t sh = g.irange(1, 3), sw = g.irange(1, 3), dh = conv ? g.irange(1, 2) : 1, dw = conv ? g.irange(1, 2) : 1;
+    int64_t pad[4];
+    for (int k = 0; k < 4; k++) pad[k] = g.irange(0, conv ? 2 : (k < 2 ? kh : kw) - 1);  // pooling: smaller than the window
+    while ((kh - 1) * dh + 1 > h + pad[0] + pad[1]) h++;  // the window fits the padded image
+    while ((kw - 1) * dw + 1 > w + pad[2] + pad[3]) w++;
+    c.in.push_back(g.tensor(dt, {n, h, w, cg * groups}, uniform));
+    if (conv) {
+      c.in.push_back(g.tensor(dt, {kh, kw, cg, og * groups}, uniform));
+      c.ints = {sh, sw, dh, dw, pad[0], pad[1], pad[2], pad[3], groups};
+    } else {
+      c.ints = {kh, kw, sh, sw, pad[0], pad[1], pad[2], pad[3]};
+    }
+    c.accum = op != "max_pool2d";
+  } else if (op == "batch_norm") {
+    kiln_dtype dt = g.pick(kFloat);
+    V64 s = g.nonempty((int)g.irange(2, 4));
+    V64 ch = {s.back()};
+    c.in.push_back(g.tensor(dt, s));
+    c.in.push_back(g.tensor(dt, ch));
+    c.in.push_back(g.tensor(dt, ch, [&](double *v) {  // variances
+      *v = 0.25 + 2 * g.uni();
+      return true;
+    }));
+    c.in.push_back(g.tensor(dt, ch));
+    c.in.push_back(g.tensor(dt, ch));
+    c.fls = {g.pick<double>({0, 1e-5, 1e-3, 0.1})};
+    c.accum = true;  // the gradients of the per-channel inputs sum over the batch
   }
   return c;
 }

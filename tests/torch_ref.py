@@ -419,6 +419,41 @@ def compute(op, ints, fls, xs):
         pos = s > 0
         n = torch.where(pos, torch.sqrt(torch.where(pos, s, torch.ones_like(s))), torch.zeros_like(s))
         return [t * (m / torch.maximum(n, torch.tensor(m, dtype=t.dtype)))]
+    if op in ("conv2d", "max_pool2d", "avg_pool2d"):
+        # Kiln: NHWC images, HWIO filters, padding (top, bottom, left, right),
+        # which may be uneven: padded here with F.pad. Pooling never counts
+        # the padding: -inf for max, and average pooling divides by the
+        # count of image elements in each window (TensorFlow's rule; PyTorch's
+        # count_include_pad=False, here as window sums over window counts).
+        fn = torch.nn.functional
+        x = xs[0].permute(0, 3, 1, 2).contiguous()  # slow_conv2d's backward wants contiguous tensors
+        pt, pb, pl, pr = ints[4:8]
+        if op == "conv2d":
+            w = xs[1].permute(3, 2, 0, 1).contiguous()
+            y = fn.conv2d(fn.pad(x, (pl, pr, pt, pb)), w, stride=tuple(ints[0:2]), dilation=tuple(ints[2:4]),
+                          groups=ints[8])
+        elif op == "max_pool2d":
+            y = fn.max_pool2d(fn.pad(x, (pl, pr, pt, pb), value=-float("inf")), tuple(ints[0:2]),
+                              stride=tuple(ints[2:4]))
+        else:
+            k, st = tuple(ints[0:2]), tuple(ints[2:4])
+            total = fn.avg_pool2d(fn.pad(x, (pl, pr, pt, pb)), k, stride=st, divisor_override=1)
+            count = fn.avg_pool2d(fn.pad(torch.ones_like(x), (pl, pr, pt, pb)), k, stride=st, divisor_override=1)
+            y = total / count
+        return [y.permute(0, 2, 3, 1)]
+    if op == "batch_norm":
+        x, mean, var, offset, scale = xs
+        eps = fls[0]
+        y = (x - mean) / torch.sqrt(var + eps) * scale + offset
+        c = x.shape[-1]
+        ref = torch.nn.functional.batch_norm(x.detach().reshape(-1, c), mean.detach(), var.detach(),
+                                             scale.detach(), offset.detach(), training=False, eps=eps)
+        tol = 1e-4 if x.dtype == torch.float32 else 1e-10
+        got = y.detach().reshape(-1, c)
+        tame = torch.isfinite(got) & torch.isfinite(ref) & (x.detach().reshape(-1, c).abs() < 1e10)
+        if not torch.allclose(got[tame], ref[tame], rtol=tol, atol=tol):  # edge values round apart
+            raise ValueError("batch_norm: the formula and F.batch_norm disagree")
+        return [y]
     raise ValueError("torch_ref.py: unknown op " + op)
 
 
