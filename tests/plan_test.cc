@@ -426,3 +426,148 @@ TEST(Plan, WhileSwapsItsStateThroughATemporary) {
 }
 
 }  // namespace
+
+// ---- loop state stored in place (plan_policy.state_in_place) ----
+
+namespace {
+
+bool any_kernel(const plan_kernel *) { return true; }
+
+plan_policy in_place() {
+  plan_policy p = basic();
+  p.state_in_place = any_kernel;
+  return p;
+}
+
+int count_copies(const plan_step *steps, int n) {
+  int c = 0;
+  for (int i = 0; i < n; i++) {
+    c += steps[i].kind == PLAN_STEP_COPY;
+    for (int b = 0; b < 2; b++) c += count_copies(steps[i].sub[b], steps[i].n_sub[b]);
+  }
+  return c;
+}
+
+const char *ema_scan =
+    "func @body.fused(%0: f32[8], %1: f32[8], %2: f32[8]) -> (f32[8], f32[8]) {\n"
+    "  %3 = mul %0, %1 : f32[8]\n"
+    "  %4 = add %3, %2 : f32[8]\n"
+    "  %5 = exp %4 : f32[8]\n"
+    "  return %4, %5\n"
+    "}\n"
+    "\n"
+    "func @f(%0: f32[8], %1: f32[6,8], %2: f32[8]) -> (f32[8], f32[8], f32[6,8]) {\n"
+    "  %3, %4, %5 = scan %0, %2, %1 {carry=2, xs=1, length=6, reverse=false} : f32[8], f32[8], f32[6,8]\n"
+    "    body func @scan.body(%0: f32[8], %1: f32[8], %2: f32[8]) -> (f32[8], f32[8], f32[8]) {\n"
+    "      %3, %4 = fusion @body.fused(%0, %1, %2) : f32[8], f32[8]\n"
+    "      return %3, %1, %4\n"
+    "    }\n"
+    "  return %3, %4, %5\n"
+    "}\n";
+
+}  // namespace
+
+// c' = c * w + x_t (one kernel reading c at the element it stores): the
+// kernel stores c' over the state's slot, and the body copies nothing; a
+// policy without the hook keeps the copy back.
+TEST(Plan, ElementwiseCarryIsStoredInPlace) {
+  Scoped scope;
+  plan_policy po = in_place();
+  Planned p(ema_scan, "f", po);
+  ASSERT_EQ(p.rc, 0) << kiln_last_error();
+  const plan &pl = p.pl;
+  ASSERT_EQ(pl.n_steps, 3);
+  const plan_step &scan = pl.steps[2];
+  ASSERT_EQ(scan.kind, PLAN_STEP_SCAN);
+  ASSERT_EQ(scan.n_sub[0], 1) << "the kernel alone: no copy per iteration";
+  ASSERT_EQ(scan.sub[0][0].kind, PLAN_STEP_KERNEL);
+  const plan_kernel &g = pl.kernels[scan.sub[0][0].index];
+  int state = pl.steps[0].slots[0];
+  EXPECT_EQ(g.out_slot[0], state) << "c' stored over c";
+  EXPECT_EQ(g.leaf[0], state) << "c read there";
+  EXPECT_EQ(g.out_slot[1], scan.slots[1]) << "y_t still made in its row";
+  EXPECT_EQ(count_copies(pl.steps, pl.n_steps), 2) << "the two copies in, before the loop";
+
+  Planned q(ema_scan, "f", basic());
+  ASSERT_EQ(q.rc, 0) << kiln_last_error();
+  EXPECT_EQ(q.pl.steps[2].n_sub[0], 2) << "without the hook: the kernel, then the copy back";
+}
+
+// The state stays where the body still reads it: read by a later step, or
+// read across elements by the kernel that updates it (a transpose), or a
+// state that another carry returns (a swap): those copy back, as before.
+TEST(Plan, CarryReadElsewhereIsCopiedBack) {
+  Scoped scope;
+  plan_policy po = in_place();
+  {
+    Planned p(
+        "func @f(%0: f32[8], %1: f32[6,8]) -> (f32[8], f32[6,8]) {\n"
+        "  %2, %3 = scan %0, %1 {carry=1, xs=1, length=6, reverse=false} : f32[8], f32[6,8]\n"
+        "    body func @scan.body(%0: f32[8], %1: f32[8]) -> (f32[8], f32[8]) {\n"
+        "      %2 = add %0, %1 : f32[8]\n"
+        "      %3 = mul %0, %2 : f32[8]\n"
+        "      return %2, %3\n"
+        "    }\n"
+        "  return %2, %3\n"
+        "}\n",
+        "f", po);
+    ASSERT_EQ(p.rc, 0) << kiln_last_error();
+    const plan_step &scan = p.pl.steps[1];
+    ASSERT_EQ(scan.n_sub[0], 3) << "add, mul (reading the old c), the copy back";
+    EXPECT_EQ(scan.sub[0][2].kind, PLAN_STEP_COPY);
+    EXPECT_EQ(scan.sub[0][2].slots[0], p.pl.steps[0].slots[0]);
+  }
+  {
+    Planned p(
+        "func @t.fused(%0: f32[4,4]) -> f32[4,4] {\n"
+        "  %1 = transpose %0 {perm=[1,0]} : f32[4,4]\n"
+        "  %2 = add %0, %1 : f32[4,4]\n"
+        "  return %2\n"
+        "}\n"
+        "\n"
+        "func @f(%0: f32[4,4]) -> f32[4,4] {\n"
+        "  %1 = while %0 {state=1, max_iterations=3} : f32[4,4]\n"
+        "    cond func @while.cond(%0: f32[4,4]) -> bool[] {\n"
+        "      %1 = constant dense<true> : bool[]\n"
+        "      return %1\n"
+        "    }\n"
+        "    body func @while.body(%0: f32[4,4]) -> f32[4,4] {\n"
+        "      %1 = fusion @t.fused(%0) : f32[4,4]\n"
+        "      return %1\n"
+        "    }\n"
+        "  return %1\n"
+        "}\n",
+        "f", po);
+    ASSERT_EQ(p.rc, 0) << kiln_last_error();
+    const plan_step &w = p.pl.steps[1];
+    ASSERT_EQ(w.kind, PLAN_STEP_WHILE);
+    ASSERT_EQ(w.n_sub[1], 2) << "the kernel reads c across its elements: copied back";
+    EXPECT_EQ(w.sub[1][1].kind, PLAN_STEP_COPY);
+    EXPECT_NE(p.pl.kernels[w.sub[1][0].index].out_slot[0], p.pl.steps[0].slots[0]);
+  }
+  {
+    // (a, b) -> (b, a + b): a + b may not go over b (the new a is b's old
+    // value, copied after the body)
+    Planned p(
+        "func @f(%0: f32[4], %1: f32[4]) -> (f32[4], f32[4]) {\n"
+        "  %2, %3 = while %0, %1 {state=2, max_iterations=3} : f32[4], f32[4]\n"
+        "    cond func @while.cond(%0: f32[4], %1: f32[4]) -> bool[] {\n"
+        "      %2 = constant dense<true> : bool[]\n"
+        "      return %2\n"
+        "    }\n"
+        "    body func @while.body(%0: f32[4], %1: f32[4]) -> (f32[4], f32[4]) {\n"
+        "      %2 = add %0, %1 : f32[4]\n"
+        "      return %1, %2\n"
+        "    }\n"
+        "  return %2, %3\n"
+        "}\n",
+        "f", po);
+    ASSERT_EQ(p.rc, 0) << kiln_last_error();
+    const plan_step &w = p.pl.steps[2];
+    int a = p.pl.steps[0].slots[0], b = p.pl.steps[1].slots[0];
+    ASSERT_GE(w.n_sub[1], 1);
+    EXPECT_NE(p.pl.kernels[w.sub[1][0].index].out_slot[0], a);
+    EXPECT_NE(p.pl.kernels[w.sub[1][0].index].out_slot[0], b);
+    EXPECT_EQ(count_copies(w.sub[1], w.n_sub[1]), 3) << "b through a temporary into a, a + b into b";
+  }
+}

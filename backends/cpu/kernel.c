@@ -430,13 +430,20 @@ static bool reads_across_rows(const plan_kernel *g) {
   return false;
 }
 
-/* Stores each of g's outputs at idx (linear index at). */
+/* Stores each of g's outputs at idx (linear index at): every output's
+ * value first, then the stores, so an output stored over a loop's state
+ * (plan_policy.state_in_place) follows every load of that element. */
 static int emit_outputs(const plan_kernel *g, llvm_group *lg, LLVMValueRef fn, llvm_index *idx, LLVMValueRef at) {
-  for (int k = 0; k < g->n_out; k++) {
-    LLVMValueRef v = llvm_emit_value(lg, g->out[k], idx);
-    if (!v) return -1;
-    llvm_emit_store(lg->e, g->f->types[g->out[k]].dtype, LLVMGetParam(fn, (unsigned)k), at, v);
-  }
+  LLVMValueRef *v = malloc(((size_t)g->n_out + 1) * sizeof *v);
+  if (!v) return cpu_oom();
+  for (int k = 0; k < g->n_out; k++)
+    if (!(v[k] = llvm_emit_value(lg, g->out[k], idx))) {
+      free(v);
+      return -1;
+    }
+  for (int k = 0; k < g->n_out; k++)
+    llvm_emit_store(lg->e, g->f->types[g->out[k]].dtype, LLVMGetParam(fn, (unsigned)k), at, v[k]);
+  free(v);
   return 0;
 }
 

@@ -96,6 +96,14 @@ static plan_as place(const ir_func *f, const ir_instr *in) {
   return PLAN_AS_UNSUPPORTED;
 }
 
+/* Any kernel: each stores its outputs after loading all it reads of that
+ * element (kernel.c's emit_outputs; a reduction's and a transpose's reads
+ * are never at the stored element, so the planner keeps their states) */
+static bool state_in_place(const plan_kernel *k) {
+  (void)k;
+  return true;
+}
+
 static const plan_policy cpu_policy = {
     .who = "cpu",
     .unsupported = "is not supported by the CPU backend",
@@ -104,6 +112,7 @@ static const plan_policy cpu_policy = {
     .dot_before_kernel = dot_before_kernel,
     .dot_epilogue = dot_epilogue,
     .dot_transposes = trans_plan,
+    .state_in_place = state_in_place,
 };
 
 /* the runtime helper of call c */

@@ -19,6 +19,13 @@ int plan_add_step(plan *pl, plan_step st);
 int plan_func_steps(plan *pl, const ir_func *f, int *vs, const int *param_slots, bool top, int depth);
 /* frees n steps (their nested lists too) and the array */
 void plan_free_steps(plan_step *steps, int n);
+/* carry.c: the new state of a loop (the body's first ns results, in
+ * slots rs, of types ty) stored by the body's kernels straight over the
+ * state's slots st where that is safe (plan_policy.state_in_place), those
+ * uses renamed in the body's steps (n) and rs[k] set to st[k]; first_slot:
+ * the first slot the body's planning made. */
+void plan_carries_in_place(plan *pl, plan_step *steps, int n, const int *st, int *rs, int ns, const op_type *ty,
+                           int first_slot);
 /* A cond, while or scan (in, of f) as a control step (plan.h). */
 int plan_control(plan *pl, const ir_func *f, const ir_instr *in, int *vs, bool top, int depth);
 

@@ -3,7 +3,8 @@
  * state lives in the instruction's result slots (the buffers pass never
  * lets them share bytes with an operand: they are live together), copied
  * in once before the loop; the body reads it in place and its last steps
- * copy its new values back. A cond's branches, and a scan body's ys, write
+ * copy its new values back, but for those a kernel stores straight over
+ * the state (carry.c). A cond's branches, and a scan body's ys, write
  * their results straight into the result slots (a row of the stacked ys
  * per iteration), or copy them there when another slot holds them. */
 #include <stdlib.h>
@@ -147,7 +148,9 @@ static int plan_while(plan *pl, const ir_func *f, const ir_instr *in, int *vs, b
   if (!rc) st.slots[0] = rs[0];
   free(rs);
   rs = NULL;
+  int first_slot = pl->n_slots;
   if (!rc) rc = plan_region(pl, r[1], ps, NULL, depth, &st.sub[1], &st.n_sub[1], &rs);
+  if (!rc) plan_carries_in_place(pl, st.sub[1], st.n_sub[1], ps, rs, ns, &f->types[in->out], first_slot);
   if (!rc) rc = copy_back(pl, &st.sub[1], &st.n_sub[1], ps, rs, ns, &f->types[in->out]);
   free(rs), free(ps);
   if (rc) {
@@ -180,6 +183,7 @@ static int plan_scan(plan *pl, const ir_func *f, const ir_instr *in, int *vs, bo
     if (k >= nc && (rc = dest[k] = st.slots[nx + k - nc] = row_slot(pl, vs[in->out + k], &body->types[body->results[k]])) >= 0)
       rc = 0;
   }
+  int first_slot = pl->n_slots;
   if (!rc) rc = plan_region(pl, body, ps, dest, depth, &st.sub[0], &st.n_sub[0], &rs);
   for (int k = nc; !rc && k < in->n_out; k++)
     if (rs[k] != dest[k]) rc = copy_into(pl, &st.sub[0], &st.n_sub[0], dest[k], rs[k], &body->types[body->results[k]]);
@@ -187,6 +191,7 @@ static int plan_scan(plan *pl, const ir_func *f, const ir_instr *in, int *vs, bo
     op_type *ty = malloc(((size_t)nc + 1) * sizeof *ty);
     rc = !ty ? plan_oom(pl) : 0;
     for (int k = 0; !rc && k < nc; k++) ty[k] = body->types[body->results[k]];
+    if (!rc) plan_carries_in_place(pl, st.sub[0], st.n_sub[0], ps, rs, nc, ty, first_slot);
     if (!rc) rc = copy_back(pl, &st.sub[0], &st.n_sub[0], ps, rs, nc, ty);
     free(ty);
   }

@@ -77,7 +77,8 @@ enum {
    * operands. The carried state lives in the instruction's result slots:
    * copied in before the loop, read in place by the body, whose results
    * (fresh slots) the body's last steps copy back (a result that is its own
-   * parameter needs no copy).
+   * parameter needs no copy; nor one a kernel stores over the state's slot
+   * itself, where plan_policy.state_in_place allows).
    * - COND: slots[0] the predicate (a bool scalar); sub[0] runs when it is
    *   true, sub[1] when false; both leave their results in the same slots
    *   (computed there, or copied by their last steps).
@@ -142,6 +143,12 @@ typedef struct plan_policy {
    * output element into the arena, and a second that combines them (NULL:
    * every kernel is one pass) */
   int64_t (*split)(const plan_kernel *k);
+  /* whether kernel k of a loop's body may store a new carry over the
+   * state's own slot (the state read only at the element it stores, the
+   * planner checks: the backend's kernel must load all it reads of an
+   * element before storing any of its outputs); then no step copies that
+   * carry back each iteration (NULL: every carry is copied back) */
+  bool (*state_in_place)(const plan_kernel *k);
 } plan_policy;
 
 typedef struct plan {
@@ -184,6 +191,12 @@ int plan_keep_const(kiln_tensor ***list, int *n, const kiln_tensor *t);
 /* The alignment (a power of two, at most KILN_ALIGN) of slot s's bytes:
  * KILN_ALIGN but for rows, at the alignment of their row size. */
 KILN_EXPORT int64_t plan_slot_align(const plan *pl, int s);
+
+/* For each value v of g's function, whether g evaluates v only at the
+ * index of the element it stores (at, per value): v is an output, or every
+ * member reading it is elementwise over v's shape and such a value itself.
+ * A kernel that reads a buffer only at such values may store over it. */
+KILN_EXPORT void plan_at_store_index(const plan_kernel *g, bool *at);
 
 /* elements and bytes of a value of type t */
 int64_t plan_type_size(const op_type *t);
