@@ -571,3 +571,99 @@ TEST(Plan, CarryReadElsewhereIsCopiedBack) {
     EXPECT_EQ(count_copies(w.sub[1], w.n_sub[1]), 3) << "b through a temporary into a, a + b into b";
   }
 }
+
+// ---- a scan of an elementwise body as one kernel (plan_policy.scan_one_kernel) ----
+
+namespace {
+
+bool elementwise_scan(const ir_func *f, const ir_instr *in) { return plan_scan_elementwise(f, in, 16); }
+
+plan_policy one_kernel() {
+  plan_policy p = in_place();
+  p.scan_one_kernel = elementwise_scan;
+  return p;
+}
+
+// a scan of carries (c, d), xs x and a capture a: body given
+std::string scan_of(const char *body) {
+  return std::string(
+             "func @f(%0: f32[8], %1: f32[8], %2: f32[5,8], %3: f32[]) -> (f32[8], f32[8], f32[5,8]) {\n"
+             "  %4, %5, %6 = scan %0, %1, %2, %3 {carry=2, xs=1, length=5, reverse=true} : f32[8], f32[8], f32[5,8]\n"
+             "    body func @scan.body(%0: f32[8], %1: f32[8], %2: f32[8], %3: f32[]) -> (f32[8], f32[8], f32[8]) {\n") +
+         body +
+         "    }\n"
+         "  return %4, %5, %6\n"
+         "}\n";
+}
+
+}  // namespace
+
+// c' = c * a + x_t, d' = c (a swap), y_t = c': one kernel of the backend's
+// own (the scan itself), its operands the leaves and its results the outputs
+TEST(Plan, ElementwiseScanIsOneKernel) {
+  Scoped scope;
+  plan_policy po = one_kernel();
+  Planned p(scan_of("      %4 = mul %0, %3 : f32[8]\n"
+                    "      %5 = add %4, %2 : f32[8]\n"
+                    "      return %5, %0, %5\n")
+                .c_str(),
+            "f", po);
+  ASSERT_EQ(p.rc, 0) << kiln_last_error();
+  const plan &pl = p.pl;
+  ASSERT_EQ(pl.n_steps, 1) << "no copies in, no loop of steps";
+  ASSERT_EQ(pl.steps[0].kind, PLAN_STEP_KERNEL);
+  const plan_kernel &g = pl.kernels[pl.steps[0].index];
+  ASSERT_NE(g.special, nullptr);
+  EXPECT_EQ(g.special->op, OP_SCAN);
+  ASSERT_EQ(g.n_out, 3);
+  for (int k = 0; k < 3; k++) {
+    EXPECT_EQ(p.slot_of(g.out_slot[k]).kind, PLAN_SLOT_RESULT);
+    EXPECT_EQ(p.slot_of(g.out_slot[k]).index, k);
+  }
+  for (int k = 0; k < 4; k++) EXPECT_EQ(p.slot_of(g.leaf[k]).kind, PLAN_SLOT_PARAM) << "operand " << k;
+  EXPECT_EQ(pl.n_consts, 0);
+
+  Planned q(scan_of("      %4 = mul %0, %3 : f32[8]\n"
+                    "      %5 = add %4, %2 : f32[8]\n"
+                    "      return %5, %0, %5\n")
+                .c_str(),
+            "f", in_place());
+  ASSERT_EQ(q.rc, 0) << kiln_last_error();
+  EXPECT_EQ(q.pl.steps[q.pl.n_steps - 1].kind, PLAN_STEP_SCAN) << "without the hook: a loop of steps";
+}
+
+// Not elementwise along the rows: a carry read across its elements (a
+// reduction, a transpose-like broadcast of a varying value), or a body
+// longer than the policy's limit: a SCAN step as before.
+TEST(Plan, ScanReadingAcrossElementsIsALoop) {
+  Scoped scope;
+  plan_policy po = one_kernel();
+  const char *bodies[] = {
+      "      %4 = reduce_sum %0 {axes=[0], keepdims=false} : f32[]\n"
+      "      %5 = add %2, %4 : f32[8]\n"
+      "      return %5, %1, %5\n",
+      "      %4 = add %0, %2 : f32[8]\n"
+      "      %5 = exp %4 : f32[8]\n"
+      "      %6 = exp %5 : f32[8]\n"
+      "      %7 = exp %6 : f32[8]\n"
+      "      %8 = exp %7 : f32[8]\n"
+      "      %9 = exp %8 : f32[8]\n"
+      "      %10 = exp %9 : f32[8]\n"
+      "      %11 = exp %10 : f32[8]\n"
+      "      %12 = exp %11 : f32[8]\n"
+      "      %13 = exp %12 : f32[8]\n"
+      "      %14 = exp %13 : f32[8]\n"
+      "      %15 = exp %14 : f32[8]\n"
+      "      %16 = exp %15 : f32[8]\n"
+      "      %17 = exp %16 : f32[8]\n"
+      "      %18 = exp %17 : f32[8]\n"
+      "      %19 = exp %18 : f32[8]\n"
+      "      %20 = exp %19 : f32[8]\n"
+      "      return %20, %1, %4\n",
+  };
+  for (const char *b : bodies) {
+    Planned p(scan_of(b).c_str(), "f", po);
+    ASSERT_EQ(p.rc, 0) << kiln_last_error();
+    EXPECT_EQ(p.pl.steps[p.pl.n_steps - 1].kind, PLAN_STEP_SCAN) << b;
+  }
+}

@@ -515,7 +515,11 @@ int cpu_emit_kernel(cpu_build *cb, const plan_kernel *g, int id, kinfo *ki) {
         kept_last && it->shape[it->rank - 1] >= 8 && plan_type_size(ot) > 0 && plan_type_size(it) > plan_type_size(ot);
   }
   const ir_instr *tt = tile_transpose(g);
-  if (tt) {
+  if (g->special) { /* the CPU's only kernel of its own: a scan (scan_kernel.c) */
+    op_id bad_op = OP_COUNT;
+    rc = cpu_emit_scan_kernel(cb, g, fn, buf, begin, end, bad_slot, ki, &bad_op);
+    lg.bad_op = bad_op;
+  } else if (tt) {
     emit_transpose_tiles(cb, g, tt, buf[tt->in[0]], LLVMGetParam(fn, 0), begin, end, ki);
   } else if (column) {
     rc = emit_reduce_columns(cb, g, &lg, fn, begin, end, bad_slot, ki);

@@ -113,6 +113,19 @@ static const plan_policy cpu_policy = {
     .dot_epilogue = dot_epilogue,
     .dot_transposes = trans_plan,
     .state_in_place = state_in_place,
+    .scan_one_kernel = cpu_scan_one_kernel,
+};
+
+/* cpu_options.scan_loops: the same, but every scan a loop of steps */
+static const plan_policy cpu_policy_loops = {
+    .who = "cpu",
+    .unsupported = "is not supported by the CPU backend",
+    .place = place,
+    .fusion_one_kernel = fusion_ok,
+    .dot_before_kernel = dot_before_kernel,
+    .dot_epilogue = dot_epilogue,
+    .dot_transposes = trans_plan,
+    .state_in_place = state_in_place,
 };
 
 /* the runtime helper of call c */
@@ -165,7 +178,7 @@ static int max_bufs(const plan *pl, const plan_step *steps, int n) {
 int cpu_plan(cpu_build *cb) {
   cpu_program *p = cb->p;
   plan *pl = &cb->pl;
-  if (plan_build(pl, cb->f, &cpu_policy)) return -1;
+  if (plan_build(pl, cb->f, cb->scan_loops ? &cpu_policy_loops : &cpu_policy)) return -1;
   p->arena_bytes = pl->arena_bytes;
   cb->max_bufs = max_bufs(pl, pl->steps, pl->n_steps);
   p->results = calloc((size_t)cb->f->n_results + 1, sizeof *p->results);

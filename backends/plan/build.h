@@ -12,6 +12,11 @@ int plan_add_slot(plan *pl, plan_slot s);
 int plan_arena_slot(plan *pl, const op_type *t);
 /* a fresh place for value v of f (top: f is the compiled function) */
 int plan_value_slot(plan *pl, const ir_func *f, ir_value v, bool top);
+/* appends t to the plan's constants (plan.consts) */
+int plan_note_const(plan *pl, const kiln_tensor *t);
+/* a new kernel of f with n_out outputs, nothing a member, no leaves (freed
+ * with the plan); NULL out of memory. A later one may move it. */
+plan_kernel *plan_new_kernel(plan *pl, const ir_func *f, int n_out, op_id op);
 /* appends st to pl->steps, the list being planned (st.slots is freed on failure) */
 int plan_add_step(plan *pl, plan_step st);
 /* Plans f's instructions into pl->steps; vs (per value of f) gets each
@@ -26,6 +31,9 @@ void plan_free_steps(plan_step *steps, int n);
  * the first slot the body's planning made. */
 void plan_carries_in_place(plan *pl, plan_step *steps, int n, const int *st, int *rs, int ns, const op_type *ty,
                            int first_slot);
+/* scan_kernel.c: scan in (of f), which plan_scan_elementwise accepts, as
+ * one kernel of the backend's own (plan_policy.scan_one_kernel) */
+int plan_scan_kernel(plan *pl, const ir_func *f, const ir_instr *in, int *vs, bool top);
 /* A cond, while or scan (in, of f) as a control step (plan.h). */
 int plan_control(plan *pl, const ir_func *f, const ir_instr *in, int *vs, bool top, int depth);
 

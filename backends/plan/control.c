@@ -170,6 +170,7 @@ static int row_slot(plan *pl, int base, const op_type *t) {
  * (or copied into) row t of the stacked results */
 static int plan_scan(plan *pl, const ir_func *f, const ir_instr *in, int *vs, bool top, int depth) {
   int nc = in->attrs.n_state, nx = in->attrs.n_xs, ny = in->n_out - nc;
+  if (pl->policy->scan_one_kernel && pl->policy->scan_one_kernel(f, in)) return plan_scan_kernel(pl, f, in, vs, top);
   if (result_slots(pl, f, in, vs, top, nc)) return -1;
   const ir_func *body = in->attrs.callee;
   plan_step st = {.kind = PLAN_STEP_SCAN, .n_slots = nx + ny, .trip = in->attrs.trip, .reverse = in->attrs.reverse};

@@ -149,6 +149,11 @@ typedef struct plan_policy {
    * element before storing any of its outputs); then no step copies that
    * carry back each iteration (NULL: every carry is copied back) */
   bool (*state_in_place)(const plan_kernel *k);
+  /* whether scan in (of f), whose body plan_scan_elementwise accepts, runs
+   * as one kernel of the backend's own (special = in: the scan's operands
+   * its leaves, its results its outputs) that loops over t inside, per
+   * element (NULL: never; a scan is then a SCAN step) */
+  bool (*scan_one_kernel)(const ir_func *f, const ir_instr *in);
 } plan_policy;
 
 typedef struct plan {
@@ -197,6 +202,15 @@ KILN_EXPORT int64_t plan_slot_align(const plan *pl, int s);
  * member reading it is elementwise over v's shape and such a value itself.
  * A kernel that reads a buffer only at such values may store over it. */
 KILN_EXPORT void plan_at_store_index(const plan_kernel *g, bool *at);
+
+/* Whether scan in (of f) is elementwise along its rows: one or more
+ * carries, and its xs rows and ys rows, all of one shape; every value of
+ * its body (of at most max_instrs instructions, fusions' included) that
+ * depends on a carry or an xs row is of that shape and made by elementwise
+ * ops (or fusions of them); the rest (constants, captures, their views and
+ * broadcasts) is read wherever. Then each element of the results depends
+ * only on the same element of the carries and rows across t. */
+KILN_EXPORT bool plan_scan_elementwise(const ir_func *f, const ir_instr *in, int max_instrs);
 
 /* elements and bytes of a value of type t */
 int64_t plan_type_size(const op_type *t);
