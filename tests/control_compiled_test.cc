@@ -545,4 +545,49 @@ TEST(ControlCompiled, ElementwiseScanOfSeveralCarriesAndCaptures) {
   kiln_function_free(f);
 }
 
+// ---- double buffering: the state moves between buffers (plan_step.move) ----
+
+// (h, w, a, b) over xs of rows of 16 floats (64 bytes: a row can be a
+// state's place): h' = tanh(h x_t + sum(h)) also a ys (the state takes its
+// row), w' = the capture (copied into a temporary that moves), (a, b) ->
+// (b, a + h') (a swap through a temporary); odd and even lengths (the
+// final state in its own buffer or not), forward and reverse
+int moving(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *init[4] = {in[0], in[0], in[2], in[3]};
+  kiln_tensor *fin[4] = {};
+  int rc = kiln_scan(
+      [](void *cap, int, kiln_tensor *const *st, int, kiln_tensor **o) {
+        kiln_tensor *h = kiln_tanh(kiln_add(kiln_mul(st[0], st[4]), kiln_reduce_sum(st[0], 0, nullptr, false)));
+        o[0] = h;
+        o[1] = (kiln_tensor *)cap;
+        o[2] = st[3];
+        o[3] = kiln_add(st[2], kiln_mul(h, st[1]));
+        o[4] = h;
+        return o[3] ? 0 : -1;
+      },
+      in[4], 4, init, 1, &in[1], -1, user != nullptr, 1, fin, &out[1]);
+  out[0] = kiln_add(kiln_add(fin[0], fin[1]), kiln_add(fin[2], fin[3]));
+  return rc;
+}
+
+TEST(ControlCompiled, StateMovingBetweenBuffersMatchesTheInterpreter) {
+  Scoped s;
+  kiln_body_fn fwd = [](void *, int n, kiln_tensor *const *in, int m, kiln_tensor **out) {
+    return moving(nullptr, n, in, m, out);
+  };
+  kiln_body_fn rev = [](void *, int n, kiln_tensor *const *in, int m, kiln_tensor **out) {
+    int r = 1;
+    return moving(&r, n, in, m, out);
+  };
+  for (int64_t T : {0, 1, 5, 6}) {
+    for (kiln_body_fn fn : {fwd, rev}) {
+      SCOPED_TRACE("T=" + std::to_string(T) + (fn == rev ? " reverse" : ""));
+      expect_same(fn,
+                  {f32({16}, wave(16, 0.3)), f32({T, 16}, wave((size_t)T * 16, 0.21)), f32({16}, wave(16, 0.9)),
+                   f32({16}, wave(16, 1.3)), f32({16}, wave(16, 0.05))},
+                  2);
+    }
+  }
+}
+
 } // namespace

@@ -589,7 +589,8 @@ std::string scan_of(const char *body) {
   return std::string(
              "func @f(%0: f32[8], %1: f32[8], %2: f32[5,8], %3: f32[]) -> (f32[8], f32[8], f32[5,8]) {\n"
              "  %4, %5, %6 = scan %0, %1, %2, %3 {carry=2, xs=1, length=5, reverse=true} : f32[8], f32[8], f32[5,8]\n"
-             "    body func @scan.body(%0: f32[8], %1: f32[8], %2: f32[8], %3: f32[]) -> (f32[8], f32[8], f32[8]) {\n") +
+             "    body func @scan.body(%0: f32[8], %1: f32[8], %2: f32[8], %3: f32[])"
+             " -> (f32[8], f32[8], f32[8]) {\n") +
          body +
          "    }\n"
          "  return %4, %5, %6\n"
@@ -666,4 +667,115 @@ TEST(Plan, ScanReadingAcrossElementsIsALoop) {
     ASSERT_EQ(p.rc, 0) << kiln_last_error();
     EXPECT_EQ(p.pl.steps[p.pl.n_steps - 1].kind, PLAN_STEP_SCAN) << b;
   }
+}
+
+// ---- double buffering (plan_policy.swap_state) ----
+
+namespace {
+
+bool yes() { return true; }
+
+plan_policy swapping() {
+  plan_policy p = in_place();
+  p.swap_state = yes;
+  return p;
+}
+
+// the moves of a loop step as (to, from) pairs
+std::vector<std::pair<int, int>> moves_of(const plan_step &st) {
+  std::vector<std::pair<int, int>> v;
+  for (int i = 0; i < st.n_move; i++) v.push_back({st.move[2 * i], st.move[2 * i + 1]});
+  return v;
+}
+
+}  // namespace
+
+// (a, b, n) -> (b, a + b, n + 1): n + 1 made in place, a takes b's place,
+// b the place of a + b, and a + b's temporary the place a no longer holds:
+// the body copies nothing (a plain swap (a, b) -> (b, a) neither)
+TEST(Plan, SwappedStateMovesInsteadOfCopying) {
+  Scoped scope;
+  plan_policy po = swapping();
+  Planned p(
+      "func @f(%0: f32[4], %1: f32[4], %2: i64[]) -> (f32[4], f32[4], i64[]) {\n"
+      "  %3, %4, %5 = while %0, %1, %2 {state=3, max_iterations=9} : f32[4], f32[4], i64[]\n"
+      "    cond func @while.cond(%0: f32[4], %1: f32[4], %2: i64[]) -> bool[] {\n"
+      "      %3 = lt %2, %2 : bool[]\n"
+      "      return %3\n"
+      "    }\n"
+      "    body func @while.body(%0: f32[4], %1: f32[4], %2: i64[]) -> (f32[4], f32[4], i64[]) {\n"
+      "      %3 = add %0, %1 : f32[4]\n"
+      "      %4 = add %2, %2 : i64[]\n"
+      "      return %1, %3, %4\n"
+      "    }\n"
+      "  return %3, %4, %5\n"
+      "}\n",
+      "f", po);
+  ASSERT_EQ(p.rc, 0) << kiln_last_error();
+  const plan &pl = p.pl;
+  ASSERT_EQ(pl.n_steps, 4);
+  const plan_step &w = pl.steps[3];
+  ASSERT_EQ(w.kind, PLAN_STEP_WHILE);
+  int a = pl.steps[0].slots[0], b = pl.steps[1].slots[0], n = pl.steps[2].slots[0];
+  EXPECT_EQ(count_copies(w.sub[1], w.n_sub[1]), 0) << "no copy per iteration";
+  ASSERT_EQ(w.n_sub[1], 2);
+  int sum = pl.kernels[w.sub[1][0].index].out_slot[0];
+  EXPECT_EQ(pl.kernels[w.sub[1][1].index].out_slot[0], n) << "n + 1 in place";
+  ASSERT_EQ(w.n_state, 3);
+  EXPECT_EQ(w.state[0], a);
+  EXPECT_EQ(w.state[1], b);
+  EXPECT_EQ(w.state_bytes[2], 8);
+  EXPECT_EQ(moves_of(w), (std::vector<std::pair<int, int>>{{a, b}, {b, sum}, {sum, a}}));
+
+  Planned q(
+      "func @f(%0: f32[4], %1: f32[4]) -> (f32[4], f32[4]) {\n"
+      "  %2, %3 = while %0, %1 {state=2, max_iterations=3} : f32[4], f32[4]\n"
+      "    cond func @while.cond(%0: f32[4], %1: f32[4]) -> bool[] {\n"
+      "      %2 = constant dense<true> : bool[]\n"
+      "      return %2\n"
+      "    }\n"
+      "    body func @while.body(%0: f32[4], %1: f32[4]) -> (f32[4], f32[4]) {\n"
+      "      return %1, %0\n"
+      "    }\n"
+      "  return %2, %3\n"
+      "}\n",
+      "f", po);
+  ASSERT_EQ(q.rc, 0) << kiln_last_error();
+  const plan_step &s = q.pl.steps[2];
+  int qa = q.pl.steps[0].slots[0], qb = q.pl.steps[1].slots[0];
+  EXPECT_EQ(s.n_sub[1], 0) << "a swap is two moves";
+  EXPECT_EQ(moves_of(s), (std::vector<std::pair<int, int>>{{qa, qb}, {qb, qa}}));
+}
+
+// A carry that is also a ys (an LSTM's h): the state takes the place of the
+// row just written (no copy); a carry that is a capture, or that two
+// carries return, is copied into a temporary of its own, which then moves
+TEST(Plan, CarryAlsoAYsTakesItsRow) {
+  Scoped scope;
+  plan_policy po = swapping();
+  Planned p(
+      "func @f(%0: f32[16], %1: f32[16], %2: f32[6,16], %3: f32[16]) -> (f32[16], f32[16], f32[6,16]) {\n"
+      "  %4, %5, %6 = scan %0, %1, %2, %3 {carry=2, xs=1, length=6, reverse=false} : f32[16], f32[16], f32[6,16]\n"
+      "    body func @scan.body(%0: f32[16], %1: f32[16], %2: f32[16], %3: f32[16]) -> (f32[16], f32[16], f32[16]) {\n"
+      "      %4 = mul %0, %2 : f32[16]\n"
+      "      %5 = mul %4, %1 : f32[16]\n"
+      "      return %5, %3, %5\n"
+      "    }\n"
+      "  return %4, %5, %6\n"
+      "}\n",
+      "f", po);
+  ASSERT_EQ(p.rc, 0) << kiln_last_error();
+  const plan &pl = p.pl;
+  const plan_step &sc = pl.steps[pl.n_steps - 1];
+  ASSERT_EQ(sc.kind, PLAN_STEP_SCAN);
+  int h = pl.steps[0].slots[0], w = pl.steps[1].slots[0], row = sc.slots[1];
+  ASSERT_EQ(sc.n_sub[0], 3) << "two kernels, and the capture copied into a temporary";
+  EXPECT_EQ(pl.kernels[sc.sub[0][1].index].out_slot[0], row) << "h' made in its row of ys";
+  const plan_step &c = sc.sub[0][2];
+  ASSERT_EQ(c.kind, PLAN_STEP_COPY);
+  EXPECT_EQ(pl.slots[c.slots[1]].kind, PLAN_SLOT_PARAM) << "the capture";
+  EXPECT_EQ(pl.slots[c.slots[1]].index, 3);
+  // the temporary takes w's old place, never h's (a row from the second
+  // iteration on)
+  EXPECT_EQ(moves_of(sc), (std::vector<std::pair<int, int>>{{h, row}, {w, c.slots[0]}, {c.slots[0], w}}));
 }

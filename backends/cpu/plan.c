@@ -104,6 +104,10 @@ static bool state_in_place(const plan_kernel *k) {
   return true;
 }
 
+/* the entry moves a loop's state between buffers (control.c: the slots'
+ * pointers phis of the loop's head) */
+static bool swap_state(void) { return true; }
+
 static const plan_policy cpu_policy = {
     .who = "cpu",
     .unsupported = "is not supported by the CPU backend",
@@ -113,6 +117,7 @@ static const plan_policy cpu_policy = {
     .dot_epilogue = dot_epilogue,
     .dot_transposes = trans_plan,
     .state_in_place = state_in_place,
+    .swap_state = swap_state,
     .scan_one_kernel = cpu_scan_one_kernel,
 };
 
@@ -126,6 +131,7 @@ static const plan_policy cpu_policy_loops = {
     .dot_epilogue = dot_epilogue,
     .dot_transposes = trans_plan,
     .state_in_place = state_in_place,
+    .swap_state = swap_state,
 };
 
 /* the runtime helper of call c */

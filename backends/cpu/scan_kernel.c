@@ -147,7 +147,8 @@ int cpu_emit_scan_kernel(cpu_build *cb, const plan_kernel *g, LLVMValueRef fn, L
     LLVMValueRef jj = llvm_loop_begin(e, &lj, llvm_i64(e, 0), w, "out");
     for (int k = 0; k < nc; k++) {
       kiln_dtype dt = body->types[k].dtype;
-      llvm_emit_store(e, dt, LLVMGetParam(fn, (unsigned)k), LLVMBuildAdd(b, j0, jj, ""), llvm_emit_load(e, dt, acc[k], jj));
+      LLVMValueRef v = llvm_emit_load(e, dt, acc[k], jj);
+      llvm_emit_store(e, dt, LLVMGetParam(fn, (unsigned)k), LLVMBuildAdd(b, j0, jj, ""), v);
     }
     llvm_loop_end(e, &lj);
     llvm_loop_end(e, &lu);

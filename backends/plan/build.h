@@ -31,6 +31,17 @@ void plan_free_steps(plan_step *steps, int n);
  * the first slot the body's planning made. */
 void plan_carries_in_place(plan *pl, plan_step *steps, int n, const int *st, int *rs, int ns, const op_type *ty,
                            int first_slot);
+/* double buffering (carry.c, plan_policy.swap_state): loop step st's
+ * moves (plan_step.move), its body the list sub[b], instead of copies
+ * back; a new value no move can take (a capture, a constant, a row of xs,
+ * a value two carries return) is copied into a temporary first. ys (ny
+ * of them): the scan's rows of ys, which a state may take (NULL for a
+ * while). */
+int plan_swap_state(plan *pl, plan_step *st, int b, const int *state, const int *rs, int ns, const op_type *ty,
+                    int first_slot, const int *ys, int ny);
+/* a copy step of t's bytes from slot src into slot dst, appended to
+ * *steps (n of them) */
+int plan_copy_into(plan *pl, plan_step **steps, int *n, int dst, int src, const op_type *t);
 /* scan_kernel.c: scan in (of f), which plan_scan_elementwise accepts, as
  * one kernel of the backend's own (plan_policy.scan_one_kernel) */
 int plan_scan_kernel(plan *pl, const ir_func *f, const ir_instr *in, int *vs, bool top);

@@ -5,7 +5,11 @@
  * it stores (elementwise over the state's shape: plan_at_store_index), the
  * body's steps before it read state k as they like, and none after it does
  * (nor the copies of the other carries and ys, which follow the body). The
- * backend opts in (plan_policy.state_in_place). */
+ * backend opts in (plan_policy.state_in_place). Where it also moves the
+ * state between buffers (plan_policy.swap_state), the other carries need
+ * no copy either: at each iteration's end the state's slots take the
+ * places of the new values (another state's, a temporary's, a row of ys)
+ * and the temporaries the places freed (double buffering). */
 #include <stdlib.h>
 
 #include "plan/build.h"
@@ -130,4 +134,102 @@ void plan_carries_in_place(plan *pl, plan_step *steps, int n, const int *st, int
     rename_in(pl, steps, n, r, s);
     rs[k] = s;
   }
+}
+
+/* ---- double buffering (plan_policy.swap_state) ---- */
+
+static bool is_row(int r, const int *ys, int ny) {
+  for (int j = 0; j < ny; j++)
+    if (r == ys[j]) return true;
+  return false;
+}
+
+/* Whether slot r, the body's new value of carry k, may become the state's
+ * place: a state slot (its old value), a temporary the body writes every
+ * iteration before reading it, or (a scan's) its row of a ys, at full
+ * alignment, which no later iteration writes; then the state's place is a
+ * row from the second iteration on, so none may flow on from it: no other
+ * carry returns state k (nor may a temporary take it, plan_swap_state). */
+static bool movable(const plan *pl, int k, int r, const int *state, const int *rs, int ns, int first_slot,
+                    const int *ys, int ny) {
+  for (int j = 0; j < ns; j++)
+    if (r == state[j]) return true;
+  if (r >= first_slot && pl->slots[r].kind == PLAN_SLOT_ARENA) return true;
+  if (!is_row(r, ys, ny) || plan_slot_align(pl, r) != KILN_ALIGN) return false;
+  for (int j = 0; j < ns; j++)
+    if (j != k && rs[j] == state[k]) return false;
+  return true;
+}
+
+int plan_swap_state(plan *pl, plan_step *st, int b, const int *state, const int *rs, int ns, const op_type *ty,
+                    int first_slot, const int *ys, int ny) {
+  int *src = malloc(((size_t)ns + 1) * sizeof *src);
+  bool *taken = calloc((size_t)pl->n_slots + (size_t)ns + 1, sizeof *taken); /* slots claimed as a state's new place */
+  st->state = malloc(((size_t)ns + 1) * sizeof *st->state);
+  st->state_bytes = malloc(((size_t)ns + 1) * sizeof *st->state_bytes);
+  st->move = malloc(((size_t)ns * 4 + 1) * sizeof *st->move);
+  if (!src || !taken || !st->state || !st->state_bytes || !st->move) {
+    free(src), free(taken);
+    return plan_oom(pl);
+  }
+  st->n_state = ns;
+  int rc = 0;
+  for (int k = 0; k < ns; k++) {
+    st->state[k] = state[k];
+    st->state_bytes[k] = plan_type_bytes(&ty[k]);
+    src[k] = -1;
+    if (rs[k] == state[k]) src[k] = state[k], taken[state[k]] = true; /* unchanged, or made in place */
+  }
+  for (int k = 0; k < ns && !rc; k++) {
+    if (src[k] >= 0) continue;
+    int r = rs[k];
+    if (!taken[r] && movable(pl, k, r, state, rs, ns, first_slot, ys, ny)) {
+      src[k] = r, taken[r] = true;
+      continue;
+    }
+    int tmp = plan_arena_slot(pl, &ty[k]); /* a place of its own, written each iteration */
+    if (tmp < 0) {
+      rc = -1;
+      break;
+    }
+    rc = plan_copy_into(pl, &st->sub[b], &st->n_sub[b], tmp, r, &ty[k]);
+    src[k] = tmp; /* fresh: not in taken (sized before it) */
+  }
+  /* the states take their new places; the temporaries those no state holds
+   * (but for the states whose place is a row: not a buffer after the first
+   * iteration) */
+  for (int k = 0; k < ns; k++)
+    if (is_row(src[k], ys, ny)) taken[state[k]] = true;
+  int nm = 0, free_at = 0;
+  for (int k = 0; k < ns && !rc; k++) {
+    if (src[k] == state[k]) continue;
+    st->move[2 * nm] = state[k], st->move[2 * nm + 1] = src[k], nm++;
+  }
+  for (int k = 0; k < ns && !rc; k++) {
+    bool temp = src[k] != state[k];
+    for (int j = 0; j < ns && temp; j++) temp = src[k] != state[j];
+    temp = temp && !is_row(src[k], ys, ny);
+    if (!temp) continue;
+    while (free_at < ns && taken[state[free_at]]) free_at++;
+    if (free_at == ns) { /* cannot happen: as many places freed as temporaries */
+      rc = kiln_set_error("%s: @%s: a loop's state has no place", pl->policy->who, pl->f->name);
+      break;
+    }
+    st->move[2 * nm] = src[k], st->move[2 * nm + 1] = state[free_at], nm++;
+    taken[state[free_at]] = true;
+  }
+  st->n_move = nm;
+  /* two states or more moving among buffers: at the end one's place may be
+   * another's own buffer, so their copies back go through scratch places */
+  int moved = 0;
+  for (int k = 0; k < ns && !rc; k++) moved += src[k] != state[k] && !is_row(src[k], ys, ny);
+  st->scratch = malloc(((size_t)ns + 1) * sizeof *st->scratch);
+  if (!rc && !st->scratch) rc = plan_oom(pl);
+  for (int k = 0; k < ns && !rc; k++) {
+    st->scratch[k] = -1;
+    bool scratch = moved >= 2 && src[k] != state[k] && !is_row(src[k], ys, ny);
+    if (scratch && (st->scratch[k] = plan_arena_slot(pl, &ty[k])) < 0) rc = -1;
+  }
+  free(src), free(taken);
+  return rc;
 }

@@ -80,6 +80,7 @@ int plan_add_step(plan *pl, plan_step st) {
   plan_step *q = realloc(pl->steps, (size_t)(pl->n_steps + 1) * sizeof *q);
   if (!q) {
     free(st.slots);
+    free(st.state), free(st.move), free(st.state_bytes), free(st.scratch);
     return plan_oom(pl);
   }
   pl->steps = q;
@@ -505,6 +506,7 @@ int plan_build(plan *pl, const ir_func *f, const plan_policy *policy) {
 void plan_free_steps(plan_step *steps, int n) {
   for (int s = 0; s < n; s++) {
     free(steps[s].slots);
+    free(steps[s].state), free(steps[s].move), free(steps[s].state_bytes), free(steps[s].scratch);
     for (int k = 0; k < 2; k++) plan_free_steps(steps[s].sub[k], steps[s].n_sub[k]);
   }
   free(steps);

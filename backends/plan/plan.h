@@ -103,6 +103,19 @@ typedef struct plan_step {
   int n_sub[2];
   int64_t trip;
   bool reverse; /* scan */
+  /* WHILE and SCAN under plan_policy.swap_state (else 0 and NULL): no copy
+   * back; at the end of each iteration, all at once, slot move[2i] takes
+   * the place (the pointer) slot move[2i + 1] had: a state slot the place
+   * of the body's new value (another state's, a temporary's, its row of
+   * ys), a temporary a place no state holds any more (double buffering).
+   * After the loop each state slot state[k] whose place moved has its
+   * bytes (state_bytes[k]) copied back to its own, through scratch[k]
+   * first where that is a slot (>= 0: the place may be another state's
+   * own, so every such copy out comes before any copy back); every slot
+   * moved gets its own place back. */
+  int n_state, n_move;
+  int *state, *move, *scratch;
+  int64_t *state_bytes;
 } plan_step;
 
 /* How each result is produced: written by the steps into its own buffer,
@@ -149,6 +162,10 @@ typedef struct plan_policy {
    * element before storing any of its outputs); then no step copies that
    * carry back each iteration (NULL: every carry is copied back) */
   bool (*state_in_place)(const plan_kernel *k);
+  /* whether the backend moves a loop's state between buffers at each
+   * iteration's end (plan_step.move) instead of copying it back (NULL:
+   * copies) */
+  bool (*swap_state)(void);
   /* whether scan in (of f), whose body plan_scan_elementwise accepts, runs
    * as one kernel of the backend's own (special = in: the scan's operands
    * its leaves, its results its outputs) that loops over t inside, per
