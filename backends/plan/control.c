@@ -5,9 +5,11 @@
  * in once before the loop; the body reads it in place and its last steps
  * copy its new values back, but for those a kernel stores straight over
  * the state (carry.c); where the backend moves the state between buffers
- * (plan_policy.swap_state), none: the loop step lists the moves. A cond's branches, and a scan body's ys, write
- * their results straight into the result slots (a row of the stacked ys
- * per iteration), or copy them there when another slot holds them. */
+ * (plan_policy.swap_state), none: the loop step lists the moves. A cond's
+ * branches, and a scan body's ys, write their results straight into the
+ * result slots (a row of the stacked ys per iteration), or copy them
+ * there when another slot holds them. A scan of an elementwise body may
+ * be one kernel instead (scan_kernel.c). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -85,7 +87,8 @@ static int result_slots(plan *pl, const ir_func *f, const ir_instr *in, int *vs,
   for (int k = 0; k < in->n_out; k++)
     if ((vs[in->out + k] = plan_value_slot(pl, f, in->out + k, top)) < 0) return -1;
   for (int k = 0; k < ns; k++)
-    if (plan_copy_into(pl, &pl->steps, &pl->n_steps, vs[in->out + k], vs[in->in[k]], &f->types[in->out + k])) return -1;
+    if (plan_copy_into(pl, &pl->steps, &pl->n_steps, vs[in->out + k], vs[in->in[k]], &f->types[in->out + k]))
+      return -1;
   return 0;
 }
 
@@ -124,7 +127,8 @@ static int plan_cond(plan *pl, const ir_func *f, const ir_instr *in, int *vs, bo
     int *rs = NULL;
     rc = plan_region(pl, r[b], ps, out, depth, &st.sub[b], &st.n_sub[b], &rs);
     for (int k = 0; !rc && k < in->n_out; k++)
-      if (rs[k] != out[k]) rc = plan_copy_into(pl, &st.sub[b], &st.n_sub[b], out[k], rs[k], &f->types[in->out + k]);
+      if (rs[k] != out[k])
+        rc = plan_copy_into(pl, &st.sub[b], &st.n_sub[b], out[k], rs[k], &f->types[in->out + k]);
     free(rs);
   }
   free(out), free(ps);
