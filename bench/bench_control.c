@@ -11,8 +11,9 @@
  *          and ms per call against the same body run eagerly.
  *   cumsum a cumulative sum over T = 1000 rows of 4096 floats as a
  *          kiln_scan: ms per call of the scan as one kernel (the loop over
- *          t inside, backends/cpu/scan_kernel.c), of the same IR compiled
- *          with cpu_options.scan_loops (a loop over the body's kernel),
+ *          t inside, backends/cpu/scan_kernel.c; cpu_options.scan_kernels),
+ *          of the same IR compiled with cpu_options.scan_loops (a loop
+ *          over the body's kernel), as staged (the backend's choice),
  *          and of the adds run eagerly; and over 100000 rows of 16 (one
  *          kernel vs the loop: where a step's overhead shows).
  * Medians of --runs runs (default 7) of --calls calls (default 20). Every
@@ -260,25 +261,28 @@ static void cumsum_bench(int64_t T, int64_t n, bool eager_too, int runs, int cal
   kiln_scope_push();
   kiln_tensor *in[2] = {uniform(1, (int64_t[]){n}, 1), uniform(2, (int64_t[]){T, n}, 1)};
   kiln_function *f = kiln_function_new("cumsum", cumsum_scan, NULL, 2, 2);
-  double one = per_call_ms(f, cumsum_scan, NULL, 2, in, 2, runs, calls);
-  /* the same IR, its scan a loop over the body's kernel */
-  double loop = -1;
+  double staged = per_call_ms(f, cumsum_scan, NULL, 2, in, 2, runs, calls); /* the backend's choice */
+  /* the same IR, its scan one kernel, and a loop over the body's kernel */
+  double ms[2] = {-1, -1};
   char *text = kiln_function_ir(f, 0, "optimized");
   ir_module *m = text ? ir_parse(text, "cumsum.kir") : NULL;
   free(text);
-  cpu_options opt = {.scan_loops = true};
-  cpu_program *p = m ? cpu_compile_with(ir_module_find(m, "cumsum"), &opt) : NULL;
-  if (p) {
-    loop = program_ms(p, in, runs, calls);
-    cpu_program_free(p);
-  } else {
-    fprintf(stderr, "bench_control: %s\n", kiln_last_error());
-    failed = true;
+  for (int loops = 0; loops < 2; loops++) {
+    cpu_options opt = {.scan_loops = loops, .scan_kernels = !loops};
+    cpu_program *p = m ? cpu_compile_with(ir_module_find(m, "cumsum"), &opt) : NULL;
+    if (p) {
+      ms[loops] = program_ms(p, in, runs, calls);
+      cpu_program_free(p);
+    } else {
+      fprintf(stderr, "bench_control: %s\n", kiln_last_error());
+      failed = true;
+    }
   }
   if (m) ir_module_free(m);
+  double one = ms[0], loop = ms[1];
   double eager = eager_too ? per_call_ms(NULL, cumsum_eager, NULL, 2, in, 2, runs, calls < 5 ? calls : 5) : -1;
-  printf("cumsum T=%lld x %lld: one kernel %.3f ms, loop of steps %.3f ms (loop/one %.2fx)", (long long)T,
-         (long long)n, one, loop, loop / one);
+  printf("cumsum T=%lld x %lld: one kernel %.3f ms, loop of steps %.3f ms (loop/one %.2fx), staged (the backend's "
+         "choice) %.3f ms", (long long)T, (long long)n, one, loop, loop / one, staged);
   if (eager_too) printf(", eager %.3f ms (eager/one %.1fx)", eager, eager / one);
   printf("\n");
   char key[64];
@@ -288,6 +292,8 @@ static void cumsum_bench(int64_t T, int64_t n, bool eager_too, int runs, int cal
   bench_figure(key, one, "ms");
   snprintf(key + k, sizeof key - k, "loop");
   bench_figure(key, loop, "ms");
+  snprintf(key + k, sizeof key - k, "staged");
+  bench_figure(key, staged, "ms");
   snprintf(key + k, sizeof key - k, "eager");
   if (eager_too) bench_figure(key, eager, "ms");
   kiln_function_free(f);

@@ -429,7 +429,8 @@ TEST(ControlCompiled, WhileStateUpdatedInPlaceMatchesTheInterpreter) {
 // ---- a scan of an elementwise body as one kernel (backends/cpu/scan_kernel.c) ----
 
 // f staged, its optimized IR compiled by the CPU backend with the scan as
-// one kernel and as a loop of steps (cpu_options.scan_loops), each run on
+// one kernel (cpu_options.scan_kernels: whatever its rows' length) and as
+// a loop of steps (cpu_options.scan_loops), each run on
 // in and compared with the interpreter (KILN_POISON=1); the kernels each
 // compile has in kernels[2]
 void expect_one_kernel_same(kiln_body_fn body, void *user, std::vector<kiln_tensor *> in, int n_out,
@@ -448,6 +449,7 @@ void expect_one_kernel_same(kiln_body_fn body, void *user, std::vector<kiln_tens
   for (int loops = 0; loops < 2; loops++) {
     cpu_options opt = {};
     opt.scan_loops = loops;
+    opt.scan_kernels = !loops;
     cpu_program *p = cpu_compile_with(ir_module_find(m, "scan1"), &opt);
     ASSERT_NE(p, nullptr) << kiln_last_error();
     kernels[loops] = cpu_program_kernels(p);

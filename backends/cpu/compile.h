@@ -38,6 +38,7 @@ typedef struct {
   int64_t max_work; /* elements of the biggest kernel */
   bool pool_busy;   /* a matmul threads: the pool is awake anyway */
   bool scan_loops;  /* cpu_options.scan_loops */
+  bool scan_kernels; /* cpu_options.scan_kernels */
   /* emission */
   llvm_emit e;
   LLVMBuilderRef eb; /* the entry function's builder */
@@ -80,8 +81,10 @@ void cpu_add_fn_attr(LLVMContextRef ctx, LLVMValueRef fn, const char *name);
 void cpu_add_target_attrs(LLVMContextRef ctx, LLVMValueRef fn);
 
 /* ---- scan_kernel.c ---- */
-/* plan_policy.scan_one_kernel: a small elementwise body */
+/* plan_policy.scan_one_kernel: a small elementwise body over short rows
+ * (_any: whatever the rows, cpu_options.scan_kernels) */
 bool cpu_scan_one_kernel(const ir_func *f, const ir_instr *in);
+bool cpu_scan_one_kernel_any(const ir_func *f, const ir_instr *in);
 /* The one kernel of a scan (g->special) in fn: buf the pointers of the
  * values of g's function it reads (its leaves), the task's range of units
  * [begin, end); ki's units and per_unit set, *bad_op the first op that can

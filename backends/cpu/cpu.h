@@ -27,6 +27,8 @@ typedef struct cpu_options {
                        1 one, 2 two whenever there are two kernels (tests) */
   bool scan_loops;  /* every scan a loop over its body's steps, none one kernel
                        (scan_kernel.c): for comparisons */
+  bool scan_kernels; /* every elementwise scan one kernel, however long its
+                        rows (scan_kernel.c): for comparisons and tests */
 } cpu_options;
 KILN_EXPORT cpu_program *cpu_compile_with(const ir_func *f, const cpu_options *opt);
 /* Runs it: args one per parameter (concrete CPU tensors of the parameter
