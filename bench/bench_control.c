@@ -9,12 +9,21 @@
  *   l2hmc  the L2HMC-like sampler step of bench_l2hmc.c (10 leapfrog steps,
  *          batch 200) with its 10 steps as a kiln_scan: the compile ms
  *          and ms per call against the same body run eagerly.
+ *   cumsum a cumulative sum over T = 1000 rows of 4096 floats as a
+ *          kiln_scan: ms per call of the scan as one kernel (the loop over
+ *          t inside, backends/cpu/scan_kernel.c; cpu_options.scan_kernels),
+ *          of the same IR compiled with cpu_options.scan_loops (a loop
+ *          over the body's kernel), as staged (the backend's choice),
+ *          and of the adds run eagerly; and over 100000 rows of 16 (one
+ *          kernel vs the loop: where a step's overhead shows).
  * Medians of --runs runs (default 7) of --calls calls (default 20). Every
  * figure is also printed as "@ control.KEY VALUE UNIT". */
 #define _POSIX_C_SOURCE 200809L
 #include <kiln.h>
 
 #include "bench_util.h"
+#include "cpu/cpu.h"
+#include "ir.h"
 #include "l2hmc_model.h"
 
 #include <stdio.h>
@@ -200,6 +209,97 @@ static void l2hmc_bench(int runs, int calls) {
   kiln_function_free(f);
 }
 
+/* ---- a cumulative sum: one kernel vs a loop of steps vs eager ---- */
+
+static int cumsum_step(void *user, int n, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  (void)user, (void)n, (void)n_out;
+  out[0] = kiln_add(in[0], in[1]);
+  out[1] = out[0];
+  return out[0] ? 0 : -1;
+}
+
+static int cumsum_scan(void *user, int n, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  (void)n, (void)n_out;
+  return kiln_scan(cumsum_step, user, 1, &in[0], 1, &in[1], -1, false, 1, &out[0], &out[1]);
+}
+
+static int cumsum_eager(void *user, int n, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  (void)user, (void)n, (void)n_out;
+  int64_t T = kiln_tensor_shape(in[1])[0];
+  kiln_tensor **ys = malloc((size_t)T * sizeof *ys), *c = in[0];
+  if (!ys) return -1;
+  for (int64_t t = 0; t < T && c; t++) ys[t] = c = kiln_add(c, kiln_index(in[1], t));
+  out[0] = c;
+  out[1] = c ? kiln_stack((int)T, ys, 0) : NULL;
+  free(ys);
+  return out[1] ? 0 : -1;
+}
+
+/* the median over runs of the mean ms of cpu_run over calls */
+static double program_ms(cpu_program *p, kiln_tensor *const *in, int runs, int calls) {
+  double v[MAX_RUNS];
+  for (int r = -1; r < runs; r++) { /* r = -1: warm-up */
+    double sum = 0;
+    for (int c = 0; c < calls; c++) {
+      kiln_tensor *out[2] = {NULL, NULL};
+      kiln_scope_push();
+      double t0 = now_ns();
+      if (cpu_run(p, in, out)) {
+        fprintf(stderr, "bench_control: %s\n", kiln_last_error());
+        failed = true;
+      }
+      sum += (now_ns() - t0) * 1e-6;
+      kiln_scope_pop();
+    }
+    if (r >= 0) v[r] = sum / calls;
+  }
+  return median(v, runs);
+}
+
+/* T rows of n; eager too when eager */
+static void cumsum_bench(int64_t T, int64_t n, bool eager_too, int runs, int calls) {
+  kiln_scope_push();
+  kiln_tensor *in[2] = {uniform(1, (int64_t[]){n}, 1), uniform(2, (int64_t[]){T, n}, 1)};
+  kiln_function *f = kiln_function_new("cumsum", cumsum_scan, NULL, 2, 2);
+  double staged = per_call_ms(f, cumsum_scan, NULL, 2, in, 2, runs, calls); /* the backend's choice */
+  /* the same IR, its scan one kernel, and a loop over the body's kernel */
+  double ms[2] = {-1, -1};
+  char *text = kiln_function_ir(f, 0, "optimized");
+  ir_module *m = text ? ir_parse(text, "cumsum.kir") : NULL;
+  free(text);
+  for (int loops = 0; loops < 2; loops++) {
+    cpu_options opt = {.scan_loops = loops, .scan_kernels = !loops};
+    cpu_program *p = m ? cpu_compile_with(ir_module_find(m, "cumsum"), &opt) : NULL;
+    if (p) {
+      ms[loops] = program_ms(p, in, runs, calls);
+      cpu_program_free(p);
+    } else {
+      fprintf(stderr, "bench_control: %s\n", kiln_last_error());
+      failed = true;
+    }
+  }
+  if (m) ir_module_free(m);
+  double one = ms[0], loop = ms[1];
+  double eager = eager_too ? per_call_ms(NULL, cumsum_eager, NULL, 2, in, 2, runs, calls < 5 ? calls : 5) : -1;
+  printf("cumsum T=%lld x %lld: one kernel %.3f ms, loop of steps %.3f ms (loop/one %.2fx), staged (the backend's "
+         "choice) %.3f ms", (long long)T, (long long)n, one, loop, loop / one, staged);
+  if (eager_too) printf(", eager %.3f ms (eager/one %.1fx)", eager, eager / one);
+  printf("\n");
+  char key[64];
+  snprintf(key, sizeof key, "control.cumsum.t%lld.n%lld.", (long long)T, (long long)n);
+  size_t k = strlen(key);
+  snprintf(key + k, sizeof key - k, "one_kernel");
+  bench_figure(key, one, "ms");
+  snprintf(key + k, sizeof key - k, "loop");
+  bench_figure(key, loop, "ms");
+  snprintf(key + k, sizeof key - k, "staged");
+  bench_figure(key, staged, "ms");
+  snprintf(key + k, sizeof key - k, "eager");
+  if (eager_too) bench_figure(key, eager, "ms");
+  kiln_function_free(f);
+  kiln_scope_pop();
+}
+
 int main(int argc, char **argv) {
   int runs = 7, calls = 20, unrolled_max = 100;
   const char *only = NULL;
@@ -208,9 +308,9 @@ int main(int argc, char **argv) {
     if (v && !strcmp(a, "--runs")) runs = atoi(v), i++;
     else if (v && !strcmp(a, "--calls")) calls = atoi(v), i++;
     else if (v && !strcmp(a, "--unrolled-max")) unrolled_max = atoi(v), i++;
-    else if (!strcmp(a, "lstm") || !strcmp(a, "l2hmc")) only = a;
+    else if (!strcmp(a, "lstm") || !strcmp(a, "l2hmc") || !strcmp(a, "cumsum")) only = a;
     else {
-      fprintf(stderr, "usage: bench_control [lstm|l2hmc] [--runs N] [--calls N] [--unrolled-max T]\n");
+      fprintf(stderr, "usage: bench_control [lstm|l2hmc|cumsum] [--runs N] [--calls N] [--unrolled-max T]\n");
       return 2;
     }
   }
@@ -220,6 +320,10 @@ int main(int argc, char **argv) {
   kiln_scope_push();
   if (!only || !strcmp(only, "lstm")) lstm_bench(runs, calls, unrolled_max);
   if (!failed && (!only || !strcmp(only, "l2hmc"))) l2hmc_bench(runs, calls);
+  if (!failed && (!only || !strcmp(only, "cumsum"))) {
+    cumsum_bench(1000, 4096, true, runs, calls);
+    cumsum_bench(100000, 16, false, runs, calls); /* short rows: a step's overhead shows */
+  }
   kiln_scope_pop();
   return failed ? 1 : 0;
 }

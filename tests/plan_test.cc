@@ -426,3 +426,356 @@ TEST(Plan, WhileSwapsItsStateThroughATemporary) {
 }
 
 }  // namespace
+
+// ---- loop state stored in place (plan_policy.state_in_place) ----
+
+namespace {
+
+bool any_kernel(const plan_kernel *) { return true; }
+
+plan_policy in_place() {
+  plan_policy p = basic();
+  p.state_in_place = any_kernel;
+  return p;
+}
+
+int count_copies(const plan_step *steps, int n) {
+  int c = 0;
+  for (int i = 0; i < n; i++) {
+    c += steps[i].kind == PLAN_STEP_COPY;
+    for (int b = 0; b < 2; b++) c += count_copies(steps[i].sub[b], steps[i].n_sub[b]);
+  }
+  return c;
+}
+
+const char *ema_scan =
+    "func @body.fused(%0: f32[8], %1: f32[8], %2: f32[8]) -> (f32[8], f32[8]) {\n"
+    "  %3 = mul %0, %1 : f32[8]\n"
+    "  %4 = add %3, %2 : f32[8]\n"
+    "  %5 = exp %4 : f32[8]\n"
+    "  return %4, %5\n"
+    "}\n"
+    "\n"
+    "func @f(%0: f32[8], %1: f32[6,8], %2: f32[8]) -> (f32[8], f32[8], f32[6,8]) {\n"
+    "  %3, %4, %5 = scan %0, %2, %1 {carry=2, xs=1, length=6, reverse=false} : f32[8], f32[8], f32[6,8]\n"
+    "    body func @scan.body(%0: f32[8], %1: f32[8], %2: f32[8]) -> (f32[8], f32[8], f32[8]) {\n"
+    "      %3, %4 = fusion @body.fused(%0, %1, %2) : f32[8], f32[8]\n"
+    "      return %3, %1, %4\n"
+    "    }\n"
+    "  return %3, %4, %5\n"
+    "}\n";
+
+}  // namespace
+
+// c' = c * w + x_t (one kernel reading c at the element it stores): the
+// kernel stores c' over the state's slot, and the body copies nothing; a
+// policy without the hook keeps the copy back.
+TEST(Plan, ElementwiseCarryIsStoredInPlace) {
+  Scoped scope;
+  plan_policy po = in_place();
+  Planned p(ema_scan, "f", po);
+  ASSERT_EQ(p.rc, 0) << kiln_last_error();
+  const plan &pl = p.pl;
+  ASSERT_EQ(pl.n_steps, 3);
+  const plan_step &scan = pl.steps[2];
+  ASSERT_EQ(scan.kind, PLAN_STEP_SCAN);
+  ASSERT_EQ(scan.n_sub[0], 1) << "the kernel alone: no copy per iteration";
+  ASSERT_EQ(scan.sub[0][0].kind, PLAN_STEP_KERNEL);
+  const plan_kernel &g = pl.kernels[scan.sub[0][0].index];
+  int state = pl.steps[0].slots[0];
+  EXPECT_EQ(g.out_slot[0], state) << "c' stored over c";
+  EXPECT_EQ(g.leaf[0], state) << "c read there";
+  EXPECT_EQ(g.out_slot[1], scan.slots[1]) << "y_t still made in its row";
+  EXPECT_EQ(count_copies(pl.steps, pl.n_steps), 2) << "the two copies in, before the loop";
+
+  Planned q(ema_scan, "f", basic());
+  ASSERT_EQ(q.rc, 0) << kiln_last_error();
+  EXPECT_EQ(q.pl.steps[2].n_sub[0], 2) << "without the hook: the kernel, then the copy back";
+}
+
+// The state stays where the body still reads it: read by a later step, or
+// read across elements by the kernel that updates it (a transpose), or a
+// state that another carry returns (a swap): those copy back, as before.
+TEST(Plan, CarryReadElsewhereIsCopiedBack) {
+  Scoped scope;
+  plan_policy po = in_place();
+  {
+    Planned p(
+        "func @f(%0: f32[8], %1: f32[6,8]) -> (f32[8], f32[6,8]) {\n"
+        "  %2, %3 = scan %0, %1 {carry=1, xs=1, length=6, reverse=false} : f32[8], f32[6,8]\n"
+        "    body func @scan.body(%0: f32[8], %1: f32[8]) -> (f32[8], f32[8]) {\n"
+        "      %2 = add %0, %1 : f32[8]\n"
+        "      %3 = mul %0, %2 : f32[8]\n"
+        "      return %2, %3\n"
+        "    }\n"
+        "  return %2, %3\n"
+        "}\n",
+        "f", po);
+    ASSERT_EQ(p.rc, 0) << kiln_last_error();
+    const plan_step &scan = p.pl.steps[1];
+    ASSERT_EQ(scan.n_sub[0], 3) << "add, mul (reading the old c), the copy back";
+    EXPECT_EQ(scan.sub[0][2].kind, PLAN_STEP_COPY);
+    EXPECT_EQ(scan.sub[0][2].slots[0], p.pl.steps[0].slots[0]);
+  }
+  {
+    Planned p(
+        "func @t.fused(%0: f32[4,4]) -> f32[4,4] {\n"
+        "  %1 = transpose %0 {perm=[1,0]} : f32[4,4]\n"
+        "  %2 = add %0, %1 : f32[4,4]\n"
+        "  return %2\n"
+        "}\n"
+        "\n"
+        "func @f(%0: f32[4,4]) -> f32[4,4] {\n"
+        "  %1 = while %0 {state=1, max_iterations=3} : f32[4,4]\n"
+        "    cond func @while.cond(%0: f32[4,4]) -> bool[] {\n"
+        "      %1 = constant dense<true> : bool[]\n"
+        "      return %1\n"
+        "    }\n"
+        "    body func @while.body(%0: f32[4,4]) -> f32[4,4] {\n"
+        "      %1 = fusion @t.fused(%0) : f32[4,4]\n"
+        "      return %1\n"
+        "    }\n"
+        "  return %1\n"
+        "}\n",
+        "f", po);
+    ASSERT_EQ(p.rc, 0) << kiln_last_error();
+    const plan_step &w = p.pl.steps[1];
+    ASSERT_EQ(w.kind, PLAN_STEP_WHILE);
+    ASSERT_EQ(w.n_sub[1], 2) << "the kernel reads c across its elements: copied back";
+    EXPECT_EQ(w.sub[1][1].kind, PLAN_STEP_COPY);
+    EXPECT_NE(p.pl.kernels[w.sub[1][0].index].out_slot[0], p.pl.steps[0].slots[0]);
+  }
+  {
+    // (a, b) -> (b, a + b): a + b may not go over b (the new a is b's old
+    // value, copied after the body)
+    Planned p(
+        "func @f(%0: f32[4], %1: f32[4]) -> (f32[4], f32[4]) {\n"
+        "  %2, %3 = while %0, %1 {state=2, max_iterations=3} : f32[4], f32[4]\n"
+        "    cond func @while.cond(%0: f32[4], %1: f32[4]) -> bool[] {\n"
+        "      %2 = constant dense<true> : bool[]\n"
+        "      return %2\n"
+        "    }\n"
+        "    body func @while.body(%0: f32[4], %1: f32[4]) -> (f32[4], f32[4]) {\n"
+        "      %2 = add %0, %1 : f32[4]\n"
+        "      return %1, %2\n"
+        "    }\n"
+        "  return %2, %3\n"
+        "}\n",
+        "f", po);
+    ASSERT_EQ(p.rc, 0) << kiln_last_error();
+    const plan_step &w = p.pl.steps[2];
+    int a = p.pl.steps[0].slots[0], b = p.pl.steps[1].slots[0];
+    ASSERT_GE(w.n_sub[1], 1);
+    EXPECT_NE(p.pl.kernels[w.sub[1][0].index].out_slot[0], a);
+    EXPECT_NE(p.pl.kernels[w.sub[1][0].index].out_slot[0], b);
+    EXPECT_EQ(count_copies(w.sub[1], w.n_sub[1]), 3) << "b through a temporary into a, a + b into b";
+  }
+}
+
+// ---- a scan of an elementwise body as one kernel (plan_policy.scan_one_kernel) ----
+
+namespace {
+
+bool elementwise_scan(const ir_func *f, const ir_instr *in) { return plan_scan_elementwise(f, in, 16); }
+
+plan_policy one_kernel() {
+  plan_policy p = in_place();
+  p.scan_one_kernel = elementwise_scan;
+  return p;
+}
+
+// a scan of carries (c, d), xs x and a capture a: body given
+std::string scan_of(const char *body) {
+  return std::string(
+             "func @f(%0: f32[8], %1: f32[8], %2: f32[5,8], %3: f32[]) -> (f32[8], f32[8], f32[5,8]) {\n"
+             "  %4, %5, %6 = scan %0, %1, %2, %3 {carry=2, xs=1, length=5, reverse=true} : f32[8], f32[8], f32[5,8]\n"
+             "    body func @scan.body(%0: f32[8], %1: f32[8], %2: f32[8], %3: f32[])"
+             " -> (f32[8], f32[8], f32[8]) {\n") +
+         body +
+         "    }\n"
+         "  return %4, %5, %6\n"
+         "}\n";
+}
+
+}  // namespace
+
+// c' = c * a + x_t, d' = c (a swap), y_t = c': one kernel of the backend's
+// own (the scan itself), its operands the leaves and its results the outputs
+TEST(Plan, ElementwiseScanIsOneKernel) {
+  Scoped scope;
+  plan_policy po = one_kernel();
+  Planned p(scan_of("      %4 = mul %0, %3 : f32[8]\n"
+                    "      %5 = add %4, %2 : f32[8]\n"
+                    "      return %5, %0, %5\n")
+                .c_str(),
+            "f", po);
+  ASSERT_EQ(p.rc, 0) << kiln_last_error();
+  const plan &pl = p.pl;
+  ASSERT_EQ(pl.n_steps, 1) << "no copies in, no loop of steps";
+  ASSERT_EQ(pl.steps[0].kind, PLAN_STEP_KERNEL);
+  const plan_kernel &g = pl.kernels[pl.steps[0].index];
+  ASSERT_NE(g.special, nullptr);
+  EXPECT_EQ(g.special->op, OP_SCAN);
+  ASSERT_EQ(g.n_out, 3);
+  for (int k = 0; k < 3; k++) {
+    EXPECT_EQ(p.slot_of(g.out_slot[k]).kind, PLAN_SLOT_RESULT);
+    EXPECT_EQ(p.slot_of(g.out_slot[k]).index, k);
+  }
+  for (int k = 0; k < 4; k++) EXPECT_EQ(p.slot_of(g.leaf[k]).kind, PLAN_SLOT_PARAM) << "operand " << k;
+  EXPECT_EQ(pl.n_consts, 0);
+
+  Planned q(scan_of("      %4 = mul %0, %3 : f32[8]\n"
+                    "      %5 = add %4, %2 : f32[8]\n"
+                    "      return %5, %0, %5\n")
+                .c_str(),
+            "f", in_place());
+  ASSERT_EQ(q.rc, 0) << kiln_last_error();
+  EXPECT_EQ(q.pl.steps[q.pl.n_steps - 1].kind, PLAN_STEP_SCAN) << "without the hook: a loop of steps";
+}
+
+// Not elementwise along the rows: a carry read across its elements (a
+// reduction, a transpose-like broadcast of a varying value), or a body
+// longer than the policy's limit: a SCAN step as before.
+TEST(Plan, ScanReadingAcrossElementsIsALoop) {
+  Scoped scope;
+  plan_policy po = one_kernel();
+  const char *bodies[] = {
+      "      %4 = reduce_sum %0 {axes=[0], keepdims=false} : f32[]\n"
+      "      %5 = add %2, %4 : f32[8]\n"
+      "      return %5, %1, %5\n",
+      "      %4 = add %0, %2 : f32[8]\n"
+      "      %5 = exp %4 : f32[8]\n"
+      "      %6 = exp %5 : f32[8]\n"
+      "      %7 = exp %6 : f32[8]\n"
+      "      %8 = exp %7 : f32[8]\n"
+      "      %9 = exp %8 : f32[8]\n"
+      "      %10 = exp %9 : f32[8]\n"
+      "      %11 = exp %10 : f32[8]\n"
+      "      %12 = exp %11 : f32[8]\n"
+      "      %13 = exp %12 : f32[8]\n"
+      "      %14 = exp %13 : f32[8]\n"
+      "      %15 = exp %14 : f32[8]\n"
+      "      %16 = exp %15 : f32[8]\n"
+      "      %17 = exp %16 : f32[8]\n"
+      "      %18 = exp %17 : f32[8]\n"
+      "      %19 = exp %18 : f32[8]\n"
+      "      %20 = exp %19 : f32[8]\n"
+      "      return %20, %1, %4\n",
+  };
+  for (const char *b : bodies) {
+    Planned p(scan_of(b).c_str(), "f", po);
+    ASSERT_EQ(p.rc, 0) << kiln_last_error();
+    EXPECT_EQ(p.pl.steps[p.pl.n_steps - 1].kind, PLAN_STEP_SCAN) << b;
+  }
+}
+
+// ---- double buffering (plan_policy.swap_state) ----
+
+namespace {
+
+bool yes() { return true; }
+
+plan_policy swapping() {
+  plan_policy p = in_place();
+  p.swap_state = yes;
+  return p;
+}
+
+// the moves of a loop step as (to, from) pairs
+std::vector<std::pair<int, int>> moves_of(const plan_step &st) {
+  std::vector<std::pair<int, int>> v;
+  for (int i = 0; i < st.n_move; i++) v.push_back({st.move[2 * i], st.move[2 * i + 1]});
+  return v;
+}
+
+}  // namespace
+
+// (a, b, n) -> (b, a + b, n + 1): n + 1 made in place, a takes b's place,
+// b the place of a + b, and a + b's temporary the place a no longer holds:
+// the body copies nothing (a plain swap (a, b) -> (b, a) neither)
+TEST(Plan, SwappedStateMovesInsteadOfCopying) {
+  Scoped scope;
+  plan_policy po = swapping();
+  Planned p(
+      "func @f(%0: f32[4], %1: f32[4], %2: i64[]) -> (f32[4], f32[4], i64[]) {\n"
+      "  %3, %4, %5 = while %0, %1, %2 {state=3, max_iterations=9} : f32[4], f32[4], i64[]\n"
+      "    cond func @while.cond(%0: f32[4], %1: f32[4], %2: i64[]) -> bool[] {\n"
+      "      %3 = lt %2, %2 : bool[]\n"
+      "      return %3\n"
+      "    }\n"
+      "    body func @while.body(%0: f32[4], %1: f32[4], %2: i64[]) -> (f32[4], f32[4], i64[]) {\n"
+      "      %3 = add %0, %1 : f32[4]\n"
+      "      %4 = add %2, %2 : i64[]\n"
+      "      return %1, %3, %4\n"
+      "    }\n"
+      "  return %3, %4, %5\n"
+      "}\n",
+      "f", po);
+  ASSERT_EQ(p.rc, 0) << kiln_last_error();
+  const plan &pl = p.pl;
+  ASSERT_EQ(pl.n_steps, 4);
+  const plan_step &w = pl.steps[3];
+  ASSERT_EQ(w.kind, PLAN_STEP_WHILE);
+  int a = pl.steps[0].slots[0], b = pl.steps[1].slots[0], n = pl.steps[2].slots[0];
+  EXPECT_EQ(count_copies(w.sub[1], w.n_sub[1]), 0) << "no copy per iteration";
+  ASSERT_EQ(w.n_sub[1], 2);
+  int sum = pl.kernels[w.sub[1][0].index].out_slot[0];
+  EXPECT_EQ(pl.kernels[w.sub[1][1].index].out_slot[0], n) << "n + 1 in place";
+  ASSERT_EQ(w.n_state, 3);
+  EXPECT_EQ(w.state[0], a);
+  EXPECT_EQ(w.state[1], b);
+  EXPECT_EQ(w.state_bytes[2], 8);
+  EXPECT_EQ(moves_of(w), (std::vector<std::pair<int, int>>{{a, b}, {b, sum}, {sum, a}}));
+
+  Planned q(
+      "func @f(%0: f32[4], %1: f32[4]) -> (f32[4], f32[4]) {\n"
+      "  %2, %3 = while %0, %1 {state=2, max_iterations=3} : f32[4], f32[4]\n"
+      "    cond func @while.cond(%0: f32[4], %1: f32[4]) -> bool[] {\n"
+      "      %2 = constant dense<true> : bool[]\n"
+      "      return %2\n"
+      "    }\n"
+      "    body func @while.body(%0: f32[4], %1: f32[4]) -> (f32[4], f32[4]) {\n"
+      "      return %1, %0\n"
+      "    }\n"
+      "  return %2, %3\n"
+      "}\n",
+      "f", po);
+  ASSERT_EQ(q.rc, 0) << kiln_last_error();
+  const plan_step &s = q.pl.steps[2];
+  int qa = q.pl.steps[0].slots[0], qb = q.pl.steps[1].slots[0];
+  EXPECT_EQ(s.n_sub[1], 0) << "a swap is two moves";
+  EXPECT_EQ(moves_of(s), (std::vector<std::pair<int, int>>{{qa, qb}, {qb, qa}}));
+}
+
+// A carry that is also a ys (an LSTM's h): the state takes the place of the
+// row just written (no copy); a carry that is a capture, or that two
+// carries return, is copied into a temporary of its own, which then moves
+TEST(Plan, CarryAlsoAYsTakesItsRow) {
+  Scoped scope;
+  plan_policy po = swapping();
+  Planned p(
+      "func @f(%0: f32[16], %1: f32[16], %2: f32[6,16], %3: f32[16]) -> (f32[16], f32[16], f32[6,16]) {\n"
+      "  %4, %5, %6 = scan %0, %1, %2, %3 {carry=2, xs=1, length=6, reverse=false} : f32[16], f32[16], f32[6,16]\n"
+      "    body func @scan.body(%0: f32[16], %1: f32[16], %2: f32[16], %3: f32[16]) -> (f32[16], f32[16], f32[16]) {\n"
+      "      %4 = mul %0, %2 : f32[16]\n"
+      "      %5 = mul %4, %1 : f32[16]\n"
+      "      return %5, %3, %5\n"
+      "    }\n"
+      "  return %4, %5, %6\n"
+      "}\n",
+      "f", po);
+  ASSERT_EQ(p.rc, 0) << kiln_last_error();
+  const plan &pl = p.pl;
+  const plan_step &sc = pl.steps[pl.n_steps - 1];
+  ASSERT_EQ(sc.kind, PLAN_STEP_SCAN);
+  int h = pl.steps[0].slots[0], w = pl.steps[1].slots[0], row = sc.slots[1];
+  ASSERT_EQ(sc.n_sub[0], 3) << "two kernels, and the capture copied into a temporary";
+  EXPECT_EQ(pl.kernels[sc.sub[0][1].index].out_slot[0], row) << "h' made in its row of ys";
+  const plan_step &c = sc.sub[0][2];
+  ASSERT_EQ(c.kind, PLAN_STEP_COPY);
+  EXPECT_EQ(pl.slots[c.slots[1]].kind, PLAN_SLOT_PARAM) << "the capture";
+  EXPECT_EQ(pl.slots[c.slots[1]].index, 3);
+  // the temporary takes w's old place, never h's (a row from the second
+  // iteration on)
+  EXPECT_EQ(moves_of(sc), (std::vector<std::pair<int, int>>{{h, row}, {w, c.slots[0]}, {c.slots[0], w}}));
+}

@@ -48,9 +48,9 @@ static char *cache_meta(const cpu_build *cb, const cpu_options *opt, LLVMOrcLLJI
   if (!m) return NULL;
   int k = snprintf(m, n,
                    "kiln cpu program 1\nllvm %u.%u.%u\ntriple %s\nlayout %s\ncpu %s\nfeatures %s\n%s\n"
-                   "contract %d\nparts %d\narena %lld\nconsts",
+                   "contract %d\nparts %d\nscan loops %d %d\narena %lld\nconsts",
                    maj, min, pat, LLVMOrcLLJITGetTripleString(jit), LLVMOrcLLJITGetDataLayoutStr(jit), cpu_host_cpu(),
-                   cpu_host_features(), cpu_cache_build_id(), !opt->no_contract, opt->parts,
+                   cpu_host_features(), cpu_cache_build_id(), !opt->no_contract, opt->parts, opt->scan_loops, opt->scan_kernels,
                    (long long)(f->buf_offset ? f->arena_bytes : -1));
   for (int i = 0; i < cb->pl.n_consts && k > 0 && (size_t)k < n; i++)
     k += snprintf(m + k, n - (size_t)k, " %u", cpu_const_align(cb->pl.consts[i]));
@@ -157,7 +157,7 @@ cpu_program *cpu_compile_with(const ir_func *f, const cpu_options *opt) {
     kiln_set_error("cpu: out of memory");
     return NULL;
   }
-  cpu_build cb = {.f = f, .p = p};
+  cpu_build cb = {.f = f, .p = p, .scan_loops = opt->scan_loops, .scan_kernels = opt->scan_kernels};
   char *meta = NULL, dir[4096];
   uint8_t key[16];
   p->name = malloc(strlen(f->name) + 1);

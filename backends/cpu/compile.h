@@ -44,6 +44,8 @@ typedef struct {
   bool x86;         /* the host is x86-64: streaming stores */
   int64_t max_work; /* elements of the biggest kernel */
   bool pool_busy;   /* a matmul threads: the pool is awake anyway */
+  bool scan_loops;  /* cpu_options.scan_loops */
+  bool scan_kernels; /* cpu_options.scan_kernels */
   /* emission */
   llvm_emit e;
   LLVMBuilderRef eb; /* the entry function's builder */
@@ -92,6 +94,18 @@ bool cpu_cheap_kernel(const plan_kernel *g);
 void cpu_add_fn_attr(LLVMContextRef ctx, LLVMValueRef fn, const char *name);
 /* the host CPU and features (and a preferred vector width) on fn */
 void cpu_add_target_attrs(LLVMContextRef ctx, LLVMValueRef fn);
+
+/* ---- scan_kernel.c ---- */
+/* plan_policy.scan_one_kernel: a small elementwise body over short rows
+ * (_any: whatever the rows, cpu_options.scan_kernels) */
+bool cpu_scan_one_kernel(const ir_func *f, const ir_instr *in);
+bool cpu_scan_one_kernel_any(const ir_func *f, const ir_instr *in);
+/* The one kernel of a scan (g->special) in fn: buf the pointers of the
+ * values of g's function it reads (its leaves), the task's range of units
+ * [begin, end); ki's units and per_unit set, *bad_op the first op that can
+ * fail. 0, or -1 with the error set. */
+int cpu_emit_scan_kernel(cpu_build *cb, const plan_kernel *g, LLVMValueRef fn, LLVMValueRef *buf, LLVMValueRef begin,
+                         LLVMValueRef end, LLVMValueRef bad_slot, kinfo *ki, op_id *bad_op);
 
 /* ---- program.c ---- */
 /* Emits the entry function entry_name, which runs the plan's steps, and

@@ -25,6 +25,10 @@ typedef struct cpu_options {
   int parts;        /* the LLVM modules to compile on as many threads: 0 is the
                        backend's choice (two for big programs, with 2+ threads),
                        1 one, 2 two whenever there are two kernels (tests) */
+  bool scan_loops;  /* every scan a loop over its body's steps, none one kernel
+                       (scan_kernel.c): for comparisons */
+  bool scan_kernels; /* every elementwise scan one kernel, however long its
+                        rows (scan_kernel.c): for comparisons and tests */
 } cpu_options;
 KILN_EXPORT cpu_program *cpu_compile_with(const ir_func *f, const cpu_options *opt);
 /* Runs it: args one per parameter (concrete CPU tensors of the parameter

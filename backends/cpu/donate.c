@@ -15,35 +15,6 @@ static bool same_shape(const op_type *a, const op_type *b) {
 
 static bool same_type(const op_type *a, const op_type *b) { return a->dtype == b->dtype && same_shape(a, b); }
 
-/* For each value u of g's function, whether g evaluates u only at the
- * index of the element it stores: u is an output, or every member reading
- * it is elementwise over u's shape and such a value itself (at, per value).
- * One pass over the instructions from the last: a value's readers come
- * after it, so theirs are known by then (no recursion along a chain, no
- * walk per value). */
-static void at_store_index(const plan_kernel *g, bool *at) {
-  const ir_func *f = g->f;
-  bool *used = calloc((size_t)f->n_values + 1, sizeof *used);
-  for (int v = 0; v < f->n_values; v++) at[v] = used ? true : false; /* out of memory: nothing is */
-  if (!used) return;
-  for (int k = 0; k < g->n_out; k++) used[g->out[k]] = true;
-  for (int i = f->n_instrs - 1; i >= 0; i--) {
-    const ir_instr *in = &f->instrs[i];
-    if (!g->member[i]) continue;
-    op_kind kind = kiln_ops[in->op].kind;
-    bool elementwise =
-        kind == OPK_UNARY || kind == OPK_BINARY || kind == OPK_COMPARE || kind == OPK_SELECT || kind == OPK_CONVERT;
-    bool ok = elementwise && in->n_out == 1 && used[in->out] && at[in->out];
-    for (int k = 0; k < in->n_in; k++) {
-      ir_value u = in->in[k];
-      used[u] = true;
-      at[u] = at[u] && ok && same_shape(&f->types[in->out], &f->types[u]);
-    }
-  }
-  for (int v = 0; v < f->n_values; v++) at[v] = at[v] && used[v];
-  free(used);
-}
-
 /* whether a step reads slot s, or can fail (a control step: assumed) */
 static bool step_reads(const plan *pl, const plan_step *st, int s) {
   if (st->kind >= PLAN_STEP_COND) return true;
@@ -116,7 +87,7 @@ int cpu_plan_donors(cpu_build *cb) {
           rc = cpu_oom();
           break;
         }
-        at_store_index(g, at);
+        plan_at_store_index(g, at);
         for (int v = 0; v < g->f->n_values && ok; v++)
           if (g->leaf[v] == pslot[q]) ok = same_type(&g->f->types[v], &f->types[q]) && at[v];
         free(at);

@@ -430,13 +430,20 @@ static bool reads_across_rows(const plan_kernel *g) {
   return false;
 }
 
-/* Stores each of g's outputs at idx (linear index at). */
+/* Stores each of g's outputs at idx (linear index at): every output's
+ * value first, then the stores, so an output stored over a loop's state
+ * (plan_policy.state_in_place) follows every load of that element. */
 static int emit_outputs(const plan_kernel *g, llvm_group *lg, LLVMValueRef fn, llvm_index *idx, LLVMValueRef at) {
-  for (int k = 0; k < g->n_out; k++) {
-    LLVMValueRef v = llvm_emit_value(lg, g->out[k], idx);
-    if (!v) return -1;
-    llvm_emit_store(lg->e, g->f->types[g->out[k]].dtype, LLVMGetParam(fn, (unsigned)k), at, v);
-  }
+  LLVMValueRef *v = malloc(((size_t)g->n_out + 1) * sizeof *v);
+  if (!v) return cpu_oom();
+  for (int k = 0; k < g->n_out; k++)
+    if (!(v[k] = llvm_emit_value(lg, g->out[k], idx))) {
+      free(v);
+      return -1;
+    }
+  for (int k = 0; k < g->n_out; k++)
+    llvm_emit_store(lg->e, g->f->types[g->out[k]].dtype, LLVMGetParam(fn, (unsigned)k), at, v[k]);
+  free(v);
   return 0;
 }
 
@@ -508,7 +515,11 @@ int cpu_emit_kernel(cpu_build *cb, const plan_kernel *g, int id, kinfo *ki) {
         kept_last && it->shape[it->rank - 1] >= 8 && plan_type_size(ot) > 0 && plan_type_size(it) > plan_type_size(ot);
   }
   const ir_instr *tt = tile_transpose(g);
-  if (tt) {
+  if (g->special) { /* the CPU's only kernel of its own: a scan (scan_kernel.c) */
+    op_id bad_op = OP_COUNT;
+    rc = cpu_emit_scan_kernel(cb, g, fn, buf, begin, end, bad_slot, ki, &bad_op);
+    lg.bad_op = bad_op;
+  } else if (tt) {
     emit_transpose_tiles(cb, g, tt, buf[tt->in[0]], LLVMGetParam(fn, 0), begin, end, ki);
   } else if (column) {
     rc = emit_reduce_columns(cb, g, &lg, fn, begin, end, bad_slot, ki);

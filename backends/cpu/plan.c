@@ -96,6 +96,18 @@ static plan_as place(const ir_func *f, const ir_instr *in) {
   return PLAN_AS_UNSUPPORTED;
 }
 
+/* Any kernel: each stores its outputs after loading all it reads of that
+ * element (kernel.c's emit_outputs; a reduction's and a transpose's reads
+ * are never at the stored element, so the planner keeps their states) */
+static bool state_in_place(const plan_kernel *k) {
+  (void)k;
+  return true;
+}
+
+/* the entry moves a loop's state between buffers (control.c: the slots'
+ * pointers phis of the loop's head) */
+static bool swap_state(void) { return true; }
+
 static const plan_policy cpu_policy = {
     .who = "cpu",
     .unsupported = "is not supported by the CPU backend",
@@ -104,6 +116,36 @@ static const plan_policy cpu_policy = {
     .dot_before_kernel = dot_before_kernel,
     .dot_epilogue = dot_epilogue,
     .dot_transposes = trans_plan,
+    .state_in_place = state_in_place,
+    .swap_state = swap_state,
+    .scan_one_kernel = cpu_scan_one_kernel,
+};
+
+/* cpu_options.scan_kernels: the same, but every elementwise scan one kernel */
+static const plan_policy cpu_policy_kernels = {
+    .who = "cpu",
+    .unsupported = "is not supported by the CPU backend",
+    .place = place,
+    .fusion_one_kernel = fusion_ok,
+    .dot_before_kernel = dot_before_kernel,
+    .dot_epilogue = dot_epilogue,
+    .dot_transposes = trans_plan,
+    .state_in_place = state_in_place,
+    .swap_state = swap_state,
+    .scan_one_kernel = cpu_scan_one_kernel_any,
+};
+
+/* cpu_options.scan_loops: the same, but every scan a loop of steps */
+static const plan_policy cpu_policy_loops = {
+    .who = "cpu",
+    .unsupported = "is not supported by the CPU backend",
+    .place = place,
+    .fusion_one_kernel = fusion_ok,
+    .dot_before_kernel = dot_before_kernel,
+    .dot_epilogue = dot_epilogue,
+    .dot_transposes = trans_plan,
+    .state_in_place = state_in_place,
+    .swap_state = swap_state,
 };
 
 /* the runtime helper of call c */
@@ -156,7 +198,8 @@ static int max_bufs(const plan *pl, const plan_step *steps, int n) {
 int cpu_plan(cpu_build *cb) {
   cpu_program *p = cb->p;
   plan *pl = &cb->pl;
-  if (plan_build(pl, cb->f, &cpu_policy)) return -1;
+  const plan_policy *po = cb->scan_loops ? &cpu_policy_loops : cb->scan_kernels ? &cpu_policy_kernels : &cpu_policy;
+  if (plan_build(pl, cb->f, po)) return -1;
   p->arena_bytes = pl->arena_bytes;
   cb->max_bufs = max_bufs(pl, pl->steps, pl->n_steps);
   p->results = calloc((size_t)cb->f->n_results + 1, sizeof *p->results);

@@ -317,6 +317,10 @@ static void memo_add(llvm_group *g, ir_value v, const llvm_index *idx, LLVMValue
   m->first[v] = m->n++;
 }
 
+void llvm_group_set(llvm_group *g, ir_value v, const llvm_index *idx, LLVMValueRef val) {
+  if (g->memo) memo_add(g, v, idx, val);
+}
+
 /* ---- loads and stores ---- */
 
 LLVMValueRef llvm_emit_load(llvm_emit *e, kiln_dtype dt, LLVMValueRef p, LLVMValueRef i) {

@@ -83,6 +83,10 @@ void llvm_group_dispose(llvm_group *g);
  * block that the earlier values may not dominate. */
 void llvm_group_forget(llvm_group *g);
 
+/* Gives v's value at idx (val, computed by the caller: a loop's carry in a
+ * register, a fusion's result), as if emitted, until llvm_group_forget. */
+void llvm_group_set(llvm_group *g, ir_value v, const llvm_index *idx, LLVMValueRef val);
+
 /* The value v (of f) at idx, emitted at the builder's position, in
  * llvm_value_type of v's dtype. Each value of the group is emitted once per
  * index (memoized until llvm_group_forget), so the work is linear in the

@@ -3,9 +3,13 @@
  * state lives in the instruction's result slots (the buffers pass never
  * lets them share bytes with an operand: they are live together), copied
  * in once before the loop; the body reads it in place and its last steps
- * copy its new values back. A cond's branches, and a scan body's ys, write
- * their results straight into the result slots (a row of the stacked ys
- * per iteration), or copy them there when another slot holds them. */
+ * copy its new values back, but for those a kernel stores straight over
+ * the state (carry.c); where the backend moves the state between buffers
+ * (plan_policy.swap_state), none: the loop step lists the moves. A cond's
+ * branches, and a scan body's ys, write their results straight into the
+ * result slots (a row of the stacked ys per iteration), or copy them
+ * there when another slot holds them. A scan of an elementwise body may
+ * be one kernel instead (scan_kernel.c). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,7 +48,7 @@ static int plan_region(plan *pl, const ir_func *r, const int *ps, const int *des
 
 /* a copy step of t's bytes from slot src into slot dst, appended to
  * *steps (n of them) */
-static int copy_into(plan *pl, plan_step **steps, int *n, int dst, int src, const op_type *t) {
+int plan_copy_into(plan *pl, plan_step **steps, int *n, int dst, int src, const op_type *t) {
   int *sl = malloc(2 * sizeof *sl);
   if (!sl) return plan_oom(pl);
   sl[0] = dst, sl[1] = src;
@@ -69,11 +73,11 @@ static int copy_back(plan *pl, plan_step **steps, int *n, const int *st, int *rs
     for (int j = 0; j < ns && !is_state; j++) is_state = rs[k] == st[j];
     if (!is_state || rs[k] == st[k]) continue;
     int tmp = plan_arena_slot(pl, &ty[k]);
-    if (tmp < 0 || copy_into(pl, steps, n, tmp, rs[k], &ty[k])) return -1;
+    if (tmp < 0 || plan_copy_into(pl, steps, n, tmp, rs[k], &ty[k])) return -1;
     rs[k] = tmp;
   }
   for (int k = 0; k < ns; k++)
-    if (rs[k] != st[k] && copy_into(pl, steps, n, st[k], rs[k], &ty[k])) return -1;
+    if (rs[k] != st[k] && plan_copy_into(pl, steps, n, st[k], rs[k], &ty[k])) return -1;
   return 0;
 }
 
@@ -83,7 +87,8 @@ static int result_slots(plan *pl, const ir_func *f, const ir_instr *in, int *vs,
   for (int k = 0; k < in->n_out; k++)
     if ((vs[in->out + k] = plan_value_slot(pl, f, in->out + k, top)) < 0) return -1;
   for (int k = 0; k < ns; k++)
-    if (copy_into(pl, &pl->steps, &pl->n_steps, vs[in->out + k], vs[in->in[k]], &f->types[in->out + k])) return -1;
+    if (plan_copy_into(pl, &pl->steps, &pl->n_steps, vs[in->out + k], vs[in->in[k]], &f->types[in->out + k]))
+      return -1;
   return 0;
 }
 
@@ -100,6 +105,7 @@ static int *param_slots(plan *pl, const ir_instr *in, const int *vs, int ns) {
 static void drop_step(plan_step *st) {
   for (int b = 0; b < 2; b++) plan_free_steps(st->sub[b], st->n_sub[b]);
   free(st->slots);
+  free(st->state), free(st->move), free(st->state_bytes), free(st->scratch);
 }
 
 /* cond(pred, x...): each branch over the x's slots, its results made in
@@ -121,7 +127,8 @@ static int plan_cond(plan *pl, const ir_func *f, const ir_instr *in, int *vs, bo
     int *rs = NULL;
     rc = plan_region(pl, r[b], ps, out, depth, &st.sub[b], &st.n_sub[b], &rs);
     for (int k = 0; !rc && k < in->n_out; k++)
-      if (rs[k] != out[k]) rc = copy_into(pl, &st.sub[b], &st.n_sub[b], out[k], rs[k], &f->types[in->out + k]);
+      if (rs[k] != out[k])
+        rc = plan_copy_into(pl, &st.sub[b], &st.n_sub[b], out[k], rs[k], &f->types[in->out + k]);
     free(rs);
   }
   free(out), free(ps);
@@ -147,8 +154,13 @@ static int plan_while(plan *pl, const ir_func *f, const ir_instr *in, int *vs, b
   if (!rc) st.slots[0] = rs[0];
   free(rs);
   rs = NULL;
+  int first_slot = pl->n_slots;
   if (!rc) rc = plan_region(pl, r[1], ps, NULL, depth, &st.sub[1], &st.n_sub[1], &rs);
-  if (!rc) rc = copy_back(pl, &st.sub[1], &st.n_sub[1], ps, rs, ns, &f->types[in->out]);
+  if (!rc) plan_carries_in_place(pl, st.sub[1], st.n_sub[1], ps, rs, ns, &f->types[in->out], first_slot);
+  if (!rc && pl->policy->swap_state && pl->policy->swap_state())
+    rc = plan_swap_state(pl, &st, 1, ps, rs, ns, &f->types[in->out], first_slot, NULL, 0);
+  else if (!rc)
+    rc = copy_back(pl, &st.sub[1], &st.n_sub[1], ps, rs, ns, &f->types[in->out]);
   free(rs), free(ps);
   if (rc) {
     drop_step(&st);
@@ -167,6 +179,7 @@ static int row_slot(plan *pl, int base, const op_type *t) {
  * (or copied into) row t of the stacked results */
 static int plan_scan(plan *pl, const ir_func *f, const ir_instr *in, int *vs, bool top, int depth) {
   int nc = in->attrs.n_state, nx = in->attrs.n_xs, ny = in->n_out - nc;
+  if (pl->policy->scan_one_kernel && pl->policy->scan_one_kernel(f, in)) return plan_scan_kernel(pl, f, in, vs, top);
   if (result_slots(pl, f, in, vs, top, nc)) return -1;
   const ir_func *body = in->attrs.callee;
   plan_step st = {.kind = PLAN_STEP_SCAN, .n_slots = nx + ny, .trip = in->attrs.trip, .reverse = in->attrs.reverse};
@@ -180,14 +193,20 @@ static int plan_scan(plan *pl, const ir_func *f, const ir_instr *in, int *vs, bo
     if (k >= nc && (rc = dest[k] = st.slots[nx + k - nc] = row_slot(pl, vs[in->out + k], &body->types[body->results[k]])) >= 0)
       rc = 0;
   }
+  int first_slot = pl->n_slots;
   if (!rc) rc = plan_region(pl, body, ps, dest, depth, &st.sub[0], &st.n_sub[0], &rs);
   for (int k = nc; !rc && k < in->n_out; k++)
-    if (rs[k] != dest[k]) rc = copy_into(pl, &st.sub[0], &st.n_sub[0], dest[k], rs[k], &body->types[body->results[k]]);
+    if (rs[k] != dest[k])
+      rc = plan_copy_into(pl, &st.sub[0], &st.n_sub[0], dest[k], rs[k], &body->types[body->results[k]]);
   if (!rc) {
     op_type *ty = malloc(((size_t)nc + 1) * sizeof *ty);
     rc = !ty ? plan_oom(pl) : 0;
     for (int k = 0; !rc && k < nc; k++) ty[k] = body->types[body->results[k]];
-    if (!rc) rc = copy_back(pl, &st.sub[0], &st.n_sub[0], ps, rs, nc, ty);
+    if (!rc) plan_carries_in_place(pl, st.sub[0], st.n_sub[0], ps, rs, nc, ty, first_slot);
+    if (!rc && pl->policy->swap_state && pl->policy->swap_state())
+      rc = plan_swap_state(pl, &st, 0, ps, rs, nc, ty, first_slot, st.slots + nx, ny);
+    else if (!rc)
+      rc = copy_back(pl, &st.sub[0], &st.n_sub[0], ps, rs, nc, ty);
     free(ty);
   }
   free(rs), free(ps), free(dest);

@@ -80,6 +80,7 @@ int plan_add_step(plan *pl, plan_step st) {
   plan_step *q = realloc(pl->steps, (size_t)(pl->n_steps + 1) * sizeof *q);
   if (!q) {
     free(st.slots);
+    free(st.state), free(st.move), free(st.state_bytes), free(st.scratch);
     return plan_oom(pl);
   }
   pl->steps = q;
@@ -87,7 +88,7 @@ int plan_add_step(plan *pl, plan_step st) {
   return 0;
 }
 
-static int note_const(plan *pl, const kiln_tensor *t) {
+int plan_note_const(plan *pl, const kiln_tensor *t) {
   if (pl->n_consts == pl->cap_consts) {
     int cap = pl->cap_consts ? 2 * pl->cap_consts : 16;
     const kiln_tensor **q = realloc(pl->consts, (size_t)cap * sizeof *q);
@@ -99,7 +100,7 @@ static int note_const(plan *pl, const kiln_tensor *t) {
   return 0;
 }
 
-static plan_kernel *new_kernel(plan *pl, const ir_func *f, int n_out, op_id op) {
+plan_kernel *plan_new_kernel(plan *pl, const ir_func *f, int n_out, op_id op) {
   plan_kernel *q = realloc(pl->kernels, (size_t)(pl->n_kernels + 1) * sizeof *q);
   if (!q) return plan_oom(pl), NULL;
   pl->kernels = q;
@@ -130,7 +131,7 @@ static int kernel_step(plan *pl) {
   if (split == 0) return add_kernel_step(pl, gi);
   g->pass = 1;
   if (split == 1) return add_kernel_step(pl, gi);
-  plan_kernel *g2 = new_kernel(pl, g->f, g->n_out, g->op);
+  plan_kernel *g2 = plan_new_kernel(pl, g->f, g->n_out, g->op);
   if (!g2) return -1;
   g = &pl->kernels[gi];
   g2->pass = 2;
@@ -150,7 +151,7 @@ static int kernel_step(plan *pl) {
 /* one instruction as a kernel, with the constants it reads pulled inside */
 static int instr_kernel(plan *pl, const ir_func *f, int i, const int *vs, int dst) {
   const ir_instr *in = &f->instrs[i];
-  plan_kernel *g = new_kernel(pl, f, 1, in->op);
+  plan_kernel *g = plan_new_kernel(pl, f, 1, in->op);
   if (!g) return -1;
   g->member[i] = true;
   for (int k = 0; k < in->n_in; k++) {
@@ -168,7 +169,7 @@ static int instr_kernel(plan *pl, const ir_func *f, int i, const int *vs, int ds
 
 /* an instruction with a kernel of the backend's own */
 static int special_kernel(plan *pl, const ir_func *f, const ir_instr *in, int *vs, bool top) {
-  plan_kernel *g = new_kernel(pl, f, 1, in->op);
+  plan_kernel *g = plan_new_kernel(pl, f, 1, in->op);
   if (!g) return -1;
   g->special = in;
   for (int k = 0; k < in->n_in; k++) g->leaf[in->in[k]] = vs[in->in[k]];
@@ -343,14 +344,14 @@ static int fusion_kernel(plan *pl, const ir_func *f, const ir_instr *in, int *vs
     free(cvs), free(unread);
     return -1;
   }
-  plan_kernel *g = new_kernel(pl, c, c->n_results, in->op);
+  plan_kernel *g = plan_new_kernel(pl, c, c->n_results, in->op);
   for (int i = 0; g && i < c->n_instrs; i++) {
     if (before_kernel(pl, c, &c->instrs[i])) {
       g->leaf[c->instrs[i].out] = cvs[c->instrs[i].out];
       continue;
     }
     g->member[i] = true;
-    if (c->instrs[i].op == OP_CONSTANT && note_const(pl, c->instrs[i].attrs.value)) g = NULL;
+    if (c->instrs[i].op == OP_CONSTANT && plan_note_const(pl, c->instrs[i].attrs.value)) g = NULL;
   }
   free(cvs);
   if (!g) {
@@ -407,7 +408,7 @@ int plan_func_steps(plan *pl, const ir_func *f, int *vs, const int *param_slots,
     } else if (op == OP_FUSION && po->fusion_one_kernel(in->attrs.callee)) {
       rc = fusion_kernel(pl, f, in, vs, top, uses);
     } else if (op == OP_CONSTANT) {
-      rc = note_const(pl, in->attrs.value);
+      rc = plan_note_const(pl, in->attrs.value);
       if (rc >= 0) rc = vs[v] = plan_add_slot(pl, (plan_slot){PLAN_SLOT_CONST, 0, 0, in->attrs.value});
     } else if (kind == OPK_CONTROL) {
       rc = plan_control(pl, f, in, vs, top, depth);
@@ -505,6 +506,7 @@ int plan_build(plan *pl, const ir_func *f, const plan_policy *policy) {
 void plan_free_steps(plan_step *steps, int n) {
   for (int s = 0; s < n; s++) {
     free(steps[s].slots);
+    free(steps[s].state), free(steps[s].move), free(steps[s].state_bytes), free(steps[s].scratch);
     for (int k = 0; k < 2; k++) plan_free_steps(steps[s].sub[k], steps[s].n_sub[k]);
   }
   free(steps);

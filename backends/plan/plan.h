@@ -77,7 +77,8 @@ enum {
    * operands. The carried state lives in the instruction's result slots:
    * copied in before the loop, read in place by the body, whose results
    * (fresh slots) the body's last steps copy back (a result that is its own
-   * parameter needs no copy).
+   * parameter needs no copy; nor one a kernel stores over the state's slot
+   * itself, where plan_policy.state_in_place allows).
    * - COND: slots[0] the predicate (a bool scalar); sub[0] runs when it is
    *   true, sub[1] when false; both leave their results in the same slots
    *   (computed there, or copied by their last steps).
@@ -102,6 +103,19 @@ typedef struct plan_step {
   int n_sub[2];
   int64_t trip;
   bool reverse; /* scan */
+  /* WHILE and SCAN under plan_policy.swap_state (else 0 and NULL): no copy
+   * back; at the end of each iteration, all at once, slot move[2i] takes
+   * the place (the pointer) slot move[2i + 1] had: a state slot the place
+   * of the body's new value (another state's, a temporary's, its row of
+   * ys), a temporary a place no state holds any more (double buffering).
+   * After the loop each state slot state[k] whose place moved has its
+   * bytes (state_bytes[k]) copied back to its own, through scratch[k]
+   * first where that is a slot (>= 0: the place may be another state's
+   * own, so every such copy out comes before any copy back); every slot
+   * moved gets its own place back. */
+  int n_state, n_move;
+  int *state, *move, *scratch;
+  int64_t *state_bytes;
 } plan_step;
 
 /* How each result is produced: written by the steps into its own buffer,
@@ -142,6 +156,21 @@ typedef struct plan_policy {
    * output element into the arena, and a second that combines them (NULL:
    * every kernel is one pass) */
   int64_t (*split)(const plan_kernel *k);
+  /* whether kernel k of a loop's body may store a new carry over the
+   * state's own slot (the state read only at the element it stores, the
+   * planner checks: the backend's kernel must load all it reads of an
+   * element before storing any of its outputs); then no step copies that
+   * carry back each iteration (NULL: every carry is copied back) */
+  bool (*state_in_place)(const plan_kernel *k);
+  /* whether the backend moves a loop's state between buffers at each
+   * iteration's end (plan_step.move) instead of copying it back (NULL:
+   * copies) */
+  bool (*swap_state)(void);
+  /* whether scan in (of f), whose body plan_scan_elementwise accepts, runs
+   * as one kernel of the backend's own (special = in: the scan's operands
+   * its leaves, its results its outputs) that loops over t inside, per
+   * element (NULL: never; a scan is then a SCAN step) */
+  bool (*scan_one_kernel)(const ir_func *f, const ir_instr *in);
 } plan_policy;
 
 typedef struct plan {
@@ -184,6 +213,21 @@ int plan_keep_const(kiln_tensor ***list, int *n, const kiln_tensor *t);
 /* The alignment (a power of two, at most KILN_ALIGN) of slot s's bytes:
  * KILN_ALIGN but for rows, at the alignment of their row size. */
 KILN_EXPORT int64_t plan_slot_align(const plan *pl, int s);
+
+/* For each value v of g's function, whether g evaluates v only at the
+ * index of the element it stores (at, per value): v is an output, or every
+ * member reading it is elementwise over v's shape and such a value itself.
+ * A kernel that reads a buffer only at such values may store over it. */
+KILN_EXPORT void plan_at_store_index(const plan_kernel *g, bool *at);
+
+/* Whether scan in (of f) is elementwise along its rows: one or more
+ * carries, and its xs rows and ys rows, all of one shape; every value of
+ * its body (of at most max_instrs instructions, fusions' included) that
+ * depends on a carry or an xs row is of that shape and made by elementwise
+ * ops (or fusions of them); the rest (constants, captures, their views and
+ * broadcasts) is read wherever. Then each element of the results depends
+ * only on the same element of the carries and rows across t. */
+KILN_EXPORT bool plan_scan_elementwise(const ir_func *f, const ir_instr *in, int max_instrs);
 
 /* elements and bytes of a value of type t */
 int64_t plan_type_size(const op_type *t);
