@@ -39,6 +39,7 @@ typedef struct {
 typedef struct {
   const ir_func *f;
   cpu_program *p;
+  plan_policy policy; /* the plan's (plan.c) */
   plan pl;
   int max_bufs;     /* most pointers one step passes */
   bool x86;         /* the host is x86-64: streaming stores */

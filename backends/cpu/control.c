@@ -139,6 +139,15 @@ static void moves_free(moving *m) {
   free(m->phi);
 }
 
+/* the end of an iteration: the state's moves, i + 1 back to head, and after
+ * the loop the copies of states left in other buffers */
+static void loop_close(cpu_build *cb, const plan_step *st, LLVMValueRef i, LLVMBasicBlockRef head,
+                       LLVMBasicBlockRef exit, moving *m) {
+  moves_latch(cb, st, m);
+  loop_back(cb, i, head, exit);
+  moves_end(cb, st, m);
+}
+
 static int emit_while(cpu_build *cb, const plan_step *st) {
   LLVMValueRef i;
   LLVMBasicBlockRef head, exit, pre = LLVMGetInsertBlock(cb->eb);
@@ -152,11 +161,7 @@ static int emit_while(cpu_build *cb, const plan_step *st) {
     LLVMPositionBuilderAtEnd(cb->eb, body);
     rc = cpu_emit_steps(cb, st->sub[1], st->n_sub[1]);
   }
-  if (!rc) {
-    moves_latch(cb, st, &m);
-    loop_back(cb, i, head, exit);
-    moves_end(cb, st, &m);
-  }
+  if (!rc) loop_close(cb, st, i, head, exit, &m);
   moves_free(&m);
   return rc;
 }
@@ -179,11 +184,7 @@ static int emit_scan(cpu_build *cb, const plan_step *st) {
     cb->slot_ptr[st->slots[k]] = LLVMBuildGEP2(b, e->t_i8, cb->slot_ptr[row->index], &off, 1, "row");
   }
   int rc = cpu_emit_steps(cb, st->sub[0], st->n_sub[0]);
-  if (!rc) {
-    moves_latch(cb, st, &m);
-    loop_back(cb, i, head, exit);
-    moves_end(cb, st, &m);
-  }
+  if (!rc) loop_close(cb, st, i, head, exit, &m);
   moves_free(&m);
   return rc;
 }

@@ -121,33 +121,6 @@ static const plan_policy cpu_policy = {
     .scan_one_kernel = cpu_scan_one_kernel,
 };
 
-/* cpu_options.scan_kernels: the same, but every elementwise scan one kernel */
-static const plan_policy cpu_policy_kernels = {
-    .who = "cpu",
-    .unsupported = "is not supported by the CPU backend",
-    .place = place,
-    .fusion_one_kernel = fusion_ok,
-    .dot_before_kernel = dot_before_kernel,
-    .dot_epilogue = dot_epilogue,
-    .dot_transposes = trans_plan,
-    .state_in_place = state_in_place,
-    .swap_state = swap_state,
-    .scan_one_kernel = cpu_scan_one_kernel_any,
-};
-
-/* cpu_options.scan_loops: the same, but every scan a loop of steps */
-static const plan_policy cpu_policy_loops = {
-    .who = "cpu",
-    .unsupported = "is not supported by the CPU backend",
-    .place = place,
-    .fusion_one_kernel = fusion_ok,
-    .dot_before_kernel = dot_before_kernel,
-    .dot_epilogue = dot_epilogue,
-    .dot_transposes = trans_plan,
-    .state_in_place = state_in_place,
-    .swap_state = swap_state,
-};
-
 /* the runtime helper of call c */
 static int take_helper(cpu_helper *h, const plan_call *c) {
   memset(h, 0, sizeof *h);
@@ -198,8 +171,12 @@ static int max_bufs(const plan *pl, const plan_step *steps, int n) {
 int cpu_plan(cpu_build *cb) {
   cpu_program *p = cb->p;
   plan *pl = &cb->pl;
-  const plan_policy *po = cb->scan_loops ? &cpu_policy_loops : cb->scan_kernels ? &cpu_policy_kernels : &cpu_policy;
-  if (plan_build(pl, cb->f, po)) return -1;
+  /* cpu_options.scan_loops: every scan a loop of steps; scan_kernels:
+   * every elementwise scan one kernel (tests, benchmarks) */
+  cb->policy = cpu_policy;
+  if (cb->scan_loops) cb->policy.scan_one_kernel = NULL;
+  else if (cb->scan_kernels) cb->policy.scan_one_kernel = cpu_scan_one_kernel_any;
+  if (plan_build(pl, cb->f, &cb->policy)) return -1;
   p->arena_bytes = pl->arena_bytes;
   cb->max_bufs = max_bufs(pl, pl->steps, pl->n_steps);
   p->results = calloc((size_t)cb->f->n_results + 1, sizeof *p->results);
