@@ -25,7 +25,7 @@
 #include "cuda_test_util.h"
 #include "cuda/cuda_rt.h"
 #include "cuda/ptx.h"
-#include "fake_cuda.h"
+#include "fake_access.h"
 #include "ir.h"
 
 extern "C" const ir_func *jit_optimized_func(kiln_function *f, int trace);
@@ -34,31 +34,6 @@ using namespace kiln_test;
 using ::testing::HasSubstr;
 
 namespace {
-
-void *fake(const char *name) {
-  kiln_device_count();  // loads the driver (the fake, through KILN_CUDA_DRIVER) if nothing has yet
-  static void *h = dlopen(FAKE_CUDA_PATH, RTLD_NOW | RTLD_NOLOAD);
-  void *f = h ? dlsym(h, name) : nullptr;
-  EXPECT_NE(f, nullptr) << "the fake driver has no " << name;
-  return f;
-}
-
-long calls(const char *name) { return ((long (*)(const char *))fake("fake_cuda_calls"))(name); }
-int ctx_depth() { return ((int (*)())fake("fake_cuda_ctx_depth"))(); }
-void clear_launches() { ((void (*)())fake("fake_cuda_launch_clear"))(); }
-void script(const char *name, int param, int width, std::vector<int> v) {
-  ((void (*)(const char *, int, int, const int *, int))fake("fake_cuda_launch_script"))(name, param, width, v.data(),
-                                                                                       (int)v.size());
-}
-void no_scripts() { ((void (*)(const char *, int, int, const int *, int))fake("fake_cuda_launch_script"))(nullptr, 0, 0, nullptr, 0); }
-
-std::vector<fake_launch> launches() {
-  int n = ((int (*)())fake("fake_cuda_launch_count"))();
-  auto get = (int (*)(int, fake_launch *))fake("fake_cuda_launch_get");
-  std::vector<fake_launch> v((size_t)n);
-  for (int i = 0; i < n; i++) EXPECT_EQ(get(i, &v[(size_t)i]), 0);
-  return v;
-}
 
 // launches per kernel name
 std::map<std::string, int> counts(const std::vector<fake_launch> &l) {

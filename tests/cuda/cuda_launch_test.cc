@@ -26,7 +26,7 @@
 #include "cuda_test_util.h"
 #include "cuda/cuda_rt.h"
 #include "cuda/ptx.h"
-#include "fake_cuda.h"
+#include "fake_access.h"
 
 extern "C" const ir_func *jit_optimized_func(kiln_function *f, int trace);
 
@@ -35,29 +35,6 @@ using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 namespace {
-
-void *fake(const char *name) {
-  kiln_device_count(); // loads the driver (the fake, through KILN_CUDA_DRIVER) if nothing has yet
-  static void *h = dlopen(FAKE_CUDA_PATH, RTLD_NOW | RTLD_NOLOAD);
-  void *f = h ? dlsym(h, name) : nullptr;
-  EXPECT_NE(f, nullptr) << "the fake driver has no " << name;
-  return f;
-}
-
-long calls(const char *name) { return ((long (*)(const char *))fake("fake_cuda_calls"))(name); }
-int ctx_depth() { return ((int (*)())fake("fake_cuda_ctx_depth"))(); }
-int modules_live() { return ((int (*)())fake("fake_cuda_modules_live"))(); }
-void clear_launches() { ((void (*)())fake("fake_cuda_launch_clear"))(); }
-void fail_launch(const char *name, int code) { ((void (*)(const char *, int))fake("fake_cuda_fail_launch"))(name, code); }
-void launch_write(const char *name, int v) { ((void (*)(const char *, int))fake("fake_cuda_launch_write"))(name, v); }
-
-std::vector<fake_launch> launches() {
-  int n = ((int (*)())fake("fake_cuda_launch_count"))();
-  auto get = (int (*)(int, fake_launch *))fake("fake_cuda_launch_get");
-  std::vector<fake_launch> v((size_t)n);
-  for (int i = 0; i < n; i++) EXPECT_EQ(get(i, &v[(size_t)i]), 0);
-  return v;
-}
 
 cuda_eager_stats eager() {
   cuda_eager_stats s{};
