@@ -266,6 +266,18 @@ static int oom(op_id op, bufs *b) {
   return kiln_set_error("%s: out of memory", kiln_ops[op].api);
 }
 
+/* a chunk's columns (rows x k) and, with groups, a group's share of a
+ * chunk's products (rows x og) and of the filter (k x og); 0, or -1 out of
+ * memory (nothing left allocated) */
+static int chunk_bufs(const geom *g, op_id op, int64_t rows, bufs *b) {
+  *b = (bufs){malloc((size_t)(rows * g->k) * g->es), NULL, NULL, NULL};
+  if (!b->col) return oom(op, b);
+  if (g->groups > 1 &&
+      (!(b->tmp = malloc((size_t)(rows * g->og) * g->es)) || !(b->fg = malloc((size_t)(g->k * g->og) * g->es))))
+    return oom(op, b);
+  return 0;
+}
+
 /* the filter's columns of group grp as a [k, og] matrix (the filter itself
  * for one group) */
 static const void *group_filter(const geom *g, const void *f, void *buf, int64_t grp) {
@@ -294,10 +306,8 @@ static int conv2d_kernel(const op_call *c) {
     return 0;
   }
   int64_t rows = chunk_rows(&g);
-  bufs b = {malloc((size_t)(rows * g.k) * g.es), NULL, NULL, NULL};
-  if (!b.col) return oom(c->op, &b);
-  if (g.groups > 1 && (!(b.tmp = malloc((size_t)(rows * g.og) * g.es)) || !(b.fg = malloc((size_t)(g.k * g.og) * g.es))))
-    return oom(c->op, &b);
+  bufs b;
+  if (chunk_bufs(&g, c->op, rows, &b)) return -1;
   int rc = 0;
   for (int64_t grp = 0; grp < g.groups && !rc; grp++) {
     mat(&B, g.dt, g.k, g.og, (void *)group_filter(&g, c->in[1]->data, b.fg, grp));
@@ -334,10 +344,8 @@ static int conv2d_bp_input_kernel(const op_call *c) {
     return 0;
   }
   int64_t rows = chunk_rows(&g);
-  bufs b = {malloc((size_t)(rows * g.k) * g.es), NULL, NULL, NULL};
-  if (!b.col) return oom(c->op, &b);
-  if (g.groups > 1 && (!(b.tmp = malloc((size_t)(rows * g.og) * g.es)) || !(b.fg = malloc((size_t)(g.k * g.og) * g.es))))
-    return oom(c->op, &b);
+  bufs b;
+  if (chunk_bufs(&g, c->op, rows, &b)) return -1;
   int rc = 0;
   for (int64_t grp = 0; grp < g.groups && !rc; grp++) {
     mat(&B, g.dt, g.k, g.og, (void *)group_filter(&g, c->in[1]->data, b.fg, grp));
