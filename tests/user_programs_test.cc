@@ -482,18 +482,11 @@ struct CfCtx {
 };
 
 // COND's branches: the step's own op, or another; a unary step ignores b
-// x times a mask of 70% ones drawn now, scaled by 1 / 0.7
-kiln_tensor *dropout(kiln_tensor *x) {
-  if (!x) return nullptr;
-  kiln_tensor *u = kiln_random_uniform(KILN_F32, kiln_tensor_rank(x), kiln_tensor_shape(x), 0, 1);
-  kiln_tensor *keep = kiln_cast(kiln_greater_equal(u, kiln_scalar_like(u, 0.3)), KILN_F32);
-  return kiln_div(kiln_mul(x, keep), kiln_scalar_like(u, 0.7));
-}
 
 int cf_then(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   const CfCtx *c = (const CfCtx *)user;
   out[0] = c->s->b != c->s->a ? binary(c->s->var % 6, in[0], c->b) : unary(c->s->var % 8, in[0]);
-  if (c->s->drops) out[0] = dropout(out[0]);
+  if (c->s->drops) out[0] = kiln_dropout(out[0], 0.3);
   return out[0] ? 0 : -1;
 }
 
@@ -506,7 +499,7 @@ int cf_else(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
 int cf_scan(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   const CfCtx *c = (const CfCtx *)user;
   out[0] = binary(c->s->axis % 6, in[0], unary(c->s->op, in[1]));
-  if (c->s->drops) out[0] = dropout(out[0]);  // a new mask every step, the gradient through the same masks
+  if (c->s->drops) out[0] = kiln_dropout(out[0], 0.3);  // a new mask every step, the gradient through the same masks
   out[1] = out[0];
   return out[0] ? 0 : -1;
 }
