@@ -9,6 +9,7 @@ calls). GFLOP/s, median of --runs calls. Prints "@ conv.LAYER.IMPL GFLOPS
 GFLOP/s" with IMPL torch, torch-dx, torch-dw (NCHW) and the same with -cl
 (channels_last)."""
 import argparse
+import os
 import statistics
 import time
 
@@ -33,7 +34,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=0)
+    # as many threads as Kiln's pool (one per online CPU): torch 1.13 picks 1 here
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--only", default="")
     a = ap.parse_args()
     if a.threads:

@@ -52,6 +52,14 @@ typedef struct conv_shape {
 int conv_direct(const conv_shape *s, kiln_dtype dt, const void *x, const void *f, const void *bias,
                 gemm_epilogue epi, const void *res, void *out, const char *op);
 
+/* df [kh, kw, c, o] = the gradient of the convolution s (flip unset) with
+ * respect to its filter, from x [n, h, w, c] and dy [n, oh, ow, o]: image by
+ * image (a zero-padded copy of one image at a time), tiles of the filter
+ * summed by the filter-gradient micro-kernel (matmul.h) over the image's
+ * pixels and added to df. 0, or -1 with the error set. The sums do not
+ * depend on the thread count. */
+int conv_direct_filter(const conv_shape *s, kiln_dtype dt, const void *x, const void *dy, void *df, const char *op);
+
 #ifdef __cplusplus
 }
 #endif

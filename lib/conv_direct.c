@@ -144,3 +144,115 @@ int conv_direct(const conv_shape *s, kiln_dtype dt, const void *x, const void *f
   if (atomic_load(&j.failed)) return kiln_set_error("%s: out of memory", op);
   return 0;
 }
+
+/* ---- the filter gradient ----
+ * df[ky, kx, c, o] = sum over (n, oy, ox) of x[n, oy*sh - pt + ky*dh,
+ * ox*sw - pl + kx*dw, c] dy[n, oy, ox, o]: per tap ky (or (ky, kx)), a
+ * product whose K runs over the pixels. Image by image, the image is copied
+ * once into a zero-padded buffer (its padding, and slack for the tiles'
+ * last rows); then, block by block of its output rows (as many as keep
+ * their image and dy rows in L2), every tile of MR filter rows (kx, c) x NR
+ * output channels sums, in registers, over the block's rows (one run of ow
+ * pixels each: A the padded image read in place, B the rows of dy) and adds
+ * the sum to df. Tiles are split over threads, blocks taken in turn: each
+ * element's sum runs over the blocks in order, whatever the thread count. */
+
+typedef struct {
+  const conv_shape *s;
+  wgrad_ukernel uk;
+  size_t es;
+  const char *x, *dy; /* this image's */
+  char *xp, *df;
+  int64_t hp, wp;        /* the padded image's rows and columns */
+  int64_t rows, tiles_m; /* filter rows per tap (kw * c folded, else c); their tiles */
+  int64_t tiles_n, taps;
+  int64_t oy0, oy1; /* the block of output rows */
+  int32_t flags;
+  atomic_int failed;
+} wgrad_job;
+
+/* The most bytes of image and dy rows one block of output rows reads: the
+ * tiles of a block take turns over the same rows, which stay in L2. */
+enum { WGRAD_BLOCK_BYTES = 1 << 20 };
+
+/* padded rows [b, e) of the image */
+static void pad_task(void *arg, int64_t b, int64_t e) {
+  const wgrad_job *j = arg;
+  const conv_shape *s = j->s;
+  size_t es = j->es, row = (size_t)(j->wp * s->c) * es;
+  for (int64_t yp = b; yp < e; yp++) {
+    char *dst = j->xp + (size_t)yp * row;
+    int64_t iy = yp - s->pt;
+    memset(dst, 0, row);
+    if (iy >= 0 && iy < s->h)
+      memcpy(dst + (size_t)(s->pl * s->c) * es, j->x + (size_t)(iy * s->w * s->c) * es, (size_t)(s->w * s->c) * es);
+  }
+}
+
+/* tiles [b, e) of taps x tiles_m x tiles_n */
+static void wgrad_task(void *arg, int64_t b, int64_t e) {
+  wgrad_job *j = arg;
+  const conv_shape *s = j->s;
+  size_t es = j->es;
+  int64_t mr_full = j->uk.mr, nr_full = j->uk.nr;
+  conv_run *run = malloc(sizeof *run * (size_t)s->oh);
+  if (!run) {
+    atomic_store(&j->failed, 1);
+    return;
+  }
+  for (int64_t t = b; t < e; t++) {
+    int64_t tap = t / (j->tiles_m * j->tiles_n), tm = t / j->tiles_n % j->tiles_m, tn = t % j->tiles_n;
+    int64_t ky = s->dw == 1 ? tap : tap / s->kw, kx = s->dw == 1 ? 0 : tap % s->kw;
+    int64_t i0 = tm * mr_full, j0 = tn * nr_full;
+    for (int64_t oy = j->oy0; oy < j->oy1; oy++) {
+      int64_t yp = oy * s->sh + ky * s->dh;
+      run[oy - j->oy0] = (conv_run){j->xp + (size_t)((yp * j->wp + kx * s->dw) * s->c + i0) * es,
+                           j->dy + (size_t)(oy * s->ow * s->o + j0) * es, s->ow};
+    }
+    /* filter row (tap, i0 + i) is df row tap * rows + i0 + i of c * o */
+    j->uk.fn(j->oy1 - j->oy0, run, s->sw * s->c, s->o, j->df + (size_t)((tap * j->rows + i0) * s->o + j0) * es, s->o,
+             min64(mr_full, j->rows - i0), min64(nr_full, s->o - j0), j->flags);
+  }
+  free(run);
+}
+
+int conv_direct_filter(const conv_shape *s, kiln_dtype dt, const void *x, const void *dy, void *df, const char *op) {
+  wgrad_job j = {.s = s, .es = kiln_dtype_sizes[dt], .df = df};
+  int64_t k = s->kh * s->kw * s->c;
+  if (k == 0 || s->o == 0) return 0;
+  if (s->n == 0 || s->oh == 0 || s->ow == 0) {
+    memset(df, 0, (size_t)(k * s->o) * j.es);
+    return 0;
+  }
+  j.uk = matmul_wgrad_ukernel(dt, s->n * s->oh * s->ow * s->o * k >= MATMUL_JIT_WORK);
+  j.hp = (s->oh - 1) * s->sh + (s->kh - 1) * s->dh + 1;
+  j.wp = (s->ow - 1) * s->sw + (s->kw - 1) * s->dw + 1;
+  if (j.hp < s->h + s->pt) j.hp = s->h + s->pt;
+  if (j.wp < s->w + s->pl) j.wp = s->w + s->pl;
+  j.taps = s->dw == 1 ? s->kh : s->kh * s->kw;
+  j.rows = s->dw == 1 ? s->kw * s->c : s->c;
+  j.tiles_m = (j.rows + j.uk.mr - 1) / j.uk.mr;
+  j.tiles_n = (s->o + j.uk.nr - 1) / j.uk.nr;
+  atomic_init(&j.failed, 0);
+  /* slack: a tile's rows past the filter's read up to MR further */
+  j.xp = malloc((size_t)(j.hp * j.wp * s->c + j.uk.mr) * j.es);
+  if (!j.xp) return kiln_set_error("%s: out of memory", op);
+  memset(j.xp + (size_t)(j.hp * j.wp * s->c) * j.es, 0, (size_t)j.uk.mr * j.es);
+  int64_t tiles = j.taps * j.tiles_m * j.tiles_n;
+  int64_t row_bytes = (s->sh * j.wp * s->c + s->ow * s->o) * (int64_t)j.es;
+  int64_t block = WGRAD_BLOCK_BYTES / (row_bytes > 0 ? row_bytes : 1);
+  if (block < 1) block = 1;
+  for (int64_t n = 0; n < s->n && !atomic_load(&j.failed); n++) {
+    j.x = (const char *)x + (size_t)(n * s->h * s->w * s->c) * j.es;
+    j.dy = (const char *)dy + (size_t)(n * s->oh * s->ow * s->o) * j.es;
+    parallel_for(j.hp, 16, pad_task, &j);
+    for (j.oy0 = 0; j.oy0 < s->oh; j.oy0 = j.oy1) {
+      j.oy1 = min64(s->oh, j.oy0 + block);
+      j.flags = n > 0 || j.oy0 > 0 ? GEMM_ACCUMULATE : 0;
+      parallel_for(tiles, 1, wgrad_task, &j);
+    }
+  }
+  free(j.xp);
+  if (atomic_load(&j.failed)) return kiln_set_error("%s: out of memory", op);
+  return 0;
+}

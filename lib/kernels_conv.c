@@ -4,16 +4,21 @@
  * kiln_conv_opts (defaults, TensorFlow's SAME padding) into the explicit
  * attributes the op table's inference checks.
  *
- * Convolutions are im2col + the blocked matmul (matmul.h): the output rows
- * (n, oy, ox) are taken in chunks whose im2col block, rows x (kh kw cg),
- * stays under CONV_CHUNK_BYTES, so a big image never has its whole im2col
- * buffer in memory. Per group g of channels:
+ * Convolutions with one group are the direct NHWC kernels of conv_direct.c
+ * (conv.h): conv2d, its filter gradient, and its input gradient for stride
+ * 1 (a convolution of dy with the flipped filter). The rest are im2col +
+ * the blocked matmul (matmul.h): the output rows (n, oy, ox) are taken in
+ * chunks whose im2col block, rows x (kh kw cg), stays under
+ * CONV_CHUNK_BYTES, so a big image never has its whole im2col buffer in
+ * memory. Per group g of channels:
  *   conv2d:          out[rows, g]  = col(x)[rows, K] . f_g[K, og]
  *   backprop_input:  dcol[rows, K] = dy[rows, g] . f_g^T, scattered back
  *                    into dx (col2im, adding where windows overlap)
  *   backprop_filter: df_g[K, og]  += col(x)[rows, K]^T . dy[rows, g]
  * with K = kh * kw * cg, one filter row per (ky, kx, c) as HWIO lays it out.
  * Depthwise convolutions (one channel per group) are direct loops instead.
+ * conv2d_epilogue (conv.h) is conv2d with the matmul's epilogue, applied by
+ * the direct kernel as it stores, by a pass over the output elsewhere.
  * Every sum runs in a fixed order (chunks in turn, no atomics): the same
  * inputs give the same bits. Pooling is direct loops, vectorised over the
  * channels, in parallel over images. Only f32 and f64 (the op table). */
@@ -45,13 +50,6 @@ static void geom_init(geom *g, const int64_t *x, const int64_t *f, const int64_t
               .dw = a->dilation[1], .pt = a->padding[0], .pl = a->padding[2], .es = kiln_dtype_sizes[dt], .dt = dt};
   g->og = g->o / g->groups;
   g->k = g->kh * g->kw * g->cg;
-}
-
-/* a 1x1 convolution, stride 1, no padding, one group: the image is the
- * im2col matrix itself */
-static bool pointwise(const geom *g) {
-  return g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->pt == 0 && g->pl == 0 && g->groups == 1 &&
-         g->oh == g->h && g->ow == g->w;
 }
 
 /* output rows per chunk */
@@ -406,10 +404,6 @@ static int conv2d_bp_input_kernel(const op_call *c) {
   kiln_tensor A, B, C;
   int64_t m = g.n * g.oh * g.ow;
   if (c->out->size == 0) return 0;
-  if (pointwise(&g) && g.o > 0) {
-    mat(&A, g.dt, m, g.o, c->in[0]->data), mat(&B, g.dt, g.c, g.o, c->in[1]->data), mat(&C, g.dt, m, g.c, c->out->data);
-    return matmul_trans(&A, &B, false, true, &C);
-  }
   if (g.groups == 1 && g.sh == 1 && g.sw == 1 && m > 0 && g.o > 0) {
     /* stride 1: the convolution of dy with the flipped filter, its in and
      * out channels swapped, padded by the window's span less the padding
@@ -467,9 +461,9 @@ static int conv2d_bp_filter_kernel(const op_call *c) {
   kiln_tensor A, B, C;
   int64_t m = g.n * g.oh * g.ow;
   if (c->out->size == 0) return 0;
-  if (pointwise(&g) && m > 0) {
-    mat(&A, g.dt, m, g.c, c->in[0]->data), mat(&B, g.dt, m, g.o, c->in[1]->data), mat(&C, g.dt, g.c, g.o, c->out->data);
-    return matmul_trans(&A, &B, true, false, &C);
+  if (g.groups == 1) {
+    conv_shape s = direct_shape(&g);
+    return conv_direct_filter(&s, g.dt, c->in[0]->data, c->in[1]->data, c->out->data, kiln_ops[c->op].api);
   }
   memset(c->out->data, 0, tensor_bytes(c->out));
   if (m == 0) return 0;

@@ -68,6 +68,30 @@ void matmul_set_conv_provider(conv_provider_fn fn);
  * provider's when jit and it has one, else the C one (kernels_matmul.c). */
 conv_ukernel matmul_conv_ukernel(kiln_dtype dt, gemm_epilogue epi, int64_t lda, bool jit);
 
+/* The filter gradient's micro-kernel: C[0:mr, 0:nr] = (C +, with
+ * GEMM_ACCUMULATE) the sum over runs t of sum over p < run[t].kc of
+ * A_t[:, p] (x) B_t[p, :], where A_t's column p is the MR contiguous
+ * elements at run[t].a + p * lda (all MR readable) and B_t's row p the nr
+ * contiguous elements at run[t].b + p * ldb (no more are read). Each element
+ * sums over the runs, then p, in order, one FMA per step from zero, in
+ * registers, then is added to C once. For dfilter = sum over pixels of
+ * window(x)^T . dy: a run is one output row's pixels, A the image read in
+ * place (a pixel's channels, sw * c apart), B the rows of dy. */
+typedef struct conv_run {
+  const void *a, *b;
+  int64_t kc;
+} conv_run;
+typedef void (*wgrad_ukernel_fn)(int64_t runs, const conv_run *run, int64_t lda, int64_t ldb, void *c, int64_t ldc,
+                                 int64_t mr, int64_t nr, int32_t flags);
+typedef struct wgrad_ukernel {
+  wgrad_ukernel_fn fn;
+  int mr, nr;
+} wgrad_ukernel;
+typedef bool (*wgrad_provider_fn)(kiln_dtype dt, wgrad_ukernel *uk);
+void matmul_set_wgrad_provider(wgrad_provider_fn fn);
+/* The provider's when jit and it has one, else the C one. */
+wgrad_ukernel matmul_wgrad_ukernel(kiln_dtype dt, bool jit);
+
 /* m*n*k from which the blocked matmul asks the provider for its
  * micro-kernel. Smaller products (down to 32^3) mostly run faster with it
  * too (bench_matmul: +40% at 32^3, +13% at 48^3), but they take

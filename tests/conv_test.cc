@@ -1070,9 +1070,41 @@ op_attrs attrs_of(const Geo &g) {
   return a;
 }
 
-// conv2d of every direct case in f32 and f64 against the reference, with
-// the compiled micro-kernel and with the C one (KILN_GEMM=c): the two give
-// the same bits (each element one chain of FMAs over the taps, then k).
+// The gradient of conv2d(x, f) with respect to f for the upstream gradient
+// v (the tape seeds ones into y * v: the gradient into y is v exactly).
+kiln_tensor *filter_grad(kiln_tensor *x, kiln_tensor *f, kiln_tensor *v, const kiln_conv_opts *o) {
+  kiln_tape *tape = kiln_tape_begin(false);
+  kiln_tape_watch(tape, f);
+  kiln_tensor *y = kiln_mul(kiln_conv2d(x, f, o), v), *g = nullptr;
+  EXPECT_EQ(kiln_tape_gradient(tape, y, 1, &f, &g), 0) << kiln_last_error();
+  kiln_tape_free(tape);
+  return g;
+}
+
+// df[ky, kx, c, o] = sum over (n, oy, ox) of x[n, oy*sh - pt + ky*dh, ox*sw - pl + kx*dw, c] v[n, oy, ox, o]
+VD ref_filter_grad(const VD &x, const V64 &xs, const VD &v, const V64 &ys, const V64 &fs, const Geo &g) {
+  int64_t h = xs[1], w = xs[2], c = xs[3], kh = fs[0], kw = fs[1], o = fs[3];
+  VD df((size_t)numel(fs), 0.0);
+  for (int64_t b = 0; b < ys[0]; b++)
+    for (int64_t oy = 0; oy < ys[1]; oy++)
+      for (int64_t ox = 0; ox < ys[2]; ox++)
+        for (int64_t ky = 0; ky < kh; ky++)
+          for (int64_t kx = 0; kx < kw; kx++) {
+            int64_t iy = oy * g.sh - g.pad[0] + ky * g.dh, ix = ox * g.sw - g.pad[2] + kx * g.dw;
+            if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
+            for (int64_t ci = 0; ci < c; ci++)
+              for (int64_t k = 0; k < o; k++)
+                df[(size_t)(((ky * kw + kx) * c + ci) * o + k)] +=
+                    x[(size_t)(((b * h + iy) * w + ix) * c + ci)] * v[(size_t)(((b * ys[1] + oy) * ys[2] + ox) * o + k)];
+          }
+  return df;
+}
+
+// conv2d and its filter gradient for every direct case in f32 and f64
+// against the references, with the compiled micro-kernels and with the C
+// ones (KILN_GEMM=c): the two give the same bits (each element one chain of
+// FMAs over the taps, then k; the filter gradient's over each image's
+// pixels, images added in turn).
 TEST(ConvDirect, EveryEdgeMatchesTheReferenceAndTheCKernelsBits) {
   Scoped s;
   std::mt19937_64 rng(21);
@@ -1089,13 +1121,21 @@ TEST(ConvDirect, EveryEdgeMatchesTheReferenceAndTheCKernelsBits) {
       ASSERT_NE(y, nullptr) << kiln_last_error();
       EXPECT_EQ(shape_of(y), ys);
       expect_near_all(values(y), want, dt == KILN_F32 ? 1e-5 : 1e-13, "conv2d");
-      kiln_tensor *yc;
+      VD vv = random_values(rng, numel(ys));
+      kiln_tensor *v = from_values(dt, ys, vv);
+      kiln_tensor *df = filter_grad(x, f, v, &o);
+      ASSERT_NE(df, nullptr);
+      expect_near_all(values(df), ref_filter_grad(xv, c.x, vv, ys, c.f, c.g), dt == KILN_F32 ? 1e-4 : 1e-12,
+                      "filter gradient");
+      kiln_tensor *yc, *dfc;
       {
         EnvGuard cg("KILN_GEMM", "c");
         yc = kiln_conv2d(x, f, &o);
+        dfc = filter_grad(x, f, v, &o);
       }
       ASSERT_NE(yc, nullptr) << kiln_last_error();
       EXPECT_TRUE(same_bits(y, yc)) << "the C micro-kernel's bits differ";
+      EXPECT_TRUE(same_bits(df, dfc)) << "the C filter-gradient micro-kernel's bits differ";
       kiln_scope_pop();
     }
   }
@@ -1221,6 +1261,9 @@ uint64_t conv_checksum() {
       kiln_tensor *dx = kiln_conv2d_transpose(y, f, hw, &o);
       EXPECT_NE(dx, nullptr) << kiln_last_error();
       if (dx) h = conv_fnv(dx, h);
+      kiln_tensor *df = filter_grad(x, f, y, &o);
+      EXPECT_NE(df, nullptr) << kiln_last_error();
+      if (df) h = conv_fnv(df, h);
     }
     kiln_scope_pop();
   }

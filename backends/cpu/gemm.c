@@ -349,12 +349,134 @@ static void emit_conv_ukernel(llvm_emit *e, const char *name, kiln_dtype dt, gem
   LLVMBuildRetVoid(e->b);
 }
 
+/* One loop of the filter-gradient kernel over p from lo while p + step <=
+ * kc: acc += A[:, p] (x) B[p, :] with A's column at *ap (+ lda a step) and
+ * B's row at *bp (+ ldb a step), B's vectors loaded under colmask. Updates
+ * acc, *ap, *bp to their values after the loop; returns p after it. */
+static LLVMValueRef emit_wgrad_loop(kgen *g, LLVMValueRef fn, LLVMValueRef lo, int step, LLVMValueRef *acc,
+                                    LLVMValueRef *ap, LLVMValueRef *bp, LLVMValueRef lda, LLVMValueRef ldb,
+                                    const LLVMValueRef *colmask) {
+  llvm_emit *e = g->e;
+  int n = g->t.mr * g->t.nv, nv = g->t.nv, vl = g->t.vl;
+  LLVMBasicBlockRef pre = LLVMGetInsertBlock(e->b);
+  LLVMBasicBlockRef head = LLVMAppendBasicBlockInContext(e->ctx, fn, "w");
+  LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(e->ctx, fn, "w");
+  LLVMBasicBlockRef exit = LLVMAppendBasicBlockInContext(e->ctx, fn, "w");
+  LLVMBuildBr(e->b, head);
+  LLVMPositionBuilderAtEnd(e->b, head);
+  LLVMValueRef p = LLVMBuildPhi(e->b, e->t_i64, "p"), a = LLVMBuildPhi(e->b, e->t_ptr, "a"),
+               b = LLVMBuildPhi(e->b, e->t_ptr, "b");
+  LLVMValueRef phis[64], cur[64];
+  for (int i = 0; i < n; i++) {
+    phis[i] = cur[i] = LLVMBuildPhi(e->b, g->vty, "acc");
+    LLVMAddIncoming(phis[i], &acc[i], &pre, 1);
+  }
+  LLVMAddIncoming(p, &lo, &pre, 1);
+  LLVMAddIncoming(a, ap, &pre, 1);
+  LLVMAddIncoming(b, bp, &pre, 1);
+  LLVMValueRef end = LLVMBuildAdd(e->b, p, llvm_i64(e, step), "");
+  LLVMBuildCondBr(e->b, LLVMBuildICmp(e->b, LLVMIntSLE, end, g->kc, ""), body, exit);
+  LLVMPositionBuilderAtEnd(e->b, body);
+  for (int s = 0; s < step; s++) {
+    LLVMValueRef as = a, bs = b;
+    if (s) {
+      LLVMValueRef oa = LLVMBuildMul(e->b, lda, llvm_i64(e, s), ""), ob = LLVMBuildMul(e->b, ldb, llvm_i64(e, s), "");
+      as = LLVMBuildGEP2(e->b, g->ty, a, &oa, 1, "");
+      bs = LLVMBuildGEP2(e->b, g->ty, b, &ob, 1, "");
+    }
+    LLVMValueRef bv[4];
+    for (int v = 0; v < nv; v++)
+      bv[v] = masked_load(e, g->vty, LLVMBuildGEP2(e->b, g->ty, bs, (LLVMValueRef[]){llvm_i64(e, (int64_t)v * vl)}, 1, ""),
+                          colmask[v]);
+    for (int r = 0; r < g->t.mr; r++) {
+      LLVMValueRef x = LLVMBuildLoad2(e->b, g->ty, LLVMBuildGEP2(e->b, g->ty, as, (LLVMValueRef[]){llvm_i64(e, r)}, 1, ""), "a");
+      LLVMValueRef sx = splat(g, x);
+      for (int v = 0; v < nv; v++) {
+        LLVMValueRef args[3] = {sx, bv[v], cur[r * nv + v]};
+        cur[r * nv + v] = llvm_intr(e, "llvm.fma", args, 3);
+      }
+    }
+  }
+  LLVMValueRef oa = LLVMBuildMul(e->b, lda, llvm_i64(e, step), ""), ob = LLVMBuildMul(e->b, ldb, llvm_i64(e, step), "");
+  LLVMValueRef an = LLVMBuildGEP2(e->b, g->ty, a, &oa, 1, ""), bn = LLVMBuildGEP2(e->b, g->ty, b, &ob, 1, "");
+  LLVMBasicBlockRef last = LLVMGetInsertBlock(e->b);
+  LLVMAddIncoming(p, &end, &last, 1);
+  LLVMAddIncoming(a, &an, &last, 1);
+  LLVMAddIncoming(b, &bn, &last, 1);
+  for (int i = 0; i < n; i++) LLVMAddIncoming(phis[i], &cur[i], &last, 1);
+  LLVMBuildBr(e->b, head);
+  LLVMPositionBuilderAtEnd(e->b, exit);
+  for (int i = 0; i < n; i++) acc[i] = phis[i];
+  *ap = a, *bp = b;
+  return p;
+}
+
+/* void name(i64 runs, ptr run, i64 lda, i64 ldb, ptr c, i64 ldc, i64 mr,
+ * i64 nr, i32 flags): wgrad_ukernel_fn. A loop over the runs ({ptr a, ptr
+ * b, i64 kc} each) around the loops over their steps; the tile added to C
+ * (GEMM_ACCUMULATE) or stored. */
+static void emit_wgrad_ukernel(llvm_emit *e, const char *name, kiln_dtype dt, tile t, LLVMTargetMachineRef tm,
+                               bool avx512) {
+  LLVMTypeRef params[9] = {e->t_i64, e->t_ptr, e->t_i64, e->t_i64, e->t_ptr, e->t_i64, e->t_i64, e->t_i64, e->t_i32};
+  LLVMValueRef fn = LLVMAddFunction(e->mod, name, LLVMFunctionType(e->t_void, params, 9, 0));
+  kernel_attrs(e, fn, tm, avx512);
+  kgen g = {.e = e, .t = t, .ty = llvm_value_type(e, dt), .esize = kiln_dtype_sizes[dt]};
+  g.vty = LLVMVectorType(g.ty, (unsigned)t.vl);
+  LLVMValueRef runs = LLVMGetParam(fn, 0), runp = LLVMGetParam(fn, 1), lda = LLVMGetParam(fn, 2),
+               ldb = LLVMGetParam(fn, 3);
+  LLVMValueRef c = LLVMGetParam(fn, 4), ldc = LLVMGetParam(fn, 5), mr = LLVMGetParam(fn, 6), nr = LLVMGetParam(fn, 7);
+  LLVMBasicBlockRef entry = LLVMAppendBasicBlockInContext(e->ctx, fn, "entry");
+  LLVMBasicBlockRef head = LLVMAppendBasicBlockInContext(e->ctx, fn, "run");
+  LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(e->ctx, fn, "run_body");
+  LLVMBasicBlockRef exit = LLVMAppendBasicBlockInContext(e->ctx, fn, "runs_done");
+  LLVMPositionBuilderAtEnd(e->b, entry);
+  LLVMValueRef colmask[4], lanes[16], nrv = splat(&g, nr);
+  for (int v = 0; v < t.nv; v++) {
+    for (int l = 0; l < t.vl; l++) lanes[l] = llvm_i64(e, (int64_t)v * t.vl + l);
+    colmask[v] = LLVMBuildICmp(e->b, LLVMIntSLT, LLVMConstVector(lanes, (unsigned)t.vl), nrv, "cols");
+  }
+  int n = t.mr * t.nv;
+  LLVMValueRef acc[64], phis[64], zero = LLVMConstNull(g.vty), i0 = llvm_i64(e, 0);
+  LLVMBuildBr(e->b, head);
+  LLVMPositionBuilderAtEnd(e->b, head);
+  LLVMValueRef tp = LLVMBuildPhi(e->b, e->t_i64, "t");
+  LLVMAddIncoming(tp, &i0, &entry, 1);
+  for (int i = 0; i < n; i++) {
+    phis[i] = acc[i] = LLVMBuildPhi(e->b, g.vty, "acc");
+    LLVMAddIncoming(phis[i], &zero, &entry, 1);
+  }
+  LLVMBuildCondBr(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, tp, runs, ""), body, exit);
+  LLVMPositionBuilderAtEnd(e->b, body);
+  /* run t: {a, b, kc} at run + 24 t bytes */
+  LLVMValueRef base = LLVMBuildMul(e->b, tp, llvm_i64(e, 3), "");
+  LLVMValueRef f1 = LLVMBuildAdd(e->b, base, llvm_i64(e, 1), ""), f2 = LLVMBuildAdd(e->b, base, llvm_i64(e, 2), "");
+  LLVMValueRef ap = LLVMBuildLoad2(e->b, e->t_ptr, LLVMBuildGEP2(e->b, e->t_i64, runp, &base, 1, ""), "ra");
+  LLVMValueRef bp = LLVMBuildLoad2(e->b, e->t_ptr, LLVMBuildGEP2(e->b, e->t_i64, runp, &f1, 1, ""), "rb");
+  g.kc = LLVMBuildLoad2(e->b, e->t_i64, LLVMBuildGEP2(e->b, e->t_i64, runp, &f2, 1, ""), "kc");
+  LLVMValueRef p = emit_wgrad_loop(&g, fn, i0, UNROLL, acc, &ap, &bp, lda, ldb, colmask);
+  emit_wgrad_loop(&g, fn, p, 1, acc, &ap, &bp, lda, ldb, colmask);
+  LLVMValueRef tnext = LLVMBuildAdd(e->b, tp, llvm_i64(e, 1), "");
+  LLVMBasicBlockRef latch = LLVMGetInsertBlock(e->b);
+  LLVMAddIncoming(tp, &tnext, &latch, 1);
+  for (int i = 0; i < n; i++) LLVMAddIncoming(phis[i], &acc[i], &latch, 1);
+  LLVMBuildBr(e->b, head);
+  LLVMPositionBuilderAtEnd(e->b, exit);
+  LLVMValueRef add = LLVMBuildICmp(e->b, LLVMIntNE, LLVMBuildAnd(e->b, LLVMGetParam(fn, 8), llvm_i32(e, GEMM_ACCUMULATE), ""),
+                                   llvm_i32(e, 0), "add");
+  emit_store(&g, phis, c, ldc, mr, nr, add, GEMM_EPI_NONE, NULL, NULL);
+  LLVMBuildRetVoid(e->b);
+}
+
 /* ---- compilation and the cache of kernels ---- */
 
-/* lda (here and below): -1 the matmul kernel; 0 the convolution kernel,
- * its lda a parameter; > 0 the convolution kernel for that lda */
+/* lda (here and below): -1 the matmul kernel; -2 the filter-gradient
+ * kernel; 0 the convolution kernel, its lda a parameter; > 0 the
+ * convolution kernel for that lda */
+enum { LDA_GEMM = -1, LDA_WGRAD = -2 };
 static void kernel_name(char *name, size_t len, kiln_dtype dt, gemm_epilogue epi, tile t, int64_t lda) {
-  if (lda < 0)
+  if (lda == LDA_WGRAD)
+    snprintf(name, len, "kiln_wgrad_%s_%dx%d", kiln_dtype_name(dt), t.mr, t.nv * t.vl);
+  else if (lda < 0)
     snprintf(name, len, "kiln_gemm_%s_%s_%dx%d", kiln_dtype_name(dt), epi_names[epi], t.mr, t.nv * t.vl);
   else
     snprintf(name, len, "kiln_conv_%s_%s_%dx%d_lda%lld", kiln_dtype_name(dt), epi_names[epi], t.mr, t.nv * t.vl,
@@ -366,7 +488,7 @@ static void kernel_name(char *name, size_t len, kiln_dtype dt, gemm_epilogue epi
 static LLVMModuleRef build_module(LLVMContextRef ctx, kiln_dtype dt, gemm_epilogue epi, int64_t lda,
                                   LLVMTargetMachineRef tm, isa target, char *name, size_t name_len, tile *t) {
   bool avx512 = target == ISA_AVX512;
-  *t = lda >= 0 ? conv_tile_for(dt, avx512) : tile_for(dt, avx512);
+  *t = lda != LDA_GEMM ? conv_tile_for(dt, avx512) : tile_for(dt, avx512);
   kernel_name(name, name_len, dt, epi, *t, lda);
   LLVMModuleRef mod = LLVMModuleCreateWithNameInContext(name, ctx);
   char *triple = LLVMGetTargetMachineTriple(tm);
@@ -377,7 +499,9 @@ static LLVMModuleRef build_module(LLVMContextRef ctx, kiln_dtype dt, gemm_epilog
   LLVMDisposeTargetData(layout);
   llvm_emit e;
   llvm_emit_init(&e, ctx, mod);
-  if (lda >= 0)
+  if (lda == LDA_WGRAD)
+    emit_wgrad_ukernel(&e, name, dt, *t, tm, avx512);
+  else if (lda >= 0)
     emit_conv_ukernel(&e, name, dt, epi, *t, tm, avx512, lda);
   else
     emit_ukernel(&e, name, dt, epi, *t, tm, avx512);
@@ -393,6 +517,7 @@ typedef struct {
 } variant;
 
 static variant variants[2][GEMM_EPI_COUNT]; /* f32, f64 */
+static variant wgrad_variants[2];
 /* The convolution kernels: one per (dtype, epilogue, lda) in use (a
  * network has a few image widths x strides), then the generic one (lda 0)
  * for any further lda. Looked up and filled under compile_mu. */
@@ -455,7 +580,7 @@ static int compile_variant(kiln_dtype dt, gemm_epilogue epi, int64_t lda, varian
     return kiln_set_error("gemm: no compiled micro-kernel for this CPU (x86-64 with AVX2 and FMA)");
   }
   char name[96], *msg = NULL, dir[4096];
-  tile t = lda >= 0 ? conv_tile_for(dt, target == ISA_AVX512) : tile_for(dt, target == ISA_AVX512);
+  tile t = lda != LDA_GEMM ? conv_tile_for(dt, target == ISA_AVX512) : tile_for(dt, target == ISA_AVX512);
   kernel_name(name, sizeof name, dt, epi, t, lda);
   char *meta = cpu_cache_dir(dir, sizeof dir) ? kernel_meta(tm, name, target) : NULL;
   uint8_t key[16];
@@ -523,7 +648,8 @@ static int try_compile(kiln_dtype dt, gemm_epilogue epi, int64_t lda, variant *v
   snprintf(saved, sizeof saved, "%s", kiln_last_error());
   state = compile_variant(dt, epi, lda, v) ? FAILED : READY;
   if (state == FAILED && env_is("KILN_LOG", "gemm"))
-    fprintf(stderr, "kiln: gemm: no compiled %s micro-kernel for %s %s: %s\n", lda >= 0 ? "convolution" : "matmul",
+    fprintf(stderr, "kiln: gemm: no compiled %s micro-kernel for %s %s: %s\n",
+            lda == LDA_WGRAD ? "filter-gradient" : lda >= 0 ? "convolution" : "matmul",
             kiln_dtype_name(dt), epi_names[epi], kiln_last_error());
   kiln_set_error("%s", saved);
   atomic_store_explicit(&v->state, state, memory_order_release);
@@ -536,7 +662,7 @@ bool cpu_gemm_ukernel(kiln_dtype dt, gemm_epilogue epi, gemm_ukernel *uk) {
   int state = atomic_load_explicit(&v->state, memory_order_acquire);
   if (state == UNTRIED) {
     pthread_mutex_lock(&compile_mu);
-    state = try_compile(dt, epi, -1, v);
+    state = try_compile(dt, epi, LDA_GEMM, v);
     pthread_mutex_unlock(&compile_mu);
   }
   if (state != READY) return false;
@@ -569,11 +695,28 @@ bool cpu_conv_ukernel(kiln_dtype dt, gemm_epilogue epi, int64_t lda, conv_ukerne
   return true;
 }
 
+bool cpu_wgrad_ukernel(kiln_dtype dt, wgrad_ukernel *uk) {
+  if (!usable(dt, GEMM_EPI_NONE)) return false;
+  variant *v = &wgrad_variants[dt == KILN_F64];
+  int state = atomic_load_explicit(&v->state, memory_order_acquire);
+  if (state == UNTRIED) {
+    pthread_mutex_lock(&compile_mu);
+    state = try_compile(dt, GEMM_EPI_NONE, LDA_WGRAD, v);
+    pthread_mutex_unlock(&compile_mu);
+  }
+  if (state != READY) return false;
+  *uk = (wgrad_ukernel){(wgrad_ukernel_fn)v->fn, v->mr, v->nr};
+  return true;
+}
+
 char *cpu_gemm_text(kiln_dtype dt, gemm_epilogue epi, const char *stage) {
   if ((dt != KILN_F32 && dt != KILN_F64) || (int)epi < 0 || epi >= GEMM_EPI_COUNT)
     return kiln_set_error("gemm: no micro-kernel for %s", kiln_dtype_name(dt)), NULL;
-  int64_t lda = -1;
-  if (stage && !strncmp(stage, "conv-", 5)) { /* the convolution kernel's: "conv-asm", or "conv64-asm" for lda 64 */
+  int64_t lda = LDA_GEMM;
+  if (stage && !strncmp(stage, "wgrad-", 6)) {
+    lda = LDA_WGRAD;
+    stage += 6;
+  } else if (stage && !strncmp(stage, "conv-", 5)) { /* the convolution kernel's: "conv-asm", or "conv64-asm" for lda 64 */
     lda = 0;
     stage += 5;
   } else if (stage && !strncmp(stage, "conv", 4) && strchr(stage, '-')) {
@@ -604,4 +747,5 @@ char *cpu_gemm_text(kiln_dtype dt, gemm_epilogue epi, const char *stage) {
 static KILN_CONSTRUCTOR void gemm_register(void) {
   matmul_set_provider(cpu_gemm_ukernel);
   matmul_set_conv_provider(cpu_conv_ukernel);
+  matmul_set_wgrad_provider(cpu_wgrad_ukernel);
 }

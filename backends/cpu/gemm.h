@@ -25,8 +25,13 @@ KILN_EXPORT bool cpu_gemm_ukernel(kiln_dtype dt, gemm_epilogue epi, gemm_ukernel
  * lda from its argument; 0 asks for that one. As cpu_gemm_ukernel. */
 KILN_EXPORT bool cpu_conv_ukernel(kiln_dtype dt, gemm_epilogue epi, int64_t lda, conv_ukernel *uk);
 
+/* The compiled filter-gradient micro-kernel for dt (lib/matmul.h's
+ * wgrad_provider_fn), as cpu_gemm_ukernel. */
+KILN_EXPORT bool cpu_wgrad_ukernel(kiln_dtype dt, wgrad_ukernel *uk);
+
 /* The LLVM IR ("llvm") or assembly ("asm") of the micro-kernel for (dt,
- * epi), or of the convolution kernel ("conv-llvm", "conv-asm"; "convN-asm" for lda N), malloc'd; NULL with the error set ("gemm: ..."). For tests and
+ * epi), or of the convolution kernel ("conv-llvm", "conv-asm"; "convN-asm" for lda N), or of the
+ * filter-gradient kernel ("wgrad-llvm", "wgrad-asm"), malloc'd; NULL with the error set ("gemm: ..."). For tests and
  * reading. */
 KILN_EXPORT char *cpu_gemm_text(kiln_dtype dt, gemm_epilogue epi, const char *stage);
 
