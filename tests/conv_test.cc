@@ -24,6 +24,7 @@
 #include "conv.h"
 #include "ir.h"
 #include "ir_gen.h"
+#include "passes.h"
 #include "test_util.h"
 
 using namespace kiln_test;
@@ -621,18 +622,21 @@ TEST(ConvIr, BadAttributesAreParseErrors) {
 // Random programs with windows (tests/ir_gen.cc, IR_GEN_WINDOW): compiled
 // for the CPU == interpreted, bit for bit (both run the eager kernels for
 // the windows; the rest without FP contraction), and they do hold windows.
-TEST(ConvRandom, ProgramsWithWindowsCompiledEqualInterpreted) {
+// optimized: compiled after the default pipeline, whose fusions make
+// convolutions with bias, residual and activation epilogues
+// (conv2d_epilogue), against the unoptimized program interpreted.
+void check_window_programs(bool optimized) {
   Scoped s;
   ir_gen_options o = ir_gen_default_options();
   o.kinds |= IR_GEN_WINDOW;
   o.dtypes = DT_BIT(KILN_F32) | DT_BIT(KILN_F64);
   cpu_options strict{};
   strict.no_contract = true;
-  int windows = 0, programs = 0, differ = 0;
-  for (uint64_t seed = 1; seed <= 60; seed++) {
+  int windows = 0, programs = 0, differ = 0, epilogues = 0;
+  for (uint64_t seed = 1; seed <= (optimized ? 200u : 60u); seed++) {
     ir_module *m = ir_gen_program(seed, &o);
     ASSERT_NE(m, nullptr) << "seed " << seed << ": " << kiln_last_error();
-    const ir_func *f = m->funcs[0];
+    ir_func *f = m->funcs[0];
     bool has = false;
     for (int i = 0; i < f->n_instrs; i++)
       if (ir_op_info(f->instrs[i].op)->kind == OPK_WINDOW) windows++, has = true;
@@ -640,13 +644,22 @@ TEST(ConvRandom, ProgramsWithWindowsCompiledEqualInterpreted) {
     std::vector<kiln_tensor *> args((size_t)f->n_params), want((size_t)f->n_results), got((size_t)f->n_results);
     ASSERT_EQ(ir_gen_args(f, seed, args.data()), 0) << kiln_last_error();
     ASSERT_EQ(ir_interpret(f, args.data(), want.data()), 0) << "seed " << seed << ": " << kiln_last_error();
+    if (optimized) {
+      ASSERT_EQ(pass_run_pipeline(f, PASS_DEFAULT_PIPELINE, nullptr, nullptr, nullptr), 0)
+          << "seed " << seed << ": " << kiln_last_error();
+      for (int i = 0; i < f->n_instrs; i++) {
+        const ir_instr *in = &f->instrs[i];
+        if (in->op == OP_FUSION && in->attrs.callee->n_instrs > 1 && in->attrs.callee->instrs[0].op == OP_CONV2D)
+          epilogues++;
+      }
+    }
     cpu_program *p = cpu_compile_with(f, &strict);
     ASSERT_NE(p, nullptr) << "seed " << seed << ": " << kiln_last_error();
     ASSERT_EQ(cpu_run(p, args.data(), got.data()), 0) << "seed " << seed << ": " << kiln_last_error();
     cpu_program_free(p);
     for (int r = 0; r < f->n_results; r++) {
       bool ok = allclose(got[(size_t)r], want[(size_t)r], 1e-5, 1e-5);
-      EXPECT_TRUE(ok) << "seed " << seed << " result " << r;
+      EXPECT_TRUE(ok) << "seed " << seed << " result " << r << (optimized ? " (optimized)" : "");
       differ += !ok;
     }
     kiln_scope_pop();
@@ -656,7 +669,13 @@ TEST(ConvRandom, ProgramsWithWindowsCompiledEqualInterpreted) {
   EXPECT_GT(programs, 30) << "programs with a window op";
   EXPECT_GT(windows, 60);
   EXPECT_EQ(differ, 0);
+  if (optimized) {
+    EXPECT_GT(epilogues, 10) << "fusions led by a conv2d";
+  }
 }
+
+TEST(ConvRandom, ProgramsWithWindowsCompiledEqualInterpreted) { check_window_programs(false); }
+TEST(ConvRandom, OptimizedProgramsWithWindowsCompiledEqualInterpreted) { check_window_programs(true); }
 
 // ---- gradients against central differences (f64) ----
 
