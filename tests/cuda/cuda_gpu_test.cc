@@ -1,11 +1,13 @@
 // cuda_gpu_test.cc — what the fake driver cannot check: the values GPU
 // kernels compute. Every op and dtype eagerly on gpu:0 against the CPU, and
 // random programs (tests/ir_gen) compiled by the CUDA backend against the
-// reference interpreter. Uses the machine's own driver (libcuda.so.1); every
+// reference interpreter; the window ops (conv2d, pooling, their
+// gradients) on random shapes against the CPU kernels. Uses the machine's own driver (libcuda.so.1); every
 // test is skipped, saying why, where there is no GPU.
 #include <gmock/gmock.h>
 
 #include <cmath>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,7 @@
 #include "../test_util.h"
 #include "cuda/cuda_rt.h"
 #include "cuda/ptx.h"
+#include "window_cases.h"
 
 using namespace kiln_test;
 
@@ -115,11 +118,12 @@ TEST(CudaGpu, EagerOpsMatchTheCpu) {
 
 // the random corpus (with control flow when control) compiled for gpu:0
 // against the interpreter
-void random_programs_match(bool control) {
+void random_programs_match(bool control, unsigned more_kinds = 0) {
   const char *arch = cuda_arch_of(0);
   int n = 300, failures = 0;
   ir_gen_options o = ir_gen_default_options();
   if (control) o.kinds |= IR_GEN_CONTROL;
+  o.kinds |= more_kinds;
   for (int seed = 1; seed <= n && failures < 5; seed++) {
     Scoped s;
     ir_module *m = ir_gen_program((uint64_t)seed, &o);
@@ -152,6 +156,117 @@ TEST(CudaGpu, RandomProgramsMatchTheInterpreter) {
 TEST(CudaGpu, RandomProgramsWithControlFlowMatchTheInterpreter) {
   NEED_GPU();
   random_programs_match(true);
+}
+
+// convolutions, pooling and their gradients among the random ops
+TEST(CudaGpu, RandomProgramsWithWindowOpsMatchTheInterpreter) {
+  NEED_GPU();
+  random_programs_match(false, IR_GEN_WINDOW);
+}
+
+// Every window op (conv2d, its two gradients, max and average pooling and
+// theirs) on gpu:0 against the CPU kernel, on random shapes: strides 1-3,
+// dilations 1-2, explicit padding, one group, several, depthwise; pooling
+// windows with ties and NaN. Compiled as a one-op program (both passes of a
+// split filter gradient), and eagerly where the op has a public entry.
+// Pooling adds in the CPU's order: the same bits; convolutions sum in
+// another order (and fuse multiply-adds): close.
+TEST(CudaGpu, WindowOpsMatchTheCpu) {
+  NEED_GPU();
+  std::mt19937 rng(1616);
+  const char *arch = cuda_arch_of(0);
+  int failures = 0;
+  for (op_id op : kWindowOps)
+    for (kiln_dtype dt : {KILN_F32, KILN_F64})
+      for (int k = 0; k < 16 && failures < 5; k++) {
+        Scoped s;
+        WinCase c = random_window_case(rng, op, dt, k % 2 == 1);
+        SCOPED_TRACE(c.what);
+        kiln_tensor *want = window_cpu(c);
+        ASSERT_NE(want, nullptr) << kiln_last_error();
+        bool conv = op == OP_CONV2D || op == OP_CONV2D_BP_INPUT || op == OP_CONV2D_BP_FILTER;
+        auto check = [&](kiln_tensor *gpu, const char *how) {
+          ASSERT_NE(gpu, nullptr) << how << ": " << kiln_last_error();
+          EXPECT_STREQ(kiln_tensor_device(gpu), "gpu:0") << how;
+          kiln_tensor *got = to(gpu, "cpu:0");
+          bool ok = conv ? close(got, want, dt == KILN_F64 ? 1e-10 : 1e-4) : same_bits(got, want);
+          EXPECT_TRUE(ok) << how << "\ngot  " << ::testing::PrintToString(values(got)) << "\nwant "
+                          << ::testing::PrintToString(values(want));
+          failures += !ok;
+        };
+        // compiled: the one-op function
+        ir_module *m = ir_module_new();
+        std::vector<op_type> ts;
+        std::vector<ir_value> vs;
+        for (kiln_tensor *t : c.in) {
+          op_type t1{};
+          V64 sh = shape_of(t);
+          t1.dtype = dt, t1.rank = (int)sh.size();
+          for (size_t d = 0; d < sh.size(); d++) t1.shape[d] = sh[d];
+          ts.push_back(t1);
+          vs.push_back((ir_value)vs.size());
+        }
+        ir_func *f = ir_func_new(m, "w", (int)ts.size(), ts.data());
+        ir_value v = f ? ir_append(f, op, &c.a, (int)vs.size(), vs.data(), ir_loc{nullptr, 0}) : -1;
+        ASSERT_GE(v, 0) << kiln_last_error();
+        ASSERT_EQ(ir_set_results(f, 1, &v), 0) << kiln_last_error();
+        cuda_program *p = cuda_compile(f, arch);
+        ASSERT_NE(p, nullptr) << kiln_last_error();
+        std::vector<kiln_tensor *> args;
+        for (kiln_tensor *t : c.in) args.push_back(to(t, "gpu:0"));
+        kiln_tensor *got = nullptr;
+        EXPECT_EQ(cuda_program_run(p, 0, args.data(), &got), 0) << kiln_last_error();
+        check(got, "compiled");
+        cuda_program_free(p);
+        ir_module_free(m);
+        // eager, through the public entry points
+        kiln_conv_opts o{};
+        for (int i = 0; i < 2; i++) o.stride[i] = c.a.stride[i], o.dilation[i] = conv ? c.a.dilation[i] : 0;
+        for (int i = 0; i < 4; i++) o.padding[i] = c.a.padding[i];
+        o.groups = conv ? c.a.groups : 0;
+        ASSERT_EQ(kiln_device_push("gpu:0"), 0);
+        if (op == OP_CONV2D) check(kiln_conv2d(args[0], args[1], &o), "eager");
+        if (op == OP_CONV2D_BP_INPUT) check(kiln_conv2d_transpose(args[0], args[1], c.a.shape + 1, &o), "eager");
+        if (op == OP_MAX_POOL2D) check(kiln_max_pool2d(args[0], c.a.window, &o), "eager");
+        if (op == OP_AVG_POOL2D) check(kiln_avg_pool2d(args[0], c.a.window, &o), "eager");
+        kiln_device_pop();
+      }
+}
+
+// A conv net's training step on the GPU (the tape's gradients are the window
+// ops' GPU kernels) against the same step on the CPU.
+TEST(CudaGpu, ConvGradientsMatchTheCpu) {
+  NEED_GPU();
+  Scoped s;
+  kiln_random_seed(16);
+  kiln_tensor *x = kiln_random_normal(KILN_F32, KILN_SHAPE(4, 12, 12, 3));
+  kiln_tensor *w1 = kiln_random_normal(KILN_F32, KILN_SHAPE(3, 3, 3, 8));
+  kiln_tensor *w2 = kiln_random_normal(KILN_F32, KILN_SHAPE(3, 3, 1, 8));
+  auto step = [&](const char *dev, kiln_tensor **grads) {
+    kiln_tensor *xs[3] = {to(x, dev), to(w1, dev), to(w2, dev)};
+    ASSERT_EQ(kiln_device_push(dev), 0);
+    kiln_tape *tape = kiln_tape_begin(false);
+    for (kiln_tensor *t : xs) kiln_tape_watch(tape, t);
+    kiln_conv_opts o{};
+    o.same = true;
+    kiln_conv_opts dw{};
+    dw.same = true, dw.groups = 8, dw.stride[0] = dw.stride[1] = 2;
+    int win[2] = {3, 3};
+    kiln_conv_opts po{};
+    po.stride[0] = po.stride[1] = 2, po.padding[1] = po.padding[3] = 1;
+    kiln_tensor *h = kiln_relu(kiln_conv2d(xs[0], xs[1], &o));
+    h = kiln_max_pool2d(kiln_conv2d(h, xs[2], &dw), win, &po);
+    int w2x2[2] = {2, 2};
+    kiln_tensor *loss = kiln_reduce_sum(kiln_avg_pool2d(h, w2x2, nullptr), 0, nullptr, false);
+    kiln_tape_end(tape);
+    EXPECT_EQ(kiln_tape_gradient(tape, loss, 3, xs, grads), 0) << kiln_last_error();
+    kiln_tape_free(tape);
+    kiln_device_pop();
+  };
+  kiln_tensor *cpu[3] = {}, *gpu[3] = {};
+  step("cpu:0", cpu);
+  step("gpu:0", gpu);
+  for (int i = 0; i < 3; i++) EXPECT_TRUE(close(gpu[i], cpu[i], 1e-4)) << "gradient " << i;
 }
 
 int mlp(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
