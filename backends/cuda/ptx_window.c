@@ -473,9 +473,9 @@ int cuda_emit_window(kctx *k) {
   wgen w;
   if (wgen_init(&w, e, in->op, &in->attrs, &f->types[in->in[0]], t1, &f->types[in->out], g->pass)) return -1;
   w.in0 = g->pass == 2 ? k->buf[g->out[0]] : k->buf[in->in[0]];
-  w.in1 = t1 ? k->buf[in->in[1]] : NULL;
+  w.in1 = t1 && g->pass != 2 ? k->buf[in->in[1]] : NULL;
   w.out = k->outp[0];
-  if (!w.in0 || (t1 && !w.in1))
+  if (!w.in0 || (t1 && g->pass != 2 && !w.in1))
     return kiln_set_error("cuda: @%s: internal error: %s has no input buffer", cb->f->name, kiln_ops[in->op].name);
   int64_t items = wgen_items(&w);
   cuda_launch_1d(k->st, items);

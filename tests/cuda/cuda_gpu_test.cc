@@ -196,20 +196,8 @@ TEST(CudaGpu, WindowOpsMatchTheCpu) {
         };
         // compiled: the one-op function
         ir_module *m = ir_module_new();
-        std::vector<op_type> ts;
-        std::vector<ir_value> vs;
-        for (kiln_tensor *t : c.in) {
-          op_type t1{};
-          V64 sh = shape_of(t);
-          t1.dtype = dt, t1.rank = (int)sh.size();
-          for (size_t d = 0; d < sh.size(); d++) t1.shape[d] = sh[d];
-          ts.push_back(t1);
-          vs.push_back((ir_value)vs.size());
-        }
-        ir_func *f = ir_func_new(m, "w", (int)ts.size(), ts.data());
-        ir_value v = f ? ir_append(f, op, &c.a, (int)vs.size(), vs.data(), ir_loc{nullptr, 0}) : -1;
-        ASSERT_GE(v, 0) << kiln_last_error();
-        ASSERT_EQ(ir_set_results(f, 1, &v), 0) << kiln_last_error();
+        ir_func *f = window_func(m, c);
+        ASSERT_NE(f, nullptr) << kiln_last_error();
         cuda_program *p = cuda_compile(f, arch);
         ASSERT_NE(p, nullptr) << kiln_last_error();
         std::vector<kiln_tensor *> args;

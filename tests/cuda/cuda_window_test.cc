@@ -227,7 +227,7 @@ TEST(CudaWindow, AConvNetsForwardPassLaunchesItsKernels) {
       "func @k(%c: f32[2,8,8,4], %b: f32[4]) -> f32[2,8,8,4] {\n"
       "  %a = add %c, %b : f32[2,8,8,4]\n"
       "  %z = constant dense<0.0> : f32[]\n"
-      "  %r = maximum %a, %z : f32[2,8,8,4]\n"
+      "  %r = max %a, %z : f32[2,8,8,4]\n"
       "  return %r\n"
       "}\n"
       "func @f(%x: f32[2,8,8,3], %w: f32[3,3,3,4], %b: f32[4]) -> f32[2,4,4,4] {\n"

@@ -120,11 +120,11 @@ inline WinCase random_window_case(std::mt19937 &rng, op_id op, kiln_dtype dt, bo
       for (size_t d = 0; d < s.size(); d++) t1.shape[d] = s[d];
       ts.push_back(t1);
     }
-    if (kiln_ops[op].infer(op, &a, (int)ts.size(), ts.data(), &c.out)) {
-      ADD_FAILURE() << kiln_ops[op].name << ": the case's inference failed: " << kiln_last_error();
+    if (ir_op_info(op)->infer(op, &a, (int)ts.size(), ts.data(), &c.out)) {
+      ADD_FAILURE() << ir_op_info(op)->name << ": the case's inference failed: " << kiln_last_error();
       return c;
     }
-    c.what = std::string(kiln_ops[op].name) + " " + kiln_dtype_name(dt);
+    c.what = std::string(ir_op_info(op)->name) + " " + kiln_dtype_name(dt);
     for (kiln_tensor *t : c.in) c.what += " " + shape_str(shape_of(t));
     c.what += " stride " + std::to_string(a.stride[0]) + "," + std::to_string(a.stride[1]);
     if (conv)
@@ -138,15 +138,34 @@ inline WinCase random_window_case(std::mt19937 &rng, op_id op, kiln_dtype dt, bo
   }
 }
 
-// The CPU kernel's result of c (a new tensor of the enclosing Scoped), NULL
-// with the error on failure.
+// c's op as a one-instruction function of m over parameters of its inputs'
+// types (NULL with the error on failure)
+inline ir_func *window_func(ir_module *m, const WinCase &c) {
+  std::vector<op_type> ts;
+  std::vector<ir_value> vs;
+  for (kiln_tensor *t : c.in) {
+    op_type t1{};
+    V64 sh = shape_of(t);
+    t1.dtype = kiln_tensor_dtype(t), t1.rank = (int)sh.size();
+    for (size_t d = 0; d < sh.size(); d++) t1.shape[d] = sh[d];
+    ts.push_back(t1);
+    vs.push_back((ir_value)vs.size());
+  }
+  ir_func *f = ir_func_new(m, "w", (int)ts.size(), ts.data());
+  ir_value v = f ? ir_append(f, c.op, &c.a, (int)vs.size(), vs.data(), ir_loc{nullptr, 0}) : -1;
+  return v >= 0 && ir_set_results(f, 1, &v) == 0 ? f : nullptr;
+}
+
+// The CPU's result of c (the interpreter runs the eager CPU kernel, in
+// lib/kernels_conv.c): a new tensor of the enclosing Scoped, NULL with the
+// error on failure.
 inline kiln_tensor *window_cpu(const WinCase &c) {
-  kiln_tensor *out = kiln_zeros(c.out.dtype, c.out.rank, c.out.shape);
-  if (!out) return nullptr;
-  kernel_fn fn = kiln_kernels[c.op][0][c.out.dtype];
-  if (!fn) return nullptr;
-  op_call call = {c.op, &c.a, (int)c.in.size(), const_cast<kiln_tensor **>(c.in.data()), out};
-  return fn(&call) ? nullptr : out;
+  ir_module *m = ir_module_new();
+  ir_func *f = m ? window_func(m, c) : nullptr;
+  kiln_tensor *out = nullptr;
+  if (f && ir_interpret(f, c.in.data(), &out)) out = nullptr;
+  ir_module_free(m);
+  return out;
 }
 
 }  // namespace kiln_test
