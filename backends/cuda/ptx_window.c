@@ -45,7 +45,7 @@
 #include "cuda/compile.h"
 
 enum {
-  WIN_WANT_THREADS = 1 << 16, /* a filter gradient splits its rows until it has this many threads */
+  WIN_WANT_THREADS = 1 << 18, /* a filter gradient splits its rows until it has this many threads (an H100 runs 270k at once) */
   WIN_MIN_ROWS = 4,           /* rows (n, oy) per range at least */
   WIN_MAX_SPLIT = 4096,
 };
