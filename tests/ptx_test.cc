@@ -664,15 +664,16 @@ TEST(Ptx, RandomProgramsAssemble) {
 }
 
 // Random programs with convolutions, pooling and their gradients (tests/
-// ir_gen.h IR_GEN_WINDOW), after the default pipeline: every window op a
-// kernel of its own (no host step), and the module assembles.
+// ir_gen.h IR_GEN_WINDOW; every other one with control flow too), after the
+// default pipeline: every window op a kernel of its own (no host step), and
+// the module assembles.
 TEST(Ptx, RandomProgramsWithWindowsAssemble) {
   Scoped scope;
   ir_gen_options o = ir_gen_default_options();
-  o.kinds |= IR_GEN_WINDOW;
   int windows = 0;
   for (int i = 0; i < 60; i++) {
     uint64_t seed = 1 + (uint64_t)i;
+    o.kinds = ir_gen_default_options().kinds | IR_GEN_WINDOW | (i % 2 ? IR_GEN_CONTROL : 0u);  // in loop bodies too
     ir_module *m = ir_gen_program(seed, &o);
     ASSERT_NE(m, nullptr) << kiln_last_error();
     char *t = ir_print_module(m);

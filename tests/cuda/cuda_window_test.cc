@@ -142,6 +142,36 @@ TEST(CudaWindow, HandComputedValues) {
   EXPECT_EQ(values(ay), (VD{(1 + 4) / 2.0, 3, 4, (4 + 7) / 2.0, 6, 7}));
 }
 
+// Empty batches: nothing to compute for conv2d, zeros for the filter
+// gradient (empty sums), on the host and in the launch plan.
+TEST(CudaWindow, EmptyBatches) {
+  WinGpuTest s;
+  op_attrs a{};
+  a.stride[0] = a.stride[1] = a.dilation[0] = a.dilation[1] = a.groups = 1;
+  a.rank = 4, a.shape[0] = 3, a.shape[1] = 3, a.shape[2] = 2, a.shape[3] = 4;
+  kiln_tensor *in[2] = {kiln_ones(KILN_F32, KILN_SHAPE(0, 5, 5, 2)), kiln_ones(KILN_F32, KILN_SHAPE(0, 3, 3, 4))};
+  kiln_tensor *df = kiln_ones(KILN_F32, KILN_SHAPE(3, 3, 2, 4));
+  ASSERT_EQ(kiln_debug_cuda_window(OP_CONV2D_BP_FILTER, &a, 2, in, df), 0) << error();
+  EXPECT_EQ(values(df), VD(72, 0.0));
+  Kir k(
+      "func @f(%x: f32[0,5,5,2], %w: f32[3,3,2,4], %dy: f32[0,3,3,4]) -> (f32[0,3,3,4], f32[3,3,2,4]) {\n"
+      "  %y = conv2d %x, %w {stride=[1,1], dilation=[1,1], padding=[0,0,0,0], groups=1} : f32[0,3,3,4]\n"
+      "  %g = conv2d_backprop_filter %x, %dy {shape=[3,3,2,4], stride=[1,1], dilation=[1,1], "
+      "padding=[0,0,0,0], groups=1} : f32[3,3,2,4]\n"
+      "  return %y, %g\n"
+      "}\n");
+  cuda_program *p = cuda_compile(k.f(), "sm_90");
+  ASSERT_NE(p, nullptr) << error();
+  kiln_tensor *args[3] = {on("gpu:0", in[0]), on("gpu:0", kiln_ones(KILN_F32, KILN_SHAPE(3, 3, 2, 4))),
+                          on("gpu:0", in[1])};
+  kiln_tensor *out[2] = {nullptr, nullptr};
+  ASSERT_EQ(cuda_program_run(p, 0, args, out), 0) << error();
+  std::vector<fake_launch> l = launches();
+  ASSERT_EQ(l.size(), 1u) << "the empty conv launches nothing; the filter gradient writes its zeros";
+  EXPECT_EQ(l[0].ptr[0], (unsigned long long)(uintptr_t)data_of(out[1]));
+  cuda_program_free(p);
+}
+
 // The filter gradient's two passes (partials per range of rows, then their
 // sum) compute what one pass does.
 TEST(CudaWindow, ASplitFilterGradientSumsItsPartials) {
