@@ -673,7 +673,7 @@ TEST(Ptx, RandomProgramsWithWindowsAssemble) {
   int windows = 0;
   for (int i = 0; i < 60; i++) {
     uint64_t seed = 1 + (uint64_t)i;
-    o.kinds = ir_gen_default_options().kinds | IR_GEN_WINDOW | (i % 2 ? IR_GEN_CONTROL : 0u);  // in loop bodies too
+    o.kinds = ir_gen_default_options().kinds | IR_GEN_WINDOW | (i % 2 ? (unsigned)IR_GEN_CONTROL : 0u);  // in loop bodies too
     ir_module *m = ir_gen_program(seed, &o);
     ASSERT_NE(m, nullptr) << kiln_last_error();
     char *t = ir_print_module(m);
