@@ -6,7 +6,10 @@
 // test is skipped, saying why, where there is no GPU.
 #include <gmock/gmock.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -219,6 +222,62 @@ TEST(CudaGpu, WindowOpsMatchTheCpu) {
         if (op == OP_AVG_POOL2D) check(kiln_avg_pool2d(args[0], c.a.window, &o), "eager");
         kiln_device_pop();
       }
+}
+
+// ResNet-50's 3x3 64->64 layer at 56x56, batch 8 (the benchmark
+// shape): conv2d and its two gradients on gpu:0 against the CPU, and their
+// times printed (GFLOP/s, the mean of 5 runs after a warm-up) for the first
+// session with a GPU to record.
+TEST(CudaGpu, ResNetLayerWindowKernelsMatchTheCpuAndAreTimed) {
+  NEED_GPU();
+  Scoped s;
+  kiln_random_seed(50);
+  kiln_tensor *x = kiln_random_normal(KILN_F32, KILN_SHAPE(8, 56, 56, 64));
+  kiln_tensor *w = kiln_random_normal(KILN_F32, KILN_SHAPE(3, 3, 64, 64));
+  kiln_tensor *dy = kiln_random_normal(KILN_F32, KILN_SHAPE(8, 56, 56, 64));
+  const char *ops[3] = {"conv2d", "conv2d_backprop_input", "conv2d_backprop_filter"};
+  const char *kir[3] = {
+      "func @f(%x: f32[8,56,56,64], %w: f32[3,3,64,64]) -> f32[8,56,56,64] {\n"
+      "  %r = conv2d %x, %w {stride=[1,1], dilation=[1,1], padding=[1,1,1,1], groups=1} : f32[8,56,56,64]\n"
+      "  return %r\n}\n",
+      "func @f(%dy: f32[8,56,56,64], %w: f32[3,3,64,64]) -> f32[8,56,56,64] {\n"
+      "  %r = conv2d_backprop_input %dy, %w {shape=[8,56,56,64], stride=[1,1], dilation=[1,1], "
+      "padding=[1,1,1,1], groups=1} : f32[8,56,56,64]\n"
+      "  return %r\n}\n",
+      "func @f(%x: f32[8,56,56,64], %dy: f32[8,56,56,64]) -> f32[3,3,64,64] {\n"
+      "  %r = conv2d_backprop_filter %x, %dy {shape=[3,3,64,64], stride=[1,1], dilation=[1,1], "
+      "padding=[1,1,1,1], groups=1} : f32[3,3,64,64]\n"
+      "  return %r\n}\n"};
+  kiln_tensor *ins[3][2] = {{x, w}, {dy, w}, {x, dy}};
+  double flops = 2.0 * 8 * 56 * 56 * 64 * 64 * 9;
+  for (int q = 0; q < 3; q++) {
+    SCOPED_TRACE(ops[q]);
+    ir_module *m = ir_parse(kir[q], "resnet.kir");
+    ASSERT_NE(m, nullptr) << kiln_last_error();
+    const ir_func *f = m->funcs[0];
+    kiln_tensor *want[1] = {nullptr}, *got[1] = {nullptr};
+    ASSERT_EQ(ir_interpret(f, ins[q], want), 0) << kiln_last_error();
+    cuda_program *p = cuda_compile(f, cuda_arch_of(0));
+    ASSERT_NE(p, nullptr) << kiln_last_error();
+    kiln_tensor *args[2] = {to(ins[q][0], "gpu:0"), to(ins[q][1], "gpu:0")};
+    ASSERT_EQ(cuda_program_run(p, 0, args, got), 0) << kiln_last_error();
+    EXPECT_TRUE(allclose(to(got[0], "cpu:0"), want[0], 1e-3, 1e-3));
+    double best = 1e30, sum = 0;
+    for (int r = 0; r < 6; r++) {
+      kiln_scope_push();
+      ASSERT_EQ(kiln_debug_cuda_sync(0), 0);
+      auto t0 = std::chrono::steady_clock::now();
+      ASSERT_EQ(cuda_program_run(p, 0, args, got), 0) << kiln_last_error();
+      ASSERT_EQ(kiln_debug_cuda_sync(0), 0);
+      double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      kiln_scope_pop();
+      if (r > 0) sum += sec, best = std::min(best, sec);
+    }
+    std::printf("[cuda window] %s f32 8x56x56x64, 3x3x64x64: %.3f ms mean, %.3f best, %.0f GFLOP/s (%s)\n", ops[q],
+                sum / 5 * 1e3, best * 1e3, flops / (sum / 5) * 1e-9, cuda_arch_of(0));
+    cuda_program_free(p);
+    ir_module_free(m);
+  }
 }
 
 // A conv net's training step on the GPU (the tape's gradients are the window
