@@ -100,6 +100,14 @@ static void filter_split(const wgeom *g, int64_t elems, int64_t *split, int64_t 
   *split = (rows + *chunk - 1) / *chunk; /* no empty ranges */
 }
 
+/* Output channels per thread of conv2d and of the filter gradient's first
+ * pass: 4 where a group's channels come in fours (the 4 share a group, so
+ * each image element loaded serves 4 products and the filter's or dy's 4
+ * adjacent values load as one vector), else 1. */
+static int window_vec(const wgeom *g, op_id op) {
+  return (op == OP_CONV2D || op == OP_CONV2D_BP_FILTER) && g->og > 0 && g->og % 4 == 0 ? 4 : 1;
+}
+
 static int64_t type_size(const op_type *t) {
   int64_t n = 1;
   for (int d = 0; d < t->rank; d++) n *= t->shape[d];
@@ -113,7 +121,7 @@ int64_t cuda_window_split(const plan_kernel *k) {
   wgeom g;
   wgeom_init(&g, in->op, &in->attrs, &f->types[in->in[0]], &f->types[in->in[1]], &f->types[in->out]);
   int64_t split, chunk;
-  filter_split(&g, type_size(&f->types[in->out]), &split, &chunk);
+  filter_split(&g, type_size(&f->types[in->out]) / window_vec(&g, in->op), &split, &chunk);
   return split > 1 ? split : 0;
 }
 
@@ -129,6 +137,7 @@ typedef struct {
   LLVMValueRef in0, in1, out; /* pointers (pass 2: in0 the partials) */
   int pass;                   /* the filter gradient's: 0 one pass, 1 partials (or the result: split 1), 2 their sum */
   int64_t split, chunk, elems; /* elems: of the output */
+  int vec;                     /* conv2d and the filter gradient's first pass: output channels per thread (window_vec) */
 } wgen;
 
 static LLVMValueRef I(wgen *w, int64_t v) { return llvm_i64(w->e, v); }
@@ -215,13 +224,16 @@ static LLVMValueRef at_out(wgen *w, LLVMValueRef n, LLVMValueRef oy, LLVMValueRe
   return mad(w, mad(w, mad(w, n, g->oh, oy), g->ow, ox), g->o, k);
 }
 
-/* y[n,oy,ox,k] = sum over the taps inside the image and the group's channels */
-static LLVMValueRef conv_element(wgen *w, LLVMValueRef i) {
+/* y[n,oy,ox,k .. k+vec-1] (item i: outputs i vec ..) = sums over the taps
+ * inside the image and the group's channels; stored here */
+static void conv_element(wgen *w, LLVMValueRef i) {
   const wgeom *g = &w->g;
-  LLVMValueRef n, oy, ox, k;
-  split4(w, i, g->oh, g->ow, g->o, &n, &oy, &ox, &k);
+  int vec = w->vec;
+  LLVMValueRef first = mul(w, i, vec), n, oy, ox, k;
+  split4(w, first, g->oh, g->ow, g->o, &n, &oy, &ox, &k);
   LLVMValueRef cbase = mul(w, udiv(w, k, g->og), g->cg); /* the group's first input channel */
-  LLVMValueRef acc = var(w, w->t, fzero(w));
+  LLVMValueRef acc[4];
+  for (int j = 0; j < vec; j++) acc[j] = var(w, w->t, fzero(w));
   llvm_loop ly, lx, lc;
   LLVMValueRef ky = llvm_loop_begin(w->e, &ly, I(w, 0), I(w, g->kh), "ky");
   LLVMValueRef iy = add(w, mul(w, oy, g->sh), sub(w, mul(w, ky, g->dh), I(w, g->pt)));
@@ -232,13 +244,14 @@ static LLVMValueRef conv_element(wgen *w, LLVMValueRef i) {
   LLVMValueRef xb = at_image(w, n, iy, ix, cbase);
   LLVMValueRef fb = add(w, mul(w, mad(w, ky, g->kw, kx), g->cg * g->o), k); /* f[ky, kx, 0, k] */
   LLVMValueRef c = llvm_loop_begin(w->e, &lc, I(w, 0), I(w, g->cg), "c");
-  set(w, acc, fmac(w, get(w, acc), load(w, w->in0, add(w, xb, c)), load(w, w->in1, mad(w, c, g->o, fb))));
+  LLVMValueRef xv = load(w, w->in0, add(w, xb, c)), fc = mad(w, c, g->o, fb);
+  for (int j = 0; j < vec; j++) set(w, acc[j], fmac(w, get(w, acc[j]), xv, load(w, w->in1, add(w, fc, I(w, j)))));
   llvm_loop_end(w->e, &lc);
   when_end(w, x_ok);
   llvm_loop_end(w->e, &lx);
   when_end(w, y_ok);
   llvm_loop_end(w->e, &ly);
-  return get(w, acc);
+  for (int j = 0; j < vec; j++) llvm_emit_store(w->e, w->dt, w->out, add(w, first, I(w, j)), get(w, acc[j]));
 }
 
 /* the forward output position o (i64) whose tap (k, dilation d) reads image
@@ -283,16 +296,20 @@ static LLVMValueRef bp_input_element(wgen *w, LLVMValueRef i) {
   return get(w, acc);
 }
 
-/* pass 0 / 1 of df: item i = (range s, element e); the sum over the rows
- * (n, oy) of range s and the columns ox of x dy */
-static LLVMValueRef bp_filter_element(wgen *w, LLVMValueRef i) {
+/* pass 0 / 1 of df: item i = (range s, elements e .. e+vec-1); the sums
+ * over the rows (n, oy) of range s and the columns ox of x dy, stored at
+ * s elems + e .. (the result itself for one range) */
+static void bp_filter_element(wgen *w, LLVMValueRef i) {
   const wgeom *g = &w->g;
-  LLVMValueRef el = urem(w, i, w->elems), s = udiv(w, i, w->elems);
+  int vec = w->vec;
+  int64_t per = w->elems / vec; /* items per range */
+  LLVMValueRef el = mul(w, urem(w, i, per), vec), s = udiv(w, i, per);
   LLVMValueRef ky, kx, c, k;
   split4(w, el, g->kw, g->cg, g->o, &ky, &kx, &c, &k);
   LLVMValueRef ci = mad(w, udiv(w, k, g->og), g->cg, c); /* the image channel */
   LLVMValueRef lo = mul(w, s, w->chunk), hi = smin(w, add(w, lo, I(w, w->chunk)), I(w, g->n * g->oh));
-  LLVMValueRef acc = var(w, w->t, fzero(w));
+  LLVMValueRef acc[4];
+  for (int j = 0; j < vec; j++) acc[j] = var(w, w->t, fzero(w));
   llvm_loop lr, lx;
   LLVMValueRef row = llvm_loop_begin(w->e, &lr, lo, hi, "row");
   LLVMValueRef n = udiv(w, row, g->oh), oy = urem(w, row, g->oh);
@@ -302,13 +319,14 @@ static LLVMValueRef bp_filter_element(wgen *w, LLVMValueRef i) {
   LLVMValueRef ix = add(w, mul(w, ox, g->sw), sub(w, mul(w, kx, g->dw), I(w, g->pl)));
   LLVMBasicBlockRef x_ok = when_begin(w, inside(w, ix, g->w));
   LLVMValueRef xv = load(w, w->in0, at_image(w, n, iy, ix, ci));
-  LLVMValueRef dv = load(w, w->in1, mad(w, mad(w, row, g->ow, ox), g->o, k));
-  set(w, acc, fmac(w, get(w, acc), xv, dv));
+  LLVMValueRef db = mad(w, mad(w, row, g->ow, ox), g->o, k);
+  for (int j = 0; j < vec; j++) set(w, acc[j], fmac(w, get(w, acc[j]), xv, load(w, w->in1, add(w, db, I(w, j)))));
   when_end(w, x_ok);
   llvm_loop_end(w->e, &lx);
   when_end(w, y_ok);
   llvm_loop_end(w->e, &lr);
-  return get(w, acc);
+  LLVMValueRef at = mad(w, s, w->elems, el);
+  for (int j = 0; j < vec; j++) llvm_emit_store(w->e, w->dt, w->out, add(w, at, I(w, j)), get(w, acc[j]));
 }
 
 /* pass 2 of df: element i's partials added in range order */
@@ -426,17 +444,23 @@ static LLVMValueRef pool_grad_element(wgen *w, LLVMValueRef i) {
 
 /* the items of w's kernel: its threads' work (a thread each) */
 static int64_t wgen_items(const wgen *w) {
-  if (w->op == OP_CONV2D_BP_FILTER && w->pass == 1) return w->split * w->elems;
-  return w->elems;
+  if (w->op == OP_CONV2D_BP_FILTER && w->pass != 2) return w->split * (w->elems / w->vec);
+  return w->elems / w->vec;
 }
 
 /* item i: computed and stored */
 static void wgen_element(wgen *w, LLVMValueRef i) {
   LLVMValueRef v;
   switch (w->op) {
-    case OP_CONV2D: v = conv_element(w, i); break;
+    case OP_CONV2D: conv_element(w, i); return;
+    case OP_CONV2D_BP_FILTER:
+      if (w->pass != 2) {
+        bp_filter_element(w, i);
+        return;
+      }
+      v = bp_filter_combine(w, i);
+      break;
     case OP_CONV2D_BP_INPUT: v = bp_input_element(w, i); break;
-    case OP_CONV2D_BP_FILTER: v = w->pass == 2 ? bp_filter_combine(w, i) : bp_filter_element(w, i); break;
     case OP_MAX_POOL2D:
     case OP_AVG_POOL2D: v = pool_element(w, i); break;
     default: v = pool_grad_element(w, i); break;
@@ -455,8 +479,9 @@ static int wgen_init(wgen *w, llvm_emit *e, op_id op, const op_attrs *a, const o
   wgeom_init(&w->g, op, a, in0, in1, out);
   w->elems = type_size(out);
   w->chunk = w->g.n * w->g.oh;
+  w->vec = pass == 2 ? 1 : window_vec(&w->g, op);
   if (op == OP_CONV2D_BP_FILTER) {
-    filter_split(&w->g, w->elems, &w->split, &w->chunk);
+    filter_split(&w->g, w->elems / w->vec, &w->split, &w->chunk);
     if (pass == 0) w->split = 1, w->chunk = w->g.n * w->g.oh; /* the plan took it whole */
   }
   return 0;
@@ -535,6 +560,7 @@ int kiln_debug_cuda_window(op_id op, const op_attrs *a, int n_in, kiln_tensor *c
     LLVMPositionBuilderAtEnd(e.b, LLVMAppendBasicBlockInContext(ctx, fns[p], "entry"));
     wgen pw = w;
     pw.pass = op == OP_CONV2D_BP_FILTER ? p + 1 : 0;
+    if (pw.pass == 2) pw.vec = 1;
     pw.out = LLVMGetParam(fns[p], 0), pw.in0 = LLVMGetParam(fns[p], 1), pw.in1 = LLVMGetParam(fns[p], 2);
     items[p] = wgen_items(&pw);
     llvm_loop l;
@@ -550,7 +576,7 @@ int kiln_debug_cuda_window(op_id op, const op_attrs *a, int n_in, kiln_tensor *c
   if (msg) LLVMDisposeMessage(msg);
   msg = NULL;
   void *partials = NULL;
-  if (!rc && passes == 2 && !(partials = calloc((size_t)items[0] + 1, sizeof(double))))
+  if (!rc && passes == 2 && !(partials = calloc((size_t)(w.split * w.elems) + 1, sizeof(double))))
     rc = kiln_set_error("cuda: out of memory");
   LLVMExecutionEngineRef ee = NULL;
   if (rc) {

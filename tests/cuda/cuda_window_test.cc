@@ -82,7 +82,7 @@ const void *data_of(const kiln_tensor *t) { return t->data; }
 
 TEST(CudaWindow, TheKernelsElementCodeMatchesTheCpu) {
   std::mt19937 rng(16);
-  int checked = 0, exact = 0;
+  int checked = 0, exact = 0, fours = 0;
   for (op_id op : kWindowOps)
     for (kiln_dtype dt : {KILN_F32, KILN_F64})
       for (int k = 0; k < 12; k++) {
@@ -94,6 +94,8 @@ TEST(CudaWindow, TheKernelsElementCodeMatchesTheCpu) {
         kiln_tensor *got = window_emulated(c);
         ASSERT_NE(got, nullptr) << error();
         bool conv = op == OP_CONV2D || op == OP_CONV2D_BP_INPUT || op == OP_CONV2D_BP_FILTER;
+        int64_t o = op == OP_CONV2D_BP_INPUT ? shape_of(c.in[0])[3] : c.out.shape[3];
+        fours += op != OP_CONV2D_BP_INPUT && conv && (o / c.a.groups) % 4 == 0;  // the 4-wide kernels
         if (conv) {
           // another order of the sums than the CPU's GEMM
           EXPECT_TRUE(dt == KILN_F64 ? allclose(got, want, 1e-12, 1e-12) : allclose(got, want, 1e-5, 1e-5))
@@ -109,6 +111,7 @@ TEST(CudaWindow, TheKernelsElementCodeMatchesTheCpu) {
       }
   EXPECT_EQ(checked, 7 * 2 * 12);
   EXPECT_EQ(exact, 4 * 2 * 12);
+  EXPECT_GE(fours, 6) << "conv2d and its filter gradient 4 output channels a thread";
 }
 
 // Hand-computed: a 3x3 image, a 2x2 filter, stride 1, no padding; the max
@@ -306,8 +309,8 @@ TEST(CudaWindow, AFilterGradientLaunchesPartialsThenTheirSum) {
   ASSERT_EQ(cuda_program_run(p, 0, args, &out), 0) << error();
   std::vector<fake_launch> l = launches();
   ASSERT_EQ(l.size(), 2u);
-  // 432 elements, 256 rows (n, oy): 64 ranges of 4 rows
-  EXPECT_EQ(l[0].grid[0], (unsigned)(64 * 432 + 255) / 256);
+  // 432 elements, 4 output channels a thread, 256 rows (n, oy): 64 ranges of 4 rows
+  EXPECT_EQ(l[0].grid[0], (unsigned)(64 * 432 / 4 + 255) / 256);
   EXPECT_EQ(l[0].n_params, 4) << "partials, x, dy, the error word";
   EXPECT_EQ(l[0].ptr[1], (unsigned long long)(uintptr_t)data_of(args[0]));
   EXPECT_EQ(l[0].ptr[2], (unsigned long long)(uintptr_t)data_of(args[1]));

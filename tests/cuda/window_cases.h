@@ -71,12 +71,14 @@ inline WinCase random_window_case(std::mt19937 &rng, op_id op, kiln_dtype dt, bo
       a.dilation[0] = r(1, 2), a.dilation[1] = r(1, 2);
       for (int i = 0; i < 4; i++) a.padding[i] = r(0, 2);
       int kind = r(0, 2);  // one group, several, depthwise
+      // a third of the groups' output channels in fours (the kernels' 4-wide path)
+      bool fours = rng() % 3 == 0;
       if (kind == 0) {
-        a.groups = 1, c_in = r(1, big ? 16 : 5), o = r(1, big ? 16 : 6);
+        a.groups = 1, c_in = r(1, big ? 16 : 5), o = fours ? 4 * r(1, 2) : r(1, big ? 16 : 6);
       } else if (kind == 1) {
-        a.groups = r(2, 3), c_in = a.groups * r(1, 3), o = a.groups * r(1, 3);
+        a.groups = r(2, 3), c_in = a.groups * r(1, 3), o = a.groups * (fours ? 4 : r(1, 3));
       } else {
-        c_in = r(2, big ? 16 : 5), a.groups = (int)c_in, o = c_in * r(1, 2);
+        c_in = r(2, big ? 16 : 5), a.groups = (int)c_in, o = c_in * (fours ? 4 : r(1, 2));
       }
     } else {
       a.window[0] = (int)kh, a.window[1] = (int)kw;
