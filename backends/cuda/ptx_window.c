@@ -4,9 +4,13 @@
  * gradients, max and average pooling and their gradients, with the CPU
  * kernels' semantics (lib/kernels_conv.c).
  *
- * Every kernel is a thread per output element in a grid-stride loop, and
- * every sum is that thread's own loop in a fixed order: no atomics, the
- * same bits run after run.
+ * Every kernel is a thread per output element in a grid-stride loop (per 4
+ * adjacent output channels for conv2d and the filter gradient where a
+ * group's channels come in fours: window_vec), and every sum is that
+ * thread's own loop in a fixed order: no atomics, the same bits run after
+ * run. Simple direct kernels, no shared-memory tiling yet: adjacent threads
+ * take adjacent channels, so the image's loads are one address per warp and
+ * the filter's (or dy's) are coalesced.
  *   conv2d            y[n,oy,ox,k]  a loop over the taps (ky, kx) inside
  *                     the image and the group's input channels.
  *   backprop_input    dx[n,iy,ix,c] a gather: the taps whose window of
