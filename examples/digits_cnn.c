@@ -20,14 +20,16 @@
 #include <time.h>
 #include <unistd.h>
 
-/* The network: conv 3x3 (1 -> 16, SAME) -> relu -> max pool 2x2
- *            -> conv 3x3 (16 -> 32, SAME) -> relu -> max pool 2x2
- *            -> flatten (2*2*32 = 128) -> dense 10 -> softmax cross-entropy. */
-enum { N_VARS = 6, BATCH = 64, EPOCHS = 25, CLASSES = 10 };
+/* The network: conv 3x3 (1 -> 32, SAME) -> relu -> max pool 2x2
+ *            -> conv 3x3 (32 -> 64, SAME) -> relu -> max pool 2x2
+ *            -> flatten (2*2*64 = 256) -> dense 10 -> softmax cross-entropy.
+ * Half the channels (16, 32) reach 97.8-99.7% over eight seeds; these
+ * 98.3-99.4%, 99.2% with the seed below. */
+enum { N_VARS = 6, BATCH = 64, EPOCHS = 20, CLASSES = 10 };
 static const char *const var_names[N_VARS] = {"conv1/w", "conv1/b", "conv2/w", "conv2/b", "dense/w", "dense/b"};
 static const int var_rank[N_VARS] = {4, 1, 4, 1, 2, 1};
-static const int64_t var_shape[N_VARS][4] = {{3, 3, 1, 16}, {16}, {3, 3, 16, 32}, {32}, {128, CLASSES}, {CLASSES}};
-static const int64_t var_fan_in[N_VARS] = {9, 0, 144, 0, 128, 0}; /* 0: a bias, starts at zero */
+static const int64_t var_shape[N_VARS][4] = {{3, 3, 1, 32}, {32}, {3, 3, 32, 64}, {64}, {256, CLASSES}, {CLASSES}};
+static const int64_t var_fan_in[N_VARS] = {9, 0, 288, 0, 256, 0}; /* 0: a bias, starts at zero */
 
 typedef struct {
   kiln_variable *v[N_VARS];
@@ -59,10 +61,10 @@ static kiln_tensor *forward(model *m, kiln_tensor *x) {
   const kiln_conv_opts pool = {.stride = {2, 2}};
   const int window[2] = {2, 2};
   kiln_tensor *h = kiln_relu(kiln_add(kiln_conv2d(x, kiln_variable_read(m->v[0]), &same), kiln_variable_read(m->v[1])));
-  h = kiln_max_pool2d(h, window, &pool); /* [n, 4, 4, 16] */
+  h = kiln_max_pool2d(h, window, &pool); /* [n, 4, 4, 32] */
   h = kiln_relu(kiln_add(kiln_conv2d(h, kiln_variable_read(m->v[2]), &same), kiln_variable_read(m->v[3])));
-  h = kiln_max_pool2d(h, window, &pool); /* [n, 2, 2, 32] */
-  h = kiln_reshape(h, KILN_SHAPE(-1, 128));
+  h = kiln_max_pool2d(h, window, &pool); /* [n, 2, 2, 64] */
+  h = kiln_reshape(h, KILN_SHAPE(-1, 256));
   return kiln_add(kiln_matmul(h, kiln_variable_read(m->v[4])), kiln_variable_read(m->v[5]));
 }
 
