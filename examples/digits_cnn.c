@@ -12,64 +12,26 @@
 #include <kiln.h>
 
 #include "digits_data.h"
+#include "digits_model.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-/* The network: conv 3x3 (1 -> 32, SAME) -> relu -> max pool 2x2
- *            -> conv 3x3 (32 -> 64, SAME) -> relu -> max pool 2x2
- *            -> flatten (2*2*64 = 256) -> dense 10 -> softmax cross-entropy.
- * Half the channels (16, 32) reach 97.8-99.7% over eight seeds; these
- * 98.3-99.4%, 99.2% with the seed below. */
-enum { N_VARS = 6, BATCH = 64, EPOCHS = 20, CLASSES = 10 };
-static const char *const var_names[N_VARS] = {"conv1/w", "conv1/b", "conv2/w", "conv2/b", "dense/w", "dense/b"};
-static const int var_rank[N_VARS] = {4, 1, 4, 1, 2, 1};
-static const int64_t var_shape[N_VARS][4] = {{3, 3, 1, 32}, {32}, {3, 3, 32, 64}, {64}, {256, CLASSES}, {CLASSES}};
-static const int64_t var_fan_in[N_VARS] = {9, 0, 288, 0, 256, 0}; /* 0: a bias, starts at zero */
+/* The network, its variables and its training step (forward pass under a
+ * tape, gradient, Adam update) are in digits_model.h, shared with the
+ * benchmark and the tests:
+ *   conv 3x3 (1 -> 32, SAME) -> relu -> max pool 2x2
+ *   -> conv 3x3 (32 -> 64, SAME) -> relu -> max pool 2x2
+ *   -> flatten -> dense 10 -> softmax cross-entropy */
+enum { BATCH = 64, EPOCHS = 20 };
 
 typedef struct {
-  kiln_variable *v[N_VARS];
-} model;
-
-/* Variables of the network, He-initialised (normal * sqrt(2 / fan in)). */
-static int model_init(model *m) {
-  int rc = 0;
-  kiln_scope_push();
-  for (int i = 0; i < N_VARS; i++) {
-    kiln_tensor *init = kiln_zeros(KILN_F32, var_rank[i], var_shape[i]);
-    if (var_fan_in[i])
-      init = kiln_mul(kiln_random_normal(KILN_F32, var_rank[i], var_shape[i]),
-                      kiln_scalar(KILN_F32, sqrt(2.0 / (double)var_fan_in[i])));
-    m->v[i] = kiln_variable_new(init, var_names[i]);
-    if (!m->v[i]) rc = -1;
-  }
-  kiln_scope_pop();
-  return rc;
-}
-
-static void model_free(model *m) {
-  for (int i = 0; i < N_VARS; i++) kiln_variable_free(m->v[i]);
-}
-
-/* x [n, 8, 8, 1] -> logits [n, 10] */
-static kiln_tensor *forward(model *m, kiln_tensor *x) {
-  const kiln_conv_opts same = {.same = true};
-  const kiln_conv_opts pool = {.stride = {2, 2}};
-  const int window[2] = {2, 2};
-  kiln_tensor *h = kiln_relu(kiln_add(kiln_conv2d(x, kiln_variable_read(m->v[0]), &same), kiln_variable_read(m->v[1])));
-  h = kiln_max_pool2d(h, window, &pool); /* [n, 4, 4, 32] */
-  h = kiln_relu(kiln_add(kiln_conv2d(h, kiln_variable_read(m->v[2]), &same), kiln_variable_read(m->v[3])));
-  h = kiln_max_pool2d(h, window, &pool); /* [n, 2, 2, 64] */
-  h = kiln_reshape(h, KILN_SHAPE(-1, 256));
-  return kiln_add(kiln_matmul(h, kiln_variable_read(m->v[4])), kiln_variable_read(m->v[5]));
-}
-
-typedef struct {
-  model *m;
+  digits_model *m;
   kiln_optimizer *opt;
 } trainer;
 
@@ -78,26 +40,18 @@ typedef struct {
 static int train_step(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
   (void)n_in, (void)n_out;
   trainer *t = user;
-  kiln_tape *tape = kiln_tape_begin(false);
-  kiln_tensor *loss = kiln_reduce_mean(kiln_sparse_softmax_cross_entropy(in[1], forward(t->m, in[0])), 0, NULL, false);
-  kiln_tape_end(tape);
-  kiln_tensor *grads[N_VARS] = {0};
-  int rc = loss ? kiln_tape_gradient_vars(tape, loss, N_VARS, t->m->v, grads) : -1;
-  if (!rc) rc = kiln_optimizer_apply(t->opt, N_VARS, t->m->v, grads);
-  kiln_tape_free(tape);
-  out[0] = loss;
-  return rc;
+  return digits_train_step(t->m, t->opt, in[0], in[1], &out[0]);
 }
 
 /* Inference, staged too: in = images, out = logits. */
 static int predict(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
   (void)n_in, (void)n_out;
-  out[0] = forward(user, in[0]);
+  out[0] = digits_forward(user, in[0]);
   return out[0] ? 0 : -1;
 }
 
 /* The fraction of images whose arg-max logit is their label (-1 on error). */
-static double accuracy(model *m, kiln_tensor *images, kiln_tensor *labels) {
+static double accuracy(digits_model *m, kiln_tensor *images, kiln_tensor *labels) {
   kiln_function *f = kiln_function_new("digits_predict", predict, m, 1, 1);
   double acc = -1;
   kiln_scope_push();
@@ -143,11 +97,11 @@ static int run(const char *checkpoint) {
          (long long)kiln_tensor_shape(test_x)[0], digits_data_dir());
 
   kiln_random_seed(1);
-  model m = {{0}};
-  trainer t = {&m, kiln_adam_new(0.01, 0.9, 0.999, 1e-7)};
+  digits_model m = {{0}};
+  trainer t = {&m, digits_optimizer_new()};
   kiln_function *step = kiln_function_new("digits_train_step", train_step, &t, 2, 1);
   int64_t *idx = malloc((size_t)n_train * sizeof *idx);
-  if (model_init(&m) || !t.opt || !step || !idx) {
+  if (digits_model_init(&m) || !t.opt || !step || !idx) {
     free(idx);
     return fail("setting up");
   }
@@ -197,23 +151,23 @@ static int run(const char *checkpoint) {
          (long long)n_test);
 
   /* checkpoint, then the same numbers in fresh variables */
-  if (kiln_checkpoint_save(checkpoint, N_VARS, m.v)) return fail("kiln_checkpoint_save");
-  model fresh = {{0}};
+  if (kiln_checkpoint_save(checkpoint, DIGITS_VARS, m.v)) return fail("kiln_checkpoint_save");
+  digits_model fresh = {{0}};
   kiln_random_seed(99); /* different initial values, so the restore has to work */
-  if (model_init(&fresh)) return fail("fresh variables");
+  if (digits_model_init(&fresh)) return fail("fresh variables");
   double before = accuracy(&fresh, test_x, test_y);
-  if (kiln_checkpoint_restore(checkpoint, N_VARS, fresh.v)) {
-    model_free(&fresh);
+  if (kiln_checkpoint_restore(checkpoint, DIGITS_VARS, fresh.v)) {
+    digits_model_free(&fresh);
     return fail("kiln_checkpoint_restore");
   }
   double restored = accuracy(&fresh, test_x, test_y);
   printf("checkpoint %s: a fresh model scores %.2f%%, restored from it %.2f%%\n", checkpoint, 100 * before,
          100 * restored);
 
-  model_free(&fresh);
+  digits_model_free(&fresh);
   kiln_function_free(step);
   kiln_optimizer_free(t.opt);
-  model_free(&m);
+  digits_model_free(&m);
   if (restored != acc) {
     fprintf(stderr, "digits_cnn: the restored model scores %.4f, the trained one %.4f\n", restored, acc);
     return 1;
