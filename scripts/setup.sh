@@ -11,8 +11,10 @@ packages=(cmake ninja-build llvm-19-dev llvm-19-tools libffi-dev libgtest-dev li
 # Optional: the tests run without them and say so. python3-torch (PyTorch
 # 1.13) and python3-numpy are the independent implementation that
 # tests/torch_diff_test.cc compares every op, gradient and staged form with;
-# gcc-aarch64-linux-gnu compiles the sources for aarch64 (ctest cross_aarch64).
-optional=(python3-torch python3-numpy gcc-aarch64-linux-gnu)
+# gcc-aarch64-linux-gnu compiles the sources for aarch64 (ctest cross_aarch64);
+# python3-sklearn regenerates examples/data/ (scripts/make_digits.py: the
+# files are checked in) and python3-torchvision is the ResNet-50 bench's peer.
+optional=(python3-torch python3-numpy gcc-aarch64-linux-gnu python3-sklearn python3-torchvision)
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "setup.sh: no dpkg here (not Debian?); install these by hand: ${packages[*]}" >&2

@@ -202,6 +202,9 @@ if [ $release_ok -eq 1 ]; then
   section "examples (build/)"
   check "build/hello" ./build/hello
   check "build/tour" ./build/tour
+  # trains a convnet on examples/data/ (>= 98% test accuracy or it fails);
+  # its checkpoint goes to a temporary file
+  check "build/digits_cnn" ./build/digits_cnn
 
   section "install smoke test"
   work=$(mktemp -d)
