@@ -36,18 +36,19 @@ typedef struct {
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* packed filter column block jt: element (r, j) at bp[(jt * K + r) * NR + j],
- * r = (ky * kw + kx) * c + ci, zeros past o */
+ * r = (ky * kw + kx) * c + ci, zeros past o; tap (ky, kx) is the filter's
+ * (fy0 + ky * fys, fx0 + kx * fxs) (s normalised: fkh etc. set) */
 #define PACK_FILTER(T)                                                                                 \
   static void pack_filter_##T(const conv_shape *s, const T *f, int64_t nr, T *bp) {                    \
     int64_t k = s->kh * s->kw * s->c;                                                                  \
     for (int64_t j0 = 0; j0 < s->o; j0 += nr)                                                          \
       for (int64_t r = 0; r < k; r++, bp += nr) {                                                      \
         int64_t tap = r / s->c, ci = r % s->c, w = min64(nr, s->o - j0);                               \
+        int64_t ft = (s->fy0 + tap / s->kw * s->fys) * s->fkw + s->fx0 + tap % s->kw * s->fxs;         \
         if (!s->flip) {                                                                                \
-          const T *src = f + r * s->o + j0;                                                            \
+          const T *src = f + (ft * s->c + ci) * s->o + j0;                                             \
           for (int64_t j = 0; j < nr; j++) bp[j] = j < w ? src[j] : 0;                                 \
         } else {                                                                                       \
-          int64_t ft = s->kh * s->kw - 1 - tap; /* (kh-1-ky, kw-1-kx) */                              \
           const T *src = f + ft * s->c * s->o + j0 * s->c + ci;                                        \
           for (int64_t j = 0; j < nr; j++) bp[j] = j < w ? src[j * s->c] : 0;                          \
         }                                                                                              \
@@ -102,10 +103,10 @@ static void direct_task(void *arg, int64_t b, int64_t e) {
             a[ky * s->kw + kx] = row_ok ? row + (size_t)(kx * s->dw * c) * es : row;
         }
       }
-      char *dst = j->out + (size_t)(((n * s->oh + oy) * s->ow + ox0) * s->o) * es;
+      char *dst = j->out + (size_t)(n * s->oimg + oy * s->orow + ox0 * s->opx) * es;
       const char *res = j->res ? j->res + (dst - j->out) : NULL;
       for (int64_t j0 = 0, jt = 0; j0 < s->o; j0 += nr_full, jt++)
-        j->uk.fn(j->taps, a, j->kc, lda, j->bp + (size_t)(jt * j->k * nr_full) * es, dst + (size_t)j0 * es, s->o, mr,
+        j->uk.fn(j->taps, a, j->kc, lda, j->bp + (size_t)(jt * j->k * nr_full) * es, dst + (size_t)j0 * es, s->opx, mr,
                  min64(nr_full, s->o - j0), j->flags, j->bias ? j->bias + (size_t)j0 * es : NULL,
                  res ? res + (size_t)j0 * es : NULL);
     }
@@ -113,8 +114,15 @@ static void direct_task(void *arg, int64_t b, int64_t e) {
   free(buf), free(a);
 }
 
-int conv_direct(const conv_shape *s, kiln_dtype dt, const void *x, const void *f, const void *bias,
+int conv_direct(const conv_shape *shape, kiln_dtype dt, const void *x, const void *f, const void *bias,
                 gemm_epilogue epi, const void *res, void *out, const char *op) {
+  conv_shape norm = *shape, *s = &norm; /* the optional fields filled in */
+  if (!s->fkh) {
+    s->fkh = s->kh, s->fkw = s->kw;
+    s->fy0 = s->flip ? s->kh - 1 : 0, s->fys = s->flip ? -1 : 1;
+    s->fx0 = s->flip ? s->kw - 1 : 0, s->fxs = s->flip ? -1 : 1;
+  }
+  if (!s->opx) s->opx = s->o, s->orow = s->ow * s->o, s->oimg = s->oh * s->ow * s->o;
   direct_job j = {.s = s, .es = kiln_dtype_sizes[dt], .x = x, .bias = bias, .res = res, .out = out};
   int64_t rows = s->n * s->oh;
   if (rows == 0 || s->ow == 0 || s->o == 0) return 0;

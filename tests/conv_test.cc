@@ -1060,6 +1060,12 @@ std::vector<ConvCase> direct_cases() {
   v.push_back({"dilation along x, stride 3 down", {2, 10, 20, 9}, {2, 3, 9, 64}, dil});
   v.push_back({"one pixel wide", {1, 6, 1, 4}, {3, 1, 4, 5}, {}});
   v.push_back({"64 -> 64, 56 wide", {1, 4, 56, 64}, {3, 3, 64, 64}, p1});
+  Geo s3;
+  s3.sh = 3, s3.sw = 2, s3.pad[0] = 2, s3.pad[1] = 1, s3.pad[2] = 0, s3.pad[3] = 2;
+  v.push_back({"stride 3x2, 4x5 filter, odd image", {2, 13, 17, 6}, {4, 5, 6, 35}, s3});
+  Geo s4;
+  s4.sh = s4.sw = 4, s4.pad[0] = s4.pad[2] = 1;
+  v.push_back({"stride 4 past a 3x3 window", {1, 15, 30, 5}, {3, 3, 5, 7}, s4});
   return v;
 }
 
@@ -1100,8 +1106,28 @@ VD ref_filter_grad(const VD &x, const V64 &xs, const VD &v, const V64 &ys, const
   return df;
 }
 
-// conv2d and its filter gradient for every direct case in f32 and f64
-// against the references, with the compiled micro-kernels and with the C
+// dx[n, iy, ix, c] = sum of v[n, oy, ox, o] f[ky, kx, c, o] over the windows that read x[n, iy, ix, c]
+VD ref_input_grad(const VD &v, const V64 &ys, const VD &f, const V64 &fs, const V64 &xs, const Geo &g) {
+  int64_t h = xs[1], w = xs[2], c = xs[3], kh = fs[0], kw = fs[1], o = fs[3];
+  VD dx((size_t)numel(xs), 0.0);
+  for (int64_t b = 0; b < ys[0]; b++)
+    for (int64_t oy = 0; oy < ys[1]; oy++)
+      for (int64_t ox = 0; ox < ys[2]; ox++)
+        for (int64_t ky = 0; ky < kh; ky++)
+          for (int64_t kx = 0; kx < kw; kx++) {
+            int64_t iy = oy * g.sh - g.pad[0] + ky * g.dh, ix = ox * g.sw - g.pad[2] + kx * g.dw;
+            if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
+            for (int64_t ci = 0; ci < c; ci++)
+              for (int64_t k = 0; k < o; k++)
+                dx[(size_t)(((b * h + iy) * w + ix) * c + ci)] +=
+                    v[(size_t)(((b * ys[1] + oy) * ys[2] + ox) * o + k)] * f[(size_t)(((ky * kw + kx) * c + ci) * o + k)];
+          }
+  return dx;
+}
+
+// conv2d and its two gradients for every direct case in f32 and f64
+// against the references (the input gradient of a strided convolution
+// phase by phase, the phases a 1x1 stride-2 filter never reaches zeros), with the compiled micro-kernels and with the C
 // ones (KILN_GEMM=c): the two give the same bits (each element one chain of
 // FMAs over the taps, then k; the filter gradient's over each image's
 // pixels, images added in turn).
@@ -1127,15 +1153,22 @@ TEST(ConvDirect, EveryEdgeMatchesTheReferenceAndTheCKernelsBits) {
       ASSERT_NE(df, nullptr);
       expect_near_all(values(df), ref_filter_grad(xv, c.x, vv, ys, c.f, c.g), dt == KILN_F32 ? 1e-4 : 1e-12,
                       "filter gradient");
-      kiln_tensor *yc, *dfc;
+      int64_t hw[2] = {c.x[1], c.x[2]};
+      kiln_tensor *dx = kiln_conv2d_transpose(v, f, hw, &o);
+      ASSERT_NE(dx, nullptr) << kiln_last_error();
+      expect_near_all(values(dx), ref_input_grad(vv, ys, fv, c.f, c.x, c.g), dt == KILN_F32 ? 1e-4 : 1e-12,
+                      "input gradient");
+      kiln_tensor *yc, *dfc, *dxc;
       {
         EnvGuard cg("KILN_GEMM", "c");
         yc = kiln_conv2d(x, f, &o);
         dfc = filter_grad(x, f, v, &o);
+        dxc = kiln_conv2d_transpose(v, f, hw, &o);
       }
       ASSERT_NE(yc, nullptr) << kiln_last_error();
       EXPECT_TRUE(same_bits(y, yc)) << "the C micro-kernel's bits differ";
       EXPECT_TRUE(same_bits(df, dfc)) << "the C filter-gradient micro-kernel's bits differ";
+      EXPECT_TRUE(same_bits(dx, dxc)) << "the C micro-kernel's input-gradient bits differ";
       kiln_scope_pop();
     }
   }
