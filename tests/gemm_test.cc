@@ -786,7 +786,8 @@ void conv_tile(const conv_ukernel &uk, int taps, const std::vector<const T *> &a
   }
 }
 
-// The compiled convolution kernels: one per (dtype, epilogue, lda), the same
+// The compiled convolution kernels (the usual tile and the narrow one): one
+// per (dtype, epilogue, lda, narrow), the same
 // one on a second request, a generic one (lda 0) too; each gives the C
 // kernel's bits (the same sum per element: taps, then k, one FMA each) for
 // every epilogue, with and without the residual, on full and partial tiles.
@@ -806,11 +807,12 @@ void check_conv_kernels(kiln_dtype dt) {
   for (T &e : b) e = u(rng);
   for (T &e : bias) e = u(rng);
   for (T &e : res) e = u(rng);
+  for (bool narrow : {false, true})
   for (gemm_epilogue epi : kEpilogues) {
-    conv_ukernel jit, again, generic, c = matmul_conv_ukernel(dt, epi, lda, false);
-    ASSERT_TRUE(cpu_conv_ukernel(dt, epi, lda, &jit)) << epi;
-    ASSERT_TRUE(cpu_conv_ukernel(dt, epi, lda, &again));
-    ASSERT_TRUE(cpu_conv_ukernel(dt, epi, 0, &generic));
+    conv_ukernel jit, again, generic, c = matmul_conv_ukernel(dt, epi, lda, narrow, false);
+    ASSERT_TRUE(cpu_conv_ukernel(dt, epi, lda, narrow, &jit)) << epi;
+    ASSERT_TRUE(cpu_conv_ukernel(dt, epi, lda, narrow, &again));
+    ASSERT_TRUE(cpu_conv_ukernel(dt, epi, 0, narrow, &generic));
     EXPECT_EQ(jit.fn, again.fn);
     EXPECT_NE(jit.fn, generic.fn);
     EXPECT_NE(jit.fn, c.fn);
@@ -853,7 +855,7 @@ TEST(GemmConv, CompiledConvolutionKernelsPerLdaGiveTheCKernelsBits) {
   Scoped scope;
   if (!host_has_kernels()) {
     conv_ukernel uk;
-    EXPECT_FALSE(cpu_conv_ukernel(KILN_F32, GEMM_EPI_NONE, 64, &uk));
+    EXPECT_FALSE(cpu_conv_ukernel(KILN_F32, GEMM_EPI_NONE, 64, false, &uk));
     return;
   }
   check_conv_kernels<float>(KILN_F32);
@@ -867,10 +869,10 @@ TEST(GemmConv, CompiledConvolutionKernelsPerLdaGiveTheCKernelsBits) {
   EXPECT_THAT(std::string(text), HasSubstr("llvm.fma.v"));
   free(text);
   conv_ukernel uk;
-  EXPECT_FALSE(cpu_conv_ukernel(KILN_I32, GEMM_EPI_NONE, 64, &uk));
+  EXPECT_FALSE(cpu_conv_ukernel(KILN_I32, GEMM_EPI_NONE, 64, false, &uk));
   {
     EnvGuard c("KILN_GEMM", "c");
-    EXPECT_FALSE(cpu_conv_ukernel(KILN_F32, GEMM_EPI_NONE, 64, &uk));
+    EXPECT_FALSE(cpu_conv_ukernel(KILN_F32, GEMM_EPI_NONE, 64, false, &uk));
     wgrad_ukernel w;
     EXPECT_FALSE(cpu_wgrad_ukernel(KILN_F32, &w));
   }
