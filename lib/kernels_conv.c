@@ -27,8 +27,10 @@
 
 #include "conv.h"
 
-/* The most bytes of one chunk's im2col block. */
-enum { CONV_CHUNK_BYTES = 4 << 20 };
+/* The most bytes of one chunk's im2col block. The fewest image channels
+ * for which the input gradient takes the direct kernel (7x7 3 -> 64 stride
+ * 2, one thread: 15 GFLOP/s direct, 49 through im2col + GEMM). */
+enum { CONV_CHUNK_BYTES = 4 << 20, DIRECT_MIN_C = 16 };
 
 /* ---- geometry ---- */
 
@@ -439,9 +441,12 @@ static int conv2d_bp_input_kernel(const op_call *c) {
   kiln_tensor A, B, C;
   int64_t m = g.n * g.oh * g.ow;
   if (c->out->size == 0) return 0;
-  if (g.groups == 1 && (g.sh > 1 || g.sw > 1) && g.dh == 1 && g.dw == 1 && m > 0 && g.o > 0)
+  /* the direct kernel's tiles are 32 or 64 channels of dx wide: with fewer
+   * than DIRECT_MIN_C (an RGB stem's 3) im2col + GEMM wastes less */
+  bool direct = g.groups == 1 && g.c >= DIRECT_MIN_C && m > 0 && g.o > 0;
+  if (direct && (g.sh > 1 || g.sw > 1) && g.dh == 1 && g.dw == 1)
     return bp_input_phases(&g, c->in[0]->data, c->in[1]->data, c->out->data, kiln_ops[c->op].api);
-  if (g.groups == 1 && g.sh == 1 && g.sw == 1 && m > 0 && g.o > 0) {
+  if (direct && g.sh == 1 && g.sw == 1) {
     /* stride 1: the convolution of dy with the flipped filter, its in and
      * out channels swapped, padded by the window's span less the padding
      * (the far sides implied by dx's size) */
