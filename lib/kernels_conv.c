@@ -304,7 +304,7 @@ static conv_shape direct_shape(const geom *g) {
         if (epi != GEMM_EPI_NONE) v += bias[j];                                                           \
         if (res) v += res[j];                                                                             \
         if (epi == GEMM_EPI_BIAS_RELU) v = v < 0 ? (T)0 : v;                                              \
-        if (epi == GEMM_EPI_BIAS_TANH) v = sizeof(T) == 4 ? (T)tanhf((float)v) : (T)tanh((double)v);      \
+        if (epi == GEMM_EPI_BIAS_TANH) v = sizeof(T) == 4 ? (T)tanhf((float)v) : (T)tanh((double)v);     \
         out[j] = v;                                                                                       \
       }                                                                                                   \
   }
@@ -412,7 +412,8 @@ static int bp_input_phases(const geom *g, const void *dy, const void *f, void *d
   for (int64_t ry = 0; ry < g->sh && ry < g->h; ry++)
     for (int64_t rx = 0; rx < g->sw && rx < g->w; rx++) {
       int64_t ky0 = (ry + g->pt) % g->sh, kx0 = (rx + g->pl) % g->sw;
-      int64_t my = ky0 < g->kh ? (g->kh - 1 - ky0) / g->sh + 1 : 0, mx = kx0 < g->kw ? (g->kw - 1 - kx0) / g->sw + 1 : 0;
+      int64_t my = ky0 < g->kh ? (g->kh - 1 - ky0) / g->sh + 1 : 0; /* taps of the phase */
+      int64_t mx = kx0 < g->kw ? (g->kw - 1 - kx0) / g->sw + 1 : 0;
       int64_t ohp = (g->h - ry + g->sh - 1) / g->sh, owp = (g->w - rx + g->sw - 1) / g->sw;
       char *out = (char *)dx + (size_t)((ry * g->w + rx) * g->c) * g->es;
       if (!my || !mx) { /* no tap reaches these pixels */

@@ -339,7 +339,7 @@ static gemm_ukernel c_ukernel_f64(void) { return (gemm_ukernel){ukernel_f64, MR_
         if (epi != GEMM_EPI_NONE) v += bias[j];                                                            \
         if (res) v += res[i * ldc + j];                                                                    \
         if (epi == GEMM_EPI_BIAS_RELU) v = v < 0 ? (T)0 : v;                                               \
-        if (epi == GEMM_EPI_BIAS_TANH) v = sizeof(T) == 4 ? (T)tanhf((float)v) : (T)tanh((double)v);                                      \
+        if (epi == GEMM_EPI_BIAS_TANH) v = sizeof(T) == 4 ? (T)tanhf((float)v) : (T)tanh((double)v);      \
         c[i * ldc + j] = v;                                                                                \
       }                                                                                                    \
   }

@@ -1105,8 +1105,8 @@ VD ref_filter_grad(const VD &x, const V64 &xs, const VD &v, const V64 &ys, const
             if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
             for (int64_t ci = 0; ci < c; ci++)
               for (int64_t k = 0; k < o; k++)
-                df[(size_t)(((ky * kw + kx) * c + ci) * o + k)] +=
-                    x[(size_t)(((b * h + iy) * w + ix) * c + ci)] * v[(size_t)(((b * ys[1] + oy) * ys[2] + ox) * o + k)];
+                df[(size_t)(((ky * kw + kx) * c + ci) * o + k)] += x[(size_t)(((b * h + iy) * w + ix) * c + ci)] *
+                                                                   v[(size_t)(((b * ys[1] + oy) * ys[2] + ox) * o + k)];
           }
   return df;
 }
@@ -1124,8 +1124,8 @@ VD ref_input_grad(const VD &v, const V64 &ys, const VD &f, const V64 &fs, const 
             if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
             for (int64_t ci = 0; ci < c; ci++)
               for (int64_t k = 0; k < o; k++)
-                dx[(size_t)(((b * h + iy) * w + ix) * c + ci)] +=
-                    v[(size_t)(((b * ys[1] + oy) * ys[2] + ox) * o + k)] * f[(size_t)(((ky * kw + kx) * c + ci) * o + k)];
+                dx[(size_t)(((b * h + iy) * w + ix) * c + ci)] += v[(size_t)(((b * ys[1] + oy) * ys[2] + ox) * o + k)] *
+                                                                   f[(size_t)(((ky * kw + kx) * c + ci) * o + k)];
           }
   return dx;
 }

@@ -777,7 +777,8 @@ void conv_tile(const conv_ukernel &uk, int taps, const std::vector<const T *> &a
       // B packed for this kernel's nr: columns j0 .. j0 + uk.nr of the full panel (zeros past nr)
       std::vector<T> bp((size_t)(taps * kc * uk.nr), 0);
       for (int64_t r = 0; r < taps * kc; r++)
-        for (int64_t j = 0; j < uk.nr && j0 + j < nr; j++) bp[(size_t)(r * uk.nr + j)] = b[(size_t)(r * ldc + j0 + j)];  // b: rows of ldc
+        for (int64_t j = 0; j < uk.nr && j0 + j < nr; j++)  // b: rows of ldc
+          bp[(size_t)(r * uk.nr + j)] = b[(size_t)(r * ldc + j0 + j)];
       std::vector<const void *> at;
       for (int t = 0; t < taps; t++) at.push_back(a[t] + i0 * lda);
       uk.fn(taps, at.data(), kc, lda, bp.data(), c.data() + i0 * ldc + j0, ldc, std::min<int64_t>(uk.mr, mr - i0),
@@ -833,7 +834,8 @@ void check_conv_kernels(kiln_dtype dt) {
             for (int64_t j = 0; j < nr; j++) {
               double want = 0;
               for (int t = 0; t < taps; t++)
-                for (int64_t p = 0; p < kc; p++) want += (double)a[t][i * lda + p] * b[(size_t)((t * kc + p) * cols + j)];
+                for (int64_t p = 0; p < kc; p++)
+                  want += (double)a[t][i * lda + p] * b[(size_t)((t * kc + p) * cols + j)];
               if (epi != GEMM_EPI_NONE) want += bias[(size_t)j];
               if (flags & GEMM_RESIDUAL) want += res[(size_t)(i * cols + j)];
               if (epi == GEMM_EPI_BIAS_RELU) want = want < 0 ? 0 : want;
@@ -911,7 +913,8 @@ void check_wgrad_kernels(kiln_dtype dt) {
       for (int64_t i = 0; i < mr; i++)
         for (int64_t j = 0; j < nr; j++) {
           double want = 0;
-          for (int64_t p = 0; p < 19; p++) want += (double)a[(size_t)(p * lda + i)] * b[(size_t)(p * ldb + ldb - nr + j)];
+          for (int64_t p = 0; p < 19; p++)
+            want += (double)a[(size_t)(p * lda + i)] * b[(size_t)(p * ldb + ldb - nr + j)];
           if (flags) want = 2 * want;  // the first pass's sum, added to again
           EXPECT_NEAR(cj[(size_t)(i * cols + j)], want, 1e-4) << i << " " << j;
         }

@@ -264,7 +264,8 @@ static void kernel_attrs(llvm_emit *e, LLVMValueRef fn, LLVMTargetMachineRef tm,
   char *cpu = LLVMGetTargetMachineCPU(tm), *features = LLVMGetTargetMachineFeatureString(tm);
   char *fs = malloc(strlen(features) + 16);
   if (fs) {
-    sprintf(fs, "%s%s", features, !avx512 && cpu_jit_target_has("avx512f") ? (*features ? ",-avx512f" : "-avx512f") : "");
+    bool drop = !avx512 && cpu_jit_target_has("avx512f"); /* the AVX2 kernel on an AVX-512 host (KILN_GEMM_ISA) */
+    sprintf(fs, "%s%s", features, drop ? (*features ? ",-avx512f" : "-avx512f") : "");
     add_attr(e->ctx, fn, "target-features", fs);
     free(fs);
   }
@@ -386,11 +387,13 @@ static LLVMValueRef emit_wgrad_loop(kgen *g, LLVMValueRef fn, LLVMValueRef lo, i
       bs = LLVMBuildGEP2(e->b, g->ty, b, &ob, 1, "");
     }
     LLVMValueRef bv[4];
-    for (int v = 0; v < nv; v++)
-      bv[v] = masked_load(e, g->vty, LLVMBuildGEP2(e->b, g->ty, bs, (LLVMValueRef[]){llvm_i64(e, (int64_t)v * vl)}, 1, ""),
-                          colmask[v]);
+    for (int v = 0; v < nv; v++) {
+      LLVMValueRef off = llvm_i64(e, (int64_t)v * vl);
+      bv[v] = masked_load(e, g->vty, LLVMBuildGEP2(e->b, g->ty, bs, &off, 1, ""), colmask[v]);
+    }
     for (int r = 0; r < g->t.mr; r++) {
-      LLVMValueRef x = LLVMBuildLoad2(e->b, g->ty, LLVMBuildGEP2(e->b, g->ty, as, (LLVMValueRef[]){llvm_i64(e, r)}, 1, ""), "a");
+      LLVMValueRef off = llvm_i64(e, r);
+      LLVMValueRef x = LLVMBuildLoad2(e->b, g->ty, LLVMBuildGEP2(e->b, g->ty, as, &off, 1, ""), "a");
       LLVMValueRef sx = splat(g, x);
       for (int v = 0; v < nv; v++) {
         LLVMValueRef args[3] = {sx, bv[v], cur[r * nv + v]};
@@ -462,8 +465,8 @@ static void emit_wgrad_ukernel(llvm_emit *e, const char *name, kiln_dtype dt, ti
   for (int i = 0; i < n; i++) LLVMAddIncoming(phis[i], &acc[i], &latch, 1);
   LLVMBuildBr(e->b, head);
   LLVMPositionBuilderAtEnd(e->b, exit);
-  LLVMValueRef add = LLVMBuildICmp(e->b, LLVMIntNE, LLVMBuildAnd(e->b, LLVMGetParam(fn, 8), llvm_i32(e, GEMM_ACCUMULATE), ""),
-                                   llvm_i32(e, 0), "add");
+  LLVMValueRef acc_bit = LLVMBuildAnd(e->b, LLVMGetParam(fn, 8), llvm_i32(e, GEMM_ACCUMULATE), "");
+  LLVMValueRef add = LLVMBuildICmp(e->b, LLVMIntNE, acc_bit, llvm_i32(e, 0), "add");
   emit_store(&g, phis, c, ldc, mr, nr, add, GEMM_EPI_NONE, NULL, NULL);
   LLVMBuildRetVoid(e->b);
 }
@@ -719,7 +722,7 @@ char *cpu_gemm_text(kiln_dtype dt, gemm_epilogue epi, const char *stage) {
   if (stage && !strncmp(stage, "wgrad-", 6)) {
     lda = LDA_WGRAD;
     stage += 6;
-  } else if (stage && !strncmp(stage, "conv-", 5)) { /* the convolution kernel's: "conv-asm", or "conv64-asm" for lda 64 */
+  } else if (stage && !strncmp(stage, "conv-", 5)) { /* "conv-asm"; "conv64-asm" for lda 64 */
     lda = 0;
     stage += 5;
   } else if (stage && !strncmp(stage, "conv", 4) && strchr(stage, '-')) {
