@@ -12,6 +12,9 @@
  *
  *   bench_conv [--runs R] [--batch N] [--only LAYER]
  *
+ * On a shared machine, KILN_NUM_THREADS=1 against conv_torch.py --threads 1
+ * is the steadier comparison (one core each; the peak is then one core's).
+ *
  * Lines starting with "@" (conv.LAYER.IMPL) are machine-readable. */
 #define _POSIX_C_SOURCE 200809L
 #include <kiln.h>

@@ -44,6 +44,14 @@ typedef struct conv_shape {
   /* the filter is that of the convolution whose input gradient this is:
    * tap (ky, kx) from channel ci to co is f[kh-1-ky, kw-1-kx, co, ci] */
   bool flip;
+  /* optional (0: as above): tap (ky, kx) is the filter's tap (fy0 + ky *
+   * fys, fx0 + kx * fxs) of its fkh x fkw (a strided input gradient's phase:
+   * every sh-th tap, flipped) */
+  int64_t fkh, fkw, fy0, fx0, fys, fxs;
+  /* optional (0: packed, [n, oh, ow, o]): the output's element strides of a
+   * pixel, a row and an image (a phase writes every sw-th pixel of every
+   * sh-th row of dx) */
+  int64_t opx, orow, oimg;
 } conv_shape;
 
 /* out [n, oh, ow, o] = the convolution, then the epilogue (bias [o]; res

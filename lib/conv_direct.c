@@ -29,25 +29,34 @@ typedef struct {
   char *out;
   const char *zeros;  /* span * c zeros */
   int64_t taps, kc, k, span;
+  int64_t segs, seg; /* pieces of an output row a task takes, of seg pixels */
+  int64_t pieces;    /* n * oh * segs */
+  int64_t group;     /* column tiles (NR channels) a task takes: their packed filter fits in L2 */
   int32_t flags;
   atomic_int failed;
 } direct_job;
 
+/* Tiles in a piece of an output row: one task. The most bytes of packed
+ * filter one task streams through (tile after tile, so it stays in L2:
+ * 3x3 512 -> 512 has 9.4 MB of it). */
+enum { SEG_TILES = 8, GROUP_BYTES = 1 << 20 };
+
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* packed filter column block jt: element (r, j) at bp[(jt * K + r) * NR + j],
- * r = (ky * kw + kx) * c + ci, zeros past o */
+ * r = (ky * kw + kx) * c + ci, zeros past o; tap (ky, kx) is the filter's
+ * (fy0 + ky * fys, fx0 + kx * fxs) (s normalised: fkh etc. set) */
 #define PACK_FILTER(T)                                                                                 \
   static void pack_filter_##T(const conv_shape *s, const T *f, int64_t nr, T *bp) {                    \
     int64_t k = s->kh * s->kw * s->c;                                                                  \
     for (int64_t j0 = 0; j0 < s->o; j0 += nr)                                                          \
       for (int64_t r = 0; r < k; r++, bp += nr) {                                                      \
         int64_t tap = r / s->c, ci = r % s->c, w = min64(nr, s->o - j0);                               \
+        int64_t ft = (s->fy0 + tap / s->kw * s->fys) * s->fkw + s->fx0 + tap % s->kw * s->fxs;         \
         if (!s->flip) {                                                                                \
-          const T *src = f + r * s->o + j0;                                                            \
+          const T *src = f + (ft * s->c + ci) * s->o + j0;                                             \
           for (int64_t j = 0; j < nr; j++) bp[j] = j < w ? src[j] : 0;                                 \
         } else {                                                                                       \
-          int64_t ft = s->kh * s->kw - 1 - tap; /* (kh-1-ky, kw-1-kx) */                              \
           const T *src = f + ft * s->c * s->o + j0 * s->c + ci;                                        \
           for (int64_t j = 0; j < nr; j++) bp[j] = j < w ? src[j * s->c] : 0;                          \
         }                                                                                              \
@@ -56,7 +65,8 @@ static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 PACK_FILTER(float)
 PACK_FILTER(double)
 
-/* output rows [b, e) of the n * oh */
+/* units [b, e): column groups x pieces of the n * oh output rows (segs a
+ * row), groups outer (consecutive units share the group's filter) */
 static void direct_task(void *arg, int64_t b, int64_t e) {
   direct_job *j = arg;
   const conv_shape *s = j->s;
@@ -71,10 +81,12 @@ static void direct_task(void *arg, int64_t b, int64_t e) {
   }
   bool fold = s->dw == 1; /* one tap per ky */
   int64_t lda = s->sw * c;
-  for (int64_t r = b; r < e; r++) {
-    int64_t n = r / s->oh, oy = r % s->oh;
+  for (int64_t u = b; u < e; u++) {
+    int64_t grp = u / j->pieces, piece = u % j->pieces;
+    int64_t r = piece / j->segs, n = r / s->oh, oy = r % s->oh, end = min64(s->ow, (piece % j->segs + 1) * j->seg);
+    int64_t jlo = grp * j->group * nr_full, jhi = min64(s->o, (grp + 1) * j->group * nr_full);
     const char *img = j->x + (size_t)(n * s->h * s->w * c) * es;
-    for (int64_t ox0 = 0; ox0 < s->ow; ox0 += mr_full) {
+    for (int64_t ox0 = piece % j->segs * j->seg; ox0 < end; ox0 += mr_full) {
       int64_t mr = min64(mr_full, s->ow - ox0), ix0 = ox0 * s->sw - s->pl;
       bool inside = mr == mr_full && ix0 >= 0 && ix0 + j->span <= s->w;
       for (int64_t ky = 0; ky < s->kh; ky++) {
@@ -102,10 +114,10 @@ static void direct_task(void *arg, int64_t b, int64_t e) {
             a[ky * s->kw + kx] = row_ok ? row + (size_t)(kx * s->dw * c) * es : row;
         }
       }
-      char *dst = j->out + (size_t)(((n * s->oh + oy) * s->ow + ox0) * s->o) * es;
+      char *dst = j->out + (size_t)(n * s->oimg + oy * s->orow + ox0 * s->opx) * es;
       const char *res = j->res ? j->res + (dst - j->out) : NULL;
-      for (int64_t j0 = 0, jt = 0; j0 < s->o; j0 += nr_full, jt++)
-        j->uk.fn(j->taps, a, j->kc, lda, j->bp + (size_t)(jt * j->k * nr_full) * es, dst + (size_t)j0 * es, s->o, mr,
+      for (int64_t j0 = jlo, jt = jlo / nr_full; j0 < jhi; j0 += nr_full, jt++)
+        j->uk.fn(j->taps, a, j->kc, lda, j->bp + (size_t)(jt * j->k * nr_full) * es, dst + (size_t)j0 * es, s->opx, mr,
                  min64(nr_full, s->o - j0), j->flags, j->bias ? j->bias + (size_t)j0 * es : NULL,
                  res ? res + (size_t)j0 * es : NULL);
     }
@@ -113,14 +125,31 @@ static void direct_task(void *arg, int64_t b, int64_t e) {
   free(buf), free(a);
 }
 
-int conv_direct(const conv_shape *s, kiln_dtype dt, const void *x, const void *f, const void *bias,
+int conv_direct(const conv_shape *shape, kiln_dtype dt, const void *x, const void *f, const void *bias,
                 gemm_epilogue epi, const void *res, void *out, const char *op) {
+  conv_shape norm = *shape, *s = &norm; /* the optional fields filled in */
+  if (!s->fkh) {
+    s->fkh = s->kh, s->fkw = s->kw;
+    s->fy0 = s->flip ? s->kh - 1 : 0, s->fys = s->flip ? -1 : 1;
+    s->fx0 = s->flip ? s->kw - 1 : 0, s->fxs = s->flip ? -1 : 1;
+  }
+  if (!s->opx) {
+    s->opx = s->o, s->orow = s->ow * s->o, s->oimg = s->oh * s->ow * s->o;
+    if (s->kh == 1 && s->kw == 1 && s->sh == 1 && s->sw == 1 && s->pt == 0 && s->pl == 0 && s->oh == s->h &&
+        s->ow == s->w) { /* 1x1 over every pixel: one row of them all, in tiles that span rows and images */
+      s->w = s->ow = s->n * s->h * s->w;
+      s->n = s->h = s->oh = 1;
+      s->orow = s->oimg = s->ow * s->o;
+    }
+  }
   direct_job j = {.s = s, .es = kiln_dtype_sizes[dt], .x = x, .bias = bias, .res = res, .out = out};
   int64_t rows = s->n * s->oh;
   if (rows == 0 || s->ow == 0 || s->o == 0) return 0;
   j.k = s->kh * s->kw * s->c;
   int64_t work = rows * s->ow * s->o * j.k;
-  j.uk = matmul_conv_ukernel(dt, epi, s->sw * s->c, work >= MATMUL_JIT_WORK);
+  /* the narrow tile (7 pixels) where it leaves fewer pixels of the tiles empty (rows of 7, 21) */
+  bool narrow = (s->ow + 6) / 7 * 7 < (s->ow + 13) / 14 * 14;
+  j.uk = matmul_conv_ukernel(dt, epi, s->sw * s->c, narrow, work >= MATMUL_JIT_WORK);
   j.taps = s->dw == 1 ? s->kh : s->kh * s->kw;
   j.kc = s->dw == 1 ? s->kw * s->c : s->c;
   j.span = (j.uk.mr - 1) * s->sw + (s->kw - 1) * s->dw + 1;
@@ -138,8 +167,15 @@ int conv_direct(const conv_shape *s, kiln_dtype dt, const void *x, const void *f
   else
     pack_filter_double(s, f, j.uk.nr, bp);
   j.bp = bp, j.zeros = zeros;
-  int64_t row_work = s->ow * s->o * j.k;
-  parallel_for(rows, row_work >= ((int64_t)1 << 20) ? 1 : ((int64_t)1 << 20) / row_work + 1, direct_task, &j);
+  j.seg = SEG_TILES * j.uk.mr;
+  j.segs = (s->ow + j.seg - 1) / j.seg;
+  j.pieces = rows * j.segs;
+  j.group = GROUP_BYTES / (j.k * j.uk.nr * (int64_t)j.es);
+  if (j.group < 1) j.group = 1;
+  int64_t groups = (blocks + j.group - 1) / j.group;
+  int64_t unit_work = min64(s->ow, j.seg) * min64(s->o, j.group * j.uk.nr) * j.k;
+  parallel_for(groups * j.pieces, unit_work >= ((int64_t)1 << 20) ? 1 : ((int64_t)1 << 20) / unit_work + 1, direct_task,
+               &j);
   free(bp), free(zeros);
   if (atomic_load(&j.failed)) return kiln_set_error("%s: out of memory", op);
   return 0;

@@ -27,8 +27,10 @@
 
 #include "conv.h"
 
-/* The most bytes of one chunk's im2col block. */
-enum { CONV_CHUNK_BYTES = 4 << 20 };
+/* The most bytes of one chunk's im2col block. The fewest image channels
+ * for which the input gradient takes the direct kernel (7x7 3 -> 64 stride
+ * 2, one thread: 15 GFLOP/s direct, 49 through im2col + GEMM). */
+enum { CONV_CHUNK_BYTES = 4 << 20, DIRECT_MIN_C = 16 };
 
 /* ---- geometry ---- */
 
@@ -302,7 +304,7 @@ static conv_shape direct_shape(const geom *g) {
         if (epi != GEMM_EPI_NONE) v += bias[j];                                                           \
         if (res) v += res[j];                                                                             \
         if (epi == GEMM_EPI_BIAS_RELU) v = v < 0 ? (T)0 : v;                                              \
-        if (epi == GEMM_EPI_BIAS_TANH) v = sizeof(T) == 4 ? (T)tanhf((float)v) : (T)tanh((double)v);      \
+        if (epi == GEMM_EPI_BIAS_TANH) v = sizeof(T) == 4 ? (T)tanhf((float)v) : (T)tanh((double)v);     \
         out[j] = v;                                                                                       \
       }                                                                                                   \
   }
@@ -397,6 +399,42 @@ int conv2d_epilogue_residual(const kiln_tensor *x, const kiln_tensor *filter, co
   return conv2d_fused(x, filter, bias, epi, residual, attrs, out);
 }
 
+/* The input gradient of a strided convolution (one group, no dilation)
+ * through the direct kernel, phase by phase: the pixels (iy, ix) of dx with
+ * iy = qy*sh + ry and ix = qx*sw + rx receive only the taps ky = ky0 +
+ * m*sh (ky0 = (ry + pt) mod sh), from dy row qy + (ry + pt - ky0)/sh - m,
+ * and likewise along x: a stride-1 convolution of dy with every sh-th
+ * (sw-th) tap of the filter, flipped, written to every sh-th row and sw-th
+ * pixel of dx. A phase no tap reaches (a 1x1 filter's, stride 2) is zeros.
+ * Each element of dx is one sum of one phase: the bits do not depend on the
+ * thread count. */
+static int bp_input_phases(const geom *g, const void *dy, const void *f, void *dx, const char *op) {
+  for (int64_t ry = 0; ry < g->sh && ry < g->h; ry++)
+    for (int64_t rx = 0; rx < g->sw && rx < g->w; rx++) {
+      int64_t ky0 = (ry + g->pt) % g->sh, kx0 = (rx + g->pl) % g->sw;
+      int64_t my = ky0 < g->kh ? (g->kh - 1 - ky0) / g->sh + 1 : 0; /* taps of the phase */
+      int64_t mx = kx0 < g->kw ? (g->kw - 1 - kx0) / g->sw + 1 : 0;
+      int64_t ohp = (g->h - ry + g->sh - 1) / g->sh, owp = (g->w - rx + g->sw - 1) / g->sw;
+      char *out = (char *)dx + (size_t)((ry * g->w + rx) * g->c) * g->es;
+      if (!my || !mx) { /* no tap reaches these pixels */
+        for (int64_t n = 0; n < g->n; n++)
+          for (int64_t qy = 0; qy < ohp; qy++)
+            for (int64_t qx = 0; qx < owp; qx++)
+              memset(out + (size_t)(((n * g->h + qy * g->sh) * g->w + qx * g->sw) * g->c) * g->es, 0,
+                     (size_t)g->c * g->es);
+        continue;
+      }
+      conv_shape s = {.n = g->n, .h = g->oh, .w = g->ow, .c = g->o, .oh = ohp, .ow = owp, .o = g->c, .kh = my,
+                      .kw = mx, .sh = 1, .sw = 1, .dh = 1, .dw = 1,
+                      .pt = my - 1 - (ry + g->pt - ky0) / g->sh, .pl = mx - 1 - (rx + g->pl - kx0) / g->sw,
+                      .flip = true, .fkh = g->kh, .fkw = g->kw, .fy0 = ky0 + (my - 1) * g->sh, .fys = -g->sh,
+                      .fx0 = kx0 + (mx - 1) * g->sw, .fxs = -g->sw, .opx = g->sw * g->c,
+                      .orow = g->sh * g->w * g->c, .oimg = g->h * g->w * g->c};
+      if (conv_direct(&s, g->dt, dy, f, NULL, GEMM_EPI_NONE, NULL, out, op)) return -1;
+    }
+  return 0;
+}
+
 /* in: dy [n,oh,ow,o], filter; out: dx [n,h,w,c] */
 static int conv2d_bp_input_kernel(const op_call *c) {
   geom g;
@@ -404,7 +442,12 @@ static int conv2d_bp_input_kernel(const op_call *c) {
   kiln_tensor A, B, C;
   int64_t m = g.n * g.oh * g.ow;
   if (c->out->size == 0) return 0;
-  if (g.groups == 1 && g.sh == 1 && g.sw == 1 && m > 0 && g.o > 0) {
+  /* the direct kernel's tiles are 32 or 64 channels of dx wide: with fewer
+   * than DIRECT_MIN_C (an RGB stem's 3) im2col + GEMM wastes less */
+  bool direct = g.groups == 1 && g.c >= DIRECT_MIN_C && m > 0 && g.o > 0;
+  if (direct && (g.sh > 1 || g.sw > 1) && g.dh == 1 && g.dw == 1)
+    return bp_input_phases(&g, c->in[0]->data, c->in[1]->data, c->out->data, kiln_ops[c->op].api);
+  if (direct && g.sh == 1 && g.sw == 1) {
     /* stride 1: the convolution of dy with the flipped filter, its in and
      * out channels swapped, padded by the window's span less the padding
      * (the far sides implied by dx's size) */

@@ -339,7 +339,7 @@ static gemm_ukernel c_ukernel_f64(void) { return (gemm_ukernel){ukernel_f64, MR_
         if (epi != GEMM_EPI_NONE) v += bias[j];                                                            \
         if (res) v += res[i * ldc + j];                                                                    \
         if (epi == GEMM_EPI_BIAS_RELU) v = v < 0 ? (T)0 : v;                                               \
-        if (epi == GEMM_EPI_BIAS_TANH) v = sizeof(T) == 4 ? (T)tanhf((float)v) : (T)tanh((double)v);                                      \
+        if (epi == GEMM_EPI_BIAS_TANH) v = sizeof(T) == 4 ? (T)tanhf((float)v) : (T)tanh((double)v);      \
         c[i * ldc + j] = v;                                                                                \
       }                                                                                                    \
   }
@@ -354,10 +354,10 @@ static _Atomic(conv_provider_fn) conv_provider;
 
 void matmul_set_conv_provider(conv_provider_fn fn) { atomic_store(&conv_provider, fn); }
 
-conv_ukernel matmul_conv_ukernel(kiln_dtype dt, gemm_epilogue epi, int64_t lda, bool jit) {
+conv_ukernel matmul_conv_ukernel(kiln_dtype dt, gemm_epilogue epi, int64_t lda, bool narrow, bool jit) {
   conv_ukernel uk;
   conv_provider_fn get = atomic_load(&conv_provider);
-  if (jit && get && get(dt, epi, lda, &uk)) return uk;
+  if (jit && get && get(dt, epi, lda, narrow, &uk)) return uk;
 #if KILN_MULTIVERSION
   if (KILN_HAVE_AVX512())
     return dt == KILN_F32 ? (conv_ukernel){conv_ukernel_z_f32, MR_Z_F32, NR_Z_F32}

@@ -61,12 +61,14 @@ typedef struct conv_ukernel {
 
 /* The compiled convolution micro-kernel for (dt, epi), or false; as
  * gemm_provider_fn. The kernel may be specialised for lda (the lda its
- * calls then pass); lda 0 asks for one that takes any. */
-typedef bool (*conv_provider_fn)(kiln_dtype dt, gemm_epilogue epi, int64_t lda, conv_ukernel *uk);
+ * calls then pass); lda 0 asks for one that takes any. narrow asks for a
+ * tile of fewer pixels (and more channels), for images whose rows the
+ * usual tile would leave half empty (ResNet's 7 x 7). */
+typedef bool (*conv_provider_fn)(kiln_dtype dt, gemm_epilogue epi, int64_t lda, bool narrow, conv_ukernel *uk);
 void matmul_set_conv_provider(conv_provider_fn fn);
-/* The convolution micro-kernel for dt (f32, f64), epi and lda: the
+/* The convolution micro-kernel for dt (f32, f64), epi, lda and narrow: the
  * provider's when jit and it has one, else the C one (kernels_matmul.c). */
-conv_ukernel matmul_conv_ukernel(kiln_dtype dt, gemm_epilogue epi, int64_t lda, bool jit);
+KILN_EXPORT conv_ukernel matmul_conv_ukernel(kiln_dtype dt, gemm_epilogue epi, int64_t lda, bool narrow, bool jit);
 
 /* The filter gradient's micro-kernel: C[0:mr, 0:nr] = (C +, with
  * GEMM_ACCUMULATE) the sum over runs t of sum over p < run[t].kc of
@@ -90,7 +92,7 @@ typedef struct wgrad_ukernel {
 typedef bool (*wgrad_provider_fn)(kiln_dtype dt, wgrad_ukernel *uk);
 void matmul_set_wgrad_provider(wgrad_provider_fn fn);
 /* The provider's when jit and it has one, else the C one. */
-wgrad_ukernel matmul_wgrad_ukernel(kiln_dtype dt, bool jit);
+KILN_EXPORT wgrad_ukernel matmul_wgrad_ukernel(kiln_dtype dt, bool jit);
 
 /* m*n*k from which the blocked matmul asks the provider for its
  * micro-kernel. Smaller products (down to 32^3) mostly run faster with it

@@ -764,4 +764,170 @@ TEST(Gemm, CompiledDotEpiloguesMatchTheInterpreter) {
   }
 }
 
+// ---- the convolution micro-kernels (matmul.h) ----
+
+// Runs a convolution micro-kernel over a whole mr x nr tile (rows i0, i0 +
+// uk.mr, ...: the C kernel's tile is smaller), rows of A lda apart.
+template <typename T>
+void conv_tile(const conv_ukernel &uk, int taps, const std::vector<const T *> &a, int64_t kc,
+               int64_t lda, const std::vector<T> &b, std::vector<T> &c, int64_t ldc, int64_t mr, int64_t nr,
+               int32_t flags, const std::vector<T> &bias, const std::vector<T> &res) {
+  for (int64_t i0 = 0; i0 < mr; i0 += uk.mr) {
+    for (int64_t j0 = 0; j0 < nr; j0 += uk.nr) {
+      // B packed for this kernel's nr: columns j0 .. j0 + uk.nr of the full panel (zeros past nr)
+      std::vector<T> bp((size_t)(taps * kc * uk.nr), 0);
+      for (int64_t r = 0; r < taps * kc; r++)
+        for (int64_t j = 0; j < uk.nr && j0 + j < nr; j++)  // b: rows of ldc
+          bp[(size_t)(r * uk.nr + j)] = b[(size_t)(r * ldc + j0 + j)];
+      std::vector<const void *> at;
+      for (int t = 0; t < taps; t++) at.push_back(a[t] + i0 * lda);
+      uk.fn(taps, at.data(), kc, lda, bp.data(), c.data() + i0 * ldc + j0, ldc, std::min<int64_t>(uk.mr, mr - i0),
+            std::min<int64_t>(uk.nr, nr - j0), flags, bias.data() + j0, res.data() + i0 * ldc + j0);
+    }
+  }
+}
+
+// The compiled convolution kernels (the usual tile and the narrow one): one
+// per (dtype, epilogue, lda, narrow), the same
+// one on a second request, a generic one (lda 0) too; each gives the C
+// kernel's bits (the same sum per element: taps, then k, one FMA each) for
+// every epilogue, with and without the residual, on full and partial tiles.
+template <typename T>
+void check_conv_kernels(kiln_dtype dt) {
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<T> u(-1, 1);
+  const int taps = 3;
+  const int64_t kc = 21, lda = 37, rows = 14 + 2, cols = 40;  // A: taps x rows readable rows of lda
+  std::vector<std::vector<T>> img(taps, std::vector<T>((size_t)(rows * lda)));
+  std::vector<const T *> a;
+  for (auto &v : img) {
+    for (T &e : v) e = u(rng);
+    a.push_back(v.data());
+  }
+  std::vector<T> b((size_t)(taps * kc * cols)), bias((size_t)cols), res((size_t)(rows * cols));
+  for (T &e : b) e = u(rng);
+  for (T &e : bias) e = u(rng);
+  for (T &e : res) e = u(rng);
+  for (bool narrow : {false, true})
+  for (gemm_epilogue epi : kEpilogues) {
+    conv_ukernel jit, again, generic, c = matmul_conv_ukernel(dt, epi, lda, narrow, false);
+    ASSERT_TRUE(cpu_conv_ukernel(dt, epi, lda, narrow, &jit)) << epi;
+    ASSERT_TRUE(cpu_conv_ukernel(dt, epi, lda, narrow, &again));
+    ASSERT_TRUE(cpu_conv_ukernel(dt, epi, 0, narrow, &generic));
+    EXPECT_EQ(jit.fn, again.fn);
+    EXPECT_NE(jit.fn, generic.fn);
+    EXPECT_NE(jit.fn, c.fn);
+    for (int64_t mr : {jit.mr, jit.mr - 5})
+      for (int64_t nr : {(int64_t)cols, (int64_t)7})
+        for (int32_t flags : {(int32_t)GEMM_LAST, (int32_t)(GEMM_LAST | GEMM_RESIDUAL)}) {
+          int32_t f = flags | (int32_t)epi << GEMM_EPI_SHIFT;
+          std::vector<T> cj((size_t)(rows * cols), 0), cg = cj, cc = cj;
+          conv_tile<T>(jit, taps, a, kc, lda, b, cj, cols, mr, nr, f, bias, res);
+          conv_tile<T>(generic, taps, a, kc, lda, b, cg, cols, mr, nr, f, bias, res);
+          conv_tile<T>(c, taps, a, kc, lda, b, cc, cols, mr, nr, f, bias, res);
+          EXPECT_EQ(cj, cg) << "epilogue " << epi << " mr " << mr << " nr " << nr << " flags " << flags;
+          if (epi != GEMM_EPI_BIAS_TANH) {  // the compiled tanh is its own
+            EXPECT_EQ(cj, cc) << "epilogue " << epi << " mr " << mr << " nr " << nr << " flags " << flags;
+          }
+          // the sums themselves, against a double loop
+          for (int64_t i = 0; i < mr; i++)
+            for (int64_t j = 0; j < nr; j++) {
+              double want = 0;
+              for (int t = 0; t < taps; t++)
+                for (int64_t p = 0; p < kc; p++)
+                  want += (double)a[t][i * lda + p] * b[(size_t)((t * kc + p) * cols + j)];
+              if (epi != GEMM_EPI_NONE) want += bias[(size_t)j];
+              if (flags & GEMM_RESIDUAL) want += res[(size_t)(i * cols + j)];
+              if (epi == GEMM_EPI_BIAS_RELU) want = want < 0 ? 0 : want;
+              if (epi == GEMM_EPI_BIAS_TANH) want = std::tanh(want);
+              EXPECT_NEAR(cj[(size_t)(i * cols + j)], want, 1e-4) << i << " " << j;
+            }
+          // nothing stored past the tile
+          for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < cols; j++)
+              if (i >= mr || j >= nr) {
+                EXPECT_EQ(cj[(size_t)(i * cols + j)], 0) << i << " " << j;
+              }
+        }
+  }
+}
+
+TEST(GemmConv, CompiledConvolutionKernelsPerLdaGiveTheCKernelsBits) {
+  EnvGuard cpu("KILN_BACKEND", "cpu"), any("KILN_GEMM", nullptr);
+  Scoped scope;
+  if (!host_has_kernels()) {
+    conv_ukernel uk;
+    EXPECT_FALSE(cpu_conv_ukernel(KILN_F32, GEMM_EPI_NONE, 64, false, &uk));
+    return;
+  }
+  check_conv_kernels<float>(KILN_F32);
+  check_conv_kernels<double>(KILN_F64);
+  char *text = cpu_gemm_text(KILN_F32, GEMM_EPI_BIAS_RELU, "conv64-asm");
+  ASSERT_NE(text, nullptr) << kiln_last_error();
+  EXPECT_THAT(std::string(text), HasSubstr("vfmadd231ps"));
+  free(text);
+  text = cpu_gemm_text(KILN_F64, GEMM_EPI_NONE, "wgrad-llvm");
+  ASSERT_NE(text, nullptr) << kiln_last_error();
+  EXPECT_THAT(std::string(text), HasSubstr("llvm.fma.v"));
+  free(text);
+  conv_ukernel uk;
+  EXPECT_FALSE(cpu_conv_ukernel(KILN_I32, GEMM_EPI_NONE, 64, false, &uk));
+  {
+    EnvGuard c("KILN_GEMM", "c");
+    EXPECT_FALSE(cpu_conv_ukernel(KILN_F32, GEMM_EPI_NONE, 64, false, &uk));
+    wgrad_ukernel w;
+    EXPECT_FALSE(cpu_wgrad_ukernel(KILN_F32, &w));
+  }
+}
+
+// The filter-gradient kernel: runs of strided columns of A and rows of B,
+// the C kernel's bits, C added to with GEMM_ACCUMULATE, nothing read past
+// nr columns of B (its last row ends the buffer).
+template <typename T>
+void check_wgrad_kernels(kiln_dtype dt) {
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<T> u(-1, 1);
+  wgrad_ukernel jit, c = matmul_wgrad_ukernel(dt, false);
+  ASSERT_TRUE(cpu_wgrad_ukernel(dt, &jit));
+  EXPECT_NE(jit.fn, c.fn);
+  const int64_t lda = 23, ldb = 45, steps[2] = {13, 6}, cols = 45;
+  std::vector<T> a((size_t)(19 * lda + 32)), b((size_t)(19 * ldb));
+  for (T &e : a) e = u(rng);
+  for (T &e : b) e = u(rng);
+  for (int64_t nr : {(int64_t)jit.nr, (int64_t)5}) {
+    const int64_t mr = jit.mr - 3;
+    std::vector<T> cj((size_t)(jit.mr * cols), (T)0.5), cc = cj;
+    for (int32_t flags : {0, (int32_t)GEMM_ACCUMULATE}) {
+      // two runs: steps 0..12, then 6 steps from row 13; B's last row is b's end when nr = ldb - (ldb - nr)
+      conv_run runs[2] = {{a.data(), b.data() + (ldb - nr), steps[0]},
+                          {a.data() + 13 * lda, b.data() + 13 * ldb + (ldb - nr), steps[1]}};
+      jit.fn(2, runs, lda, ldb, cj.data(), cols, mr, nr, flags);
+      for (int64_t i0 = 0; i0 < mr; i0 += c.mr)
+        for (int64_t j0 = 0; j0 < nr; j0 += c.nr) {
+          conv_run cr[2] = {{(const T *)runs[0].a + i0, (const T *)runs[0].b + j0, steps[0]},
+                            {(const T *)runs[1].a + i0, (const T *)runs[1].b + j0, steps[1]}};
+          c.fn(2, cr, lda, ldb, cc.data() + i0 * cols + j0, cols, std::min<int64_t>(c.mr, mr - i0),
+               std::min<int64_t>(c.nr, nr - j0), flags);
+        }
+      EXPECT_EQ(cj, cc) << "nr " << nr << " flags " << flags;
+      for (int64_t i = 0; i < mr; i++)
+        for (int64_t j = 0; j < nr; j++) {
+          double want = 0;
+          for (int64_t p = 0; p < 19; p++)
+            want += (double)a[(size_t)(p * lda + i)] * b[(size_t)(p * ldb + ldb - nr + j)];
+          if (flags) want = 2 * want;  // the first pass's sum, added to again
+          EXPECT_NEAR(cj[(size_t)(i * cols + j)], want, 1e-4) << i << " " << j;
+        }
+    }
+  }
+}
+
+TEST(GemmConv, CompiledFilterGradientKernelGivesTheCKernelsBits) {
+  EnvGuard cpu("KILN_BACKEND", "cpu"), any("KILN_GEMM", nullptr);
+  Scoped scope;
+  if (!host_has_kernels()) return;
+  check_wgrad_kernels<float>(KILN_F32);
+  check_wgrad_kernels<double>(KILN_F64);
+}
+
 }  // namespace

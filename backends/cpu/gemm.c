@@ -59,11 +59,12 @@ static tile tile_for(kiln_dtype dt, bool avx512) {
 }
 
 /* The convolution kernel's tile: 14 x 32 floats with AVX-512 (28
- * accumulators: 14 divides ResNet's 112, 56, 28 and 14 pixel rows), 6 x 16
- * with AVX2; KILN_CONV_TILE="MRxNV" for tuning. */
-static tile conv_tile_for(kiln_dtype dt, bool avx512) {
+ * accumulators: 14 divides ResNet's 112, 56, 28 and 14 pixel rows), 7 x 64
+ * when narrow (its 7), 6 x 16 with AVX2; KILN_CONV_TILE="MRxNV" for
+ * tuning. */
+static tile conv_tile_for(kiln_dtype dt, bool avx512, bool narrow) {
   int vl = (avx512 ? 64 : 32) / (int)kiln_dtype_sizes[dt];
-  tile t = avx512 ? (tile){14, 2, vl} : (tile){6, 2, vl};
+  tile t = avx512 ? (narrow ? (tile){7, 4, vl} : (tile){14, 2, vl}) : (tile){6, 2, vl};
   const char *env = getenv("KILN_CONV_TILE");
   int mr, nv;
   if (env && sscanf(env, "%dx%d", &mr, &nv) == 2 && mr >= 1 && mr <= 16 && nv >= 1 && nv <= 4 &&
@@ -263,7 +264,8 @@ static void kernel_attrs(llvm_emit *e, LLVMValueRef fn, LLVMTargetMachineRef tm,
   char *cpu = LLVMGetTargetMachineCPU(tm), *features = LLVMGetTargetMachineFeatureString(tm);
   char *fs = malloc(strlen(features) + 16);
   if (fs) {
-    sprintf(fs, "%s%s", features, !avx512 && cpu_jit_target_has("avx512f") ? (*features ? ",-avx512f" : "-avx512f") : "");
+    bool drop = !avx512 && cpu_jit_target_has("avx512f"); /* the AVX2 kernel on an AVX-512 host (KILN_GEMM_ISA) */
+    sprintf(fs, "%s%s", features, drop ? (*features ? ",-avx512f" : "-avx512f") : "");
     add_attr(e->ctx, fn, "target-features", fs);
     free(fs);
   }
@@ -385,11 +387,13 @@ static LLVMValueRef emit_wgrad_loop(kgen *g, LLVMValueRef fn, LLVMValueRef lo, i
       bs = LLVMBuildGEP2(e->b, g->ty, b, &ob, 1, "");
     }
     LLVMValueRef bv[4];
-    for (int v = 0; v < nv; v++)
-      bv[v] = masked_load(e, g->vty, LLVMBuildGEP2(e->b, g->ty, bs, (LLVMValueRef[]){llvm_i64(e, (int64_t)v * vl)}, 1, ""),
-                          colmask[v]);
+    for (int v = 0; v < nv; v++) {
+      LLVMValueRef off = llvm_i64(e, (int64_t)v * vl);
+      bv[v] = masked_load(e, g->vty, LLVMBuildGEP2(e->b, g->ty, bs, &off, 1, ""), colmask[v]);
+    }
     for (int r = 0; r < g->t.mr; r++) {
-      LLVMValueRef x = LLVMBuildLoad2(e->b, g->ty, LLVMBuildGEP2(e->b, g->ty, as, (LLVMValueRef[]){llvm_i64(e, r)}, 1, ""), "a");
+      LLVMValueRef off = llvm_i64(e, r);
+      LLVMValueRef x = LLVMBuildLoad2(e->b, g->ty, LLVMBuildGEP2(e->b, g->ty, as, &off, 1, ""), "a");
       LLVMValueRef sx = splat(g, x);
       for (int v = 0; v < nv; v++) {
         LLVMValueRef args[3] = {sx, bv[v], cur[r * nv + v]};
@@ -461,8 +465,8 @@ static void emit_wgrad_ukernel(llvm_emit *e, const char *name, kiln_dtype dt, ti
   for (int i = 0; i < n; i++) LLVMAddIncoming(phis[i], &acc[i], &latch, 1);
   LLVMBuildBr(e->b, head);
   LLVMPositionBuilderAtEnd(e->b, exit);
-  LLVMValueRef add = LLVMBuildICmp(e->b, LLVMIntNE, LLVMBuildAnd(e->b, LLVMGetParam(fn, 8), llvm_i32(e, GEMM_ACCUMULATE), ""),
-                                   llvm_i32(e, 0), "add");
+  LLVMValueRef acc_bit = LLVMBuildAnd(e->b, LLVMGetParam(fn, 8), llvm_i32(e, GEMM_ACCUMULATE), "");
+  LLVMValueRef add = LLVMBuildICmp(e->b, LLVMIntNE, acc_bit, llvm_i32(e, 0), "add");
   emit_store(&g, phis, c, ldc, mr, nr, add, GEMM_EPI_NONE, NULL, NULL);
   LLVMBuildRetVoid(e->b);
 }
@@ -485,10 +489,10 @@ static void kernel_name(char *name, size_t len, kiln_dtype dt, gemm_epilogue epi
 
 /* A module holding the micro-kernel for (dt, epi), as host_isa allows (not
  * ISA_NONE). */
-static LLVMModuleRef build_module(LLVMContextRef ctx, kiln_dtype dt, gemm_epilogue epi, int64_t lda,
+static LLVMModuleRef build_module(LLVMContextRef ctx, kiln_dtype dt, gemm_epilogue epi, int64_t lda, bool narrow,
                                   LLVMTargetMachineRef tm, isa target, char *name, size_t name_len, tile *t) {
   bool avx512 = target == ISA_AVX512;
-  *t = lda != LDA_GEMM ? conv_tile_for(dt, avx512) : tile_for(dt, avx512);
+  *t = lda != LDA_GEMM ? conv_tile_for(dt, avx512, narrow) : tile_for(dt, avx512);
   kernel_name(name, name_len, dt, epi, *t, lda);
   LLVMModuleRef mod = LLVMModuleCreateWithNameInContext(name, ctx);
   char *triple = LLVMGetTargetMachineTriple(tm);
@@ -521,11 +525,12 @@ static variant wgrad_variants[2];
 /* The convolution kernels: one per (dtype, epilogue, lda) in use (a
  * network has a few image widths x strides), then the generic one (lda 0)
  * for any further lda. Looked up and filled under compile_mu. */
-enum { CONV_VARIANTS = 96 };
+enum { CONV_VARIANTS = 512 };
 typedef struct {
   kiln_dtype dt;
   gemm_epilogue epi;
   int64_t lda;
+  bool narrow;
   variant v;
 } conv_variant;
 static conv_variant conv_variants[CONV_VARIANTS];
@@ -571,7 +576,7 @@ static uintptr_t cached_kernel(const char *dir, const uint8_t key[16], const cha
 /* Compiles the kernel for (dt, epi) into v, or loads it from the disk cache
  * (as programs are: a second process skips LLVM). 0, or -1 with the error
  * set. */
-static int compile_variant(kiln_dtype dt, gemm_epilogue epi, int64_t lda, variant *v) {
+static int compile_variant(kiln_dtype dt, gemm_epilogue epi, int64_t lda, bool narrow, variant *v) {
   LLVMTargetMachineRef tm = cpu_jit_host_machine();
   if (!tm) return -1;
   isa target = host_isa(tm);
@@ -580,7 +585,7 @@ static int compile_variant(kiln_dtype dt, gemm_epilogue epi, int64_t lda, varian
     return kiln_set_error("gemm: no compiled micro-kernel for this CPU (x86-64 with AVX2 and FMA)");
   }
   char name[96], *msg = NULL, dir[4096];
-  tile t = lda != LDA_GEMM ? conv_tile_for(dt, target == ISA_AVX512) : tile_for(dt, target == ISA_AVX512);
+  tile t = lda != LDA_GEMM ? conv_tile_for(dt, target == ISA_AVX512, narrow) : tile_for(dt, target == ISA_AVX512);
   kernel_name(name, sizeof name, dt, epi, t, lda);
   char *meta = cpu_cache_dir(dir, sizeof dir) ? kernel_meta(tm, name, target) : NULL;
   uint8_t key[16];
@@ -594,7 +599,7 @@ static int compile_variant(kiln_dtype dt, gemm_epilogue epi, int64_t lda, varian
     return 0;
   }
   LLVMContextRef ctx = LLVMContextCreate();
-  LLVMModuleRef mod = build_module(ctx, dt, epi, lda, tm, target, name, sizeof name, &t);
+  LLVMModuleRef mod = build_module(ctx, dt, epi, lda, narrow, tm, target, name, sizeof name, &t);
   LLVMMemoryBufferRef obj = NULL, bc = NULL;
   int rc = 0;
   /* no pass pipeline: the IR is already the loop that code generation
@@ -641,12 +646,12 @@ static bool usable(kiln_dtype dt, gemm_epilogue epi) {
 }
 
 /* v compiled if it was not tried yet (under compile_mu) */
-static int try_compile(kiln_dtype dt, gemm_epilogue epi, int64_t lda, variant *v) {
+static int try_compile(kiln_dtype dt, gemm_epilogue epi, int64_t lda, bool narrow, variant *v) {
   int state = atomic_load(&v->state);
   if (state != UNTRIED) return state;
   char saved[1024]; /* the caller's error message survives a failed compile */
   snprintf(saved, sizeof saved, "%s", kiln_last_error());
-  state = compile_variant(dt, epi, lda, v) ? FAILED : READY;
+  state = compile_variant(dt, epi, lda, narrow, v) ? FAILED : READY;
   if (state == FAILED && env_is("KILN_LOG", "gemm"))
     fprintf(stderr, "kiln: gemm: no compiled %s micro-kernel for %s %s: %s\n",
             lda == LDA_WGRAD ? "filter-gradient" : lda >= 0 ? "convolution" : "matmul",
@@ -662,7 +667,7 @@ bool cpu_gemm_ukernel(kiln_dtype dt, gemm_epilogue epi, gemm_ukernel *uk) {
   int state = atomic_load_explicit(&v->state, memory_order_acquire);
   if (state == UNTRIED) {
     pthread_mutex_lock(&compile_mu);
-    state = try_compile(dt, epi, LDA_GEMM, v);
+    state = try_compile(dt, epi, LDA_GEMM, false, v);
     pthread_mutex_unlock(&compile_mu);
   }
   if (state != READY) return false;
@@ -672,23 +677,24 @@ bool cpu_gemm_ukernel(kiln_dtype dt, gemm_epilogue epi, gemm_ukernel *uk) {
 
 /* the entry for (dt, epi, lda), added when missing and there is room;
  * NULL when full (under compile_mu) */
-static variant *conv_entry(kiln_dtype dt, gemm_epilogue epi, int64_t lda) {
+static variant *conv_entry(kiln_dtype dt, gemm_epilogue epi, int64_t lda, bool narrow) {
   for (int i = 0; i < n_conv_variants; i++)
-    if (conv_variants[i].dt == dt && conv_variants[i].epi == epi && conv_variants[i].lda == lda)
+    if (conv_variants[i].dt == dt && conv_variants[i].epi == epi && conv_variants[i].lda == lda &&
+        conv_variants[i].narrow == narrow)
       return &conv_variants[i].v;
   if (n_conv_variants == CONV_VARIANTS) return NULL;
   conv_variant *c = &conv_variants[n_conv_variants++];
-  c->dt = dt, c->epi = epi, c->lda = lda;
+  c->dt = dt, c->epi = epi, c->lda = lda, c->narrow = narrow;
   return &c->v;
 }
 
-bool cpu_conv_ukernel(kiln_dtype dt, gemm_epilogue epi, int64_t lda, conv_ukernel *uk) {
+bool cpu_conv_ukernel(kiln_dtype dt, gemm_epilogue epi, int64_t lda, bool narrow, conv_ukernel *uk) {
   if (!usable(dt, epi) || lda < 0) return false;
   pthread_mutex_lock(&compile_mu); /* once per convolution: no need for a faster path */
-  variant *v = conv_entry(dt, epi, lda), *any = conv_entry(dt, epi, 0);
-  if (v && v != any && try_compile(dt, epi, lda, v) != READY) v = NULL;
+  variant *v = conv_entry(dt, epi, lda, narrow), *any = conv_entry(dt, epi, 0, narrow);
+  if (v && v != any && try_compile(dt, epi, lda, narrow, v) != READY) v = NULL;
   if (!v) v = any; /* the table is full, or lda's kernel failed: the generic one */
-  int state = v ? try_compile(dt, epi, 0, v) : FAILED;
+  int state = v ? try_compile(dt, epi, 0, narrow, v) : FAILED;
   pthread_mutex_unlock(&compile_mu);
   if (state != READY) return false;
   *uk = (conv_ukernel){(conv_ukernel_fn)v->fn, v->mr, v->nr};
@@ -701,7 +707,7 @@ bool cpu_wgrad_ukernel(kiln_dtype dt, wgrad_ukernel *uk) {
   int state = atomic_load_explicit(&v->state, memory_order_acquire);
   if (state == UNTRIED) {
     pthread_mutex_lock(&compile_mu);
-    state = try_compile(dt, GEMM_EPI_NONE, LDA_WGRAD, v);
+    state = try_compile(dt, GEMM_EPI_NONE, LDA_WGRAD, false, v);
     pthread_mutex_unlock(&compile_mu);
   }
   if (state != READY) return false;
@@ -716,7 +722,7 @@ char *cpu_gemm_text(kiln_dtype dt, gemm_epilogue epi, const char *stage) {
   if (stage && !strncmp(stage, "wgrad-", 6)) {
     lda = LDA_WGRAD;
     stage += 6;
-  } else if (stage && !strncmp(stage, "conv-", 5)) { /* the convolution kernel's: "conv-asm", or "conv64-asm" for lda 64 */
+  } else if (stage && !strncmp(stage, "conv-", 5)) { /* "conv-asm"; "conv64-asm" for lda 64 */
     lda = 0;
     stage += 5;
   } else if (stage && !strncmp(stage, "conv", 4) && strchr(stage, '-')) {
@@ -736,7 +742,7 @@ char *cpu_gemm_text(kiln_dtype dt, gemm_epilogue epi, const char *stage) {
   LLVMContextRef ctx = LLVMContextCreate();
   char name[96];
   tile t;
-  LLVMModuleRef mod = build_module(ctx, dt, epi, lda, tm, target, name, sizeof name, &t);
+  LLVMModuleRef mod = build_module(ctx, dt, epi, lda, false, tm, target, name, sizeof name, &t);
   LLVMDisposeTargetMachine(tm);
   char *text = cpu_module_text(mod, asm_text, "gemm");
   LLVMDisposeModule(mod);

@@ -22,8 +22,9 @@ KILN_EXPORT bool cpu_gemm_ukernel(kiln_dtype dt, gemm_epilogue epi, gemm_ukernel
 /* The compiled convolution micro-kernel for (dt, epi) whose rows of A are
  * lda apart (lib/matmul.h's conv_provider_fn): one for each lda asked for
  * (its rows at constant displacements), up to a bound, then one that reads
- * lda from its argument; 0 asks for that one. As cpu_gemm_ukernel. */
-KILN_EXPORT bool cpu_conv_ukernel(kiln_dtype dt, gemm_epilogue epi, int64_t lda, conv_ukernel *uk);
+ * lda from its argument; 0 asks for that one. narrow: the tile of fewer
+ * pixels (matmul.h). As cpu_gemm_ukernel. */
+KILN_EXPORT bool cpu_conv_ukernel(kiln_dtype dt, gemm_epilogue epi, int64_t lda, bool narrow, conv_ukernel *uk);
 
 /* The compiled filter-gradient micro-kernel for dt (lib/matmul.h's
  * wgrad_provider_fn), as cpu_gemm_ukernel. */
