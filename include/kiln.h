@@ -408,6 +408,14 @@ kiln_function *kiln_function_new(const char *name, kiln_body_fn body, void *user
 int  kiln_function_call(kiln_function *, kiln_tensor *const *in, kiln_tensor **out);
 void kiln_function_free(kiln_function *);
 void kiln_function_set_eager(kiln_function *, bool eager);  /* run the body op by op, for debugging */
+/* Lets the optimizer rewrite f's traces for inference, as PyTorch's
+ * optimize_for_inference does: a per-channel affine map after a conv2d or
+ * a matmul (an inference batch norm: (y - mean) * rsqrt(var + eps) * scale
+ * + offset with statistics that do not come from y) is folded into the
+ * weights and a bias. Results then differ from the unfolded ones by
+ * rounding (and an infinite factor may give NaN). Set it before the first
+ * call: 0, or -1 with the error set once f has traces. */
+int  kiln_function_set_optimize_for_inference(kiln_function *, bool on);
 /* Concrete traces made so far, evicted ones included (a trace made again
    after its eviction counts again). */
 int  kiln_function_trace_count(const kiln_function *);

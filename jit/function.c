@@ -180,6 +180,7 @@ kiln_function *kiln_function_new(const char *name, kiln_body_fn body, void *user
   f->n_out = n_out;
   f->max = cache_max();
   atomic_init(&f->eager, false);
+  atomic_init(&f->inference, false);
   atomic_init(&f->refs, 1);
   pthread_mutex_init(&f->lock, NULL);
   return f;
@@ -316,6 +317,16 @@ void kiln_function_free(kiln_function *f) {
 
 void kiln_function_set_eager(kiln_function *f, bool eager) {
   if (f) atomic_store(&f->eager, eager);
+}
+
+int kiln_function_set_optimize_for_inference(kiln_function *f, bool on) {
+  if (!f) return kiln_set_error("function_set_optimize_for_inference: function is NULL");
+  if (atomic_load(&f->made))
+    return kiln_set_error("function_set_optimize_for_inference: @%s has been traced already: set it before the "
+                          "first call",
+                          f->name);
+  atomic_store(&f->inference, on);
+  return 0;
 }
 
 int kiln_function_trace_count(const kiln_function *f) {
@@ -952,7 +963,8 @@ static void dump_step(void *ctx, int step, const char *pass, const ir_func *g) {
   free(text);
 }
 
-/* The optimized copy of a new trace: the default pipeline over every
+/* The optimized copy of a new trace: the default pipeline (the inference
+ * one, kiln_function_set_optimize_for_inference) over every
  * function of a copy of the traced module (callees first, as printed). */
 static int optimize(kiln_function *f, traced_fn *fn, int trace_no) {
   dump_ctx d = {f->name, trace_no, trace_no < 0, fn}; /* trace_no < 0: no dump */
@@ -966,9 +978,10 @@ static int optimize(kiln_function *f, traced_fn *fn, int trace_no) {
   fn->opt_func = ir_module_find(fn->opt_module, fn->func->name);
   pass_report rep;
   int rc = 0;
+  const char *pipeline = atomic_load(&f->inference) ? PASS_INFERENCE_PIPELINE : PASS_DEFAULT_PIPELINE;
   for (int i = 0; i < fn->opt_module->n_funcs && !rc; i++) {
     ir_func *g = fn->opt_module->funcs[i];
-    rc = pass_run_pipeline(g, PASS_DEFAULT_PIPELINE, &rep, g == fn->opt_func ? dump_step : NULL, &d);
+    rc = pass_run_pipeline(g, pipeline, &rep, g == fn->opt_func ? dump_step : NULL, &d);
   }
   fn->optimize_ms = now_ms() - t0;
   if (rc) {

@@ -26,6 +26,7 @@ struct kiln_function {
   void *user;
   int n_in, n_out;
   atomic_bool eager;
+  atomic_bool inference; /* kiln_function_set_optimize_for_inference: PASS_INFERENCE_PIPELINE */
   pthread_mutex_t lock; /* serialises tracing, adding and evicting traces */
   /* The trace cache (function.c): a hash table read without the lock;
    * evicted entries and replaced tables are retired, and freed once no

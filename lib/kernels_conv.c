@@ -4,23 +4,28 @@
  * kiln_conv_opts (defaults, TensorFlow's SAME padding) into the explicit
  * attributes the op table's inference checks.
  *
- * Convolutions are im2col + the blocked matmul (matmul.h): the output rows
- * (n, oy, ox) are taken in chunks whose im2col block, rows x (kh kw cg),
- * stays under CONV_CHUNK_BYTES, so a big image never has its whole im2col
- * buffer in memory. Per group g of channels:
+ * Convolutions with one group are the direct NHWC kernels of conv_direct.c
+ * (conv.h): conv2d, its filter gradient, and its input gradient for stride
+ * 1 (a convolution of dy with the flipped filter). The rest are im2col +
+ * the blocked matmul (matmul.h): the output rows (n, oy, ox) are taken in
+ * chunks whose im2col block, rows x (kh kw cg), stays under
+ * CONV_CHUNK_BYTES, so a big image never has its whole im2col buffer in
+ * memory. Per group g of channels:
  *   conv2d:          out[rows, g]  = col(x)[rows, K] . f_g[K, og]
  *   backprop_input:  dcol[rows, K] = dy[rows, g] . f_g^T, scattered back
  *                    into dx (col2im, adding where windows overlap)
  *   backprop_filter: df_g[K, og]  += col(x)[rows, K]^T . dy[rows, g]
  * with K = kh * kw * cg, one filter row per (ky, kx, c) as HWIO lays it out.
  * Depthwise convolutions (one channel per group) are direct loops instead.
+ * conv2d_epilogue (conv.h) is conv2d with the matmul's epilogue, applied by
+ * the direct kernel as it stores, by a pass over the output elsewhere.
  * Every sum runs in a fixed order (chunks in turn, no atomics): the same
  * inputs give the same bits. Pooling is direct loops, vectorised over the
  * channels, in parallel over images. Only f32 and f64 (the op table). */
 #include <math.h>
 #include <stdlib.h>
 
-#include "matmul.h"
+#include "conv.h"
 
 /* The most bytes of one chunk's im2col block. */
 enum { CONV_CHUNK_BYTES = 4 << 20 };
@@ -45,13 +50,6 @@ static void geom_init(geom *g, const int64_t *x, const int64_t *f, const int64_t
               .dw = a->dilation[1], .pt = a->padding[0], .pl = a->padding[2], .es = kiln_dtype_sizes[dt], .dt = dt};
   g->og = g->o / g->groups;
   g->k = g->kh * g->kw * g->cg;
-}
-
-/* a 1x1 convolution, stride 1, no padding, one group: the image is the
- * im2col matrix itself */
-static bool pointwise(const geom *g) {
-  return g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->pt == 0 && g->pl == 0 && g->groups == 1 &&
-         g->oh == g->h && g->ow == g->w;
 }
 
 /* output rows per chunk */
@@ -286,43 +284,117 @@ static const void *group_filter(const geom *g, const void *f, void *buf, int64_t
   return buf;
 }
 
+/* The direct kernel's shape of a one-group convolution (conv.h). */
+static conv_shape direct_shape(const geom *g) {
+  return (conv_shape){.n = g->n, .h = g->h, .w = g->w, .c = g->c, .oh = g->oh, .ow = g->ow, .o = g->o, .kh = g->kh,
+                      .kw = g->kw, .sh = g->sh, .sw = g->sw, .dh = g->dh, .dw = g->dw, .pt = g->pt, .pl = g->pl};
+}
+
+/* out = act((out + bias) + res) row by row: the epilogue of the paths whose
+ * kernels do not apply it as they store (the same operations, in the same
+ * order, as the micro-kernels' epilogue) */
+#define EPILOGUE_PASS(T)                                                                                  \
+  static void epilogue_pass_##T(T *out, const T *bias, const T *res, gemm_epilogue epi, int64_t rows,      \
+                                int64_t o) {                                                              \
+    for (int64_t r = 0; r < rows; r++, out += o, res = res ? res + o : NULL)                              \
+      for (int64_t j = 0; j < o; j++) {                                                                   \
+        T v = out[j];                                                                                     \
+        if (epi != GEMM_EPI_NONE) v += bias[j];                                                           \
+        if (res) v += res[j];                                                                             \
+        if (epi == GEMM_EPI_BIAS_RELU) v = v < 0 ? (T)0 : v;                                              \
+        if (epi == GEMM_EPI_BIAS_TANH) v = sizeof(T) == 4 ? (T)tanhf((float)v) : (T)tanh((double)v);      \
+        out[j] = v;                                                                                       \
+      }                                                                                                   \
+  }
+EPILOGUE_PASS(float)
+EPILOGUE_PASS(double)
+
+/* out = act((conv2d(x, f) + bias) + res) (res may be NULL; bias read only
+ * with an epilogue) */
+static int conv2d_run(const geom *gp, op_id op, const void *x, const void *f, const void *bias, gemm_epilogue epi,
+                      const void *res, void *out) {
+  geom g = *gp;
+  kiln_tensor A, B, C;
+  int64_t m = g.n * g.oh * g.ow;
+  int rc = 0;
+  bool done = false; /* the epilogue applied */
+  if (m == 0 || g.o == 0) return 0;
+  if (g.k == 0) { /* no input channels: empty sums */
+    memset(out, 0, (size_t)(m * g.o) * g.es);
+  } else if (g.groups == 1) {
+    conv_shape s = direct_shape(&g);
+    rc = conv_direct(&s, g.dt, x, f, bias, epi, res, out, kiln_ops[op].api);
+    done = true;
+  } else if (depthwise(&g)) {
+    dw_ctx t = {&g, x, f, out};
+    parallel_for(m, 64, g.dt == KILN_F32 ? dw_fwd_float : dw_fwd_double, &t);
+  } else {
+    int64_t rows = chunk_rows(&g);
+    bufs b;
+    if (chunk_bufs(&g, op, rows, &b)) return -1;
+    for (int64_t grp = 0; grp < g.groups && !rc; grp++) {
+      mat(&B, g.dt, g.k, g.og, (void *)group_filter(&g, f, b.fg, grp));
+      for (int64_t r0 = 0; r0 < m && !rc; r0 += rows) {
+        int64_t nr = m - r0 < rows ? m - r0 : rows;
+        im2col(&g, x, b.col, r0, nr, grp);
+        mat(&A, g.dt, nr, g.k, b.col);
+        char *dst = (char *)out + (size_t)(r0 * g.o) * g.es;
+        mat(&C, g.dt, nr, g.og, b.tmp);
+        rc = matmul_epilogue(&A, &B, NULL, GEMM_EPI_NONE, &C);
+        if (!rc) put_cols(&g, dst, b.tmp, nr, g.o, grp * g.og, g.og);
+      }
+    }
+    bufs_free(&b);
+  }
+  if (!rc && !done && (epi != GEMM_EPI_NONE || res)) {
+    if (g.dt == KILN_F32)
+      epilogue_pass_float(out, bias, res, epi, m, g.o);
+    else
+      epilogue_pass_double(out, bias, res, epi, m, g.o);
+  }
+  return rc;
+}
+
 static int conv2d_kernel(const op_call *c) {
   geom g;
   geom_init(&g, c->in[0]->shape, c->in[1]->shape, c->out->shape, c->attrs, (kiln_dtype)c->out->dtype);
-  kiln_tensor A, B, C;
-  int64_t m = g.n * g.oh * g.ow;
-  if (c->out->size == 0) return 0;
-  if (g.k == 0) { /* no input channels: empty sums */
-    memset(c->out->data, 0, tensor_bytes(c->out));
-    return 0;
-  }
-  if (pointwise(&g)) {
-    mat(&A, g.dt, m, g.c, c->in[0]->data), mat(&B, g.dt, g.c, g.o, c->in[1]->data), mat(&C, g.dt, m, g.o, c->out->data);
-    return matmul_epilogue(&A, &B, NULL, GEMM_EPI_NONE, &C);
-  }
-  if (depthwise(&g)) {
-    dw_ctx t = {&g, c->in[0]->data, c->in[1]->data, c->out->data};
-    parallel_for(m, 64, g.dt == KILN_F32 ? dw_fwd_float : dw_fwd_double, &t);
-    return 0;
-  }
-  int64_t rows = chunk_rows(&g);
-  bufs b;
-  if (chunk_bufs(&g, c->op, rows, &b)) return -1;
-  int rc = 0;
-  for (int64_t grp = 0; grp < g.groups && !rc; grp++) {
-    mat(&B, g.dt, g.k, g.og, (void *)group_filter(&g, c->in[1]->data, b.fg, grp));
-    for (int64_t r0 = 0; r0 < m && !rc; r0 += rows) {
-      int64_t nr = m - r0 < rows ? m - r0 : rows;
-      im2col(&g, c->in[0]->data, b.col, r0, nr, grp);
-      mat(&A, g.dt, nr, g.k, b.col);
-      char *dst = (char *)c->out->data + (size_t)(r0 * g.o) * g.es;
-      mat(&C, g.dt, nr, g.og, g.groups > 1 ? b.tmp : dst);
-      rc = matmul_epilogue(&A, &B, NULL, GEMM_EPI_NONE, &C);
-      if (!rc && g.groups > 1) put_cols(&g, dst, b.tmp, nr, g.o, grp * g.og, g.og);
-    }
-  }
-  bufs_free(&b);
-  return rc;
+  return conv2d_run(&g, c->op, c->in[0]->data, c->in[1]->data, NULL, GEMM_EPI_NONE, NULL, c->out->data);
+}
+
+/* conv2d_epilogue and conv2d_epilogue_residual: the checks, then conv2d_run */
+static int conv2d_fused(const kiln_tensor *x, const kiln_tensor *filter, const kiln_tensor *bias, gemm_epilogue epi,
+                        const kiln_tensor *res, const op_attrs *attrs, kiln_tensor *out) {
+  if (!x || !filter || !out || !attrs) return kiln_set_error("conv2d: NULL operand for a fused conv2d");
+  if ((int)epi < 0 || epi >= GEMM_EPI_COUNT) return kiln_set_error("conv2d: no epilogue %d", (int)epi);
+  if (x->dtype != KILN_F32 && x->dtype != KILN_F64)
+    return kiln_set_error("conv2d: a fused conv2d needs f32 or f64, not %s", kiln_dtype_name((kiln_dtype)x->dtype));
+  op_type in[2], want;
+  op_type_of(x, &in[0]), op_type_of(filter, &in[1]);
+  if (kiln_ops[OP_CONV2D].infer(OP_CONV2D, attrs, 2, in, &want)) return -1;
+  if (!op_type_is(out, &want)) return kiln_set_error("conv2d: the output does not have the convolution's type");
+  if (!x->data || !filter->data || !out->data) return kiln_set_error("conv2d: a fused conv2d needs host tensors");
+  if (epi != GEMM_EPI_NONE &&
+      (!bias || bias->dtype != x->dtype || bias->rank != 1 || bias->shape[0] != out->shape[3] || !bias->data))
+    return kiln_set_error("conv2d: the bias must be %lld values of the convolution's dtype",
+                          (long long)out->shape[3]);
+  if (res && (!op_type_is(res, &want) || !res->data))
+    return kiln_set_error("conv2d: the residual must have the convolution's type");
+  if (res && res->data == out->data) return kiln_set_error("conv2d: the residual and the output must not alias");
+  geom g;
+  geom_init(&g, x->shape, filter->shape, out->shape, attrs, (kiln_dtype)x->dtype);
+  return conv2d_run(&g, OP_CONV2D, x->data, filter->data, epi != GEMM_EPI_NONE ? bias->data : NULL, epi,
+                    res ? res->data : NULL, out->data);
+}
+
+int conv2d_epilogue(const kiln_tensor *x, const kiln_tensor *filter, const kiln_tensor *bias, gemm_epilogue epi,
+                    const op_attrs *attrs, kiln_tensor *out) {
+  return conv2d_fused(x, filter, bias, epi, NULL, attrs, out);
+}
+
+int conv2d_epilogue_residual(const kiln_tensor *x, const kiln_tensor *filter, const kiln_tensor *bias,
+                             gemm_epilogue epi, const kiln_tensor *residual, const op_attrs *attrs, kiln_tensor *out) {
+  if (!residual) return kiln_set_error("conv2d: NULL residual for a fused conv2d");
+  return conv2d_fused(x, filter, bias, epi, residual, attrs, out);
 }
 
 /* in: dy [n,oh,ow,o], filter; out: dx [n,h,w,c] */
@@ -332,9 +404,15 @@ static int conv2d_bp_input_kernel(const op_call *c) {
   kiln_tensor A, B, C;
   int64_t m = g.n * g.oh * g.ow;
   if (c->out->size == 0) return 0;
-  if (pointwise(&g) && g.o > 0) {
-    mat(&A, g.dt, m, g.o, c->in[0]->data), mat(&B, g.dt, g.c, g.o, c->in[1]->data), mat(&C, g.dt, m, g.c, c->out->data);
-    return matmul_trans(&A, &B, false, true, &C);
+  if (g.groups == 1 && g.sh == 1 && g.sw == 1 && m > 0 && g.o > 0) {
+    /* stride 1: the convolution of dy with the flipped filter, its in and
+     * out channels swapped, padded by the window's span less the padding
+     * (the far sides implied by dx's size) */
+    conv_shape s = {.n = g.n, .h = g.oh, .w = g.ow, .c = g.o, .oh = g.h, .ow = g.w, .o = g.c, .kh = g.kh,
+                    .kw = g.kw, .sh = 1, .sw = 1, .dh = g.dh, .dw = g.dw, .pt = g.dh * (g.kh - 1) - g.pt,
+                    .pl = g.dw * (g.kw - 1) - g.pl, .flip = true};
+    return conv_direct(&s, g.dt, c->in[0]->data, c->in[1]->data, NULL, GEMM_EPI_NONE, NULL, c->out->data,
+                       kiln_ops[c->op].api);
   }
   memset(c->out->data, 0, tensor_bytes(c->out));
   if (m == 0 || g.og == 0) return 0;
@@ -383,9 +461,9 @@ static int conv2d_bp_filter_kernel(const op_call *c) {
   kiln_tensor A, B, C;
   int64_t m = g.n * g.oh * g.ow;
   if (c->out->size == 0) return 0;
-  if (pointwise(&g) && m > 0) {
-    mat(&A, g.dt, m, g.c, c->in[0]->data), mat(&B, g.dt, m, g.o, c->in[1]->data), mat(&C, g.dt, g.c, g.o, c->out->data);
-    return matmul_trans(&A, &B, true, false, &C);
+  if (g.groups == 1) {
+    conv_shape s = direct_shape(&g);
+    return conv_direct_filter(&s, g.dt, c->in[0]->data, c->in[1]->data, c->out->data, kiln_ops[c->op].api);
   }
   memset(c->out->data, 0, tensor_bytes(c->out));
   if (m == 0) return 0;

@@ -42,6 +42,56 @@ typedef struct gemm_ukernel {
 typedef bool (*gemm_provider_fn)(kiln_dtype dt, gemm_epilogue epi, gemm_ukernel *uk);
 /* Registers the provider (backends/cpu/gemm.c, from a constructor). */
 void matmul_set_provider(gemm_provider_fn fn);
+/* The convolution micro-kernel ("strided A": the image read in place, not
+ * packed): C[0:mr, 0:nr] = sum over taps t of A_t . B_t, where row i of A_t
+ * is the kc contiguous elements at a[t] + i * lda (MR rows readable, rows
+ * past mr not stored) and B_t the packed panel b + t * kc * NR (k-major,
+ * columns past nr zeros). Each element sums over the taps, then k, in order,
+ * one FMA per step from zero, in registers; then it is stored once: the
+ * flags' epilogue (always the last block of K) adds bias[j], then with
+ * GEMM_RESIDUAL res[i * ldc + j], then relu or tanh. */
+enum { GEMM_RESIDUAL = 4 };
+typedef void (*conv_ukernel_fn)(int64_t taps, const void *const *a, int64_t kc, int64_t lda, const void *b, void *c,
+                                int64_t ldc, int64_t mr, int64_t nr, int32_t flags, const void *bias, const void *res);
+
+typedef struct conv_ukernel {
+  conv_ukernel_fn fn;
+  int mr, nr;
+} conv_ukernel;
+
+/* The compiled convolution micro-kernel for (dt, epi), or false; as
+ * gemm_provider_fn. The kernel may be specialised for lda (the lda its
+ * calls then pass); lda 0 asks for one that takes any. */
+typedef bool (*conv_provider_fn)(kiln_dtype dt, gemm_epilogue epi, int64_t lda, conv_ukernel *uk);
+void matmul_set_conv_provider(conv_provider_fn fn);
+/* The convolution micro-kernel for dt (f32, f64), epi and lda: the
+ * provider's when jit and it has one, else the C one (kernels_matmul.c). */
+conv_ukernel matmul_conv_ukernel(kiln_dtype dt, gemm_epilogue epi, int64_t lda, bool jit);
+
+/* The filter gradient's micro-kernel: C[0:mr, 0:nr] = (C +, with
+ * GEMM_ACCUMULATE) the sum over runs t of sum over p < run[t].kc of
+ * A_t[:, p] (x) B_t[p, :], where A_t's column p is the MR contiguous
+ * elements at run[t].a + p * lda (all MR readable) and B_t's row p the nr
+ * contiguous elements at run[t].b + p * ldb (no more are read). Each element
+ * sums over the runs, then p, in order, one FMA per step from zero, in
+ * registers, then is added to C once. For dfilter = sum over pixels of
+ * window(x)^T . dy: a run is one output row's pixels, A the image read in
+ * place (a pixel's channels, sw * c apart), B the rows of dy. */
+typedef struct conv_run {
+  const void *a, *b;
+  int64_t kc;
+} conv_run;
+typedef void (*wgrad_ukernel_fn)(int64_t runs, const conv_run *run, int64_t lda, int64_t ldb, void *c, int64_t ldc,
+                                 int64_t mr, int64_t nr, int32_t flags);
+typedef struct wgrad_ukernel {
+  wgrad_ukernel_fn fn;
+  int mr, nr;
+} wgrad_ukernel;
+typedef bool (*wgrad_provider_fn)(kiln_dtype dt, wgrad_ukernel *uk);
+void matmul_set_wgrad_provider(wgrad_provider_fn fn);
+/* The provider's when jit and it has one, else the C one. */
+wgrad_ukernel matmul_wgrad_ukernel(kiln_dtype dt, bool jit);
+
 /* m*n*k from which the blocked matmul asks the provider for its
  * micro-kernel. Smaller products (down to 32^3) mostly run faster with it
  * too (bench_matmul: +40% at 32^3, +13% at 48^3), but they take

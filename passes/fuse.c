@@ -27,7 +27,7 @@ typedef enum {
   CLS_MOVE,   /* broadcast, reshape, transpose, slice, identity, iota, scalar constant: cheap, copied into
                  every consumer that fuses it */
   CLS_REDUCE, /* reductions and argmax: the roots of their kernel */
-  CLS_DOT,    /* leads a kernel of its epilogue */
+  CLS_DOT,    /* dot and conv2d: leads a kernel of its epilogue */
   CLS_OPAQUE, /* never fused: gather, scatter, concat, big constants, random, calls, host calls, control flow */
 } fz_class;
 
@@ -87,6 +87,7 @@ static fz_class classify(const ir_func *f, const ir_instr *ins) {
   case OP_CONSTANT: /* scalars are copied into kernels; bigger ones stay inputs */
     return pass_elems(&f->types[ins->out]) <= 1 ? CLS_MOVE : CLS_OPAQUE;
   case OP_DOT:
+  case OP_CONV2D: /* its bias and activation are the conv kernel's epilogue (backends/cpu/plan.c) */
     return CLS_DOT;
   default:
     break;
@@ -121,6 +122,7 @@ static bool is_expensive(op_id op) {
   case OP_SIGMOID:
   case OP_POW:
   case OP_DOT:
+  case OP_CONV2D:
     return true;
   default:
     return kiln_ops[op].kind == OPK_REDUCE;
@@ -538,6 +540,12 @@ static bool should_fuse(fz *z, int32_t p, int32_t g) {
   if (nd->cls == CLS_DOT && !dot_can_lead(z, p, g)) return false;
   if (nd->cls == CLS_ELEM && would_recompute(z, p, g)) return false;
   if (z->gdot[g] >= 0 && feeds_dot(z, p, g)) return false;
+  /* a conv's epilogue reads its per-channel operands (a bias) as they are:
+   * computed per element they would cost as much again, and hide the bias
+   * from the epilogue */
+  if (z->gdot[g] >= 0 && z->nodes[z->gdot[g]].ins->op == OP_CONV2D && nd->cls == CLS_ELEM &&
+      pass_elems(&z->vtype[nd->out]) < pass_elems(&z->dom[g]))
+    return false;
   /* a kernel writes all its outputs over one domain */
   if (out && !same_shape(&z->vtype[nd->out], &z->dom[g])) return false;
   if (moves_expensive(z, g, p)) return false;

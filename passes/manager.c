@@ -15,7 +15,7 @@
 
 #include "passes.h"
 
-/* One line per pass, in default pipeline order. */
+/* One line per pass, in pipeline order (foldbn only in the inference one). */
 static const pass_info registry[] = {
     {"inline", kiln_pass_inline, "inline calls of small functions (<= 64 instructions)"},
     {"simplify", kiln_pass_simplify, "algebraic identities (x*1, neg neg x, transpose of transpose, ..., what control flow passes through)"},
@@ -28,6 +28,9 @@ static const pass_info registry[] = {
     {"dce", kiln_pass_dce,
      "remove instructions no result needs (random and host calls stay), unused loop state, scan ys, cond "
      "results and region parameters"},
+    {"foldbn", kiln_pass_foldbn,
+     "fold a per-channel affine map after a conv2d or dot (an inference batch norm) into its weights; changes "
+     "rounding, so only in the inference pipeline"},
     {"fuse", kiln_pass_fuse,
      "group instructions into kernels (loop, reduction, dot epilogue, sibling fusion), inside loop "
      "bodies too; control flow itself is never fused"},

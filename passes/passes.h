@@ -37,6 +37,8 @@ KILN_EXPORT int kiln_pass_dce(ir_func *f);      /* dce.c: removes what no result
 KILN_EXPORT int kiln_pass_licm(ir_func *f);     /* licm.c: hoists loop-invariant work out of loop bodies */
 KILN_EXPORT int kiln_pass_fuse(ir_func *f);     /* fuse.c: groups instructions into kernels (fusion) */
 KILN_EXPORT int kiln_pass_buffers(ir_func *f);  /* buffers.c: plans the temporaries in one arena */
+KILN_EXPORT int kiln_pass_foldbn(ir_func *f);   /* foldbn.c: folds a per-channel affine (inference batch norm) into
+                                                   the conv or matmul before it; changes rounding: not default */
 
 /* Called after each pass of a pipeline (KILN_DUMP, kiln-opt
  * --print-after-all): step counts from 1, pass is its name, f the function
@@ -70,6 +72,10 @@ KILN_EXPORT int pass_run_pipeline_with(const pass_info *table, int n, ir_func *f
                                        pass_report *report, pass_observer obs, void *ctx);
 
 #define PASS_DEFAULT_PIPELINE "inline,simplify,fold,licm,cse,dce,fuse,buffers"
+/* The pipeline of a function optimized for inference
+ * (kiln_function_set_optimize_for_inference): the default one with
+ * foldbn, which changes rounding, and the clean-up after it. */
+#define PASS_INFERENCE_PIPELINE "inline,simplify,fold,licm,cse,dce,foldbn,fold,cse,dce,fuse,buffers"
 
 #ifdef __cplusplus
 }

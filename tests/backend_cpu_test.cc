@@ -741,6 +741,47 @@ TEST(CpuBackend, FusionBodiesCompileToOneKernel) {
        "  return %r\n"
        "}\n",
        1},
+      // conv2d epilogues: + bias (+ relu) is the convolution's epilogue, no
+      // kernel (conv2d_epilogue); + a residual too (ResNet's shortcut), the
+      // bias of shape [1,1,1,o]; f64, strided and padded
+      {"func @k(%x: f32[2,9,9,3], %w: f32[3,3,3,5], %b: f32[5]) -> f32[2,7,7,5] {\n"
+       "  %c = conv2d %x, %w {stride=[1,1], dilation=[1,1], padding=[0,0,0,0], groups=1} : f32[2,7,7,5]\n"
+       "  %a = add %c, %b : f32[2,7,7,5]\n"
+       "  %z = relu %a : f32[2,7,7,5]\n"
+       "  return %z\n"
+       "}\n"
+       "func @f(%x: f32[2,9,9,3], %w: f32[3,3,3,5], %b: f32[5]) -> f32[2,7,7,5] {\n"
+       "  %r = fusion @k(%x, %w, %b) : f32[2,7,7,5]\n"
+       "  return %r\n"
+       "}\n",
+       0},
+      {"func @k(%x: f64[1,8,7,4], %w: f64[3,3,4,6], %b: f64[1,1,1,6], %s: f64[1,4,4,6]) -> f64[1,4,4,6] {\n"
+       "  %c = conv2d %x, %w {stride=[2,2], dilation=[1,1], padding=[1,1,1,1], groups=1} : f64[1,4,4,6]\n"
+       "  %a = add %b, %c : f64[1,4,4,6]\n"
+       "  %r = add %a, %s : f64[1,4,4,6]\n"
+       "  %z = relu %r : f64[1,4,4,6]\n"
+       "  return %z\n"
+       "}\n"
+       "func @f(%x: f64[1,8,7,4], %w: f64[3,3,4,6], %b: f64[1,1,1,6], %s: f64[1,4,4,6]) -> f64[1,4,4,6] {\n"
+       "  %r = fusion @k(%x, %w, %b, %s) : f64[1,4,4,6]\n"
+       "  return %r\n"
+       "}\n",
+       0},
+      // ... an inference batch norm after it is no epilogue: the conv runs
+      // before the kernel of the rest
+      {"func @k(%x: f32[2,6,6,4], %w: f32[1,1,4,8], %m: f32[8], %v: f32[8], %g: f32[8]) -> f32[2,6,6,8] {\n"
+       "  %c = conv2d %x, %w {stride=[1,1], dilation=[1,1], padding=[0,0,0,0], groups=1} : f32[2,6,6,8]\n"
+       "  %d = sub %c, %m : f32[2,6,6,8]\n"
+       "  %e = mul %d, %v : f32[2,6,6,8]\n"
+       "  %h = add %e, %g : f32[2,6,6,8]\n"
+       "  %z = relu %h : f32[2,6,6,8]\n"
+       "  return %z\n"
+       "}\n"
+       "func @f(%x: f32[2,6,6,4], %w: f32[1,1,4,8], %m: f32[8], %v: f32[8], %g: f32[8]) -> f32[2,6,6,8] {\n"
+       "  %r = fusion @k(%x, %w, %m, %v, %g) : f32[2,6,6,8]\n"
+       "  return %r\n"
+       "}\n",
+       1},
       // a body that is not one kernel (a reduction read inside it): inlined,
       // one kernel per instruction
       {"func @k(%x: f32[4,6]) -> f32[4,6] {\n"

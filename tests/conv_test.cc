@@ -12,12 +12,19 @@
 #include <cmath>
 #include <functional>
 #include <random>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "cpu/cpu.h"
+#include "conv.h"
 #include "ir.h"
 #include "ir_gen.h"
+#include "passes.h"
 #include "test_util.h"
 
 using namespace kiln_test;
@@ -615,18 +622,21 @@ TEST(ConvIr, BadAttributesAreParseErrors) {
 // Random programs with windows (tests/ir_gen.cc, IR_GEN_WINDOW): compiled
 // for the CPU == interpreted, bit for bit (both run the eager kernels for
 // the windows; the rest without FP contraction), and they do hold windows.
-TEST(ConvRandom, ProgramsWithWindowsCompiledEqualInterpreted) {
+// optimized: compiled after the default pipeline, whose fusions make
+// convolutions with bias, residual and activation epilogues
+// (conv2d_epilogue), against the unoptimized program interpreted.
+void check_window_programs(bool optimized) {
   Scoped s;
   ir_gen_options o = ir_gen_default_options();
   o.kinds |= IR_GEN_WINDOW;
   o.dtypes = DT_BIT(KILN_F32) | DT_BIT(KILN_F64);
   cpu_options strict{};
   strict.no_contract = true;
-  int windows = 0, programs = 0, differ = 0;
-  for (uint64_t seed = 1; seed <= 60; seed++) {
+  int windows = 0, programs = 0, differ = 0, epilogues = 0;
+  for (uint64_t seed = 1; seed <= (optimized ? 200u : 60u); seed++) {
     ir_module *m = ir_gen_program(seed, &o);
     ASSERT_NE(m, nullptr) << "seed " << seed << ": " << kiln_last_error();
-    const ir_func *f = m->funcs[0];
+    ir_func *f = m->funcs[0];
     bool has = false;
     for (int i = 0; i < f->n_instrs; i++)
       if (ir_op_info(f->instrs[i].op)->kind == OPK_WINDOW) windows++, has = true;
@@ -634,13 +644,22 @@ TEST(ConvRandom, ProgramsWithWindowsCompiledEqualInterpreted) {
     std::vector<kiln_tensor *> args((size_t)f->n_params), want((size_t)f->n_results), got((size_t)f->n_results);
     ASSERT_EQ(ir_gen_args(f, seed, args.data()), 0) << kiln_last_error();
     ASSERT_EQ(ir_interpret(f, args.data(), want.data()), 0) << "seed " << seed << ": " << kiln_last_error();
+    if (optimized) {
+      ASSERT_EQ(pass_run_pipeline(f, PASS_DEFAULT_PIPELINE, nullptr, nullptr, nullptr), 0)
+          << "seed " << seed << ": " << kiln_last_error();
+      for (int i = 0; i < f->n_instrs; i++) {
+        const ir_instr *in = &f->instrs[i];
+        if (in->op == OP_FUSION && in->attrs.callee->n_instrs > 1 && in->attrs.callee->instrs[0].op == OP_CONV2D)
+          epilogues++;
+      }
+    }
     cpu_program *p = cpu_compile_with(f, &strict);
     ASSERT_NE(p, nullptr) << "seed " << seed << ": " << kiln_last_error();
     ASSERT_EQ(cpu_run(p, args.data(), got.data()), 0) << "seed " << seed << ": " << kiln_last_error();
     cpu_program_free(p);
     for (int r = 0; r < f->n_results; r++) {
       bool ok = allclose(got[(size_t)r], want[(size_t)r], 1e-5, 1e-5);
-      EXPECT_TRUE(ok) << "seed " << seed << " result " << r;
+      EXPECT_TRUE(ok) << "seed " << seed << " result " << r << (optimized ? " (optimized)" : "");
       differ += !ok;
     }
     kiln_scope_pop();
@@ -650,7 +669,13 @@ TEST(ConvRandom, ProgramsWithWindowsCompiledEqualInterpreted) {
   EXPECT_GT(programs, 30) << "programs with a window op";
   EXPECT_GT(windows, 60);
   EXPECT_EQ(differ, 0);
+  if (optimized) {
+    EXPECT_GT(epilogues, 10) << "fusions led by a conv2d";
+  }
 }
+
+TEST(ConvRandom, ProgramsWithWindowsCompiledEqualInterpreted) { check_window_programs(false); }
+TEST(ConvRandom, OptimizedProgramsWithWindowsCompiledEqualInterpreted) { check_window_programs(true); }
 
 // ---- gradients against central differences (f64) ----
 
@@ -1015,6 +1040,305 @@ TEST(ConvErrors, BadInputsNameTheOp) {
   EXPECT_THAT(kiln_last_error(), HasSubstr("conv2d: channel mismatch"));
   kiln_function_free(fn);
   kiln_clear_error();
+}
+
+// ---- the direct convolution (lib/conv_direct.c) ----
+// One group: tiles of 14 (JIT) or 6 (C) pixels x 32 channels read from the
+// image in place; edge tiles (padding, fewer pixels than the tile) through
+// a zero-padded copy. The cases put tiles on every edge: widths that the
+// tile does not divide, channels past a multiple of 32, padding on each
+// side (more than the window too), strides, dilations (along x: one tap per
+// (ky, kx) instead of one per ky), 1x1 and the 7x7 stride-2 stem.
+
+std::vector<ConvCase> direct_cases() {
+  std::vector<ConvCase> v;
+  Geo p1;
+  p1.pad[0] = p1.pad[1] = p1.pad[2] = p1.pad[3] = 1;
+  v.push_back({"3x3 pad 1, 31 wide, 37 out", {1, 9, 31, 5}, {3, 3, 5, 37}, p1});
+  Geo s2;
+  s2.sh = s2.sw = 2, s2.pad[0] = 1, s2.pad[1] = 0, s2.pad[2] = 1, s2.pad[3] = 2;
+  v.push_back({"stride 2, asymmetric padding", {2, 11, 29, 8}, {3, 3, 8, 40}, s2});
+  Geo d;
+  d.dh = 2, d.dw = 3, d.pad[0] = 2, d.pad[1] = 2, d.pad[2] = 3, d.pad[3] = 1;
+  v.push_back({"dilation 2x3 with padding", {1, 10, 33, 4}, {3, 2, 4, 33}, d});
+  Geo stem;
+  stem.sh = stem.sw = 2, stem.pad[0] = stem.pad[1] = stem.pad[2] = stem.pad[3] = 3;
+  v.push_back({"7x7 stride 2 stem", {1, 40, 46, 3}, {7, 7, 3, 16}, stem});
+  v.push_back({"1x1", {2, 7, 30, 20}, {1, 1, 20, 70}, {}});
+  Geo s1;
+  s1.sh = 2, s1.sw = 3;
+  v.push_back({"1x1 stride 2x3", {1, 9, 33, 6}, {1, 1, 6, 33}, s1});
+  Geo big;
+  big.pad[0] = big.pad[1] = big.pad[2] = big.pad[3] = 4;
+  v.push_back({"padding past the window", {1, 5, 17, 3}, {3, 3, 3, 8}, big});
+  Geo sw3;
+  sw3.sw = 3, sw3.pad[2] = 2, sw3.pad[3] = 2;
+  v.push_back({"stride 3 along x, 50 wide", {1, 8, 50, 7}, {2, 4, 7, 9}, sw3});
+  Geo dil;
+  dil.dh = 1, dil.dw = 2, dil.sh = 3, dil.pad[0] = 1;
+  v.push_back({"dilation along x, stride 3 down", {2, 10, 20, 9}, {2, 3, 9, 64}, dil});
+  v.push_back({"one pixel wide", {1, 6, 1, 4}, {3, 1, 4, 5}, {}});
+  v.push_back({"64 -> 64, 56 wide", {1, 4, 56, 64}, {3, 3, 64, 64}, p1});
+  return v;
+}
+
+op_attrs attrs_of(const Geo &g) {
+  op_attrs a = {};
+  a.stride[0] = g.sh, a.stride[1] = g.sw, a.dilation[0] = g.dh, a.dilation[1] = g.dw, a.groups = g.groups;
+  for (int i = 0; i < 4; i++) a.padding[i] = g.pad[i];
+  return a;
+}
+
+// The gradient of conv2d(x, f) with respect to f for the upstream gradient
+// v (the tape seeds ones into y * v: the gradient into y is v exactly).
+kiln_tensor *filter_grad(kiln_tensor *x, kiln_tensor *f, kiln_tensor *v, const kiln_conv_opts *o) {
+  kiln_tape *tape = kiln_tape_begin(false);
+  kiln_tape_watch(tape, f);
+  kiln_tensor *y = kiln_mul(kiln_conv2d(x, f, o), v), *g = nullptr;
+  EXPECT_EQ(kiln_tape_gradient(tape, y, 1, &f, &g), 0) << kiln_last_error();
+  kiln_tape_free(tape);
+  return g;
+}
+
+// df[ky, kx, c, o] = sum over (n, oy, ox) of x[n, oy*sh - pt + ky*dh, ox*sw - pl + kx*dw, c] v[n, oy, ox, o]
+VD ref_filter_grad(const VD &x, const V64 &xs, const VD &v, const V64 &ys, const V64 &fs, const Geo &g) {
+  int64_t h = xs[1], w = xs[2], c = xs[3], kh = fs[0], kw = fs[1], o = fs[3];
+  VD df((size_t)numel(fs), 0.0);
+  for (int64_t b = 0; b < ys[0]; b++)
+    for (int64_t oy = 0; oy < ys[1]; oy++)
+      for (int64_t ox = 0; ox < ys[2]; ox++)
+        for (int64_t ky = 0; ky < kh; ky++)
+          for (int64_t kx = 0; kx < kw; kx++) {
+            int64_t iy = oy * g.sh - g.pad[0] + ky * g.dh, ix = ox * g.sw - g.pad[2] + kx * g.dw;
+            if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
+            for (int64_t ci = 0; ci < c; ci++)
+              for (int64_t k = 0; k < o; k++)
+                df[(size_t)(((ky * kw + kx) * c + ci) * o + k)] +=
+                    x[(size_t)(((b * h + iy) * w + ix) * c + ci)] * v[(size_t)(((b * ys[1] + oy) * ys[2] + ox) * o + k)];
+          }
+  return df;
+}
+
+// conv2d and its filter gradient for every direct case in f32 and f64
+// against the references, with the compiled micro-kernels and with the C
+// ones (KILN_GEMM=c): the two give the same bits (each element one chain of
+// FMAs over the taps, then k; the filter gradient's over each image's
+// pixels, images added in turn).
+TEST(ConvDirect, EveryEdgeMatchesTheReferenceAndTheCKernelsBits) {
+  Scoped s;
+  std::mt19937_64 rng(21);
+  for (const ConvCase &c : direct_cases()) {
+    for (kiln_dtype dt : {KILN_F32, KILN_F64}) {
+      SCOPED_TRACE(std::string(c.name) + " " + kiln_dtype_name(dt));
+      kiln_scope_push();
+      VD xv = random_values(rng, numel(c.x)), fv = random_values(rng, numel(c.f));
+      V64 ys;
+      VD want = ref_conv(xv, c.x, fv, c.f, c.g, &ys);
+      kiln_conv_opts o = opts_of(c.g);
+      kiln_tensor *x = from_values(dt, c.x, xv), *f = from_values(dt, c.f, fv);
+      kiln_tensor *y = kiln_conv2d(x, f, &o);
+      ASSERT_NE(y, nullptr) << kiln_last_error();
+      EXPECT_EQ(shape_of(y), ys);
+      expect_near_all(values(y), want, dt == KILN_F32 ? 1e-5 : 1e-13, "conv2d");
+      VD vv = random_values(rng, numel(ys));
+      kiln_tensor *v = from_values(dt, ys, vv);
+      kiln_tensor *df = filter_grad(x, f, v, &o);
+      ASSERT_NE(df, nullptr);
+      expect_near_all(values(df), ref_filter_grad(xv, c.x, vv, ys, c.f, c.g), dt == KILN_F32 ? 1e-4 : 1e-12,
+                      "filter gradient");
+      kiln_tensor *yc, *dfc;
+      {
+        EnvGuard cg("KILN_GEMM", "c");
+        yc = kiln_conv2d(x, f, &o);
+        dfc = filter_grad(x, f, v, &o);
+      }
+      ASSERT_NE(yc, nullptr) << kiln_last_error();
+      EXPECT_TRUE(same_bits(y, yc)) << "the C micro-kernel's bits differ";
+      EXPECT_TRUE(same_bits(df, dfc)) << "the C filter-gradient micro-kernel's bits differ";
+      kiln_scope_pop();
+    }
+  }
+}
+
+// conv2d_epilogue (conv.h) has the bits of the separate ops: conv2d, + bias,
+// relu (tanh within a few ulps: the compiled epilogue's tanh is its own);
+// the residual after the bias. Through the direct kernel (JIT and C) and
+// the paths that apply the epilogue afterwards (groups, depthwise).
+TEST(ConvEpilogue, EqualsTheSeparateOps) {
+  Scoped s;
+  std::mt19937_64 rng(22);
+  std::vector<ConvCase> cases = direct_cases();
+  Geo g2;
+  g2.groups = 2, g2.pad[0] = g2.pad[1] = g2.pad[2] = g2.pad[3] = 1;
+  cases.push_back({"2 groups", {2, 4, 5, 4}, {3, 3, 2, 6}, g2});
+  Geo dw;
+  dw.groups = 3, dw.sh = dw.sw = 2, dw.pad[1] = dw.pad[3] = 1;
+  cases.push_back({"depthwise", {1, 5, 5, 3}, {3, 3, 1, 3}, dw});
+  for (const char *gemm : {"", "c"}) {
+    EnvGuard cg("KILN_GEMM", *gemm ? gemm : nullptr);
+    for (const ConvCase &c : cases) {
+      for (kiln_dtype dt : {KILN_F32, KILN_F64}) {
+        SCOPED_TRACE(std::string(c.name) + " " + kiln_dtype_name(dt) + (*gemm ? " KILN_GEMM=c" : ""));
+        kiln_scope_push();
+        kiln_conv_opts o = opts_of(c.g);
+        op_attrs a = attrs_of(c.g);
+        kiln_tensor *x = from_values(dt, c.x, random_values(rng, numel(c.x)));
+        kiln_tensor *f = from_values(dt, c.f, random_values(rng, numel(c.f)));
+        kiln_tensor *bias = from_values(dt, {c.f[3]}, random_values(rng, c.f[3]));
+        kiln_tensor *y = kiln_conv2d(x, f, &o);
+        ASSERT_NE(y, nullptr) << kiln_last_error();
+        V64 ys = shape_of(y);
+        kiln_tensor *res = from_values(dt, ys, random_values(rng, numel(ys)));
+        kiln_tensor *yb = kiln_add(y, bias);
+        kiln_tensor *want[GEMM_EPI_COUNT] = {y, yb, kiln_relu(yb), kiln_tanh(yb)};
+        kiln_tensor *ybr = kiln_add(yb, res);
+        kiln_tensor *want_res[GEMM_EPI_COUNT] = {kiln_add(y, res), ybr, kiln_relu(ybr), kiln_tanh(ybr)};
+        for (int e = 0; e < GEMM_EPI_COUNT; e++) {
+          kiln_tensor *out = kiln_zeros(dt, (int)ys.size(), ys.data());
+          ASSERT_EQ(conv2d_epilogue(x, f, bias, (gemm_epilogue)e, &a, out), 0) << kiln_last_error();
+          if (e == GEMM_EPI_BIAS_TANH)
+            EXPECT_TRUE(within_ulps(out, want[e], 4)) << "epilogue " << e;
+          else
+            EXPECT_TRUE(same_bits(out, want[e])) << "epilogue " << e;
+          ASSERT_EQ(conv2d_epilogue_residual(x, f, bias, (gemm_epilogue)e, res, &a, out), 0) << kiln_last_error();
+          if (e == GEMM_EPI_BIAS_TANH)
+            EXPECT_TRUE(within_ulps(out, want_res[e], 4)) << "residual, epilogue " << e;
+          else
+            EXPECT_TRUE(same_bits(out, want_res[e])) << "residual, epilogue " << e;
+        }
+        kiln_scope_pop();
+      }
+    }
+  }
+}
+
+TEST(ConvEpilogue, BadInputsAreErrors) {
+  Scoped s;
+  Geo g;
+  g.pad[0] = g.pad[1] = g.pad[2] = g.pad[3] = 1;
+  op_attrs a = attrs_of(g);
+  kiln_tensor *x = kiln_zeros(KILN_F32, 4, (const int64_t[]){1, 4, 4, 2});
+  kiln_tensor *f = kiln_zeros(KILN_F32, 4, (const int64_t[]){3, 3, 2, 3});
+  kiln_tensor *bias = kiln_zeros(KILN_F32, 1, (const int64_t[]){3});
+  kiln_tensor *out = kiln_zeros(KILN_F32, 4, (const int64_t[]){1, 4, 4, 3});
+  auto fails = [](int rc, const char *msg) {
+    EXPECT_EQ(rc, -1);
+    EXPECT_THAT(kiln_last_error(), StartsWith(msg));
+  };
+  EXPECT_EQ(conv2d_epilogue(x, f, bias, GEMM_EPI_BIAS_RELU, &a, out), 0) << kiln_last_error();
+  fails(conv2d_epilogue(nullptr, f, bias, GEMM_EPI_BIAS, &a, out), "conv2d: NULL operand");
+  fails(conv2d_epilogue(x, f, bias, GEMM_EPI_BIAS, nullptr, out), "conv2d: NULL operand");
+  fails(conv2d_epilogue(x, f, bias, (gemm_epilogue)9, &a, out), "conv2d: no epilogue 9");
+  fails(conv2d_epilogue(x, f, nullptr, GEMM_EPI_BIAS, &a, out), "conv2d: the bias must be 3 values");
+  fails(conv2d_epilogue(x, f, kiln_zeros(KILN_F32, 1, (const int64_t[]){2}), GEMM_EPI_BIAS, &a, out),
+        "conv2d: the bias must be 3 values");
+  fails(conv2d_epilogue(x, f, kiln_zeros(KILN_F64, 1, (const int64_t[]){3}), GEMM_EPI_BIAS, &a, out),
+        "conv2d: the bias must be 3 values");
+  fails(conv2d_epilogue(x, f, bias, GEMM_EPI_BIAS, &a, kiln_zeros(KILN_F32, 4, (const int64_t[]){1, 2, 2, 3})),
+        "conv2d: the output does not have the convolution's type");
+  fails(conv2d_epilogue(x, kiln_zeros(KILN_F32, 4, (const int64_t[]){3, 3, 5, 3}), bias, GEMM_EPI_BIAS, &a, out),
+        "conv2d: channel mismatch");
+  kiln_tensor *xi = kiln_zeros(KILN_I32, 4, (const int64_t[]){1, 4, 4, 2});
+  fails(conv2d_epilogue(xi, f, bias, GEMM_EPI_NONE, &a, out), "conv2d: a fused conv2d needs f32 or f64, not i32");
+  op_attrs neg = a;
+  neg.padding[0] = -1;
+  fails(conv2d_epilogue(x, f, bias, GEMM_EPI_BIAS, &neg, out), "conv2d:");
+  fails(conv2d_epilogue_residual(x, f, bias, GEMM_EPI_BIAS, nullptr, &a, out), "conv2d: NULL residual");
+  fails(conv2d_epilogue_residual(x, f, bias, GEMM_EPI_BIAS, bias, &a, out),
+        "conv2d: the residual must have the convolution's type");
+  fails(conv2d_epilogue_residual(x, f, bias, GEMM_EPI_BIAS, out, &a, out),
+        "conv2d: the residual and the output must not alias");
+  kiln_clear_error();
+}
+
+// ---- threads ----
+
+uint64_t conv_fnv(const kiln_tensor *t, uint64_t h) {
+  const unsigned char *p = (const unsigned char *)kiln_tensor_data(t);
+  size_t n = (size_t)kiln_tensor_size(t) * kiln_dtype_size(kiln_tensor_dtype(t));
+  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+// convolutions big enough to split over threads (and their gradients), as
+// one checksum
+uint64_t conv_checksum() {
+  std::mt19937_64 rng(23);
+  uint64_t h = 1469598103934665603ull;
+  for (const ConvCase &c : direct_cases()) {
+    kiln_scope_push();
+    V64 xs = c.x;
+    xs[0] = 3;  // more rows
+    kiln_conv_opts o = opts_of(c.g);
+    kiln_tensor *x = from_values(KILN_F32, xs, random_values(rng, numel(xs)));
+    kiln_tensor *f = from_values(KILN_F32, c.f, random_values(rng, numel(c.f)));
+    kiln_tensor *y = kiln_conv2d(x, f, &o);
+    EXPECT_NE(y, nullptr) << kiln_last_error();
+    if (y) {
+      h = conv_fnv(y, h);
+      int64_t hw[2] = {xs[1], xs[2]};
+      kiln_tensor *dx = kiln_conv2d_transpose(y, f, hw, &o);
+      EXPECT_NE(dx, nullptr) << kiln_last_error();
+      if (dx) h = conv_fnv(dx, h);
+      kiln_tensor *df = filter_grad(x, f, y, &o);
+      EXPECT_NE(df, nullptr) << kiln_last_error();
+      if (df) h = conv_fnv(df, h);
+    }
+    kiln_scope_pop();
+  }
+  return h;
+}
+
+// The child's side of ConvDirect.AnyThreadCountGivesTheSameBits (as
+// gemm_test's): with KILN_CONV_TEST_CHILD set, prints the checksum and exits
+// before main.
+int conv_child_role() {
+  if (!getenv("KILN_CONV_TEST_CHILD")) return 0;
+  unsigned long long sum;
+  {
+    Scoped scope;
+    sum = (unsigned long long)conv_checksum();
+  }
+  bool failed = ::testing::UnitTest::GetInstance()->ad_hoc_test_result().Failed();
+  printf("checksum %llu threads %d\n", sum, kiln_num_threads());
+  fflush(stdout);
+  _exit(failed ? 1 : 0);
+}
+const int conv_child_hook = conv_child_role();
+
+std::string run_conv_child(const std::string &env, int *rc) {
+  char exe[4096];
+  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  *rc = -1;
+  if (len <= 0) return "readlink failed";
+  exe[len] = 0;
+  std::string cmd = env + " KILN_CONV_TEST_CHILD=1 " + exe + " --gtest_filter=-* 2>&1";
+  FILE *p = popen(cmd.c_str(), "r");
+  if (!p) return "popen failed";
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  *rc = pclose(p);
+  return out;
+}
+
+// The pool reads KILN_NUM_THREADS once: each count in a process of its own.
+// Every output element is one micro-kernel's sum, whichever thread runs it;
+// the C micro-kernel sums in the same order.
+TEST(ConvDirect, AnyThreadCountGivesTheSameBits) {
+  uint64_t here;
+  {
+    Scoped scope;
+    here = conv_checksum();
+  }
+  EnvGuard any("KILN_GEMM", nullptr), cpu("KILN_BACKEND", "cpu");
+  for (const char *env : {"KILN_NUM_THREADS=1", "KILN_NUM_THREADS=2", "KILN_NUM_THREADS=3",
+                          "KILN_NUM_THREADS=2 KILN_GEMM=c"}) {
+    int rc;
+    std::string out = run_conv_child(env, &rc);
+    EXPECT_EQ(rc, 0) << env << ": " << out;
+    EXPECT_THAT(out, HasSubstr("checksum " + std::to_string((unsigned long long)here))) << env;
+  }
 }
 
 }  // namespace

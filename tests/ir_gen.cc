@@ -940,10 +940,20 @@ struct Gen {
       std::copy(t.begin(), t.end(), a.shape);
     };
     switch (which) {
-      case 0: {  // conv2d(x, constant filter)
-        int64_t og = rng.range(1, 3);
-        ir_value f = constant(dt, Shape{kh, kw, s[3] / a.groups, og * a.groups});
-        return f >= 0 && emit(OP_CONV2D, a, {x, f}) >= 0;
+      case 0: {  // conv2d(x, constant filter), maybe with what its epilogue fuses
+        int64_t og = rng.range(1, 3), o = og * a.groups;
+        ir_value f = constant(dt, Shape{kh, kw, s[3] / a.groups, o});
+        ir_value c = f >= 0 ? emit(OP_CONV2D, a, {x, f}) : -1;
+        if (c < 0 || !rng.chance(0.5) || !room(4)) return c >= 0;
+        // + a bias ([o] or [1,1,1,o], either side), + a residual, relu or tanh
+        ir_value b = constant(dt, rng.chance(0.5) ? Shape{o} : Shape{1, 1, 1, o});
+        if (b < 0 || (c = rng.chance(0.5) ? emit2(OP_ADD, c, b) : emit2(OP_ADD, b, c)) < 0) return false;
+        if (rng.chance(0.4)) {
+          ir_value r = constant(dt, shape(c));
+          if (r < 0 || (c = emit2(OP_ADD, c, r)) < 0) return false;
+        }
+        if (rng.chance(0.6)) c = emit1(rng.chance(0.7) ? OP_RELU : OP_TANH, c);
+        return c >= 0;
       }
       case 1: {  // backprop_input(x as dy, filter) into the image whose conv2d has x's shape
         int64_t cg = rng.range(1, 3);

@@ -1,6 +1,7 @@
 // ptx_test.cc — the CUDA code generator (backends/cuda/ptx.c) without a GPU:
-// every op of ops.def with every dtype it allows, fusion bodies, the three
-// reduction forms, dot, the index ops and random programs from
+// every op of ops.def with every dtype it allows (the window ops too:
+// conv2d, pooling, their gradients), fusion bodies, the three reduction
+// forms, dot, the index ops and random programs (with window ops) from
 // tests/ir_gen.h compile to PTX with one .entry per kernel step, and that
 // PTX passes `ptxas -arch=sm_90` and `-arch=sm_80` where ptxas is installed
 // (/usr/local/cuda/bin/ptxas or on PATH; the ptxas checks are skipped, not
@@ -295,6 +296,60 @@ std::vector<Case> cases_for(op_id op, kiln_dtype dt) {
       c.a.dtype = dt, c.a.rank = 2, c.a.shape[0] = 3, c.a.shape[1] = 5;
       out.push_back(c);
       break;
+    case OP_CONV2D:  // groups, stride, dilation, padding; depthwise; 1x1
+      c.a.stride[0] = 2, c.a.stride[1] = 1, c.a.dilation[0] = 1, c.a.dilation[1] = 2, c.a.groups = 2;
+      c.a.padding[0] = 1, c.a.padding[2] = 2, c.a.padding[3] = 1;
+      c.in = {T(dt, {2, 7, 6, 4}), T(dt, {3, 3, 2, 6})};
+      out.push_back(c);
+      c.a = op_attrs{};
+      c.a.stride[0] = c.a.stride[1] = c.a.dilation[0] = c.a.dilation[1] = 1, c.a.groups = 3;
+      c.a.padding[0] = c.a.padding[1] = c.a.padding[2] = c.a.padding[3] = 1;
+      c.in = {T(dt, {1, 5, 5, 3}), T(dt, {3, 3, 1, 6})};
+      out.push_back(c);
+      c.a.groups = 1, c.a.padding[0] = c.a.padding[1] = c.a.padding[2] = c.a.padding[3] = 0;
+      c.in = {T(dt, {1, 5, 5, 4}), T(dt, {1, 1, 4, 8})};
+      c.const_input = 1;  // the filter a constant of the module
+      out.push_back(c);
+      break;
+    case OP_CONV2D_BP_INPUT:
+      c.a.stride[0] = 2, c.a.stride[1] = 1, c.a.dilation[0] = 1, c.a.dilation[1] = 2, c.a.groups = 2;
+      c.a.padding[0] = 1, c.a.padding[2] = 2, c.a.padding[3] = 1;
+      c.a.rank = 4, c.a.shape[0] = 2, c.a.shape[1] = 7, c.a.shape[2] = 6, c.a.shape[3] = 4;
+      c.in = {T(dt, {2, 3, 5, 6}), T(dt, {3, 3, 2, 6})};
+      out.push_back(c);
+      break;
+    case OP_CONV2D_BP_FILTER:  // few elements over many rows: two kernels (partials, their sum); many: one
+      c.a.stride[0] = 2, c.a.stride[1] = 1, c.a.dilation[0] = 1, c.a.dilation[1] = 2, c.a.groups = 2;
+      c.a.padding[0] = 1, c.a.padding[2] = 2, c.a.padding[3] = 1;
+      c.a.rank = 4, c.a.shape[0] = 3, c.a.shape[1] = 3, c.a.shape[2] = 2, c.a.shape[3] = 6;
+      c.in = {T(dt, {2, 7, 6, 4}), T(dt, {2, 3, 5, 6})};
+      out.push_back(c);
+      c.a = op_attrs{};
+      c.a.stride[0] = c.a.stride[1] = c.a.dilation[0] = c.a.dilation[1] = c.a.groups = 1;
+      c.a.rank = 4, c.a.shape[0] = 3, c.a.shape[1] = 3, c.a.shape[2] = 64, c.a.shape[3] = 128;
+      c.in = {T(dt, {1, 4, 4, 64}), T(dt, {1, 2, 2, 128})};
+      out.push_back(c);
+      break;
+    case OP_MAX_POOL2D:
+    case OP_AVG_POOL2D:
+      c.a.window[0] = 3, c.a.window[1] = 2, c.a.stride[0] = c.a.stride[1] = 2;
+      c.a.padding[0] = c.a.padding[1] = c.a.padding[3] = 1;
+      c.in = {T(dt, {2, 7, 6, 3})};
+      out.push_back(c);
+      break;
+    case OP_MAX_POOL2D_GRAD:
+      c.a.window[0] = 3, c.a.window[1] = 2, c.a.stride[0] = c.a.stride[1] = 2;
+      c.a.padding[0] = c.a.padding[1] = c.a.padding[3] = 1;
+      c.in = {T(dt, {2, 7, 6, 3}), T(dt, {2, 4, 3, 3})};
+      out.push_back(c);
+      break;
+    case OP_AVG_POOL2D_GRAD:
+      c.a.window[0] = 3, c.a.window[1] = 2, c.a.stride[0] = c.a.stride[1] = 2;
+      c.a.padding[0] = c.a.padding[1] = c.a.padding[3] = 1;
+      c.a.rank = 4, c.a.shape[0] = 2, c.a.shape[1] = 7, c.a.shape[2] = 6, c.a.shape[3] = 3;
+      c.in = {T(dt, {2, 4, 3, 3})};
+      out.push_back(c);
+      break;
     case OP_RNG_UNIFORM:
     case OP_RNG_NORMAL:
       c.a.dtype = dt, c.a.rank = 2, c.a.shape[0] = 3, c.a.shape[1] = 5;
@@ -322,9 +377,8 @@ TEST(Ptx, EveryOpEveryDtypeAssembles) {
   int checked = 0;
   for (int op = 0; op < OP_COUNT; op++) {
     const op_info *info = ir_op_info((op_id)op);
-    if (info->kind == OPK_CALL || info->kind == OPK_HOST || info->kind == OPK_CONTROL || info->kind == OPK_CONST ||
-        info->kind == OPK_WINDOW)
-      continue;  // below (control flow, convolutions and pooling: not lowered for the GPU yet)
+    if (info->kind == OPK_CALL || info->kind == OPK_HOST || info->kind == OPK_CONTROL || info->kind == OPK_CONST)
+      continue;  // below (control flow)
     for (int dt = 0; dt < KILN_DTYPE_COUNT; dt++) {
       if (!(info->dtypes & (1u << dt))) continue;
       std::vector<Case> cases = cases_for((op_id)op, (kiln_dtype)dt);
@@ -336,7 +390,8 @@ TEST(Ptx, EveryOpEveryDtypeAssembles) {
         ASSERT_TRUE(one_op(fn, (op_id)op, cases[k])) << what << ": " << kiln_last_error();
         // sm_90 for every case, sm_80 for the first of each op and dtype
         // a column reduction split over blocks is two kernels (the partials, then their sum)
-        int want = ir_op_info((op_id)op)->kind == OPK_REDUCE ? -1 : kernels_of((op_id)op);
+        // and so is a filter gradient of few elements over many rows
+        int want = ir_op_info((op_id)op)->kind == OPK_REDUCE || op == OP_CONV2D_BP_FILTER ? -1 : kernels_of((op_id)op);
         check_ptx(fn.f, "sm_90", want, what + " sm_90");
         if (k == 0) check_ptx(fn.f, "sm_80", want, what + " sm_80");
         checked++;
@@ -605,6 +660,38 @@ TEST(Ptx, RandomProgramsAssemble) {
   double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("[ptx] %d random programs: %.1f s in all, %d ptxas runs in %.1f s\n", done, total, ptxas_runs,
               ptxas_seconds);
+  if (!have_ptxas()) GTEST_SKIP() << "ptxas not installed: PTX generated but not assembled";
+}
+
+// Random programs with convolutions, pooling and their gradients (tests/
+// ir_gen.h IR_GEN_WINDOW; every other one with control flow too), after the
+// default pipeline: every window op a kernel of its own (no host step), and
+// the module assembles.
+TEST(Ptx, RandomProgramsWithWindowsAssemble) {
+  Scoped scope;
+  ir_gen_options o = ir_gen_default_options();
+  int windows = 0;
+  for (int i = 0; i < 60; i++) {
+    uint64_t seed = 1 + (uint64_t)i;
+    o.kinds = ir_gen_default_options().kinds | IR_GEN_WINDOW | (i % 2 ? (unsigned)IR_GEN_CONTROL : 0u);  // in loop bodies too
+    ir_module *m = ir_gen_program(seed, &o);
+    ASSERT_NE(m, nullptr) << kiln_last_error();
+    char *t = ir_print_module(m);
+    std::string what = "seed " + std::to_string(seed) + "\n" + (t ? t : "");
+    free(t);
+    ir_func *f = m->funcs[0];
+    ASSERT_EQ(pass_run_pipeline(f, PASS_DEFAULT_PIPELINE, nullptr, nullptr, nullptr), 0) << what << kiln_last_error();
+    for (int k = 0; k < f->n_instrs; k++) windows += ir_op_info(f->instrs[k].op)->kind == OPK_WINDOW;
+    cuda_program *p = cuda_compile(f, "sm_90");
+    ASSERT_NE(p, nullptr) << what << kiln_last_error();
+    EXPECT_EQ(cuda_program_unsupported(p), 0) << what << kiln_last_error();
+    cuda_program_free(p);
+    check_ptx(f, "sm_90", -1, what, i % 3 == 0);
+    if (i % 10 == 0) check_ptx(f, "sm_80", -1, what);
+    ir_module_free(m);
+    if (HasFailure()) break;
+  }
+  EXPECT_GT(windows, 20) << "the corpus holds window ops";
   if (!have_ptxas()) GTEST_SKIP() << "ptxas not installed: PTX generated but not assembled";
 }
 

@@ -58,6 +58,20 @@ static tile tile_for(kiln_dtype dt, bool avx512) {
   return t;
 }
 
+/* The convolution kernel's tile: 14 x 32 floats with AVX-512 (28
+ * accumulators: 14 divides ResNet's 112, 56, 28 and 14 pixel rows), 6 x 16
+ * with AVX2; KILN_CONV_TILE="MRxNV" for tuning. */
+static tile conv_tile_for(kiln_dtype dt, bool avx512) {
+  int vl = (avx512 ? 64 : 32) / (int)kiln_dtype_sizes[dt];
+  tile t = avx512 ? (tile){14, 2, vl} : (tile){6, 2, vl};
+  const char *env = getenv("KILN_CONV_TILE");
+  int mr, nv;
+  if (env && sscanf(env, "%dx%d", &mr, &nv) == 2 && mr >= 1 && mr <= 16 && nv >= 1 && nv <= 4 &&
+      mr * nv <= (avx512 ? 28 : 13))
+    t.mr = mr, t.nv = nv;
+  return t;
+}
+
 static const char *epi_names[GEMM_EPI_COUNT] = {"none", "bias", "bias_relu", "bias_tanh"};
 
 /* ---- emission ---- */
@@ -68,6 +82,9 @@ typedef struct {
   LLVMTypeRef ty, vty; /* element, vector */
   unsigned esize;
   LLVMValueRef a, b, kc;
+  /* the convolution kernel: row r of A starts at arows[r] (strided A) */
+  bool strided;
+  LLVMValueRef arows[16];
 } kgen;
 
 static LLVMValueRef splat(kgen *g, LLVMValueRef x) {
@@ -92,8 +109,9 @@ static void emit_step(kgen *g, LLVMValueRef p, LLVMValueRef *acc) {
   }
   LLVMValueRef arow = LLVMBuildMul(e->b, p, llvm_i64(e, mr), "");
   for (int r = 0; r < mr; r++) {
-    LLVMValueRef i = LLVMBuildAdd(e->b, arow, llvm_i64(e, r), "");
-    LLVMValueRef x = LLVMBuildLoad2(e->b, g->ty, LLVMBuildGEP2(e->b, g->ty, g->a, &i, 1, ""), "a");
+    LLVMValueRef i = g->strided ? p : LLVMBuildAdd(e->b, arow, llvm_i64(e, r), "");
+    LLVMValueRef x =
+        LLVMBuildLoad2(e->b, g->ty, LLVMBuildGEP2(e->b, g->ty, g->strided ? g->arows[r] : g->a, &i, 1, ""), "a");
     LLVMValueRef s = splat(g, x);
     for (int v = 0; v < nv; v++) {
       LLVMValueRef args[3] = {s, bv[v], acc[r * nv + v]};
@@ -152,7 +170,7 @@ static void masked_store(llvm_emit *e, LLVMValueRef x, LLVMValueRef ptr, LLVMVal
 /* Stores the tile into C[0:mr, 0:nr]: acc, or C + acc when add; then, with
  * epi, + bias and the activation. */
 static void emit_store(kgen *g, const LLVMValueRef *acc, LLVMValueRef c, LLVMValueRef ldc, LLVMValueRef mr,
-                       LLVMValueRef nr, LLVMValueRef add, gemm_epilogue epi, LLVMValueRef bias) {
+                       LLVMValueRef nr, LLVMValueRef add, gemm_epilogue epi, LLVMValueRef bias, LLVMValueRef res) {
   llvm_emit *e = g->e;
   int nv = g->t.nv, vl = g->t.vl;
   LLVMTypeRef mty = LLVMVectorType(e->t_i1, (unsigned)vl);
@@ -174,11 +192,13 @@ static void emit_store(kgen *g, const LLVMValueRef *acc, LLVMValueRef c, LLVMVal
       LLVMValueRef mask = LLVMBuildSelect(e->b, row_ok, colmask[v], none, "");
       LLVMValueRef i = LLVMBuildAdd(e->b, row, llvm_i64(e, (int64_t)v * vl), "");
       LLVMValueRef ptr = LLVMBuildGEP2(e->b, g->ty, c, &i, 1, "");
-      LLVMValueRef old = masked_load(e, g->vty, ptr, mask);
       LLVMValueRef x = acc[r * nv + v];
-      x = LLVMBuildSelect(e->b, add, LLVMBuildFAdd(e->b, old, x, ""), x, "");
+      if (!LLVMIsAConstantInt(add) || LLVMConstIntGetZExtValue(add)) /* the convolution kernel never adds */
+        x = LLVMBuildSelect(e->b, add, LLVMBuildFAdd(e->b, masked_load(e, g->vty, ptr, mask), x, ""), x, "");
+      if (epi != GEMM_EPI_NONE) x = LLVMBuildFAdd(e->b, x, bv[v], "");
+      if (res) /* the residual, where the output is (rows ldc apart) */
+        x = LLVMBuildFAdd(e->b, x, masked_load(e, g->vty, LLVMBuildGEP2(e->b, g->ty, res, &i, 1, ""), mask), "");
       if (epi != GEMM_EPI_NONE) {
-        x = LLVMBuildFAdd(e->b, x, bv[v], "");
         if (epi == GEMM_EPI_BIAS_RELU) /* x < 0 ? 0 : x, NaN kept as the relu kernels do */
           x = LLVMBuildSelect(e->b, LLVMBuildFCmp(e->b, LLVMRealOLT, x, zero, ""), zero, x, "");
         else if (epi == GEMM_EPI_BIAS_TANH)
@@ -194,6 +214,8 @@ static void add_attr(LLVMContextRef ctx, LLVMValueRef fn, const char *k, const c
                           LLVMCreateStringAttribute(ctx, k, (unsigned)strlen(k), v, (unsigned)strlen(v)));
 }
 
+static void kernel_attrs(llvm_emit *e, LLVMValueRef fn, LLVMTargetMachineRef tm, bool avx512);
+
 /* void name(i64 kc, ptr a, ptr b, ptr c, i64 ldc, i64 mr, i64 nr, i32 flags,
  * ptr bias): gemm_ukernel_fn */
 static void emit_ukernel(llvm_emit *e, const char *name, kiln_dtype dt, gemm_epilogue epi, tile t,
@@ -203,22 +225,7 @@ static void emit_ukernel(llvm_emit *e, const char *name, kiln_dtype dt, gemm_epi
   unsigned noalias = LLVMGetEnumAttributeKindForName("noalias", 7);
   for (unsigned i = 2; i <= 4; i++) /* a, b, c */
     LLVMAddAttributeAtIndex(fn, i, LLVMCreateEnumAttribute(e->ctx, noalias, 0));
-  char *cpu = LLVMGetTargetMachineCPU(tm), *features = LLVMGetTargetMachineFeatureString(tm);
-  char *fs = malloc(strlen(features) + 16);
-  if (fs) { /* the AVX2 kernel on an AVX-512 host (KILN_GEMM_ISA) */
-    sprintf(fs, "%s%s", features, !avx512 && cpu_jit_target_has("avx512f") ? (*features ? ",-avx512f" : "-avx512f") : "");
-    add_attr(e->ctx, fn, "target-features", fs);
-    free(fs);
-  }
-  add_attr(e->ctx, fn, "target-cpu", cpu);
-  LLVMDisposeMessage(cpu);
-  LLVMDisposeMessage(features);
-  if (avx512) { /* whole zmm registers: LLVM splits 512-bit vectors by default */
-    add_attr(e->ctx, fn, "prefer-vector-width", "512");
-    add_attr(e->ctx, fn, "min-legal-vector-width", "512");
-  }
-  LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
-                          LLVMCreateEnumAttribute(e->ctx, LLVMGetEnumAttributeKindForName("nounwind", 8), 0));
+  kernel_attrs(e, fn, tm, avx512);
 
   kgen g = {.e = e, .t = t, .ty = llvm_value_type(e, dt), .esize = kiln_dtype_sizes[dt]};
   g.vty = LLVMVectorType(g.ty, (unsigned)t.vl);
@@ -242,27 +249,247 @@ static void emit_ukernel(llvm_emit *e, const char *name, kiln_dtype dt, gemm_epi
     LLVMBasicBlockRef plain = LLVMAppendBasicBlockInContext(e->ctx, fn, "store");
     LLVMBuildCondBr(e->b, last, with, plain);
     LLVMPositionBuilderAtEnd(e->b, with);
-    emit_store(&g, acc, c, ldc, mr, nr, add, epi, LLVMGetParam(fn, 8));
+    emit_store(&g, acc, c, ldc, mr, nr, add, epi, LLVMGetParam(fn, 8), NULL);
     LLVMBuildRetVoid(e->b);
     LLVMPositionBuilderAtEnd(e->b, plain);
   }
-  emit_store(&g, acc, c, ldc, mr, nr, add, GEMM_EPI_NONE, NULL);
+  emit_store(&g, acc, c, ldc, mr, nr, add, GEMM_EPI_NONE, NULL, NULL);
+  LLVMBuildRetVoid(e->b);
+}
+
+/* The function attributes every kernel has: its target (the AVX2 kernel on
+ * an AVX-512 host with KILN_GEMM_ISA), whole zmm registers, nounwind. */
+static void kernel_attrs(llvm_emit *e, LLVMValueRef fn, LLVMTargetMachineRef tm, bool avx512) {
+  char *cpu = LLVMGetTargetMachineCPU(tm), *features = LLVMGetTargetMachineFeatureString(tm);
+  char *fs = malloc(strlen(features) + 16);
+  if (fs) {
+    sprintf(fs, "%s%s", features, !avx512 && cpu_jit_target_has("avx512f") ? (*features ? ",-avx512f" : "-avx512f") : "");
+    add_attr(e->ctx, fn, "target-features", fs);
+    free(fs);
+  }
+  add_attr(e->ctx, fn, "target-cpu", cpu);
+  LLVMDisposeMessage(cpu);
+  LLVMDisposeMessage(features);
+  if (avx512) {
+    add_attr(e->ctx, fn, "prefer-vector-width", "512");
+    add_attr(e->ctx, fn, "min-legal-vector-width", "512");
+  }
+  LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
+                          LLVMCreateEnumAttribute(e->ctx, LLVMGetEnumAttributeKindForName("nounwind", 8), 0));
+}
+
+/* void name(i64 taps, ptr a, i64 kc, i64 lda, ptr b, ptr c, i64 ldc, i64 mr,
+ * i64 nr, i32 flags, ptr bias, ptr res): conv_ukernel_fn. A loop over the
+ * taps around gemm's loop over k, the rows of A read at a[t] + r * lda; the
+ * tile stored once, with the epilogue (always the last block of K) and,
+ * when flags has GEMM_RESIDUAL, the residual. With lda_const > 0 the rows
+ * are that far apart whatever lda says: constant displacements from one
+ * pointer, where a runtime lda leaves LLVM a chain of additions and spills
+ * of 14 row pointers (half again as many instructions as FMAs). */
+static void emit_conv_ukernel(llvm_emit *e, const char *name, kiln_dtype dt, gemm_epilogue epi, tile t,
+                              LLVMTargetMachineRef tm, bool avx512, int64_t lda_const) {
+  LLVMTypeRef params[12] = {e->t_i64, e->t_ptr, e->t_i64, e->t_i64, e->t_ptr, e->t_ptr,
+                            e->t_i64, e->t_i64, e->t_i64, e->t_i32, e->t_ptr, e->t_ptr};
+  LLVMValueRef fn = LLVMAddFunction(e->mod, name, LLVMFunctionType(e->t_void, params, 12, 0));
+  unsigned noalias = LLVMGetEnumAttributeKindForName("noalias", 7);
+  LLVMAddAttributeAtIndex(fn, 5, LLVMCreateEnumAttribute(e->ctx, noalias, 0)); /* b */
+  kernel_attrs(e, fn, tm, avx512);
+
+  kgen g = {.e = e, .t = t, .ty = llvm_value_type(e, dt), .esize = kiln_dtype_sizes[dt], .strided = true};
+  g.vty = LLVMVectorType(g.ty, (unsigned)t.vl);
+  LLVMValueRef taps = LLVMGetParam(fn, 0), aptrs = LLVMGetParam(fn, 1), lda = LLVMGetParam(fn, 3);
+  g.kc = LLVMGetParam(fn, 2);
+  LLVMBasicBlockRef entry = LLVMAppendBasicBlockInContext(e->ctx, fn, "entry");
+  LLVMBasicBlockRef head = LLVMAppendBasicBlockInContext(e->ctx, fn, "tap");
+  LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(e->ctx, fn, "tap_body");
+  LLVMBasicBlockRef exit = LLVMAppendBasicBlockInContext(e->ctx, fn, "taps_done");
+  LLVMPositionBuilderAtEnd(e->b, entry);
+  int n = t.mr * t.nv;
+  LLVMValueRef acc[64], phis[64], zero = LLVMConstNull(g.vty), b0 = LLVMGetParam(fn, 4), i0 = llvm_i64(e, 0);
+  LLVMValueRef panel = LLVMBuildMul(e->b, g.kc, llvm_i64(e, (int64_t)t.nv * t.vl), "panel");
+  LLVMBuildBr(e->b, head);
+  LLVMPositionBuilderAtEnd(e->b, head);
+  LLVMValueRef tp = LLVMBuildPhi(e->b, e->t_i64, "t"), bp = LLVMBuildPhi(e->b, e->t_ptr, "bt");
+  LLVMAddIncoming(tp, &i0, &entry, 1);
+  LLVMAddIncoming(bp, &b0, &entry, 1);
+  for (int i = 0; i < n; i++) {
+    phis[i] = acc[i] = LLVMBuildPhi(e->b, g.vty, "acc");
+    LLVMAddIncoming(phis[i], &zero, &entry, 1);
+  }
+  LLVMBuildCondBr(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, tp, taps, ""), body, exit);
+  LLVMPositionBuilderAtEnd(e->b, body);
+  LLVMValueRef at = LLVMBuildLoad2(e->b, e->t_ptr, LLVMBuildGEP2(e->b, e->t_ptr, aptrs, &tp, 1, ""), "at");
+  for (int r = 0; r < t.mr; r++) {
+    LLVMValueRef off = lda_const > 0 ? llvm_i64(e, lda_const * r) : LLVMBuildMul(e->b, lda, llvm_i64(e, r), "");
+    g.arows[r] = LLVMBuildGEP2(e->b, g.ty, at, &off, 1, "row");
+  }
+  g.b = bp;
+  LLVMValueRef p = emit_k_loop(&g, fn, i0, UNROLL, acc, "k4");
+  emit_k_loop(&g, fn, p, 1, acc, "k1");
+  LLVMValueRef tnext = LLVMBuildAdd(e->b, tp, llvm_i64(e, 1), ""), bnext = LLVMBuildGEP2(e->b, g.ty, bp, &panel, 1, "");
+  LLVMBasicBlockRef latch = LLVMGetInsertBlock(e->b);
+  LLVMAddIncoming(tp, &tnext, &latch, 1);
+  LLVMAddIncoming(bp, &bnext, &latch, 1);
+  for (int i = 0; i < n; i++) LLVMAddIncoming(phis[i], &acc[i], &latch, 1);
+  LLVMBuildBr(e->b, head);
+  LLVMPositionBuilderAtEnd(e->b, exit);
+
+  LLVMValueRef flags = LLVMGetParam(fn, 9), no = LLVMConstInt(e->t_i1, 0, 0);
+  LLVMValueRef c = LLVMGetParam(fn, 5), ldc = LLVMGetParam(fn, 6), mr = LLVMGetParam(fn, 7), nr = LLVMGetParam(fn, 8);
+  LLVMValueRef has_res = LLVMBuildICmp(e->b, LLVMIntNE, LLVMBuildAnd(e->b, flags, llvm_i32(e, GEMM_RESIDUAL), ""),
+                                       llvm_i32(e, 0), "has_res");
+  LLVMBasicBlockRef with = LLVMAppendBasicBlockInContext(e->ctx, fn, "residual");
+  LLVMBasicBlockRef plain = LLVMAppendBasicBlockInContext(e->ctx, fn, "store");
+  LLVMBuildCondBr(e->b, has_res, with, plain);
+  LLVMPositionBuilderAtEnd(e->b, with);
+  emit_store(&g, phis, c, ldc, mr, nr, no, epi, LLVMGetParam(fn, 10), LLVMGetParam(fn, 11));
+  LLVMBuildRetVoid(e->b);
+  LLVMPositionBuilderAtEnd(e->b, plain);
+  emit_store(&g, phis, c, ldc, mr, nr, no, epi, LLVMGetParam(fn, 10), NULL);
+  LLVMBuildRetVoid(e->b);
+}
+
+/* One loop of the filter-gradient kernel over p from lo while p + step <=
+ * kc: acc += A[:, p] (x) B[p, :] with A's column at *ap (+ lda a step) and
+ * B's row at *bp (+ ldb a step), B's vectors loaded under colmask. Updates
+ * acc, *ap, *bp to their values after the loop; returns p after it. */
+static LLVMValueRef emit_wgrad_loop(kgen *g, LLVMValueRef fn, LLVMValueRef lo, int step, LLVMValueRef *acc,
+                                    LLVMValueRef *ap, LLVMValueRef *bp, LLVMValueRef lda, LLVMValueRef ldb,
+                                    const LLVMValueRef *colmask) {
+  llvm_emit *e = g->e;
+  int n = g->t.mr * g->t.nv, nv = g->t.nv, vl = g->t.vl;
+  LLVMBasicBlockRef pre = LLVMGetInsertBlock(e->b);
+  LLVMBasicBlockRef head = LLVMAppendBasicBlockInContext(e->ctx, fn, "w");
+  LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(e->ctx, fn, "w");
+  LLVMBasicBlockRef exit = LLVMAppendBasicBlockInContext(e->ctx, fn, "w");
+  LLVMBuildBr(e->b, head);
+  LLVMPositionBuilderAtEnd(e->b, head);
+  LLVMValueRef p = LLVMBuildPhi(e->b, e->t_i64, "p"), a = LLVMBuildPhi(e->b, e->t_ptr, "a"),
+               b = LLVMBuildPhi(e->b, e->t_ptr, "b");
+  LLVMValueRef phis[64], cur[64];
+  for (int i = 0; i < n; i++) {
+    phis[i] = cur[i] = LLVMBuildPhi(e->b, g->vty, "acc");
+    LLVMAddIncoming(phis[i], &acc[i], &pre, 1);
+  }
+  LLVMAddIncoming(p, &lo, &pre, 1);
+  LLVMAddIncoming(a, ap, &pre, 1);
+  LLVMAddIncoming(b, bp, &pre, 1);
+  LLVMValueRef end = LLVMBuildAdd(e->b, p, llvm_i64(e, step), "");
+  LLVMBuildCondBr(e->b, LLVMBuildICmp(e->b, LLVMIntSLE, end, g->kc, ""), body, exit);
+  LLVMPositionBuilderAtEnd(e->b, body);
+  for (int s = 0; s < step; s++) {
+    LLVMValueRef as = a, bs = b;
+    if (s) {
+      LLVMValueRef oa = LLVMBuildMul(e->b, lda, llvm_i64(e, s), ""), ob = LLVMBuildMul(e->b, ldb, llvm_i64(e, s), "");
+      as = LLVMBuildGEP2(e->b, g->ty, a, &oa, 1, "");
+      bs = LLVMBuildGEP2(e->b, g->ty, b, &ob, 1, "");
+    }
+    LLVMValueRef bv[4];
+    for (int v = 0; v < nv; v++)
+      bv[v] = masked_load(e, g->vty, LLVMBuildGEP2(e->b, g->ty, bs, (LLVMValueRef[]){llvm_i64(e, (int64_t)v * vl)}, 1, ""),
+                          colmask[v]);
+    for (int r = 0; r < g->t.mr; r++) {
+      LLVMValueRef x = LLVMBuildLoad2(e->b, g->ty, LLVMBuildGEP2(e->b, g->ty, as, (LLVMValueRef[]){llvm_i64(e, r)}, 1, ""), "a");
+      LLVMValueRef sx = splat(g, x);
+      for (int v = 0; v < nv; v++) {
+        LLVMValueRef args[3] = {sx, bv[v], cur[r * nv + v]};
+        cur[r * nv + v] = llvm_intr(e, "llvm.fma", args, 3);
+      }
+    }
+  }
+  LLVMValueRef oa = LLVMBuildMul(e->b, lda, llvm_i64(e, step), ""), ob = LLVMBuildMul(e->b, ldb, llvm_i64(e, step), "");
+  LLVMValueRef an = LLVMBuildGEP2(e->b, g->ty, a, &oa, 1, ""), bn = LLVMBuildGEP2(e->b, g->ty, b, &ob, 1, "");
+  LLVMBasicBlockRef last = LLVMGetInsertBlock(e->b);
+  LLVMAddIncoming(p, &end, &last, 1);
+  LLVMAddIncoming(a, &an, &last, 1);
+  LLVMAddIncoming(b, &bn, &last, 1);
+  for (int i = 0; i < n; i++) LLVMAddIncoming(phis[i], &cur[i], &last, 1);
+  LLVMBuildBr(e->b, head);
+  LLVMPositionBuilderAtEnd(e->b, exit);
+  for (int i = 0; i < n; i++) acc[i] = phis[i];
+  *ap = a, *bp = b;
+  return p;
+}
+
+/* void name(i64 runs, ptr run, i64 lda, i64 ldb, ptr c, i64 ldc, i64 mr,
+ * i64 nr, i32 flags): wgrad_ukernel_fn. A loop over the runs ({ptr a, ptr
+ * b, i64 kc} each) around the loops over their steps; the tile added to C
+ * (GEMM_ACCUMULATE) or stored. */
+static void emit_wgrad_ukernel(llvm_emit *e, const char *name, kiln_dtype dt, tile t, LLVMTargetMachineRef tm,
+                               bool avx512) {
+  LLVMTypeRef params[9] = {e->t_i64, e->t_ptr, e->t_i64, e->t_i64, e->t_ptr, e->t_i64, e->t_i64, e->t_i64, e->t_i32};
+  LLVMValueRef fn = LLVMAddFunction(e->mod, name, LLVMFunctionType(e->t_void, params, 9, 0));
+  kernel_attrs(e, fn, tm, avx512);
+  kgen g = {.e = e, .t = t, .ty = llvm_value_type(e, dt), .esize = kiln_dtype_sizes[dt]};
+  g.vty = LLVMVectorType(g.ty, (unsigned)t.vl);
+  LLVMValueRef runs = LLVMGetParam(fn, 0), runp = LLVMGetParam(fn, 1), lda = LLVMGetParam(fn, 2),
+               ldb = LLVMGetParam(fn, 3);
+  LLVMValueRef c = LLVMGetParam(fn, 4), ldc = LLVMGetParam(fn, 5), mr = LLVMGetParam(fn, 6), nr = LLVMGetParam(fn, 7);
+  LLVMBasicBlockRef entry = LLVMAppendBasicBlockInContext(e->ctx, fn, "entry");
+  LLVMBasicBlockRef head = LLVMAppendBasicBlockInContext(e->ctx, fn, "run");
+  LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(e->ctx, fn, "run_body");
+  LLVMBasicBlockRef exit = LLVMAppendBasicBlockInContext(e->ctx, fn, "runs_done");
+  LLVMPositionBuilderAtEnd(e->b, entry);
+  LLVMValueRef colmask[4], lanes[16], nrv = splat(&g, nr);
+  for (int v = 0; v < t.nv; v++) {
+    for (int l = 0; l < t.vl; l++) lanes[l] = llvm_i64(e, (int64_t)v * t.vl + l);
+    colmask[v] = LLVMBuildICmp(e->b, LLVMIntSLT, LLVMConstVector(lanes, (unsigned)t.vl), nrv, "cols");
+  }
+  int n = t.mr * t.nv;
+  LLVMValueRef acc[64], phis[64], zero = LLVMConstNull(g.vty), i0 = llvm_i64(e, 0);
+  LLVMBuildBr(e->b, head);
+  LLVMPositionBuilderAtEnd(e->b, head);
+  LLVMValueRef tp = LLVMBuildPhi(e->b, e->t_i64, "t");
+  LLVMAddIncoming(tp, &i0, &entry, 1);
+  for (int i = 0; i < n; i++) {
+    phis[i] = acc[i] = LLVMBuildPhi(e->b, g.vty, "acc");
+    LLVMAddIncoming(phis[i], &zero, &entry, 1);
+  }
+  LLVMBuildCondBr(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, tp, runs, ""), body, exit);
+  LLVMPositionBuilderAtEnd(e->b, body);
+  /* run t: {a, b, kc} at run + 24 t bytes */
+  LLVMValueRef base = LLVMBuildMul(e->b, tp, llvm_i64(e, 3), "");
+  LLVMValueRef f1 = LLVMBuildAdd(e->b, base, llvm_i64(e, 1), ""), f2 = LLVMBuildAdd(e->b, base, llvm_i64(e, 2), "");
+  LLVMValueRef ap = LLVMBuildLoad2(e->b, e->t_ptr, LLVMBuildGEP2(e->b, e->t_i64, runp, &base, 1, ""), "ra");
+  LLVMValueRef bp = LLVMBuildLoad2(e->b, e->t_ptr, LLVMBuildGEP2(e->b, e->t_i64, runp, &f1, 1, ""), "rb");
+  g.kc = LLVMBuildLoad2(e->b, e->t_i64, LLVMBuildGEP2(e->b, e->t_i64, runp, &f2, 1, ""), "kc");
+  LLVMValueRef p = emit_wgrad_loop(&g, fn, i0, UNROLL, acc, &ap, &bp, lda, ldb, colmask);
+  emit_wgrad_loop(&g, fn, p, 1, acc, &ap, &bp, lda, ldb, colmask);
+  LLVMValueRef tnext = LLVMBuildAdd(e->b, tp, llvm_i64(e, 1), "");
+  LLVMBasicBlockRef latch = LLVMGetInsertBlock(e->b);
+  LLVMAddIncoming(tp, &tnext, &latch, 1);
+  for (int i = 0; i < n; i++) LLVMAddIncoming(phis[i], &acc[i], &latch, 1);
+  LLVMBuildBr(e->b, head);
+  LLVMPositionBuilderAtEnd(e->b, exit);
+  LLVMValueRef add = LLVMBuildICmp(e->b, LLVMIntNE, LLVMBuildAnd(e->b, LLVMGetParam(fn, 8), llvm_i32(e, GEMM_ACCUMULATE), ""),
+                                   llvm_i32(e, 0), "add");
+  emit_store(&g, phis, c, ldc, mr, nr, add, GEMM_EPI_NONE, NULL, NULL);
   LLVMBuildRetVoid(e->b);
 }
 
 /* ---- compilation and the cache of kernels ---- */
 
-static void kernel_name(char *name, size_t len, kiln_dtype dt, gemm_epilogue epi, tile t) {
-  snprintf(name, len, "kiln_gemm_%s_%s_%dx%d", kiln_dtype_name(dt), epi_names[epi], t.mr, t.nv * t.vl);
+/* lda (here and below): -1 the matmul kernel; -2 the filter-gradient
+ * kernel; 0 the convolution kernel, its lda a parameter; > 0 the
+ * convolution kernel for that lda */
+enum { LDA_GEMM = -1, LDA_WGRAD = -2 };
+static void kernel_name(char *name, size_t len, kiln_dtype dt, gemm_epilogue epi, tile t, int64_t lda) {
+  if (lda == LDA_WGRAD)
+    snprintf(name, len, "kiln_wgrad_%s_%dx%d", kiln_dtype_name(dt), t.mr, t.nv * t.vl);
+  else if (lda < 0)
+    snprintf(name, len, "kiln_gemm_%s_%s_%dx%d", kiln_dtype_name(dt), epi_names[epi], t.mr, t.nv * t.vl);
+  else
+    snprintf(name, len, "kiln_conv_%s_%s_%dx%d_lda%lld", kiln_dtype_name(dt), epi_names[epi], t.mr, t.nv * t.vl,
+             (long long)lda);
 }
 
 /* A module holding the micro-kernel for (dt, epi), as host_isa allows (not
  * ISA_NONE). */
-static LLVMModuleRef build_module(LLVMContextRef ctx, kiln_dtype dt, gemm_epilogue epi, LLVMTargetMachineRef tm,
-                                  isa target, char *name, size_t name_len, tile *t) {
+static LLVMModuleRef build_module(LLVMContextRef ctx, kiln_dtype dt, gemm_epilogue epi, int64_t lda,
+                                  LLVMTargetMachineRef tm, isa target, char *name, size_t name_len, tile *t) {
   bool avx512 = target == ISA_AVX512;
-  *t = tile_for(dt, avx512);
-  kernel_name(name, name_len, dt, epi, *t);
+  *t = lda != LDA_GEMM ? conv_tile_for(dt, avx512) : tile_for(dt, avx512);
+  kernel_name(name, name_len, dt, epi, *t, lda);
   LLVMModuleRef mod = LLVMModuleCreateWithNameInContext(name, ctx);
   char *triple = LLVMGetTargetMachineTriple(tm);
   LLVMSetTarget(mod, triple);
@@ -272,7 +499,12 @@ static LLVMModuleRef build_module(LLVMContextRef ctx, kiln_dtype dt, gemm_epilog
   LLVMDisposeTargetData(layout);
   llvm_emit e;
   llvm_emit_init(&e, ctx, mod);
-  emit_ukernel(&e, name, dt, epi, *t, tm, avx512);
+  if (lda == LDA_WGRAD)
+    emit_wgrad_ukernel(&e, name, dt, *t, tm, avx512);
+  else if (lda >= 0)
+    emit_conv_ukernel(&e, name, dt, epi, *t, tm, avx512, lda);
+  else
+    emit_ukernel(&e, name, dt, epi, *t, tm, avx512);
   llvm_emit_dispose(&e);
   return mod;
 }
@@ -280,10 +512,24 @@ static LLVMModuleRef build_module(LLVMContextRef ctx, kiln_dtype dt, gemm_epilog
 enum { UNTRIED, READY, FAILED };
 typedef struct {
   atomic_int state;
-  gemm_ukernel uk;
+  uintptr_t fn;
+  int mr, nr;
 } variant;
 
 static variant variants[2][GEMM_EPI_COUNT]; /* f32, f64 */
+static variant wgrad_variants[2];
+/* The convolution kernels: one per (dtype, epilogue, lda) in use (a
+ * network has a few image widths x strides), then the generic one (lda 0)
+ * for any further lda. Looked up and filled under compile_mu. */
+enum { CONV_VARIANTS = 96 };
+typedef struct {
+  kiln_dtype dt;
+  gemm_epilogue epi;
+  int64_t lda;
+  variant v;
+} conv_variant;
+static conv_variant conv_variants[CONV_VARIANTS];
+static int n_conv_variants;
 static pthread_mutex_t compile_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* The disk cache's key text for a kernel: everything its code depends on
@@ -325,7 +571,7 @@ static uintptr_t cached_kernel(const char *dir, const uint8_t key[16], const cha
 /* Compiles the kernel for (dt, epi) into v, or loads it from the disk cache
  * (as programs are: a second process skips LLVM). 0, or -1 with the error
  * set. */
-static int compile_variant(kiln_dtype dt, gemm_epilogue epi, variant *v) {
+static int compile_variant(kiln_dtype dt, gemm_epilogue epi, int64_t lda, variant *v) {
   LLVMTargetMachineRef tm = cpu_jit_host_machine();
   if (!tm) return -1;
   isa target = host_isa(tm);
@@ -334,8 +580,8 @@ static int compile_variant(kiln_dtype dt, gemm_epilogue epi, variant *v) {
     return kiln_set_error("gemm: no compiled micro-kernel for this CPU (x86-64 with AVX2 and FMA)");
   }
   char name[96], *msg = NULL, dir[4096];
-  tile t = tile_for(dt, target == ISA_AVX512);
-  kernel_name(name, sizeof name, dt, epi, t);
+  tile t = lda != LDA_GEMM ? conv_tile_for(dt, target == ISA_AVX512) : tile_for(dt, target == ISA_AVX512);
+  kernel_name(name, sizeof name, dt, epi, t, lda);
   char *meta = cpu_cache_dir(dir, sizeof dir) ? kernel_meta(tm, name, target) : NULL;
   uint8_t key[16];
   if (meta) cpu_hash128(meta, strlen(meta), key);
@@ -344,11 +590,11 @@ static int compile_variant(kiln_dtype dt, gemm_epilogue epi, variant *v) {
     if (cpu_cache_log()) fprintf(stderr, "kiln: cache: %s: hit\n", name);
     free(meta);
     LLVMDisposeTargetMachine(tm);
-    v->uk = (gemm_ukernel){(gemm_ukernel_fn)addr, t.mr, t.nv * t.vl};
+    v->fn = addr, v->mr = t.mr, v->nr = t.nv * t.vl;
     return 0;
   }
   LLVMContextRef ctx = LLVMContextCreate();
-  LLVMModuleRef mod = build_module(ctx, dt, epi, tm, target, name, sizeof name, &t);
+  LLVMModuleRef mod = build_module(ctx, dt, epi, lda, tm, target, name, sizeof name, &t);
   LLVMMemoryBufferRef obj = NULL, bc = NULL;
   int rc = 0;
   /* no pass pipeline: the IR is already the loop that code generation
@@ -380,7 +626,7 @@ static int compile_variant(kiln_dtype dt, gemm_epilogue epi, variant *v) {
   LLVMContextDispose(ctx);
   LLVMDisposeTargetMachine(tm);
   if (rc) return -1;
-  v->uk = (gemm_ukernel){(gemm_ukernel_fn)addr, t.mr, t.nv * t.vl};
+  v->fn = addr, v->mr = t.mr, v->nr = t.nv * t.vl;
   return 0;
 }
 
@@ -389,37 +635,97 @@ static bool env_is(const char *name, const char *value) {
   return env && !strcmp(env, value);
 }
 
-bool cpu_gemm_ukernel(kiln_dtype dt, gemm_epilogue epi, gemm_ukernel *uk) {
+static bool usable(kiln_dtype dt, gemm_epilogue epi) {
   if ((dt != KILN_F32 && dt != KILN_F64) || (int)epi < 0 || epi >= GEMM_EPI_COUNT) return false;
-  if (env_is("KILN_GEMM", "c") || env_is("KILN_BACKEND", "interp")) return false;
+  return !env_is("KILN_GEMM", "c") && !env_is("KILN_BACKEND", "interp");
+}
+
+/* v compiled if it was not tried yet (under compile_mu) */
+static int try_compile(kiln_dtype dt, gemm_epilogue epi, int64_t lda, variant *v) {
+  int state = atomic_load(&v->state);
+  if (state != UNTRIED) return state;
+  char saved[1024]; /* the caller's error message survives a failed compile */
+  snprintf(saved, sizeof saved, "%s", kiln_last_error());
+  state = compile_variant(dt, epi, lda, v) ? FAILED : READY;
+  if (state == FAILED && env_is("KILN_LOG", "gemm"))
+    fprintf(stderr, "kiln: gemm: no compiled %s micro-kernel for %s %s: %s\n",
+            lda == LDA_WGRAD ? "filter-gradient" : lda >= 0 ? "convolution" : "matmul",
+            kiln_dtype_name(dt), epi_names[epi], kiln_last_error());
+  kiln_set_error("%s", saved);
+  atomic_store_explicit(&v->state, state, memory_order_release);
+  return state;
+}
+
+bool cpu_gemm_ukernel(kiln_dtype dt, gemm_epilogue epi, gemm_ukernel *uk) {
+  if (!usable(dt, epi)) return false;
   variant *v = &variants[dt == KILN_F64][epi];
   int state = atomic_load_explicit(&v->state, memory_order_acquire);
   if (state == UNTRIED) {
     pthread_mutex_lock(&compile_mu);
-    state = atomic_load(&v->state);
-    if (state == UNTRIED) {
-      char saved[1024]; /* the caller's error message survives a failed compile */
-      snprintf(saved, sizeof saved, "%s", kiln_last_error());
-      state = compile_variant(dt, epi, v) ? FAILED : READY;
-      if (state == FAILED && env_is("KILN_LOG", "gemm"))
-        fprintf(stderr, "kiln: gemm: no compiled micro-kernel for %s %s: %s\n", kiln_dtype_name(dt), epi_names[epi],
-                kiln_last_error());
-      kiln_set_error("%s", saved);
-      atomic_store_explicit(&v->state, state, memory_order_release);
-    }
+    state = try_compile(dt, epi, LDA_GEMM, v);
     pthread_mutex_unlock(&compile_mu);
   }
   if (state != READY) return false;
-  *uk = v->uk;
+  *uk = (gemm_ukernel){(gemm_ukernel_fn)v->fn, v->mr, v->nr};
+  return true;
+}
+
+/* the entry for (dt, epi, lda), added when missing and there is room;
+ * NULL when full (under compile_mu) */
+static variant *conv_entry(kiln_dtype dt, gemm_epilogue epi, int64_t lda) {
+  for (int i = 0; i < n_conv_variants; i++)
+    if (conv_variants[i].dt == dt && conv_variants[i].epi == epi && conv_variants[i].lda == lda)
+      return &conv_variants[i].v;
+  if (n_conv_variants == CONV_VARIANTS) return NULL;
+  conv_variant *c = &conv_variants[n_conv_variants++];
+  c->dt = dt, c->epi = epi, c->lda = lda;
+  return &c->v;
+}
+
+bool cpu_conv_ukernel(kiln_dtype dt, gemm_epilogue epi, int64_t lda, conv_ukernel *uk) {
+  if (!usable(dt, epi) || lda < 0) return false;
+  pthread_mutex_lock(&compile_mu); /* once per convolution: no need for a faster path */
+  variant *v = conv_entry(dt, epi, lda), *any = conv_entry(dt, epi, 0);
+  if (v && v != any && try_compile(dt, epi, lda, v) != READY) v = NULL;
+  if (!v) v = any; /* the table is full, or lda's kernel failed: the generic one */
+  int state = v ? try_compile(dt, epi, 0, v) : FAILED;
+  pthread_mutex_unlock(&compile_mu);
+  if (state != READY) return false;
+  *uk = (conv_ukernel){(conv_ukernel_fn)v->fn, v->mr, v->nr};
+  return true;
+}
+
+bool cpu_wgrad_ukernel(kiln_dtype dt, wgrad_ukernel *uk) {
+  if (!usable(dt, GEMM_EPI_NONE)) return false;
+  variant *v = &wgrad_variants[dt == KILN_F64];
+  int state = atomic_load_explicit(&v->state, memory_order_acquire);
+  if (state == UNTRIED) {
+    pthread_mutex_lock(&compile_mu);
+    state = try_compile(dt, GEMM_EPI_NONE, LDA_WGRAD, v);
+    pthread_mutex_unlock(&compile_mu);
+  }
+  if (state != READY) return false;
+  *uk = (wgrad_ukernel){(wgrad_ukernel_fn)v->fn, v->mr, v->nr};
   return true;
 }
 
 char *cpu_gemm_text(kiln_dtype dt, gemm_epilogue epi, const char *stage) {
   if ((dt != KILN_F32 && dt != KILN_F64) || (int)epi < 0 || epi >= GEMM_EPI_COUNT)
     return kiln_set_error("gemm: no micro-kernel for %s", kiln_dtype_name(dt)), NULL;
+  int64_t lda = LDA_GEMM;
+  if (stage && !strncmp(stage, "wgrad-", 6)) {
+    lda = LDA_WGRAD;
+    stage += 6;
+  } else if (stage && !strncmp(stage, "conv-", 5)) { /* the convolution kernel's: "conv-asm", or "conv64-asm" for lda 64 */
+    lda = 0;
+    stage += 5;
+  } else if (stage && !strncmp(stage, "conv", 4) && strchr(stage, '-')) {
+    lda = atoll(stage + 4);
+    stage = strchr(stage, '-') + 1;
+  }
   bool asm_text = stage && !strcmp(stage, "asm");
   if (!stage || (!asm_text && strcmp(stage, "llvm")))
-    return kiln_set_error("gemm: no stage '%s' (llvm, asm)", stage ? stage : "(null)"), NULL;
+    return kiln_set_error("gemm: no stage '%s' (llvm, asm, conv-llvm, conv-asm)", stage ? stage : "(null)"), NULL;
   LLVMTargetMachineRef tm = cpu_jit_host_machine();
   if (!tm) return NULL;
   isa target = host_isa(tm);
@@ -430,7 +736,7 @@ char *cpu_gemm_text(kiln_dtype dt, gemm_epilogue epi, const char *stage) {
   LLVMContextRef ctx = LLVMContextCreate();
   char name[96];
   tile t;
-  LLVMModuleRef mod = build_module(ctx, dt, epi, tm, target, name, sizeof name, &t);
+  LLVMModuleRef mod = build_module(ctx, dt, epi, lda, tm, target, name, sizeof name, &t);
   LLVMDisposeTargetMachine(tm);
   char *text = cpu_module_text(mod, asm_text, "gemm");
   LLVMDisposeModule(mod);
@@ -438,4 +744,8 @@ char *cpu_gemm_text(kiln_dtype dt, gemm_epilogue epi, const char *stage) {
   return text;
 }
 
-static KILN_CONSTRUCTOR void gemm_register(void) { matmul_set_provider(cpu_gemm_ukernel); }
+static KILN_CONSTRUCTOR void gemm_register(void) {
+  matmul_set_provider(cpu_gemm_ukernel);
+  matmul_set_conv_provider(cpu_conv_ukernel);
+  matmul_set_wgrad_provider(cpu_wgrad_ukernel);
+}

@@ -19,8 +19,19 @@ extern "C" {
  * thread-safe. */
 KILN_EXPORT bool cpu_gemm_ukernel(kiln_dtype dt, gemm_epilogue epi, gemm_ukernel *uk);
 
+/* The compiled convolution micro-kernel for (dt, epi) whose rows of A are
+ * lda apart (lib/matmul.h's conv_provider_fn): one for each lda asked for
+ * (its rows at constant displacements), up to a bound, then one that reads
+ * lda from its argument; 0 asks for that one. As cpu_gemm_ukernel. */
+KILN_EXPORT bool cpu_conv_ukernel(kiln_dtype dt, gemm_epilogue epi, int64_t lda, conv_ukernel *uk);
+
+/* The compiled filter-gradient micro-kernel for dt (lib/matmul.h's
+ * wgrad_provider_fn), as cpu_gemm_ukernel. */
+KILN_EXPORT bool cpu_wgrad_ukernel(kiln_dtype dt, wgrad_ukernel *uk);
+
 /* The LLVM IR ("llvm") or assembly ("asm") of the micro-kernel for (dt,
- * epi), malloc'd; NULL with the error set ("gemm: ..."). For tests and
+ * epi), or of the convolution kernel ("conv-llvm", "conv-asm"; "convN-asm" for lda N), or of the
+ * filter-gradient kernel ("wgrad-llvm", "wgrad-asm"), malloc'd; NULL with the error set ("gemm: ..."). For tests and
  * reading. */
 KILN_EXPORT char *cpu_gemm_text(kiln_dtype dt, gemm_epilogue epi, const char *stage);
 

@@ -14,12 +14,13 @@
 int cpu_oom(void) { return kiln_set_error("cpu: out of memory"); }
 
 /* A dot of a fusion body that runs just before the body's kernel, as a
- * packed matmul (a runtime helper) into a temporary that the kernel reads:
+ * packed matmul (a runtime helper) into a temporary that the kernel reads
+ * (a conv2d too, as its helper):
  * its inner dimension is too long to sum per element, its operands are the
  * body's parameters, and only the body reads it. The rest of the body (a
  * bias, an activation, an SGD update) is then one kernel, not one per op. */
 static bool dot_before_kernel(const ir_func *c, const ir_instr *in) {
-  if (in->op != OP_DOT || llvm_dot_inline(c, in)) return false;
+  if ((in->op != OP_DOT && in->op != OP_CONV2D) || llvm_dot_inline(c, in)) return false;
   for (int k = 0; k < in->n_in; k++)
     if (ir_def(c, in->in[k])) return false;
   for (int r = 0; r < c->n_results; r++)
@@ -35,37 +36,56 @@ static bool dot_in_fusion(const ir_func *c, const ir_instr *in) {
 /* Whether a fusion's body can be one kernel (the shared rule) */
 static bool fusion_ok(const ir_func *c) { return llvm_fusion_one_kernel(c, dot_in_fusion); }
 
+/* v's other operand in binary instruction in (which reads v once), or -1 */
+static ir_value other_operand(const ir_instr *in, ir_value v) {
+  if (in->n_in != 2 || in->in[0] == in->in[1]) return -1;
+  return in->in[0] == v ? in->in[1] : in->in[1] == v ? in->in[0] : -1;
+}
+
 /* Whether a fusion body is exactly a dot that runs before its kernel, big
- * enough for the compiled micro-kernel (lib/matmul.h), + a bias over its
- * columns (a parameter of n values), and maybe relu or tanh, with that one
- * result. The matmul then applies bias and activation as it stores its
- * tiles (run.c gives the helper to matmul_epilogue), and the body needs no
- * kernel (nor a temporary). ops gets the parameters that are the dot's
- * operands and the bias; epi a gemm_epilogue. */
-static bool dot_epilogue(const ir_func *c, ir_value ops[3], int *epi) {
-  if (c->n_results != 1 || c->n_instrs < 2 || c->n_instrs > 3) return false;
+ * enough for the compiled micro-kernel (lib/matmul.h), or a conv2d, + a
+ * bias over its columns (a parameter of n values), for a conv2d maybe +
+ * a residual (a parameter of the result's type: ResNet's shortcut), and
+ * maybe relu or tanh, with that one result. The matmul or the convolution
+ * then applies them as it stores its tiles (run.c gives the helper to
+ * matmul_epilogue or conv2d_epilogue), and the body needs no kernel (nor a
+ * temporary). ops gets the parameters that are the head's operands, the
+ * bias and the residual (-1: none); epi a gemm_epilogue. */
+static bool dot_epilogue(const ir_func *c, ir_value ops[PLAN_EPILOGUE_OPS], int *epi) {
+  if (c->n_results != 1 || c->n_instrs < 2 || c->n_instrs > 4) return false;
   const ir_instr *d = &c->instrs[0], *add = &c->instrs[1];
   const op_type *t = &c->types[d->out];
   if (!dot_before_kernel(c, d) || add->op != OP_ADD || (t->dtype != KILN_F32 && t->dtype != KILN_F64)) return false;
-  int64_t m = t->shape[t->rank - 2], n = t->shape[t->rank - 1];
-  int64_t k = c->types[d->in[0]].shape[c->types[d->in[0]].rank - 1];
-  if (m < 2 || n < 2 || m * n * k < MATMUL_JIT_WORK) return false;
-  ir_value bias = add->in[0] == d->out ? add->in[1] : add->in[0];
+  int64_t n = t->shape[t->rank - 1];
+  if (d->op == OP_DOT) { /* a conv2d applies its epilogue at any size (conv2d_epilogue) */
+    int64_t m = t->shape[t->rank - 2], k = c->types[d->in[0]].shape[c->types[d->in[0]].rank - 1];
+    if (m < 2 || n < 2 || m * n * k < MATMUL_JIT_WORK) return false;
+  }
+  ir_value bias = other_operand(add, d->out);
+  if (bias < 0 || ir_def(c, bias)) return false;
   const op_type *bt = &c->types[bias], *at = &c->types[add->out];
-  if (bias == d->out || (add->in[0] != d->out && add->in[1] != d->out) || ir_def(c, bias)) return false;
   if (bt->rank < 1 || bt->shape[bt->rank - 1] != n || plan_type_size(bt) != n || bt->rank > t->rank ||
       plan_type_size(at) != plan_type_size(t))
     return false;
   *epi = GEMM_EPI_BIAS;
-  ir_value out = add->out;
-  if (c->n_instrs == 3) {
-    const ir_instr *act = &c->instrs[2];
-    if ((act->op != OP_RELU && act->op != OP_TANH) || act->in[0] != add->out) return false;
+  ir_value out = add->out, res = -1;
+  int i = 2;
+  if (i < c->n_instrs && c->instrs[i].op == OP_ADD && d->op == OP_CONV2D) { /* + the residual */
+    const ir_instr *r = &c->instrs[i++];
+    res = other_operand(r, out);
+    if (res < 0 || ir_def(c, res) || plan_type_size(&c->types[res]) != plan_type_size(t) ||
+        c->types[res].rank != t->rank)
+      return false;
+    out = r->out;
+  }
+  if (i < c->n_instrs) {
+    const ir_instr *act = &c->instrs[i++];
+    if ((act->op != OP_RELU && act->op != OP_TANH) || act->in[0] != out) return false;
     *epi = act->op == OP_RELU ? GEMM_EPI_BIAS_RELU : GEMM_EPI_BIAS_TANH;
     out = act->out;
   }
-  if (c->results[0] != out) return false;
-  ops[0] = d->in[0], ops[1] = d->in[1], ops[2] = bias;
+  if (i != c->n_instrs || c->results[0] != out) return false;
+  ops[0] = d->in[0], ops[1] = d->in[1], ops[2] = bias, ops[3] = res;
   return true;
 }
 

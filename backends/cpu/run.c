@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "cpu/cpu.h"
+#include "conv.h"
 #include "matmul.h"
 
 static int arg_error(const cpu_program *p, int i, const kiln_tensor *t) {
@@ -197,6 +198,10 @@ int cpu_rt_helper(cpu_call *call, int32_t index, void **bufs) {
   int rc;
   if (h->trans_a || h->trans_b) {
     rc = matmul_trans(in[0], in[1], h->trans_a, h->trans_b, &out);
+  } else if (h->epilogue && h->op == OP_CONV2D) {
+    in[2]->shape[0] = in[2]->size, in[2]->rank = 1; /* the bias: [o] or [1, 1, 1, o] */
+    rc = h->n_in == 4 ? conv2d_epilogue_residual(in[0], in[1], in[2], (gemm_epilogue)h->epilogue, in[3], &a, &out)
+                      : conv2d_epilogue(in[0], in[1], in[2], (gemm_epilogue)h->epilogue, &a, &out);
   } else if (h->epilogue) {
     rc = matmul_epilogue(in[0], in[1], in[2], (gemm_epilogue)h->epilogue, &out);
   } else if (!fn) {

@@ -39,6 +39,48 @@ typedef struct {
  * run as above, and how (the plan's split and the emission agree). */
 bool cuda_column_plan(const ir_func *f, ir_value out, colplan *cp);
 
+/* ---- what ptx.c's kernels and ptx_window.c's share ---- */
+
+/* a loop for (iv = lo; iv < hi; iv += step), iv of lo's type */
+typedef struct {
+  LLVMBasicBlockRef head, body, exit;
+  LLVMValueRef iv, step;
+} sloop;
+
+/* What emission of one kernel needs (ptx.c's kernel_begin fills it). */
+typedef struct {
+  cuda_build *cb;
+  const plan_kernel *g;
+  cuda_step *st;
+  LLVMValueRef fn;
+  char name[24];
+  LLVMValueRef *buf;  /* per value of g->f: its pointer, or NULL */
+  LLVMValueRef *outp; /* per output */
+  LLVMValueRef err;   /* the error word */
+  LLVMValueRef bad;   /* i1 alloca: some element failed */
+  int step_no;
+  colplan col; /* a column reduction's (g->pass) */
+} kctx;
+
+/* A grid-stride loop over [0, n), a thread per item: returns the item (i64);
+ * cuda_grid_loop_end closes it. */
+LLVMValueRef cuda_grid_loop_begin(llvm_emit *e, sloop *l, int64_t n);
+void cuda_grid_loop_end(llvm_emit *e, sloop *l);
+/* st's launch shape for a thread per item (blocks of the usual size, at
+ * most the usual many: the grid-stride loop takes the rest) */
+void cuda_launch_1d(cuda_step *st, int64_t items);
+
+/* ---- the window ops (ptx_window.c) ---- */
+
+/* Emits kernel k of a window op (OPK_WINDOW: conv2d, its gradients,
+ * pooling and theirs): the op itself, or either pass of a filter gradient
+ * split in two (k->g->pass). 0, or -1 with the error set. */
+int cuda_emit_window(kctx *k);
+/* The plan policy's split of a window op's kernel g (special): how many
+ * partial sums per filter element a conv2d_backprop_filter takes (0 for
+ * one pass; every other window op is one pass). */
+int64_t cuda_window_split(const plan_kernel *g);
+
 /* "cuda: out of memory"; -1 */
 int cuda_oom(void);
 /* Plans cb->f (cb->pl) under the CUDA policy and makes the launch plan:

@@ -62,6 +62,10 @@ static unsigned char *make_key(const op_call *c, const char *arch, size_t *len) 
   h.attrs.dtype = a->dtype;
   h.attrs.lo = a->lo;
   h.attrs.hi = a->hi;
+  for (int i = 0; i < 2; i++) /* the window ops' */
+    h.attrs.stride[i] = a->stride[i], h.attrs.dilation[i] = a->dilation[i], h.attrs.window[i] = a->window[i];
+  for (int i = 0; i < 4; i++) h.attrs.padding[i] = a->padding[i];
+  h.attrs.groups = a->groups;
   memcpy(k, &h, sizeof h);
   for (int i = 0; i < c->n; i++) {
     op_type t;

@@ -1,8 +1,9 @@
 /* plan.c — the CUDA backend's side of the shared plan (backends/plan):
  * its policy (fusion bodies and elementwise ops are kernels, with no dot
- * inside one; dot, argmax, concat, gather and scatter_add kernels of their
- * own; random draws and host callbacks host steps; column reductions split
- * in two passes) and the launch plan made from the plan's steps. */
+ * inside one; dot, argmax, concat, gather, scatter_add and the window ops
+ * (conv2d, pooling and their gradients) kernels of their own; random draws
+ * and host callbacks host steps; column reductions and big filter gradients
+ * split in two passes) and the launch plan made from the plan's steps. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,6 +45,7 @@ bool cuda_column_plan(const ir_func *f, ir_value out, colplan *cp) {
 /* the policy's split: a column reduction's partials */
 static int64_t column_split(const plan_kernel *k) {
   colplan cp;
+  if (k->special && kiln_ops[k->special->op].kind == OPK_WINDOW) return cuda_window_split(k);
   return !k->special && cuda_column_plan(k->f, k->out[0], &cp) ? cp.split : 0;
 }
 
@@ -55,7 +57,8 @@ static plan_as place(const ir_func *f, const ir_instr *in) {
   (void)f;
   op_kind kind = kiln_ops[in->op].kind;
   if (llvm_op_fusible(in->op)) return PLAN_AS_KERNEL;
-  if (kind == OPK_DOT || kind == OPK_INDEX || in->op == OP_CONCAT || in->op == OP_ARGMAX) return PLAN_AS_SPECIAL;
+  if (kind == OPK_DOT || kind == OPK_INDEX || kind == OPK_WINDOW || in->op == OP_CONCAT || in->op == OP_ARGMAX)
+    return PLAN_AS_SPECIAL;
   if (kind == OPK_RANDOM || kind == OPK_HOST) return PLAN_AS_CALL; /* kept for the host */
   return PLAN_AS_UNSUPPORTED;
 }

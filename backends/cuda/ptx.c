@@ -9,7 +9,8 @@
  * tree), their partials summed by a second kernel; dot is a shared-memory
  * tiled kernel with 4x4 register blocking (or, with KILN_CUDA_TF32=1, f32
  * on TF32 tensor cores); argmax, concat, gather and scatter_add have
- * kernels of their own. Index checks raise an error word in device memory
+ * kernels of their own, and so have the window ops (conv2d, pooling and
+ * their gradients: ptx_window.c, through the helpers compile.h shares). Index checks raise an error word in device memory
  * that the host turns into the eager message. The module is optimised with
  * O3 for nvptx64-nvidia-cuda and printed as PTX, which the disk cache keeps
  * (ptx_cache.c): a process compiling IR another one compiled skips LLVM. */
@@ -117,12 +118,6 @@ static LLVMValueRef shfl_xor(llvm_emit *e, LLVMValueRef x, int mask) {
   return LLVMBuildBitCast(b, r, t, "");
 }
 
-/* a loop for (iv = lo; iv < hi; iv += step), iv of lo's type */
-typedef struct {
-  LLVMBasicBlockRef head, body, exit;
-  LLVMValueRef iv, step;
-} sloop;
-
 static LLVMValueRef sloop_begin(llvm_emit *e, sloop *l, LLVMValueRef lo, LLVMValueRef hi, LLVMValueRef step,
                                 const char *name) {
   LLVMBasicBlockRef pre = LLVMGetInsertBlock(e->b);
@@ -186,6 +181,10 @@ static void launch_1d(cuda_step *st, int64_t items, int per_block) {
   st->block[0] = THREADS, st->block[1] = st->block[2] = 1;
 }
 
+LLVMValueRef cuda_grid_loop_begin(llvm_emit *e, sloop *l, int64_t n) { return grid_loop_begin(e, l, n, 1); }
+void cuda_grid_loop_end(llvm_emit *e, sloop *l) { sloop_end(e, l); }
+void cuda_launch_1d(cuda_step *st, int64_t items) { launch_1d(st, items, THREADS); }
+
 /* A constant tensor's data as a global of the module (the emitter's
  * const_data hook): one per tensor, in the global address space. */
 static LLVMValueRef const_data(void *user, const kiln_tensor *t) {
@@ -229,21 +228,6 @@ static LLVMValueRef shared_array(llvm_emit *e, const char *kname, const char *wh
 static LLVMValueRef shared_gep(llvm_emit *e, LLVMTypeRef t, LLVMValueRef arr, LLVMValueRef i) {
   return LLVMBuildGEP2(e->b, t, arr, &i, 1, "");
 }
-
-/* What emission of one kernel needs. */
-typedef struct {
-  cuda_build *cb;
-  const plan_kernel *g;
-  cuda_step *st;
-  LLVMValueRef fn;
-  char name[24];
-  LLVMValueRef *buf;  /* per value of g->f: its pointer, or NULL */
-  LLVMValueRef *outp; /* per output */
-  LLVMValueRef err;   /* the error word */
-  LLVMValueRef bad;   /* i1 alloca: some element failed */
-  int step_no;
-  colplan col; /* a column reduction's (g->pass) */
-} kctx;
 
 static void flush_bad(llvm_emit *e, llvm_group *lg, LLVMValueRef bad_slot) {
   if (!lg->bad) return;
@@ -1056,7 +1040,9 @@ static int emit_kernel(cuda_build *cb, cuda_step *st, const plan_kernel *g) {
   if (g->pass) cuda_column_plan(g->f, g->out[0], &k.col); /* as the plan's split made it */
   int rc = kernel_begin(&k);
   bool can_fail = false;
-  if (!rc && g->special) {
+  if (!rc && kiln_ops[g->op].kind == OPK_WINDOW) { /* both passes of a split one (ptx_window.c) */
+    rc = cuda_emit_window(&k);
+  } else if (!rc && g->special) {
     switch (g->special->op) {
       case OP_DOT: rc = emit_dot(&k); break;
       case OP_ARGMAX: rc = emit_argmax(&k); break;

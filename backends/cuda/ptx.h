@@ -159,6 +159,14 @@ void cuda_cache_ref_free(cuda_cache_ref *ref);
  * or f64 values: the tests' check of it without a GPU. 0 / -1. */
 KILN_EXPORT int kiln_debug_cuda_fmod(kiln_dtype dt, int64_t n, const double *x, const double *y, double *out);
 
+/* The window op `op` (conv2d, its gradients, pooling and theirs: OPK_WINDOW)
+ * of attributes a over the n_in CPU tensors in, into the CPU tensor out (of
+ * the type the op table infers), computed by the element code of the GPU's
+ * kernels (ptx_window.c, both passes of a split filter gradient) emitted
+ * for the host and run in LLVM's interpreter: the tests' check of their
+ * index arithmetic without a GPU. Slow; small shapes. 0 / -1. */
+KILN_EXPORT int kiln_debug_cuda_window(op_id op, const op_attrs *a, int n_in, kiln_tensor *const *in, kiln_tensor *out);
+
 #ifdef __cplusplus
 }
 #endif

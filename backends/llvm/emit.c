@@ -627,7 +627,7 @@ bool llvm_fusion_one_kernel(const ir_func *c, bool (*dot_ok)(const ir_func *c, c
   const ir_instr *red = NULL;
   for (int i = 0; i < c->n_instrs; i++) {
     const ir_instr *in = &c->instrs[i];
-    if (in->op == OP_DOT) {
+    if (in->op == OP_DOT || in->op == OP_CONV2D) { /* run by the kernel, or before it */
       if (!dot_ok || !dot_ok(c, in)) return false;
     } else if (!llvm_op_fusible(in->op) || in->n_out != 1) {
       return false;

@@ -279,7 +279,7 @@ static bool before_kernel(const plan *pl, const ir_func *c, const ir_instr *in) 
   return pl->policy->dot_before_kernel && pl->policy->dot_before_kernel(c, in);
 }
 
-static bool epilogue(const plan *pl, const ir_func *c, ir_value ops[3], int *epi) {
+static bool epilogue(const plan *pl, const ir_func *c, ir_value ops[PLAN_EPILOGUE_OPS], int *epi) {
   return pl->policy->dot_epilogue && pl->policy->dot_epilogue(c, ops, epi);
 }
 
@@ -288,7 +288,7 @@ static bool epilogue(const plan *pl, const ir_func *c, ir_value ops[3], int *epi
 static int mark_read_transposes(const plan *pl, const ir_func *f, const int *uses, bool *skip) {
   for (int i = 0; i < f->n_instrs; i++) {
     const ir_instr *in = &f->instrs[i], *t[2];
-    ir_value ops[3];
+    ir_value ops[PLAN_EPILOGUE_OPS];
     int epi;
     if (dot_transposes(pl, f, in, uses, t)) {
       for (int s = 0; s < 2; s++)
@@ -311,13 +311,17 @@ static int mark_read_transposes(const plan *pl, const ir_func *f, const int *use
 
 /* ---- fusions ---- */
 
-/* The fusion as one call: a dot of three inputs (the operands and the bias)
- * with its epilogue, writing the fusion's result. */
-static int dot_epilogue_call(plan *pl, const ir_func *f, const ir_instr *in, int *vs, bool top, const ir_value ops[3],
-                             int epi) {
-  ir_value args[3];
-  for (int k = 0; k < 3; k++) args[k] = in->in[ops[k]]; /* the body's parameters are its first values */
-  ir_instr call = {.op = OP_DOT, .n_in = 3, .in = args, .out = in->out, .n_out = 1, .loc = in->loc};
+/* The fusion as one call: its head (the body's first instruction, a dot or
+ * a conv2d) of three or four inputs (the operands, the bias, a residual) with its epilogue,
+ * writing the fusion's result. */
+static int dot_epilogue_call(plan *pl, const ir_func *f, const ir_instr *in, int *vs, bool top,
+                             const ir_value ops[PLAN_EPILOGUE_OPS], int epi) {
+  ir_value args[PLAN_EPILOGUE_OPS];
+  int n = ops[3] >= 0 ? 4 : 3;
+  for (int k = 0; k < n; k++) args[k] = in->in[ops[k]]; /* the body's parameters are its first values */
+  const ir_instr *head = &in->attrs.callee->instrs[0];
+  ir_instr call = {.op = head->op, .attrs = head->attrs, .n_in = n, .in = args, .out = in->out, .n_out = 1,
+                   .loc = in->loc};
   if (add_call(pl, f, &call, vs, top)) return -1;
   pl->calls[pl->n_calls - 1].epilogue = epi;
   return 0;
@@ -328,7 +332,7 @@ static int dot_epilogue_call(plan *pl, const ir_func *f, const ir_instr *in, int
  * NULL when the policy reads none). */
 static int fusion_kernel(plan *pl, const ir_func *f, const ir_instr *in, int *vs, bool top, const int *uses) {
   const ir_func *c = in->attrs.callee;
-  ir_value ops[3];
+  ir_value ops[PLAN_EPILOGUE_OPS];
   int epi;
   if (epilogue(pl, c, ops, &epi)) return dot_epilogue_call(pl, f, in, vs, top, ops, epi);
   /* the body's slots, for the dots that run before its kernel; parameters

@@ -24,6 +24,8 @@ extern "C" {
  * the bytes at index's place + t * offset (a scan's xs read, and its ys
  * written, in place). */
 enum { PLAN_SLOT_PARAM, PLAN_SLOT_RESULT, PLAN_SLOT_ARENA, PLAN_SLOT_CONST, PLAN_SLOT_ROW };
+/* the operands of a call with an epilogue: two, the bias, a residual */
+enum { PLAN_EPILOGUE_OPS = 4 };
 typedef struct plan_slot {
   int kind;
   int index;              /* parameter or result; row: the slot it is a row of */
@@ -56,8 +58,9 @@ typedef struct plan_call {
   op_attrs attrs; /* the instruction's: attrs.host points into the IR's module */
   int n_in, n_out;
   op_type *in_types, *out_types; /* as the buffers hold them (a transposed operand: its own type) */
-  /* a dot with a bias (in[2]) and activation applied as it stores
-   * (plan_policy.dot_epilogue's code; 0 = a plain dot) */
+  /* a dot or conv2d with a bias (in[2]), maybe a residual (in[3]) and an
+   * activation applied as it stores (plan_policy.dot_epilogue's code; 0 =
+   * a plain one) */
   int epilogue;
   /* a dot whose operands are given as they lay before the transposes the IR
    * had (in[0] is [k, m], in[1] is [n, k]): those transposes are never made */
@@ -140,13 +143,14 @@ typedef struct plan_policy {
   plan_as (*place)(const ir_func *f, const ir_instr *in);
   /* whether a fusion's body is one kernel (else it is inlined) */
   bool (*fusion_one_kernel)(const ir_func *c);
-  /* whether dot in of fusion body c runs as a call just before the body's
-   * kernel, into a temporary the kernel reads (NULL: never) */
+  /* whether dot (or conv2d) in of fusion body c runs as a call just before
+   * the body's kernel, into a temporary the kernel reads (NULL: never) */
   bool (*dot_before_kernel)(const ir_func *c, const ir_instr *in);
-  /* whether fusion body c is one dot call with an epilogue (its code in
-   * epi), ops the body's parameters that are the dot's operands and the
-   * bias (NULL: never) */
-  bool (*dot_epilogue)(const ir_func *c, ir_value ops[3], int *epi);
+  /* whether fusion body c is one call of its first instruction (a dot or a
+   * conv2d) with an epilogue (its code in epi), ops the body's parameters
+   * that are that instruction's operands, the bias and a residual added
+   * after it (-1: none) (NULL: never) */
+  bool (*dot_epilogue)(const ir_func *c, ir_value ops[PLAN_EPILOGUE_OPS], int *epi);
   /* of the lone transposes cand (of a dot call's operands of types a and b;
    * either NULL), those the call reads in place, in t; false for none (NULL:
    * never) */

@@ -1,11 +1,16 @@
 // cuda_gpu_test.cc — what the fake driver cannot check: the values GPU
 // kernels compute. Every op and dtype eagerly on gpu:0 against the CPU, and
 // random programs (tests/ir_gen) compiled by the CUDA backend against the
-// reference interpreter. Uses the machine's own driver (libcuda.so.1); every
+// reference interpreter; the window ops (conv2d, pooling, their
+// gradients) on random shapes against the CPU kernels. Uses the machine's own driver (libcuda.so.1); every
 // test is skipped, saying why, where there is no GPU.
 #include <gmock/gmock.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -13,6 +18,7 @@
 #include "../test_util.h"
 #include "cuda/cuda_rt.h"
 #include "cuda/ptx.h"
+#include "window_cases.h"
 
 using namespace kiln_test;
 
@@ -115,11 +121,12 @@ TEST(CudaGpu, EagerOpsMatchTheCpu) {
 
 // the random corpus (with control flow when control) compiled for gpu:0
 // against the interpreter
-void random_programs_match(bool control) {
+void random_programs_match(bool control, unsigned more_kinds = 0) {
   const char *arch = cuda_arch_of(0);
   int n = 300, failures = 0;
   ir_gen_options o = ir_gen_default_options();
   if (control) o.kinds |= IR_GEN_CONTROL;
+  o.kinds |= more_kinds;
   for (int seed = 1; seed <= n && failures < 5; seed++) {
     Scoped s;
     ir_module *m = ir_gen_program((uint64_t)seed, &o);
@@ -152,6 +159,161 @@ TEST(CudaGpu, RandomProgramsMatchTheInterpreter) {
 TEST(CudaGpu, RandomProgramsWithControlFlowMatchTheInterpreter) {
   NEED_GPU();
   random_programs_match(true);
+}
+
+// convolutions, pooling and their gradients among the random ops
+TEST(CudaGpu, RandomProgramsWithWindowOpsMatchTheInterpreter) {
+  NEED_GPU();
+  random_programs_match(false, IR_GEN_WINDOW);
+}
+
+// Every window op (conv2d, its two gradients, max and average pooling and
+// theirs) on gpu:0 against the CPU kernel, on random shapes: strides 1-3,
+// dilations 1-2, explicit padding, one group, several, depthwise; pooling
+// windows with ties and NaN. Compiled as a one-op program (both passes of a
+// split filter gradient), and eagerly where the op has a public entry.
+// Pooling adds in the CPU's order: the same bits; convolutions sum in
+// another order (and fuse multiply-adds): close.
+TEST(CudaGpu, WindowOpsMatchTheCpu) {
+  NEED_GPU();
+  std::mt19937 rng(1616);
+  const char *arch = cuda_arch_of(0);
+  int failures = 0;
+  for (op_id op : kWindowOps)
+    for (kiln_dtype dt : {KILN_F32, KILN_F64})
+      for (int k = 0; k < 16 && failures < 5; k++) {
+        Scoped s;
+        WinCase c = random_window_case(rng, op, dt, k % 2 == 1);
+        SCOPED_TRACE(c.what);
+        kiln_tensor *want = window_cpu(c);
+        ASSERT_NE(want, nullptr) << kiln_last_error();
+        bool conv = op == OP_CONV2D || op == OP_CONV2D_BP_INPUT || op == OP_CONV2D_BP_FILTER;
+        auto check = [&](kiln_tensor *gpu, const char *how) {
+          ASSERT_NE(gpu, nullptr) << how << ": " << kiln_last_error();
+          EXPECT_STREQ(kiln_tensor_device(gpu), "gpu:0") << how;
+          kiln_tensor *got = to(gpu, "cpu:0");
+          bool ok = conv ? close(got, want, dt == KILN_F64 ? 1e-10 : 1e-4) : same_bits(got, want);
+          EXPECT_TRUE(ok) << how << "\ngot  " << ::testing::PrintToString(values(got)) << "\nwant "
+                          << ::testing::PrintToString(values(want));
+          failures += !ok;
+        };
+        // compiled: the one-op function
+        ir_module *m = ir_module_new();
+        ir_func *f = window_func(m, c);
+        ASSERT_NE(f, nullptr) << kiln_last_error();
+        cuda_program *p = cuda_compile(f, arch);
+        ASSERT_NE(p, nullptr) << kiln_last_error();
+        std::vector<kiln_tensor *> args;
+        for (kiln_tensor *t : c.in) args.push_back(to(t, "gpu:0"));
+        kiln_tensor *got = nullptr;
+        EXPECT_EQ(cuda_program_run(p, 0, args.data(), &got), 0) << kiln_last_error();
+        check(got, "compiled");
+        cuda_program_free(p);
+        ir_module_free(m);
+        // eager, through the public entry points
+        kiln_conv_opts o{};
+        for (int i = 0; i < 2; i++) o.stride[i] = c.a.stride[i], o.dilation[i] = conv ? c.a.dilation[i] : 0;
+        for (int i = 0; i < 4; i++) o.padding[i] = c.a.padding[i];
+        o.groups = conv ? c.a.groups : 0;
+        ASSERT_EQ(kiln_device_push("gpu:0"), 0);
+        if (op == OP_CONV2D) check(kiln_conv2d(args[0], args[1], &o), "eager");
+        if (op == OP_CONV2D_BP_INPUT) check(kiln_conv2d_transpose(args[0], args[1], c.a.shape + 1, &o), "eager");
+        if (op == OP_MAX_POOL2D) check(kiln_max_pool2d(args[0], c.a.window, &o), "eager");
+        if (op == OP_AVG_POOL2D) check(kiln_avg_pool2d(args[0], c.a.window, &o), "eager");
+        kiln_device_pop();
+      }
+}
+
+// ResNet-50's 3x3 64->64 layer at 56x56, batch 8 (the benchmark
+// shape): conv2d and its two gradients on gpu:0 against the CPU, and their
+// times printed (GFLOP/s, the mean of 5 runs after a warm-up) for the first
+// session with a GPU to record.
+TEST(CudaGpu, ResNetLayerWindowKernelsMatchTheCpuAndAreTimed) {
+  NEED_GPU();
+  Scoped s;
+  kiln_random_seed(50);
+  kiln_tensor *x = kiln_random_normal(KILN_F32, KILN_SHAPE(8, 56, 56, 64));
+  kiln_tensor *w = kiln_random_normal(KILN_F32, KILN_SHAPE(3, 3, 64, 64));
+  kiln_tensor *dy = kiln_random_normal(KILN_F32, KILN_SHAPE(8, 56, 56, 64));
+  const char *ops[3] = {"conv2d", "conv2d_backprop_input", "conv2d_backprop_filter"};
+  const char *kir[3] = {
+      "func @f(%x: f32[8,56,56,64], %w: f32[3,3,64,64]) -> f32[8,56,56,64] {\n"
+      "  %r = conv2d %x, %w {stride=[1,1], dilation=[1,1], padding=[1,1,1,1], groups=1} : f32[8,56,56,64]\n"
+      "  return %r\n}\n",
+      "func @f(%dy: f32[8,56,56,64], %w: f32[3,3,64,64]) -> f32[8,56,56,64] {\n"
+      "  %r = conv2d_backprop_input %dy, %w {shape=[8,56,56,64], stride=[1,1], dilation=[1,1], "
+      "padding=[1,1,1,1], groups=1} : f32[8,56,56,64]\n"
+      "  return %r\n}\n",
+      "func @f(%x: f32[8,56,56,64], %dy: f32[8,56,56,64]) -> f32[3,3,64,64] {\n"
+      "  %r = conv2d_backprop_filter %x, %dy {shape=[3,3,64,64], stride=[1,1], dilation=[1,1], "
+      "padding=[1,1,1,1], groups=1} : f32[3,3,64,64]\n"
+      "  return %r\n}\n"};
+  kiln_tensor *ins[3][2] = {{x, w}, {dy, w}, {x, dy}};
+  double flops = 2.0 * 8 * 56 * 56 * 64 * 64 * 9;
+  for (int q = 0; q < 3; q++) {
+    SCOPED_TRACE(ops[q]);
+    ir_module *m = ir_parse(kir[q], "resnet.kir");
+    ASSERT_NE(m, nullptr) << kiln_last_error();
+    const ir_func *f = m->funcs[0];
+    kiln_tensor *want[1] = {nullptr}, *got[1] = {nullptr};
+    ASSERT_EQ(ir_interpret(f, ins[q], want), 0) << kiln_last_error();
+    cuda_program *p = cuda_compile(f, cuda_arch_of(0));
+    ASSERT_NE(p, nullptr) << kiln_last_error();
+    kiln_tensor *args[2] = {to(ins[q][0], "gpu:0"), to(ins[q][1], "gpu:0")};
+    ASSERT_EQ(cuda_program_run(p, 0, args, got), 0) << kiln_last_error();
+    EXPECT_TRUE(allclose(to(got[0], "cpu:0"), want[0], 1e-3, 1e-3));
+    double best = 1e30, sum = 0;
+    for (int r = 0; r < 6; r++) {
+      kiln_scope_push();
+      ASSERT_EQ(kiln_debug_cuda_sync(0), 0);
+      auto t0 = std::chrono::steady_clock::now();
+      ASSERT_EQ(cuda_program_run(p, 0, args, got), 0) << kiln_last_error();
+      ASSERT_EQ(kiln_debug_cuda_sync(0), 0);
+      double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      kiln_scope_pop();
+      if (r > 0) sum += sec, best = std::min(best, sec);
+    }
+    std::printf("[cuda window] %s f32 8x56x56x64, 3x3x64x64: %.3f ms mean, %.3f best, %.0f GFLOP/s (%s)\n", ops[q],
+                sum / 5 * 1e3, best * 1e3, flops / (sum / 5) * 1e-9, cuda_arch_of(0));
+    cuda_program_free(p);
+    ir_module_free(m);
+  }
+}
+
+// A conv net's training step on the GPU (the tape's gradients are the window
+// ops' GPU kernels) against the same step on the CPU.
+TEST(CudaGpu, ConvGradientsMatchTheCpu) {
+  NEED_GPU();
+  Scoped s;
+  kiln_random_seed(16);
+  kiln_tensor *x = kiln_random_normal(KILN_F32, KILN_SHAPE(4, 12, 12, 3));
+  kiln_tensor *w1 = kiln_random_normal(KILN_F32, KILN_SHAPE(3, 3, 3, 8));
+  kiln_tensor *w2 = kiln_random_normal(KILN_F32, KILN_SHAPE(3, 3, 1, 8));
+  auto step = [&](const char *dev, kiln_tensor **grads) {
+    kiln_tensor *xs[3] = {to(x, dev), to(w1, dev), to(w2, dev)};
+    ASSERT_EQ(kiln_device_push(dev), 0);
+    kiln_tape *tape = kiln_tape_begin(false);
+    for (kiln_tensor *t : xs) kiln_tape_watch(tape, t);
+    kiln_conv_opts o{};
+    o.same = true;
+    kiln_conv_opts dw{};
+    dw.same = true, dw.groups = 8, dw.stride[0] = dw.stride[1] = 2;
+    int win[2] = {3, 3};
+    kiln_conv_opts po{};
+    po.stride[0] = po.stride[1] = 2, po.padding[1] = po.padding[3] = 1;
+    kiln_tensor *h = kiln_relu(kiln_conv2d(xs[0], xs[1], &o));
+    h = kiln_max_pool2d(kiln_conv2d(h, xs[2], &dw), win, &po);
+    int w2x2[2] = {2, 2};
+    kiln_tensor *loss = kiln_reduce_sum(kiln_avg_pool2d(h, w2x2, nullptr), 0, nullptr, false);
+    kiln_tape_end(tape);
+    EXPECT_EQ(kiln_tape_gradient(tape, loss, 3, xs, grads), 0) << kiln_last_error();
+    kiln_tape_free(tape);
+    kiln_device_pop();
+  };
+  kiln_tensor *cpu[3] = {}, *gpu[3] = {};
+  step("cpu:0", cpu);
+  step("gpu:0", gpu);
+  for (int i = 0; i < 3; i++) EXPECT_TRUE(close(gpu[i], cpu[i], 1e-4)) << "gradient " << i;
 }
 
 int mlp(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {

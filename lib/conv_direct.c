@@ -1,0 +1,258 @@
+/* conv_direct.c — the direct NHWC convolution (conv.h): register tiles of
+ * MR output pixels x NR output channels summed by the convolution
+ * micro-kernel (matmul.h) from the image in place, as oneDNN's brgemm
+ * convolutions do on NHWC. im2col + GEMM writes an m x K column matrix and
+ * packs it again, and with 64 output channels each of its elements feeds
+ * only 64 FMAs: the copies cost as much as the arithmetic. Here the image
+ * is read where it lies: for the tile of pixels ox0 .. ox0+MR-1 of output
+ * row (n, oy), tap ky (all kx at once when the dilation along x is 1, the
+ * window's row then being kw * c contiguous elements) reads row i at
+ * x[n, oy*sh - pt + ky*dh, (ox0+i)*sw - pl, 0], so the micro-kernel's A is
+ * strided (lda = sw * c) instead of packed, and only the filter is packed,
+ * once per call. A tile whose windows hang over the left or right padding,
+ * or that has fewer than MR pixels, copies its kh window rows into a small
+ * zero-padded buffer first; a row over the top or bottom padding reads a
+ * row of zeros. Every output element is one micro-kernel sum (taps, then
+ * k, in order), so the bits do not depend on how the rows are split over
+ * threads. */
+#include <stdlib.h>
+
+#include "conv.h"
+
+typedef struct {
+  const conv_shape *s;
+  conv_ukernel uk;
+  size_t es;
+  const char *x;
+  const char *bp;     /* packed filter: per NR columns, K rows of NR */
+  const char *bias, *res;
+  char *out;
+  const char *zeros;  /* span * c zeros */
+  int64_t taps, kc, k, span;
+  int32_t flags;
+  atomic_int failed;
+} direct_job;
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* packed filter column block jt: element (r, j) at bp[(jt * K + r) * NR + j],
+ * r = (ky * kw + kx) * c + ci, zeros past o */
+#define PACK_FILTER(T)                                                                                 \
+  static void pack_filter_##T(const conv_shape *s, const T *f, int64_t nr, T *bp) {                    \
+    int64_t k = s->kh * s->kw * s->c;                                                                  \
+    for (int64_t j0 = 0; j0 < s->o; j0 += nr)                                                          \
+      for (int64_t r = 0; r < k; r++, bp += nr) {                                                      \
+        int64_t tap = r / s->c, ci = r % s->c, w = min64(nr, s->o - j0);                               \
+        if (!s->flip) {                                                                                \
+          const T *src = f + r * s->o + j0;                                                            \
+          for (int64_t j = 0; j < nr; j++) bp[j] = j < w ? src[j] : 0;                                 \
+        } else {                                                                                       \
+          int64_t ft = s->kh * s->kw - 1 - tap; /* (kh-1-ky, kw-1-kx) */                              \
+          const T *src = f + ft * s->c * s->o + j0 * s->c + ci;                                        \
+          for (int64_t j = 0; j < nr; j++) bp[j] = j < w ? src[j * s->c] : 0;                          \
+        }                                                                                              \
+      }                                                                                                \
+  }
+PACK_FILTER(float)
+PACK_FILTER(double)
+
+/* output rows [b, e) of the n * oh */
+static void direct_task(void *arg, int64_t b, int64_t e) {
+  direct_job *j = arg;
+  const conv_shape *s = j->s;
+  int64_t mr_full = j->uk.mr, nr_full = j->uk.nr, c = s->c;
+  size_t es = j->es, row_bytes = (size_t)(j->span * c) * es;
+  char *buf = malloc(row_bytes * (size_t)s->kh + 64);
+  const void **a = malloc(sizeof(void *) * (size_t)j->taps);
+  if (!buf || !a) {
+    atomic_store(&j->failed, 1);
+    free(buf), free(a);
+    return;
+  }
+  bool fold = s->dw == 1; /* one tap per ky */
+  int64_t lda = s->sw * c;
+  for (int64_t r = b; r < e; r++) {
+    int64_t n = r / s->oh, oy = r % s->oh;
+    const char *img = j->x + (size_t)(n * s->h * s->w * c) * es;
+    for (int64_t ox0 = 0; ox0 < s->ow; ox0 += mr_full) {
+      int64_t mr = min64(mr_full, s->ow - ox0), ix0 = ox0 * s->sw - s->pl;
+      bool inside = mr == mr_full && ix0 >= 0 && ix0 + j->span <= s->w;
+      for (int64_t ky = 0; ky < s->kh; ky++) {
+        int64_t iy = oy * s->sh - s->pt + ky * s->dh;
+        bool row_ok = iy >= 0 && iy < s->h;
+        const char *row;
+        if (!row_ok) {
+          row = j->zeros;
+        } else if (inside) {
+          row = img + (size_t)((iy * s->w + ix0) * c) * es;
+        } else { /* the window row with its padding, zeros outside the image */
+          char *dst = buf + (size_t)ky * row_bytes;
+          int64_t lo = ix0 < 0 ? -ix0 : 0, hi = min64(j->span, s->w - ix0); /* columns in the image */
+          if (hi < lo) hi = lo;
+          memset(dst, 0, (size_t)(lo * c) * es);
+          if (hi > lo) memcpy(dst + (size_t)(lo * c) * es, img + (size_t)((iy * s->w + ix0 + lo) * c) * es,
+                              (size_t)((hi - lo) * c) * es);
+          memset(dst + (size_t)(hi * c) * es, 0, (size_t)((j->span - hi) * c) * es);
+          row = dst;
+        }
+        if (fold) {
+          a[ky] = row;
+        } else {
+          for (int64_t kx = 0; kx < s->kw; kx++)
+            a[ky * s->kw + kx] = row_ok ? row + (size_t)(kx * s->dw * c) * es : row;
+        }
+      }
+      char *dst = j->out + (size_t)(((n * s->oh + oy) * s->ow + ox0) * s->o) * es;
+      const char *res = j->res ? j->res + (dst - j->out) : NULL;
+      for (int64_t j0 = 0, jt = 0; j0 < s->o; j0 += nr_full, jt++)
+        j->uk.fn(j->taps, a, j->kc, lda, j->bp + (size_t)(jt * j->k * nr_full) * es, dst + (size_t)j0 * es, s->o, mr,
+                 min64(nr_full, s->o - j0), j->flags, j->bias ? j->bias + (size_t)j0 * es : NULL,
+                 res ? res + (size_t)j0 * es : NULL);
+    }
+  }
+  free(buf), free(a);
+}
+
+int conv_direct(const conv_shape *s, kiln_dtype dt, const void *x, const void *f, const void *bias,
+                gemm_epilogue epi, const void *res, void *out, const char *op) {
+  direct_job j = {.s = s, .es = kiln_dtype_sizes[dt], .x = x, .bias = bias, .res = res, .out = out};
+  int64_t rows = s->n * s->oh;
+  if (rows == 0 || s->ow == 0 || s->o == 0) return 0;
+  j.k = s->kh * s->kw * s->c;
+  int64_t work = rows * s->ow * s->o * j.k;
+  j.uk = matmul_conv_ukernel(dt, epi, s->sw * s->c, work >= MATMUL_JIT_WORK);
+  j.taps = s->dw == 1 ? s->kh : s->kh * s->kw;
+  j.kc = s->dw == 1 ? s->kw * s->c : s->c;
+  j.span = (j.uk.mr - 1) * s->sw + (s->kw - 1) * s->dw + 1;
+  j.flags = GEMM_LAST | (res ? GEMM_RESIDUAL : 0) | (int32_t)epi << GEMM_EPI_SHIFT;
+  atomic_init(&j.failed, 0);
+  int64_t blocks = (s->o + j.uk.nr - 1) / j.uk.nr;
+  void *bp = malloc((size_t)(blocks * j.uk.nr * j.k) * j.es + 64);
+  void *zeros = calloc((size_t)(j.span * s->c) + 16, j.es);
+  if (!bp || !zeros) {
+    free(bp), free(zeros);
+    return kiln_set_error("%s: out of memory", op);
+  }
+  if (dt == KILN_F32)
+    pack_filter_float(s, f, j.uk.nr, bp);
+  else
+    pack_filter_double(s, f, j.uk.nr, bp);
+  j.bp = bp, j.zeros = zeros;
+  int64_t row_work = s->ow * s->o * j.k;
+  parallel_for(rows, row_work >= ((int64_t)1 << 20) ? 1 : ((int64_t)1 << 20) / row_work + 1, direct_task, &j);
+  free(bp), free(zeros);
+  if (atomic_load(&j.failed)) return kiln_set_error("%s: out of memory", op);
+  return 0;
+}
+
+/* ---- the filter gradient ----
+ * df[ky, kx, c, o] = sum over (n, oy, ox) of x[n, oy*sh - pt + ky*dh,
+ * ox*sw - pl + kx*dw, c] dy[n, oy, ox, o]: per tap ky (or (ky, kx)), a
+ * product whose K runs over the pixels. Image by image, the image is copied
+ * once into a zero-padded buffer (its padding, and slack for the tiles'
+ * last rows); then, block by block of its output rows (as many as keep
+ * their image and dy rows in L2), every tile of MR filter rows (kx, c) x NR
+ * output channels sums, in registers, over the block's rows (one run of ow
+ * pixels each: A the padded image read in place, B the rows of dy) and adds
+ * the sum to df. Tiles are split over threads, blocks taken in turn: each
+ * element's sum runs over the blocks in order, whatever the thread count. */
+
+typedef struct {
+  const conv_shape *s;
+  wgrad_ukernel uk;
+  size_t es;
+  const char *x, *dy; /* this image's */
+  char *xp, *df;
+  int64_t hp, wp;        /* the padded image's rows and columns */
+  int64_t rows, tiles_m; /* filter rows per tap (kw * c folded, else c); their tiles */
+  int64_t tiles_n, taps;
+  int64_t oy0, oy1; /* the block of output rows */
+  int32_t flags;
+  atomic_int failed;
+} wgrad_job;
+
+/* The most bytes of image and dy rows one block of output rows reads: the
+ * tiles of a block take turns over the same rows, which stay in L2. */
+enum { WGRAD_BLOCK_BYTES = 1 << 20 };
+
+/* padded rows [b, e) of the image */
+static void pad_task(void *arg, int64_t b, int64_t e) {
+  const wgrad_job *j = arg;
+  const conv_shape *s = j->s;
+  size_t es = j->es, row = (size_t)(j->wp * s->c) * es;
+  for (int64_t yp = b; yp < e; yp++) {
+    char *dst = j->xp + (size_t)yp * row;
+    int64_t iy = yp - s->pt;
+    memset(dst, 0, row);
+    if (iy >= 0 && iy < s->h)
+      memcpy(dst + (size_t)(s->pl * s->c) * es, j->x + (size_t)(iy * s->w * s->c) * es, (size_t)(s->w * s->c) * es);
+  }
+}
+
+/* tiles [b, e) of taps x tiles_m x tiles_n */
+static void wgrad_task(void *arg, int64_t b, int64_t e) {
+  wgrad_job *j = arg;
+  const conv_shape *s = j->s;
+  size_t es = j->es;
+  int64_t mr_full = j->uk.mr, nr_full = j->uk.nr;
+  conv_run *run = malloc(sizeof *run * (size_t)s->oh);
+  if (!run) {
+    atomic_store(&j->failed, 1);
+    return;
+  }
+  for (int64_t t = b; t < e; t++) {
+    int64_t tap = t / (j->tiles_m * j->tiles_n), tm = t / j->tiles_n % j->tiles_m, tn = t % j->tiles_n;
+    int64_t ky = s->dw == 1 ? tap : tap / s->kw, kx = s->dw == 1 ? 0 : tap % s->kw;
+    int64_t i0 = tm * mr_full, j0 = tn * nr_full;
+    for (int64_t oy = j->oy0; oy < j->oy1; oy++) {
+      int64_t yp = oy * s->sh + ky * s->dh;
+      run[oy - j->oy0] = (conv_run){j->xp + (size_t)((yp * j->wp + kx * s->dw) * s->c + i0) * es,
+                           j->dy + (size_t)(oy * s->ow * s->o + j0) * es, s->ow};
+    }
+    /* filter row (tap, i0 + i) is df row tap * rows + i0 + i of c * o */
+    j->uk.fn(j->oy1 - j->oy0, run, s->sw * s->c, s->o, j->df + (size_t)((tap * j->rows + i0) * s->o + j0) * es, s->o,
+             min64(mr_full, j->rows - i0), min64(nr_full, s->o - j0), j->flags);
+  }
+  free(run);
+}
+
+int conv_direct_filter(const conv_shape *s, kiln_dtype dt, const void *x, const void *dy, void *df, const char *op) {
+  wgrad_job j = {.s = s, .es = kiln_dtype_sizes[dt], .df = df};
+  int64_t k = s->kh * s->kw * s->c;
+  if (k == 0 || s->o == 0) return 0;
+  if (s->n == 0 || s->oh == 0 || s->ow == 0) {
+    memset(df, 0, (size_t)(k * s->o) * j.es);
+    return 0;
+  }
+  j.uk = matmul_wgrad_ukernel(dt, s->n * s->oh * s->ow * s->o * k >= MATMUL_JIT_WORK);
+  j.hp = (s->oh - 1) * s->sh + (s->kh - 1) * s->dh + 1;
+  j.wp = (s->ow - 1) * s->sw + (s->kw - 1) * s->dw + 1;
+  if (j.hp < s->h + s->pt) j.hp = s->h + s->pt;
+  if (j.wp < s->w + s->pl) j.wp = s->w + s->pl;
+  j.taps = s->dw == 1 ? s->kh : s->kh * s->kw;
+  j.rows = s->dw == 1 ? s->kw * s->c : s->c;
+  j.tiles_m = (j.rows + j.uk.mr - 1) / j.uk.mr;
+  j.tiles_n = (s->o + j.uk.nr - 1) / j.uk.nr;
+  atomic_init(&j.failed, 0);
+  /* slack: a tile's rows past the filter's read up to MR further */
+  j.xp = malloc((size_t)(j.hp * j.wp * s->c + j.uk.mr) * j.es);
+  if (!j.xp) return kiln_set_error("%s: out of memory", op);
+  memset(j.xp + (size_t)(j.hp * j.wp * s->c) * j.es, 0, (size_t)j.uk.mr * j.es);
+  int64_t tiles = j.taps * j.tiles_m * j.tiles_n;
+  int64_t row_bytes = (s->sh * j.wp * s->c + s->ow * s->o) * (int64_t)j.es;
+  int64_t block = WGRAD_BLOCK_BYTES / (row_bytes > 0 ? row_bytes : 1);
+  if (block < 1) block = 1;
+  for (int64_t n = 0; n < s->n && !atomic_load(&j.failed); n++) {
+    j.x = (const char *)x + (size_t)(n * s->h * s->w * s->c) * j.es;
+    j.dy = (const char *)dy + (size_t)(n * s->oh * s->ow * s->o) * j.es;
+    parallel_for(j.hp, 16, pad_task, &j);
+    for (j.oy0 = 0; j.oy0 < s->oh; j.oy0 = j.oy1) {
+      j.oy1 = min64(s->oh, j.oy0 + block);
+      j.flags = n > 0 || j.oy0 > 0 ? GEMM_ACCUMULATE : 0;
+      parallel_for(tiles, 1, wgrad_task, &j);
+    }
+  }
+  free(j.xp);
+  if (atomic_load(&j.failed)) return kiln_set_error("%s: out of memory", op);
+  return 0;
+}
