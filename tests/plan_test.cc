@@ -240,7 +240,7 @@ bool read_all(const op_type *, const op_type *, const ir_instr *const cand[2], c
 
 bool lead_dot(const ir_func *c, const ir_instr *in) { return in->op == OP_DOT && in == &c->instrs[0]; }
 
-bool bias_epilogue(const ir_func *c, ir_value ops[3], int *epi) {
+bool bias_epilogue(const ir_func *c, ir_value ops[PLAN_EPILOGUE_OPS], int *epi) {
   if (c->n_instrs != 2 || c->instrs[0].op != OP_DOT || c->instrs[1].op != OP_ADD) return false;
   ops[0] = c->instrs[0].in[0], ops[1] = c->instrs[0].in[1], ops[2] = c->instrs[1].in[1];
   *epi = 7;

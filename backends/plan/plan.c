@@ -280,6 +280,7 @@ static bool before_kernel(const plan *pl, const ir_func *c, const ir_instr *in) 
 }
 
 static bool epilogue(const plan *pl, const ir_func *c, ir_value ops[PLAN_EPILOGUE_OPS], int *epi) {
+  for (int k = 0; k < PLAN_EPILOGUE_OPS; k++) ops[k] = -1; /* a policy may leave the residual unset */
   return pl->policy->dot_epilogue && pl->policy->dot_epilogue(c, ops, epi);
 }
 
