@@ -1345,21 +1345,7 @@ int conv_child_role() {
 }
 const int conv_child_hook = conv_child_role();
 
-std::string run_conv_child(const std::string &env, int *rc) {
-  char exe[4096];
-  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  *rc = -1;
-  if (len <= 0) return "readlink failed";
-  exe[len] = 0;
-  std::string cmd = env + " KILN_CONV_TEST_CHILD=1 " + exe + " --gtest_filter=-* 2>&1";
-  FILE *p = popen(cmd.c_str(), "r");
-  if (!p) return "popen failed";
-  std::string out;
-  char buf[512];
-  while (fgets(buf, sizeof buf, p)) out += buf;
-  *rc = pclose(p);
-  return out;
-}
+std::string run_conv_child(const std::string &env, int *rc) { return run_self(env + " KILN_CONV_TEST_CHILD=1", rc); }
 
 // The pool reads KILN_NUM_THREADS once: each count in a process of its own.
 // Every output element is one micro-kernel's sum, whichever thread runs it;

@@ -478,23 +478,7 @@ const int gemm_child_hook = gemm_child_role();
 
 // Runs gemm_child_role in a child process with env ("NAME=value ...") set;
 // its output (stdout and stderr) and exit status.
-std::string run_child(const std::string &env, int *rc) {
-  // popen runs sh, whose /proc/self/exe is sh: name this program itself
-  char exe[4096];
-  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  *rc = -1;
-  if (len <= 0) return "readlink failed";
-  exe[len] = 0;
-  // gemm_child_role exits before main
-  std::string cmd = env + " KILN_GEMM_TEST_CHILD=1 " + exe + " --gtest_filter=-* 2>&1";
-  FILE *p = popen(cmd.c_str(), "r");
-  if (!p) return "popen failed";
-  std::string out;
-  char buf[512];
-  while (fgets(buf, sizeof buf, p)) out += buf;
-  *rc = pclose(p);
-  return out;
-}
+std::string run_child(const std::string &env, int *rc) { return run_self(env + " KILN_GEMM_TEST_CHILD=1", rc); }
 
 size_t count(const std::string &s, const std::string &what) {
   size_t n = 0;

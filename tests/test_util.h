@@ -19,6 +19,9 @@
 #include <string>
 #include <vector>
 
+#include <stdio.h>
+#include <unistd.h>
+
 namespace kiln_test {
 
 using V64 = std::vector<int64_t>;
@@ -253,5 +256,27 @@ struct EnvGuard {
       unsetenv(name.c_str());
   }
 };
+
+// Runs this test binary again in a child process with env ("NAME=value
+// ...") set and no test selected (--gtest_filter=-*): a child role that
+// reads a variable from env runs from a static initializer and exits.
+// Its output (stdout and stderr) and exit status (*rc, -1 when it could
+// not start).
+inline std::string run_self(const std::string &env, int *rc) {
+  // popen runs sh, whose /proc/self/exe is sh: name this program itself
+  char exe[4096];
+  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  *rc = -1;
+  if (len <= 0) return "readlink failed";
+  exe[len] = 0;
+  std::string cmd = env + " " + exe + " --gtest_filter=-* 2>&1";
+  FILE *p = popen(cmd.c_str(), "r");
+  if (!p) return "popen failed";
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  *rc = pclose(p);
+  return out;
+}
 
 }  // namespace kiln_test
