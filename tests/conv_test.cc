@@ -258,6 +258,22 @@ TEST(PoolGradient, MaxSharesTiesAsReduceMax) {
   ASSERT_EQ(kiln_tape_gradient(tape, y, 1, &x3, &g), 0) << kiln_last_error();
   kiln_tape_free(tape);
   EXPECT_EQ(values(g), (VD{0, 2, 0}));
+  // ties before a larger element count no more; a NaN max takes no gradient;
+  // a window of -inf shares among all (one pass counts as it finds the max)
+  auto pool_grad = [&](const VD &v) {
+    kiln_tensor *xv = f64({1, 2, 2, 1}, v), *gv = nullptr;
+    kiln_tape *tp = kiln_tape_begin(false);
+    kiln_tape_watch(tp, xv);
+    kiln_tensor *yv = kiln_max_pool2d(xv, w2, nullptr);
+    EXPECT_EQ(kiln_tape_gradient(tp, yv, 1, &xv, &gv), 0) << kiln_last_error();
+    kiln_tape_free(tp);
+    return values(gv);
+  };
+  EXPECT_EQ(pool_grad({2, 2, 3, 3}), (VD{0, 0, 0.5, 0.5}));
+  EXPECT_EQ(pool_grad({3, 2, 2, 3}), (VD{0.5, 0, 0, 0.5}));
+  EXPECT_EQ(pool_grad({1, kNan, 2, 2}), (VD{0, 0, 0, 0}));
+  EXPECT_EQ(pool_grad({5, 1, kNan, 7}), (VD{0, 0, 0, 0}));
+  EXPECT_EQ(pool_grad({-kInf, -kInf, -kInf, -kInf}), (VD{0.25, 0.25, 0.25, 0.25}));
 }
 
 // ---- against the reference ----
