@@ -574,7 +574,8 @@ typedef struct {
 
 #define POOL_KERNELS(T)                                                                                   \
   /* the max of each channel over window (oy, ox) of image n into m */                                    \
-  static void window_max_##T(const pgeom *p, const T *x, int64_t n, int64_t oy, int64_t ox, T *restrict m) { \
+  static inline void window_max_##T(const pgeom *p, const T *x, int64_t n, int64_t oy, int64_t ox,       \
+                                    T *restrict m) {                                                      \
     int64_t y0, y1, x0, x1;                                                                               \
     pool_window(p, oy, ox, &y0, &y1, &x0, &x1);                                                           \
     for (int64_t c = 0; c < p->c; c++) m[c] = -(T)INFINITY;                                               \
@@ -584,7 +585,7 @@ typedef struct {
         for (int64_t c = 0; c < p->c; c++) m[c] = v[c] > m[c] || v[c] != v[c] ? v[c] : m[c];             \
       }                                                                                                   \
   }                                                                                                       \
-  static void max_pool_task_##T(void *arg, int64_t b, int64_t e) {                                        \
+  KILN_HOT static void max_pool_task_##T(void *arg, int64_t b, int64_t e) {                                        \
     const pool_ctx *t = arg;                                                                              \
     const pgeom *p = t->p;                                                                                \
     for (int64_t r = b; r < e; r++) {                                                                     \
@@ -592,7 +593,7 @@ typedef struct {
       window_max_##T(p, t->x, n, oy, ox, (T *)t->out + r * p->c);                                         \
     }                                                                                                     \
   }                                                                                                       \
-  static void avg_pool_task_##T(void *arg, int64_t b, int64_t e) {                                        \
+  KILN_HOT static void avg_pool_task_##T(void *arg, int64_t b, int64_t e) {                                        \
     const pool_ctx *t = arg;                                                                              \
     const pgeom *p = t->p;                                                                                \
     const T *x = t->x;                                                                                    \
@@ -611,7 +612,7 @@ typedef struct {
     }                                                                                                     \
   }                                                                                                       \
   /* images [b, e): each task owns its images' part of dx */                                              \
-  static void max_pool_grad_task_##T(void *arg, int64_t b, int64_t e) {                                   \
+  KILN_HOT static void max_pool_grad_task_##T(void *arg, int64_t b, int64_t e) {                                   \
     const pool_ctx *t = arg;                                                                              \
     const pgeom *p = t->p;                                                                                \
     const T *x = t->x, *dy = t->dy;                                                                       \
@@ -620,7 +621,7 @@ typedef struct {
       for (int64_t oy = 0; oy < p->oh; oy++)                                                              \
         for (int64_t ox = 0; ox < p->ow; ox++) {                                                          \
           int64_t y0, y1, x0, x1;                                                                         \
-          T *m = (T *)t->scratch + 2 * n * p->c, *cnt = m + p->c;                                         \
+          T *restrict m = (T *)t->scratch + 2 * n * p->c, *restrict cnt = m + p->c;                       \
           const T *g = dy + ((n * p->oh + oy) * p->ow + ox) * p->c;                                       \
           window_max_##T(p, x, n, oy, ox, m);                                                             \
           pool_window(p, oy, ox, &y0, &y1, &x0, &x1);                                                     \
@@ -640,7 +641,7 @@ typedef struct {
             }                                                                                             \
         }                                                                                                 \
   }                                                                                                       \
-  static void avg_pool_grad_task_##T(void *arg, int64_t b, int64_t e) {                                   \
+  KILN_HOT static void avg_pool_grad_task_##T(void *arg, int64_t b, int64_t e) {                                   \
     const pool_ctx *t = arg;                                                                              \
     const pgeom *p = t->p;                                                                                \
     const T *dy = t->dy;                                                                                  \
