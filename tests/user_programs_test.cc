@@ -889,7 +889,7 @@ TEST(UserPrograms, ControlFlowEagerCompiledAndInterpretedAgree) {
 // (backends/plan/plan.c source_intact) reverted, 17 of seeds 1-100 fail,
 // the first seed 3 (14 of them with only the instructions in between
 // unchecked); it found a dot writing its result over the matrix it read
-// transposed (seeds 6 and 45).
+// transposed (seeds 6 and 45: ADotDoesNotWriteOverTheMatrixItReadsTransposed).
 TEST(UserPrograms, DenseLayersEagerCompiledAndInterpretedAgree) {
   Scoped scope;
   // 100 by default; KILN_RANDOM_PROGRAMS when set (the ASan stage's 50)
@@ -919,6 +919,41 @@ int returned_view(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   kiln_tensor *zz[2] = {z, z};
   out[1] = kiln_concat(2, zz, 0);
   return out[1] ? 0 : -1;
+}
+
+// A dot that reads a transposed matrix in place (backends/plan/plan.c
+// dot_transposes) while writing its own result, a temporary, into the
+// matrix's bytes: the buffers pass frees the matrix after the transpose
+// (its last reader as it sees it), and nothing ran in between to take them,
+// so the dot's result did (found by DenseLayersEagerCompiledAndInterpretedAgree,
+// seeds 6 and 45; this is seed 45's program): h [20, 32], a concat's, then
+// nt = r [4, 32] . h^T (matmul_nt), multiplied again so nt is a temporary.
+int dot_over_its_transpose(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *b = kiln_matmul(in[2], in[1]);
+  kiln_tensor *ts[2] = {kiln_matmul(in[0], in[1]), kiln_relu(b)};
+  kiln_tensor *h = kiln_concat(2, ts, 1);                               // [20, 32], a call's
+  kiln_tensor *nt = kiln_matmul(in[3], kiln_transpose(h, 0, nullptr));  // [4, 20]
+  out[0] = kiln_matmul(nt, in[4]);                                      // [4, 24]
+  out[1] = b;
+  return out[0] && out[1] ? 0 : -1;
+}
+
+TEST(UserPrograms, ADotDoesNotWriteOverTheMatrixItReadsTransposed) {
+  const std::vector<Shape> shapes = {{20, 8}, {8, 16}, {20, 8}, {4, 32}, {20, 24}};
+  Scoped scope;
+  kiln_random_seed(3);
+  std::vector<kiln_tensor *> in;
+  for (const Shape &s : shapes) in.push_back(kiln_random_uniform(KILN_F32, (int)s.size(), s.data(), -2, 2));
+  kiln_tensor *want[2] = {nullptr, nullptr};
+  ASSERT_EQ(dot_over_its_transpose(nullptr, (int)in.size(), in.data(), 2, want), 0) << kiln_last_error();
+  for (const char *backend : {"cpu", "interp"}) {
+    EnvGuard env("KILN_BACKEND", backend);
+    kiln_function *f = kiln_function_new("dot_over_its_transpose", dot_over_its_transpose, nullptr, (int)in.size(), 2);
+    kiln_tensor *got[2] = {nullptr, nullptr};
+    ASSERT_EQ(kiln_function_call(f, in.data(), got), 0) << kiln_last_error();
+    for (int k = 0; k < 2; k++) EXPECT_EQ(compare(want[k], got[k], 1e-5), "") << backend << " output " << k;
+    kiln_function_free(f);
+  }
 }
 
 TEST(UserPrograms, AReturnedViewKeepsItsBaseAlive) {
