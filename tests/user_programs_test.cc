@@ -94,6 +94,9 @@ enum Kind {
   SCAN,       // over axis 0 of a: carry' = binary(axis % 6, carry, unary(op, x_t)), y_t = carry'; u = ys
               // (drops: times a dropout mask drawn in the body each step)
   WHILE,      // (s, i) = (a, 0); while i < 1 + axis % 3: s = max(unary(op, s), b), b captured
+  // in dense programs only (make_dense):
+  CONV,       // conv2d(a, b), SAME, b a [kh, kw, c, o] filter
+  POOL,       // max_pool2d(a), 2x2 windows, stride 2
 };
 
 struct Step {
@@ -119,7 +122,8 @@ struct Program {
   std::string str() const {
     static const char *names[] = {"unary",  "binary", "select", "reshape", "identity", "stop_gradient",
                                   "expand", "squeeze", "transpose", "concat", "slice", "gather",
-                                  "reduce", "matmul", "var_read", "var_assign_add", "cond", "scan", "while"};
+                                  "reduce", "matmul", "var_read", "var_assign_add", "cond", "scan", "while",
+                                  "conv2d", "max_pool2d"};
     std::string r = "program " + std::to_string(seed) + " (KILN_RANDOM_SEED=" + std::to_string(seed) +
                     " KILN_RANDOM_PROGRAMS=1)\n";
     for (size_t i = 0; i < inputs.size(); i++) r += "  v" + std::to_string(i) + " = input " + shape_str(inputs[i]) + "\n";
@@ -445,14 +449,34 @@ Program make_dense(uint64_t seed) {
   // every input first (the values are the inputs, then one per step)
   int kind = r.below(5), fills = r.chance(0.25) ? 0 : 1 + r.below(3), use = r.below(4);
   bool nt = r.chance(0.3);  // rows . transpose(src) instead of transpose(src) . dy
-  int64_t HT = kind == 2 ? 2 * H : H, m = 1 + r.below(4);
+  // a convnet's block as src now and then (its own generator: the other
+  // programs stay the same for a seed): conv2d + bias (+ a residual: an
+  // input, or a 1x1 conv2d of the image, ResNet's projection) + relu, maybe
+  // max pooled (then the fusion pass makes the conv2d, bias, residual and
+  // relu one conv2d_epilogue call), flattened
+  Rng rc{seed * 0xD1B54A32D192ED03ull + 5};
+  int conv = rc.chance(0.35) ? 1 + rc.below(3) : 0;  // 1: no residual, 2: an input, 3: a 1x1 conv2d
+  bool pool = rc.chance(0.7);  // a window op: the relu is the fusion's end, the transpose apart
+  int64_t S = pool ? 4 : 2, C = 1 + rc.below(3), O = H / 4;
+  int64_t HT = kind == 2 && !conv ? 2 * H : H, m = 1 + r.below(4);
   Shape ds = nt ? Shape{m, B} : Shape{HT, N};
   int x = input({B, K}), w = input({K, H}), x2 = input({B, K}), f = input({B, H / 2, 2}), rows = input({m, HT}),
       dy = input({B, N}), bias = input({ds[1]}), e = input({ds[1], 24}), w2 = input({H, 10}),
       q[2] = {input({B, K}), input({B, K})};  // for the values in between (not cse's to merge with src's)
+  int img = -1, filt = -1, cbias = -1, res = -1, proj = -1;
+  if (conv) {
+    img = input({B, S, S, C}), filt = input({3, 3, C, O}), cbias = input({O});
+    res = input({B, S, S, O}), proj = input({1, 1, C, O});
+  }
   // the matrix that is transposed, [B, HT]
   int src;
-  if (kind == 0) {
+  if (conv) {
+    int c = step(BINARY, step(CONV, img, filt, {B, S, S, O}), cbias, {B, S, S, O}, 0);
+    if (conv > 1) c = step(BINARY, c, conv == 2 ? res : step(CONV, img, proj, {B, S, S, O}), {B, S, S, O}, 0);
+    c = step(UNARY, c, -1, {B, S, S, O}, 4);
+    if (pool) c = step(POOL, c, -1, {B, 2, 2, O});
+    src = step(RESHAPE, c, -1, {B, H});
+  } else if (kind == 0) {
     src = step(MATMUL, x, w, {B, H});
   } else if (kind == 1) {  // an activation: the dot runs before the fusion's kernel
     src = step(UNARY, step(MATMUL, x, w, {B, H}), -1, {B, H}, pick_of({0, 2, 4}));
@@ -663,6 +687,19 @@ int body(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **
         r = s.op ? kiln_reduce_max(a, 1, &axis, true) : kiln_reduce_sum(kiln_mul(a, kiln_scalar_like(a, 0.25)), 1, &axis, true);
         break;
       case MATMUL: r = kiln_matmul(a, b); break;
+      case CONV: {
+        kiln_conv_opts o{};
+        o.same = true;
+        r = kiln_conv2d(a, b, &o);
+        break;
+      }
+      case POOL: {
+        kiln_conv_opts o{};
+        o.stride[0] = o.stride[1] = 2;
+        const int win[2] = {2, 2};
+        r = kiln_max_pool2d(a, win, &o);
+        break;
+      }
       case VAR_READ: r = kiln_variable_read(c->vars[(size_t)s.var]); break;
       case VAR_ADD:
         if (kiln_variable_assign_add(c->vars[(size_t)s.var], a)) return -1;
@@ -886,16 +923,18 @@ TEST(UserPrograms, ControlFlowEagerCompiledAndInterpretedAgree) {
 // Programs shaped like a dense layer's training step (make_dense): a
 // temporary transposed, other values computed, then a dot of the
 // transpose that the CPU plan reads in place. With commit 40c7dd8's check
-// (backends/plan/plan.c source_intact) reverted, 17 of seeds 1-100 fail,
-// the first seed 3 (14 of them with only the instructions in between
-// unchecked); it found a dot writing its result over the matrix it read
-// transposed (seeds 6 and 45: ADotDoesNotWriteOverTheMatrixItReadsTransposed).
+// (backends/plan/plan.c source_intact) made always true, 13 of seeds 1-100
+// fail (3 6 33 36 45 49 71 72 73 78 88 93 100); it found a dot writing its
+// result over the matrix it read transposed (seeds 6 and 45:
+// ADotDoesNotWriteOverTheMatrixItReadsTransposed).
 TEST(UserPrograms, DenseLayersEagerCompiledAndInterpretedAgree) {
   Scoped scope;
   // 100 by default; KILN_RANDOM_PROGRAMS when set (the ASan stage's 50)
   int n = std::getenv("KILN_RANDOM_PROGRAMS") ? program_count() : 100, compared = 0;
+  int convs = 0;
   for (uint64_t s = first_seed(); s < first_seed() + (uint64_t)n; s++) {
     Program p = make_dense(s);
+    for (const Step &st : p.steps) convs += st.kind == POOL;
     kiln_scope_push();
     std::string m = run_and_compare(p);
     EXPECT_EQ(m, "") << "dense " << p.str();
@@ -903,7 +942,10 @@ TEST(UserPrograms, DenseLayersEagerCompiledAndInterpretedAgree) {
     compared++;
     if (!m.empty()) break;
   }
-  std::printf("  %d dense programs compared\n", compared);
+  if (n >= 100) {
+    EXPECT_GT(convs, n / 8) << "programs whose transposed matrix is a convnet block's output, pooled and flattened";
+  }
+  std::printf("  %d dense programs compared (%d of a conv2d block, pooled)\n", compared, convs);
 }
 
 // ---- the cases the generator was built from, by hand ----
