@@ -491,6 +491,20 @@ Program make_dense(uint64_t seed) {
     for (int64_t i = 0; i < B; i++) s.idx.push_back(r.below((int)B));
     src = step(UNARY, g.add(s, {B, H}), -1, {B, H}, 2);
   }
+  // a training step's variable now and then (its own generator): the
+  // weights W [HT, N] of a dense layer src . W read before the transpose,
+  // then W += the dot (src^T . dy, its gradient's shape) after it: the
+  // update reads W where it writes, so the compiled call may write the new
+  // W over the old one's buffer (backends/cpu/donate.c)
+  Rng rv{seed * 0xA0761D6478BD642Full + 9};
+  int fwd = -1;
+  bool var = !nt && rv.chance(0.4);
+  if (var) {
+    p.vars.push_back(ds);
+    Step rd{VAR_READ};
+    rd.var = 0;
+    fwd = step(MATMUL, src, g.add(rd, ds), {B, N});
+  }
   int t = step(TRANSPOSE, src, -1, {HT, B});
   // what runs between the transpose and its dot: values of src's size and
   // others, none reading src
@@ -515,8 +529,16 @@ Program make_dense(uint64_t seed) {
   } else if (use == 3) {
     last = step(BINARY, dot, dot, ds, 2);
   }
+  if (var) {
+    Step up{VAR_ADD};
+    up.var = 0;
+    up.a = rv.chance(0.5) ? dot : step(BINARY, dot, dot, ds, 2);
+    g.add(up, ds);
+    p.writes = true;
+  }
   // outputs: the dot's use, what ran in between, and a dense layer of it
   p.outs.push_back(last);
+  if (fwd >= 0) p.outs.push_back(fwd);
   for (int b : between)
     if (r.chance(0.7) && p.outs.size() < 6) p.outs.push_back(b);
   if (!between.empty() && p.shapes[(size_t)between.back()] == Shape{B, H} && r.chance(0.5)) {
@@ -931,10 +953,10 @@ TEST(UserPrograms, DenseLayersEagerCompiledAndInterpretedAgree) {
   Scoped scope;
   // 100 by default; KILN_RANDOM_PROGRAMS when set (the ASan stage's 50)
   int n = std::getenv("KILN_RANDOM_PROGRAMS") ? program_count() : 100, compared = 0;
-  int convs = 0;
+  int convs = 0, vars = 0;
   for (uint64_t s = first_seed(); s < first_seed() + (uint64_t)n; s++) {
     Program p = make_dense(s);
-    for (const Step &st : p.steps) convs += st.kind == POOL;
+    for (const Step &st : p.steps) convs += st.kind == POOL, vars += st.kind == VAR_ADD;
     kiln_scope_push();
     std::string m = run_and_compare(p);
     EXPECT_EQ(m, "") << "dense " << p.str();
@@ -944,8 +966,9 @@ TEST(UserPrograms, DenseLayersEagerCompiledAndInterpretedAgree) {
   }
   if (n >= 100) {
     EXPECT_GT(convs, n / 8) << "programs whose transposed matrix is a convnet block's output, pooled and flattened";
+    EXPECT_GT(vars, n / 8) << "programs that update a variable with the dot";
   }
-  std::printf("  %d dense programs compared (%d of a conv2d block, pooled)\n", compared, convs);
+  std::printf("  %d dense programs compared (%d of a conv2d block, pooled; %d update a variable)\n", compared, convs, vars);
 }
 
 // ---- the cases the generator was built from, by hand ----
