@@ -433,6 +433,10 @@ Program make_dense(uint64_t seed) {
   auto pick_of = [&](std::initializer_list<int64_t> l) { return l.begin()[r.below((int)l.size())]; };
   int64_t B = pick_of({17, 20, 24, 32, 40}), K = pick_of({8, 17, 24, 32}), H = pick_of({16, 24, 32, 48}),
           N = pick_of({3, 10, 16, 24, 32});
+  {  // now and then big enough for matmul_epilogue (m n k >= MATMUL_JIT_WORK; its own generator)
+    Rng rb{seed * 0xE7037ED1A0B428DBull + 13};
+    if (rb.chance(0.15)) B = 64, H = 64, N = 64;
+  }
   auto input = [&](Shape s) {
     p.inputs.push_back(s);
     p.shapes.push_back(s);
