@@ -782,6 +782,58 @@ TEST(IrRandom, DenseBlocksCompiledAfterThePipelineMatchTheInterpreter) {
   }
   std::printf("  %d programs, %d with a dot of a transposed matrix\n", n, dense);
 }
+
+// Two reductions of one shape and axes but of different dtypes, made one
+// fusion by the fusion pass: the CPU kernel accumulated both in one dtype's
+// way, and the f32 max came back 0 (interpreted 2) and an f64 max beside an
+// i32 sum failed to compile ("FPExt only operates on FP"). Found by
+// DenseBlocksCompiledAfterThePipelineMatchTheInterpreter, seed 19 (its
+// reduce_sum of f64 values and reduce_max of them converted to f32).
+TEST(IrRandom, FusedReductionsOfTwoDtypesCompiledMatchTheInterpreter) {
+  Scoped scope;
+  const char *texts[] = {
+      "func @m(%0: f64[3,7,7], %1: f64[3,7,7]) -> (f64[], f32[]) {\n"
+      "  %2 = sub %0, %1 : f64[3,7,7]\n"
+      "  %3 = sub %2, %0 : f64[3,7,7]\n"
+      "  %4 = reduce_sum %3 {axes=[0,1,2], keepdims=false} : f64[]\n"
+      "  %5 = convert %3 {dtype=f32} : f32[3,7,7]\n"
+      "  %6 = reduce_max %5 {axes=[0,1,2], keepdims=false} : f32[]\n"
+      "  return %4, %6\n}\n",
+      "func @m(%0: f64[3,7], %1: f64[3,7]) -> (f64[], i32[]) {\n"
+      "  %2 = sub %0, %1 : f64[3,7]\n"
+      "  %3 = sub %2, %0 : f64[3,7]\n"
+      "  %4 = reduce_max %3 {axes=[0,1], keepdims=false} : f64[]\n"
+      "  %5 = convert %3 {dtype=i32} : i32[3,7]\n"
+      "  %6 = reduce_sum %5 {axes=[0,1], keepdims=false} : i32[]\n"
+      "  return %4, %6\n}\n",
+  };
+  for (const char *text : texts) {
+    SCOPED_TRACE(text);
+    ir_module *m = ir_parse(text, "two_dtypes.kir");
+    ASSERT_NE(m, nullptr) << kiln_last_error();
+    ir_func *f = m->funcs[0];
+    kiln_scope_push();
+    std::vector<kiln_tensor *> args(2), want(2), got(2);
+    ASSERT_EQ(ir_gen_args(f, 5, args.data()), 0) << kiln_last_error();
+    ASSERT_EQ(ir_interpret(f, args.data(), want.data()), 0) << kiln_last_error();
+    ASSERT_EQ(pass_run_pipeline(f, PASS_DEFAULT_PIPELINE, nullptr, nullptr, nullptr), 0) << kiln_last_error();
+    int fused_reductions = 0;  // the case: both reductions in one fusion
+    for (int i = 0; i < f->n_instrs; i++)
+      if (f->instrs[i].op == OP_FUSION) fused_reductions = std::max(fused_reductions, f->instrs[i].n_out);
+    EXPECT_EQ(fused_reductions, 2) << "the fusion pass no longer fuses them: the test tests nothing";
+    cpu_program *c = cpu_compile_with(f, nullptr);
+    EXPECT_NE(c, nullptr) << kiln_last_error();
+    if (c) {
+      ASSERT_EQ(cpu_run(c, args.data(), got.data()), 0) << kiln_last_error();
+      for (int r = 0; r < 2; r++)  // (a sum in another order)
+        EXPECT_TRUE(allclose(got[(size_t)r], want[(size_t)r], 1e-9, 1e-9))
+            << "result " << r << ": compiled " << values(got[(size_t)r])[0] << ", interpreted " << values(want[(size_t)r])[0];
+      cpu_program_free(c);
+    }
+    kiln_scope_pop();
+    ir_module_free(m);
+  }
+}
 #endif  // KILN_TEST_HAVE_CPU
 
 #endif  // KILN_TEST_HAVE_PASSES
