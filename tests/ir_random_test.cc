@@ -722,15 +722,48 @@ TEST(IrRandom, PassPipelineWithWindows) {
 // the CPU plan reads in place), through the default pipeline (whose buffers
 // pass frees the matrix after the transpose) and compiled for the CPU
 // without FP contraction, against the program interpreted before the
-// pipeline. (Found with backends/plan/plan.c source_intact always true:
-// the bugs of commits 40c7dd8 and 3f7b812.) Under KILN_POISON (set for the
+// pipeline. With backends/plan/plan.c source_intact always true (the bugs
+// of commits 40c7dd8 and 3f7b812) seeds 1 4 7 13 35 36 59 70 78 80 96 of
+// 1-100 fail here, 1 5 17 22 28 50 51 52 57 68 77 82 99 with every dtype.
+// Results that a compare, floor, ... of a dot's sum reaches are not
+// compared (may_jump): the sums' order differs. Under KILN_POISON (set for the
 // whole binary by user_programs_test.cc) the compiled program's arena
 // starts as 0xff bytes.
-TEST(IrRandom, DenseBlocksCompiledAfterThePipelineMatchTheInterpreter) {
+// Which values a compiled program may compute other than the interpreter
+// does by more than rounding: those of a compare, floor, ceil, sign, mod,
+// argmax or conversion to an integer of a value summed in another order (a
+// dot, a float reduce_sum or reduce_prod, sin/cos/pow/log1p of a float).
+std::vector<bool> may_jump(const ir_func *f) {
+  std::vector<bool> inexact((size_t)f->n_values, false), jumped((size_t)f->n_values, false);
+  for (int i = 0; i < f->n_instrs; i++) {
+    const ir_instr &in = f->instrs[i];
+    bool x = false, j = false;
+    for (int k = 0; k < in.n_in; k++) x = x || inexact[(size_t)in.in[k]], j = j || jumped[(size_t)in.in[k]];
+    kiln_dtype dt = in.n_in ? f->types[in.in[0]].dtype : KILN_I32;
+    bool fl = dt == KILN_F32 || dt == KILN_F64;
+    switch (in.op) {
+      case OP_FLOOR: case OP_CEIL: case OP_SIGN: case OP_MOD: case OP_ARGMAX: case OP_EQ: case OP_NE:
+      case OP_LT: case OP_LE: case OP_GT: case OP_GE: j = j || x; break;
+      case OP_CONVERT: {
+        kiln_dtype to = f->types[in.out].dtype;
+        if (to != KILN_F32 && to != KILN_F64) j = j || x;
+        break;
+      }
+      case OP_DOT: case OP_REDUCE_SUM: case OP_REDUCE_PROD: case OP_SIN: case OP_COS: case OP_POW: case OP_LOG1P:
+        x = x || fl;
+        break;
+      default: break;
+    }
+    for (int k = 0; k < in.n_out; k++) inexact[(size_t)in.out + k] = x, jumped[(size_t)in.out + k] = j;
+  }
+  return jumped;
+}
+
+void check_compiled_after_pipeline(bool mixed) {
   Scoped scope;
   ir_gen_options o = ir_gen_default_options();
   o.kinds |= IR_GEN_DENSE;
-  o.dtypes = DT_BIT(KILN_F32) | DT_BIT(KILN_F64);
+  if (!mixed) o.dtypes = DT_BIT(KILN_F32) | DT_BIT(KILN_F64);
   o.min_instrs = 30, o.max_instrs = 60;  // room for a block of about 20
   cpu_options strict{};
   strict.no_contract = true;
@@ -749,6 +782,9 @@ TEST(IrRandom, DenseBlocksCompiledAfterThePipelineMatchTheInterpreter) {
       }
     }
     dense += transposed_dot;
+    std::vector<bool> jumps = may_jump(f);
+    std::vector<bool> unchecked((size_t)f->n_results);
+    for (int r = 0; r < f->n_results; r++) unchecked[(size_t)r] = jumps[(size_t)f->results[r]];
     kiln_scope_push();
     std::vector<kiln_tensor *> args((size_t)f->n_params), want((size_t)f->n_results), got((size_t)f->n_results);
     ASSERT_EQ(ir_gen_args(f, seed, args.data()), 0) << kiln_last_error();
@@ -760,7 +796,7 @@ TEST(IrRandom, DenseBlocksCompiledAfterThePipelineMatchTheInterpreter) {
     cpu_program_free(c);
     bool ok = true;
     for (int r = 0; r < f->n_results && ok; r++) {
-      ok = allclose(got[(size_t)r], want[(size_t)r], 1e-5, 1e-5);
+      ok = unchecked[(size_t)r] || allclose(got[(size_t)r], want[(size_t)r], 1e-5, 1e-5);
       if (ok) continue;
       VD g = values(got[(size_t)r]), w = values(want[(size_t)r]);
       size_t at = 0, bad = 0;
@@ -781,6 +817,13 @@ TEST(IrRandom, DenseBlocksCompiledAfterThePipelineMatchTheInterpreter) {
     EXPECT_GT(dense, n / 3) << "programs with a dot of a transposed 16+ x 16+ matrix";
   }
   std::printf("  %d programs, %d with a dot of a transposed matrix\n", n, dense);
+}
+
+TEST(IrRandom, DenseBlocksCompiledAfterThePipelineMatchTheInterpreter) { check_compiled_after_pipeline(false); }
+// and programs of every dtype (integer and bool values, conversions,
+// reductions of several dtypes: FusedReductionsOfTwoDtypes...)
+TEST(IrRandom, DenseBlocksOfEveryDtypeCompiledAfterThePipelineMatchTheInterpreter) {
+  check_compiled_after_pipeline(true);
 }
 
 // Two reductions of one shape and axes but of different dtypes, made one
