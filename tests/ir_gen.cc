@@ -859,6 +859,41 @@ struct Gen {
     return rng.chance(0.8) ? emit2(OP_DOT, x, y) >= 0 : emit2(OP_DOT, y, x) >= 0;
   }
 
+  // ---- dense blocks (IR_GEN_DENSE: see ir_gen.h) ----
+
+  bool gen_dense(ir_value) {
+    if (!room(20)) return false;
+    ir_value v = pick([&](ir_value u) { return (dtype(u) == KILN_F32 || dtype(u) == KILN_F64) && elems(u) > 0; });
+    if (v < 0) return false;
+    kiln_dtype dt = dtype(v);
+    op_attrs all{};
+    for (int i = 0; i < rank(v); i++) all.axes[all.naxes++] = i;
+    ir_value s = emit1(OP_TANH, emit(OP_REDUCE_MAX, all, {v}));  // a scalar of the data, in [-1, 1]
+    // constants plus s: matrices of the program's data, which fold cannot compute
+    auto data = [&](const Shape &sh) {
+      op_attrs a{};
+      a.rank = (int)sh.size();
+      std::copy(sh.begin(), sh.end(), a.shape);
+      ir_value c = constant(dt, sh);
+      return emit2(OP_ADD, c, s < 0 ? -1 : emit(OP_BROADCAST, a, {s}));
+    };
+    int64_t b = rng.of(std::vector<int64_t>{17, 20, 24, 32, 40}), k = rng.of(std::vector<int64_t>{8, 17, 24}),
+            h = rng.of(std::vector<int64_t>{16, 24, 32, 48});
+    ir_value w = constant(dt, {k, h});
+    ir_value src = emit2(OP_DOT, data({b, k}), w);  // [b, h]
+    if (rng.chance(0.5)) src = emit1(rng.chance(0.5) ? OP_RELU : OP_TANH, src);
+    op_attrs ta{};
+    ta.naxes = 2;
+    ta.axes[0] = 1, ta.axes[1] = 0;
+    ir_value t = src < 0 ? -1 : emit(OP_TRANSPOSE, ta, {src});  // [h, b]
+    for (int i = rng.below(3); i > 0; i--) emit2(OP_DOT, data({b, k}), w);  // src's size, merged into results later
+    ir_value d;
+    if (rng.chance(0.3)) d = emit2(OP_DOT, data({rng.range(1, 4), h}), t);      // [m, b]: matmul_nt
+    else d = emit2(OP_DOT, t, data({b, rng.of(std::vector<int64_t>{16, 24, 32})}));  // [h, n]: packed
+    if (d >= 0 && rng.chance(0.5)) d = emit2(OP_DOT, d, constant(dt, {type(d).shape[1], 8}));  // d a temporary
+    return d >= 0;
+  }
+
   bool gen_gather(ir_value) {
     ir_value p = pick([&](ir_value v) { return rank(v) >= 1; });
     if (p < 0) return false;
@@ -1506,6 +1541,7 @@ struct Gen {
         {IR_GEN_CONSTANT, 1, &Gen::gen_constant},    {IR_GEN_IDENTITY, 1, &Gen::gen_identity},
         {IR_GEN_REPEAT, 5, &Gen::gen_repeat},        {IR_GEN_IDIOM, 12, &Gen::gen_idiom},
         {IR_GEN_CONTROL, 12, &Gen::gen_control},      {IR_GEN_WINDOW, 30, &Gen::gen_window},
+        {IR_GEN_DENSE, 12, &Gen::gen_dense},
     };
     int total = 0;
     for (const Kind &k : kinds)
@@ -1683,7 +1719,8 @@ extern "C" ir_module *ir_gen_program(uint64_t seed, const ir_gen_options *opt) {
   unsigned compute = DT_BIT(KILN_F32) | DT_BIT(KILN_F64) | DT_BIT(KILN_I32) | DT_BIT(KILN_I64) | DT_BIT(KILN_BOOL);
   if (o.min_instrs < 0 || o.max_instrs < o.min_instrs || o.max_params < 1 || o.max_params > 8 ||
       o.max_results < 1 || o.max_results > 8 || !(o.dtypes & compute) || (o.dtypes & ~DT_ALL) ||
-      (o.kinds & ~((unsigned)IR_GEN_ALL | IR_GEN_CONTROL | IR_GEN_WINDOW)) || (o.max_instrs > 0 && !o.kinds)) {
+      (o.kinds & ~((unsigned)IR_GEN_ALL | IR_GEN_CONTROL | IR_GEN_WINDOW | IR_GEN_DENSE)) ||
+      (o.max_instrs > 0 && !o.kinds)) {
     kiln_fail("ir_gen_program: invalid options");
     return nullptr;
   }

@@ -51,7 +51,15 @@ enum {
   /* not in IR_GEN_ALL either (the GPU backend does not lower them yet):
    * conv2d, its two gradients, max/avg pooling and theirs, over float
    * NHWC values (lower ranks reshaped to 4-D) with constant filters */
-  IR_GEN_WINDOW = 1u << 21
+  IR_GEN_WINDOW = 1u << 21,
+  /* not in IR_GEN_ALL either (its matrices are bigger than the palette's
+   * dims): a dense layer's backward pass as the CPU plan meets it, float
+   * only: a matrix src [17-40, 16-48] made by a dot of the program's data
+   * (and maybe relu or tanh), transposed, values of src's size computed
+   * after the transpose (the buffers pass frees src there, so they may take
+   * its bytes), then src^T . dy (packed) or a few rows times src^T
+   * (matmul_nt), which the plan reads in place, maybe multiplied again */
+  IR_GEN_DENSE = 1u << 22
 };
 
 typedef struct ir_gen_options {

@@ -642,8 +642,8 @@ bool llvm_fusion_one_kernel(const ir_func *c, bool (*dot_ok)(const ir_func *c, c
       if (!is_result) return false;
       if (red) {
         const op_type *a = &c->types[red->in[0]], *b = &c->types[in->in[0]];
-        bool same =
-            a->rank == b->rank && red->attrs.naxes == in->attrs.naxes && red->attrs.keepdims == in->attrs.keepdims;
+        bool same = a->dtype == b->dtype && /* the kernels accumulate every reduction in one dtype's way */
+                    a->rank == b->rank && red->attrs.naxes == in->attrs.naxes && red->attrs.keepdims == in->attrs.keepdims;
         for (int d = 0; same && d < a->rank; d++) same = a->shape[d] == b->shape[d];
         for (int k = 0; same && k < in->attrs.naxes; k++) same = red->attrs.axes[k] == in->attrs.axes[k];
         if (!same) return false;

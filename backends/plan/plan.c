@@ -228,13 +228,16 @@ static int *value_uses(const ir_func *f) {
 }
 
 /* Whether the arena bytes of t's operand stay unwritten from t until reader
- * (both of f) runs: the buffers pass freed them after t, their last reader
- * as it sees it, so an instruction in between may have taken them. */
-static bool source_intact(const ir_func *f, const ir_instr *t, const ir_instr *reader) {
+ * (both of f) is done reading it: the buffers pass freed them after t, their
+ * last reader as it sees it, so an instruction in between may have taken
+ * them, and so may the reader's own results when it writes them as it reads
+ * (a dot call: its result, a temporary, may lie in those bytes; a fusion
+ * runs its dots before its kernel writes anything, so own_outputs false). */
+static bool source_intact(const ir_func *f, const ir_instr *t, const ir_instr *reader, bool own_outputs) {
   ir_value s = t->in[0];
   if (!f->buf_offset || f->buf_offset[s] < 0) return true; /* a parameter, constant or result: not reused */
   int64_t lo = f->buf_offset[s], hi = lo + ir_buf_bytes(&f->types[s]);
-  for (const ir_instr *i = t + 1; i < reader; i++)
+  for (const ir_instr *i = t + 1; i < reader + own_outputs; i++)
     for (int r = 0; r < i->n_out; r++) {
       int64_t o = f->buf_offset[i->out + r];
       if (o >= 0 && o < hi && o + ir_buf_bytes(&f->types[i->out + r]) > lo) return false;
@@ -245,11 +248,12 @@ static bool source_intact(const ir_func *f, const ir_instr *t, const ir_instr *r
 /* A transpose (of a matrix: its two dims swapped) that defines value v of
  * f, that nothing else reads (uses: of each value of f, results included)
  * and whose operand is still intact when reader runs, else NULL. */
-static const ir_instr *lone_transpose(const ir_func *f, ir_value v, const int *uses, const ir_instr *reader) {
+static const ir_instr *lone_transpose(const ir_func *f, ir_value v, const int *uses, const ir_instr *reader,
+                                      bool own_outputs) {
   const ir_instr *t = ir_def(f, v);
   if (!t || t->op != OP_TRANSPOSE || uses[v] != 1 || f->types[t->in[0]].rank != 2) return NULL;
   if (!(t->attrs.axes[0] == 1 && t->attrs.axes[1] == 0)) return NULL;
-  return source_intact(f, t, reader) ? t : NULL;
+  return source_intact(f, t, reader, own_outputs) ? t : NULL;
 }
 
 /* The transposes a top-level dot call (in, of f) reads in place, in t */
@@ -257,7 +261,7 @@ static bool dot_transposes(const plan *pl, const ir_func *f, const ir_instr *in,
                            const ir_instr *t[2]) {
   t[0] = t[1] = NULL;
   if (in->op != OP_DOT || in->n_in != 2 || pl->policy->place(f, in) != PLAN_AS_CALL) return false;
-  const ir_instr *c[2] = {lone_transpose(f, in->in[0], uses, in), lone_transpose(f, in->in[1], uses, in)};
+  const ir_instr *c[2] = {lone_transpose(f, in->in[0], uses, in, true), lone_transpose(f, in->in[1], uses, in, true)};
   return pl->policy->dot_transposes(&f->types[in->in[0]], &f->types[in->in[1]], c, t);
 }
 
@@ -270,7 +274,7 @@ static bool fusion_dot_transposes(const plan *pl, const ir_func *f, const ir_ins
   const ir_instr *cand[2] = {NULL, NULL};
   for (int s = 0; s < 2; s++) {
     ir_value q = d->in[s]; /* a parameter: dot_before_kernel */
-    if (q < fu->n_in && body_uses[q] == 1) cand[s] = lone_transpose(f, fu->in[q], uses, fu);
+    if (q < fu->n_in && body_uses[q] == 1) cand[s] = lone_transpose(f, fu->in[q], uses, fu, false);
   }
   return pl->policy->dot_transposes(&c->types[d->in[0]], &c->types[d->in[1]], cand, t);
 }
