@@ -519,6 +519,9 @@ static bool moves_expensive(fz *z, int32_t a, int32_t b) {
   return false;
 }
 
+/* Is g a kernel led by a conv2d? */
+static bool conv_led(const fz *z, int32_t g) { return z->gdot[g] >= 0 && z->nodes[z->gdot[g]].ins->op == OP_CONV2D; }
+
 /* A dot may lead g: g has no dot and no reduction (a dot kernel holds only
  * its epilogue), the epilogue runs over the dot's result, and no member of
  * g computes an operand of the dot. */
@@ -540,12 +543,10 @@ static bool should_fuse(fz *z, int32_t p, int32_t g) {
   if (nd->cls == CLS_DOT && !dot_can_lead(z, p, g)) return false;
   if (nd->cls == CLS_ELEM && would_recompute(z, p, g)) return false;
   if (z->gdot[g] >= 0 && feeds_dot(z, p, g)) return false;
-  /* a conv's epilogue reads its per-channel operands (a bias) as they are:
-   * computed per element they would cost as much again, and hide the bias
-   * from the epilogue */
-  if (z->gdot[g] >= 0 && z->nodes[z->gdot[g]].ins->op == OP_CONV2D && nd->cls == CLS_ELEM &&
-      pass_elems(&z->vtype[nd->out]) < pass_elems(&z->dom[g]))
-    return false;
+  /* a conv2d leads only its epilogue (fuse_conv_epilogue): it joins no
+   * other kernel, and its kernel takes in no producer (the bias and the
+   * residual are read as they are) */
+  if (nd->ins->op == OP_CONV2D || conv_led(z, g)) return false;
   /* a kernel writes all its outputs over one domain */
   if (out && !same_shape(&z->vtype[nd->out], &z->dom[g])) return false;
   if (moves_expensive(z, g, p)) return false;
@@ -644,11 +645,57 @@ static bool is_epilogue(fz *z, int32_t u, int32_t g) {
   return true;
 }
 
+/* The sole user of node k's result when k has one result, which is not a
+ * result of the function and is read once; else -1. */
+static int32_t sole_user(const fz *z, int32_t k) {
+  const fz_node *nd = &z->nodes[k];
+  if (nd->n_out != 1 || z->is_result[nd->out] || z->ustart[nd->out + 1] - z->ustart[nd->out] != 1) return -1;
+  return z->users[z->ustart[nd->out]];
+}
+
+/* Conv2d k's epilogue, the shape a convolution applies as it stores its
+ * tiles (backends/cpu/plan.c, conv2d_epilogue): + a bias (fewer elements:
+ * one per channel), then maybe + a residual (the result's shape), then
+ * maybe relu or tanh, each the previous step's sole user. Nothing else
+ * joins a conv: a conv2d with another consumer stays a call of its own. */
+static void fuse_conv_epilogue(fz *z, int32_t k) {
+  int64_t n = pass_elems(&z->vtype[z->nodes[k].out]);
+  if (z->vtype[z->nodes[k].out].rank != 4) return;
+  int32_t at = k;
+  for (int step = 0; step < 3; step++) {
+    int32_t u = sole_user(z, at), g = find(z, k);
+    if (u < 0 || find(z, u) == g || !single(z, u) || z->nodes[u].cls != CLS_ELEM) return;
+    const fz_node *nd = &z->nodes[u];
+    if (!same_shape(&z->vtype[nd->out], &z->vtype[z->nodes[k].out])) return;
+    op_id op = nd->ins->op;
+    bool ok = false;
+    if (op == OP_ADD && step < 2 && nd->n_in == 2 && nd->in[0] != nd->in[1]) {
+      int32_t other = nd->in[0] == z->nodes[at].out ? nd->in[1] : nd->in[0];
+      const op_type *t = &z->vtype[other], *ct = &z->vtype[z->nodes[k].out];
+      int64_t o = ct->shape[ct->rank - 1];
+      /* step 0: a bias of the channels' count, along the last axis; then a
+       * residual of the result's shape */
+      ok = step == 0 ? t->rank >= 1 && pass_elems(t) == o && t->shape[t->rank - 1] == o && o < n
+                     : pass_elems(t) == n && same_shape(t, ct);
+    } else if ((op == OP_RELU || op == OP_TANH) && step > 0) {
+      ok = true;
+      step = 3;
+    }
+    if (!ok || !should_merge_consumer(z, g, u)) return;
+    merge(z, g, u);
+    at = u;
+  }
+}
+
 /* Each dot takes in its epilogue first, before the consumers further down
  * (a backward pass's reductions) claim the same instructions. */
 static void fuse_epilogues(fz *z) {
   for (int32_t k = 0; k < z->n; k++) {
     if (z->nodes[k].cls != CLS_DOT || !single(z, k)) continue;
+    if (z->nodes[k].ins->op == OP_CONV2D) {
+      fuse_conv_epilogue(z, k);
+      continue;
+    }
     int top = 0;
     z->work[top++] = k;
     while (top) {
@@ -688,7 +735,7 @@ static void fuse_consumers(fz *z) {
       int32_t p = z->vdef[c->in[j]];
       if (p < 0) continue;
       int32_t g = find(z, p), h = find(z, k);
-      if (g != h && should_merge_consumer(z, g, h)) merge(z, g, h);
+      if (g != h && !conv_led(z, g) && should_merge_consumer(z, g, h)) merge(z, g, h);
     }
   }
 }
