@@ -12,7 +12,7 @@
  * Kiln / PyTorch (against PyTorch's faster layout).
  *
  *   bench_resnet [--batch N] [--runs R] [--warmup W] [--modes LIST]
- *                [--no-torch] [--python CMD] [--cache]
+ *                [--no-torch] [--python CMD] [--cache] [--breakdown]
  *   bench_resnet --check [--python CMD]
  *
  * LIST: train-eager,train-staged,infer-eager,infer-staged (the default,
@@ -20,7 +20,8 @@
  * the compile time is cold). --check runs resnet_model.h's resnet_check: a
  * small ResNet in f64, eager == staged, and == PyTorch where CMD (default
  * /usr/bin/python3) imports torch, torchvision and numpy; exit status 0 when
- * everything agrees.
+ * everything agrees. --breakdown times each piece of the training step
+ * alone (below) and ranks them against the measured steps.
  *
  * Lines starting with "@" (resnet.bBATCH.MODE.IMPL) are machine-readable. */
 #define _POSIX_C_SOURCE 200809L /* setenv, popen, mkdtemp, readlink */
@@ -34,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 enum { MAX_RUNS = 51 };
@@ -107,7 +109,10 @@ static int time_mode(mode *md, resnet_model *m, kiln_tensor *x, kiln_tensor *lab
                   : kiln_function_new("resnet_infer", resnet_infer_body, &st, 1, 1);
   int rc = (md->train && !opt) || (md->staged && !f) ? -1 : 0;
   double s[MAX_RUNS], first = 0, last_loss = NAN;
+  struct rusage ru0, ru1;
+  memset(&ru0, 0, sizeof ru0);
   for (int r = 0; !rc && r < warmup + runs; r++) {
+    if (r == warmup) getrusage(RUSAGE_SELF, &ru0);
     kiln_scope_push();
     kiln_tensor *in[2] = {x, labels}, *out = NULL;
     double t0 = now_s();
@@ -127,13 +132,19 @@ static int time_mode(mode *md, resnet_model *m, kiln_tensor *x, kiln_tensor *lab
   if (rc) {
     fprintf(stderr, "bench_resnet: %s: %s\n", md->name, kiln_last_error());
   } else {
+    getrusage(RUSAGE_SELF, &ru1);
+    double faults = (double)(ru1.ru_minflt - ru0.ru_minflt) / runs;
+    double sys = ((double)(ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) +
+                  1e-6 * (double)(ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec)) / runs;
     double med = median(s, runs);
     double flops = m->flops * (md->train ? 3 : 1) * (double)batch;
     md->ips = (double)batch / med;
     printf("kiln  resnet50 %-12s batch %lld: %7.2f img/s  %5.1f%% of the FMA peak  (median of %d, %.0f ms per step",
            md->name, (long long)batch, md->ips, 100 * flops / med * 1e-9 / peak, runs, med * 1e3);
     if (md->train) printf(", loss %.4f", last_loss);
-    printf(")\n");
+    printf(")\n      per step: %.2f GB of fresh pages faulted in (%.0f minor faults), %.0f ms of system time; "
+           "peak RSS so far %.1f GB\n",
+           faults * 4096 / 1e9, faults, sys * 1e3, (double)ru1.ru_maxrss / 1e6);
     char key[96];
     snprintf(key, sizeof key, "resnet.b%lld.%s.kiln-%s", (long long)batch, md->train ? "train" : "infer",
              md->staged ? "staged" : "eager");
@@ -156,6 +167,198 @@ static int time_mode(mode *md, resnet_model *m, kiln_tensor *x, kiln_tensor *lab
   kiln_function_free(f);
   kiln_optimizer_free(opt);
   return rc;
+}
+
+/* ---- --breakdown: where an eager training step's time goes ----
+ * Each piece of the step timed alone with the step's shapes (median of
+ * `reps` after a warm-up): every conv's forward, input gradient (conv2d_
+ * transpose) and filter gradient (a tape's, less the forward), every batch norm's
+ * training forward (moments + batch_norm) and its backward (a tape's
+ * gradient w.r.t. x, scale and offset, less the forward), relu, its
+ * gradient and the residual adds (timed on layer1's 56x56x256 output and
+ * scaled by the elements), the stem's max pool and its gradient, and the
+ * SGD-momentum update of the 25.6M parameters. Whatever the step takes
+ * beyond their sum is allocation (page faults on fresh memory), the tape
+ * and dispatch. */
+
+enum { BK_CONV_FWD, BK_CONV_BPI, BK_CONV_BPF, BK_BN_FWD, BK_BN_BWD, BK_RELU_FWD, BK_RELU_BWD, BK_ADD, BK_POOL,
+       BK_OPT, BK_N };
+static const char *const bk_names[BK_N] = {
+    "conv forward",          "conv input gradient", "conv filter gradient", "batch norm forward",
+    "batch norm backward",   "relu forward",        "relu gradient",        "residual add",
+    "max pool fwd + grad",   "SGD momentum update"};
+
+typedef struct {
+  int what; /* 0 conv fwd, 1 bpi, 2 fwd + bpf, 3 bn fwd, 4 bn fwd + bwd, 5 relu, 6 relu fwd + grad, 7 add,
+               8 pool fwd + grad */
+  kiln_tensor *x, *w, *dy, *scale, *offset;
+  kiln_conv_opts o;
+  int64_t hw_in[2];
+} piece;
+
+static int piece_run(piece *p) {
+  kiln_tensor *r = NULL, *g[3] = {NULL, NULL, NULL};
+  static const int axes[3] = {0, 1, 2}, window[2] = {3, 3};
+  switch (p->what) {
+  case 0: r = kiln_conv2d(p->x, p->w, &p->o); break;
+  case 1: r = kiln_conv2d_transpose(p->dy, p->w, p->hw_in, &p->o); break;
+  case 2: { /* forward and filter gradient (the tape's backprop_filter op); less the forward below */
+    kiln_tape *t = kiln_tape_begin(false);
+    kiln_tape_watch(t, p->w);
+    r = kiln_conv2d(p->x, p->w, &p->o);
+    kiln_tape_end(t);
+    if (r && kiln_tape_gradient(t, r, 1, &p->w, g)) r = NULL;
+    kiln_tape_free(t);
+    break;
+  }
+  case 3:
+  case 4: {
+    kiln_tape *t = p->what == 4 ? kiln_tape_begin(false) : NULL;
+    kiln_tensor *src[3] = {p->x, p->scale, p->offset}, *mean = NULL, *var = NULL;
+    for (int i = 0; t && i < 3; i++) kiln_tape_watch(t, src[i]);
+    if (!kiln_moments(p->x, 3, axes, false, &mean, &var))
+      r = kiln_batch_norm(p->x, mean, var, p->offset, p->scale, 1e-5);
+    if (t) {
+      kiln_tape_end(t);
+      if (r && kiln_tape_gradient(t, r, 3, src, g)) r = NULL;
+      kiln_tape_free(t);
+    }
+    break;
+  }
+  case 5: r = kiln_relu(p->x); break;
+  case 6:
+  case 8: {
+    kiln_tape *t = kiln_tape_begin(false);
+    kiln_tape_watch(t, p->x);
+    r = p->what == 6 ? kiln_relu(p->x) : kiln_max_pool2d(p->x, window, &p->o);
+    kiln_tape_end(t);
+    if (r && kiln_tape_gradient(t, r, 1, &p->x, g)) r = NULL;
+    kiln_tape_free(t);
+    break;
+  }
+  case 7: r = kiln_add(p->x, p->dy); break;
+  }
+  return r ? 0 : -1;
+}
+
+static double piece_time(piece *p, int reps, int *rc) {
+  double s[MAX_RUNS];
+  for (int r = -1; r < reps && !*rc; r++) {
+    kiln_scope_push();
+    double t0 = now_s();
+    *rc = piece_run(p);
+    if (r >= 0) s[r] = now_s() - t0;
+    kiln_scope_pop();
+  }
+  return *rc ? 0 : median(s, reps);
+}
+
+/* fills ms[BK_N] with the seconds per step of each piece */
+static int breakdown(resnet_model *m, int64_t batch, int reps, double *sec) {
+  int rc = 0;
+  memset(sec, 0, BK_N * sizeof sec[0]);
+  double bn_fwd_bwd = 0, relu_pair = 0;
+  for (int i = 0; i < m->nconvs && !rc; i++) {
+    const rn_conv_geo *g = &m->convs[i];
+    kiln_scope_push();
+    piece p;
+    memset(&p, 0, sizeof p);
+    int64_t xs[4] = {batch, g->hw_in, g->hw_in, g->cin}, ws[4] = {g->k, g->k, g->cin, g->cout},
+            ys[4] = {batch, g->hw_out, g->hw_out, g->cout}, cs[1] = {g->cout};
+    p.x = kiln_random_normal(KILN_F32, 4, xs);
+    p.w = kiln_random_normal(KILN_F32, 4, ws);
+    p.dy = kiln_random_normal(KILN_F32, 4, ys);
+    p.o.stride[0] = p.o.stride[1] = g->stride;
+    for (int k = 0; k < 4; k++) p.o.padding[k] = (int)(g->k / 2);
+    p.hw_in[0] = p.hw_in[1] = g->hw_in;
+    double t[3];
+    for (p.what = 0; p.what < 3 && !rc; p.what++) t[p.what] = piece_time(&p, reps, &rc);
+    if (!rc) sec[BK_CONV_FWD] += t[0], sec[BK_CONV_BPI] += t[1], sec[BK_CONV_BPF] += t[2] - t[0];
+    /* the batch norm after this conv, on its output */
+    p.x = p.dy;
+    p.scale = kiln_random_uniform(KILN_F32, 1, cs, 0.5, 1.5);
+    p.offset = kiln_random_normal(KILN_F32, 1, cs);
+    p.what = 3;
+    if (!rc) sec[BK_BN_FWD] += piece_time(&p, reps, &rc);
+    p.what = 4;
+    if (!rc) bn_fwd_bwd += piece_time(&p, reps, &rc);
+    if (!rc && i == 0) { /* the stem's max pool, on conv1's output */
+      p.what = 8;
+      memset(&p.o, 0, sizeof p.o);
+      p.o.stride[0] = p.o.stride[1] = 2;
+      for (int k = 0; k < 4; k++) p.o.padding[k] = 1;
+      p.x = kiln_relu(p.dy);
+      sec[BK_POOL] = piece_time(&p, reps, &rc);
+    }
+    if (!rc && g->hw_out == 56 && g->cout == 256 && relu_pair == 0) { /* layer1's output: relu and add per element */
+      double elems = (double)(g->hw_out * g->hw_out * g->cout);
+      p.x = p.dy, p.dy = kiln_random_normal(KILN_F32, 4, ys);
+      p.what = 5;
+      double relu = piece_time(&p, reps, &rc) / elems;
+      p.what = 6;
+      relu_pair = piece_time(&p, reps, &rc) / elems;
+      p.what = 7;
+      double add = piece_time(&p, reps, &rc) / elems;
+      sec[BK_RELU_FWD] = relu * (double)m->relu_elems;
+      sec[BK_RELU_BWD] = (relu_pair - relu) * (double)m->relu_elems;
+      sec[BK_ADD] = add * (double)m->add_elems;
+    }
+    kiln_scope_pop();
+  }
+  sec[BK_BN_BWD] = bn_fwd_bwd - sec[BK_BN_FWD];
+  /* the optimizer: one update of every trainable variable with zero gradients (a warm-up creates the slots) */
+  kiln_optimizer *opt = kiln_sgd_momentum_new(0.01, 0.9, false); /* zero gradients: nothing moves */
+  kiln_tensor *grads[RN_MAX_VARS];
+  kiln_scope_push();
+  for (int i = 0; i < m->ntrain && !rc; i++) {
+    kiln_tensor *v = kiln_variable_read(m->train[i]);
+    if (!(grads[i] = kiln_zeros(kiln_tensor_dtype(v), kiln_tensor_rank(v), kiln_tensor_shape(v)))) rc = -1;
+  }
+  double s[MAX_RUNS];
+  for (int r = -1; r < reps && !rc; r++) {
+    double t0 = now_s();
+    rc = opt ? kiln_optimizer_apply(opt, m->ntrain, m->train, grads) : -1;
+    if (r >= 0) s[r] = now_s() - t0;
+  }
+  if (!rc) sec[BK_OPT] = median(s, reps);
+  kiln_scope_pop();
+  kiln_optimizer_free(opt);
+  return rc;
+}
+
+static void print_breakdown(const double *sec, int64_t batch, double eager_step, double staged_step) {
+  int order[BK_N];
+  for (int i = 0; i < BK_N; i++) order[i] = i;
+  for (int i = 0; i < BK_N; i++) /* by time, largest first */
+    for (int j = i + 1; j < BK_N; j++)
+      if (sec[order[j]] > sec[order[i]]) {
+        int t = order[i];
+        order[i] = order[j], order[j] = t;
+      }
+  double sum = 0, conv = sec[BK_CONV_FWD] + sec[BK_CONV_BPI] + sec[BK_CONV_BPF];
+  for (int i = 0; i < BK_N; i++) sum += sec[i];
+  printf("breakdown of a training step at batch %lld, each piece timed alone (ms per step):\n", (long long)batch);
+  for (int i = 0; i < BK_N; i++) {
+    printf("  %-24s %8.0f ms", bk_names[order[i]], sec[order[i]] * 1e3);
+    if (eager_step > 0) printf("  %5.1f%% of the eager step", 100 * sec[order[i]] / eager_step);
+    printf("\n");
+  }
+  static const char *const keys[BK_N] = {"conv_fwd", "conv_bp_input", "conv_bp_filter", "bn_fwd", "bn_bwd",
+                                         "relu_fwd", "relu_bwd",  "add",         "pool",           "sgd"};
+  for (int i = 0; i < BK_N; i++) {
+    char key[96];
+    snprintf(key, sizeof key, "resnet.b%lld.breakdown.%s", (long long)batch, keys[i]);
+    bench_figure(key, sec[i] * 1e3, "ms");
+  }
+  printf("  %-24s %8.0f ms  (convs %.0f ms)\n", "sum of the pieces", sum * 1e3, conv * 1e3);
+  if (eager_step > 0)
+    printf("  eager step %.0f ms: %.0f ms (%.1f%%) beyond the pieces: allocation (page faults on fresh memory), tape, "
+           "dispatch\n",
+           eager_step * 1e3, (eager_step - sum) * 1e3, 100 * (eager_step - sum) / eager_step);
+  if (staged_step > 0)
+    printf("  staged step %.0f ms: convs (the same kernels) %.0f ms, the rest %.0f ms (fused elementwise and batch "
+           "norm, the optimizer, the arena's page faults)\n",
+           staged_step * 1e3, conv * 1e3, (staged_step - conv) * 1e3);
 }
 
 /* runs resnet_torch.py, echoing it; torch[k] gets "@ resnet.bB.{train,infer}.torch[-cl]" */
@@ -193,7 +396,7 @@ static void run_torch(const char *python, int64_t batch, int warmup, int runs, i
 int main(int argc, char **argv) {
   int runs = 5, warmup = 2;
   int64_t batch = 8;
-  bool check = false, with_torch = true, cache = false;
+  bool check = false, with_torch = true, cache = false, do_breakdown = false;
   const char *python = "/usr/bin/python3", *modes = "train-eager,train-staged,infer-eager,infer-staged";
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--runs") && i + 1 < argc) {
@@ -212,10 +415,12 @@ int main(int argc, char **argv) {
       with_torch = false;
     } else if (!strcmp(argv[i], "--cache")) {
       cache = true;
+    } else if (!strcmp(argv[i], "--breakdown")) {
+      do_breakdown = true;
     } else {
       fprintf(stderr,
               "usage: bench_resnet [--batch N] [--runs R] [--warmup W] [--modes LIST] [--no-torch] [--python CMD] "
-              "[--cache]\n       bench_resnet --check [--python CMD]\n"
+              "[--cache] [--breakdown]\n       bench_resnet --check [--python CMD]\n"
               "LIST: comma-separated train-eager,train-staged,infer-eager,infer-staged\n");
       return 2;
     }
@@ -258,6 +463,16 @@ int main(int argc, char **argv) {
     if (!p || (p[len] && p[len] != ',')) continue;
     if (time_mode(&all[k], m, x, labels, warmup, runs, peak)) failed = 1;
     any_train |= all[k].train, any_infer |= !all[k].train;
+  }
+  if (do_breakdown && !failed) {
+    double sec[BK_N];
+    if (breakdown(m, batch, runs, sec)) {
+      fprintf(stderr, "bench_resnet: breakdown: %s\n", kiln_last_error());
+      failed = 1;
+    } else {
+      print_breakdown(sec, batch, all[0].ips > 0 ? (double)batch / all[0].ips : 0,
+                      all[1].ips > 0 ? (double)batch / all[1].ips : 0);
+    }
   }
   if (with_torch && !failed) {
     double torch[2][2] = {{0, 0}, {0, 0}};

@@ -26,7 +26,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { RN_MAX_VARS = 512 };
+enum { RN_MAX_VARS = 512, RN_MAX_CONVS = 128 };
+
+/* one conv of the network, as built: for bench_resnet's breakdown */
+typedef struct {
+  int64_t k, cin, cout, hw_in, hw_out;
+  int stride;
+} rn_conv_geo;
 
 typedef struct {
   int blocks[4];    /* bottleneck blocks per stage; a 0 ends the stages */
@@ -54,6 +60,9 @@ typedef struct {
   kiln_variable *train[RN_MAX_VARS]; /* the trainable ones, in order */
   int64_t params;                    /* trainable elements */
   double flops;                      /* forward flops per image: 2 per multiply-add of the convs and the dense layer */
+  int nconvs;
+  rn_conv_geo convs[RN_MAX_CONVS];   /* in order */
+  int64_t relu_elems, add_elems;     /* per image: elements through relu and the residual adds */
 } resnet_model;
 
 /* One walk over the architecture: with build set it creates the variables
@@ -67,6 +76,7 @@ typedef struct {
   bool train;  /* batch statistics (else the running ones) */
   bool update; /* training mode: assign the running statistics */
   int failed;
+  int64_t last_elems; /* build: per image, of the last conv's result */
 } rn_walk;
 
 static inline kiln_tensor *rn_scaled(kiln_tensor *t, double s) { return kiln_mul(t, kiln_scalar_like(t, s)); }
@@ -110,7 +120,7 @@ static inline kiln_tensor *rn_read(rn_walk *w) {
 /* k x k conv, cin -> cout, padding k / 2 on each side (torchvision's), *hw updated */
 static inline kiln_tensor *rn_conv(rn_walk *w, kiln_tensor *h, int64_t k, int64_t cin, int64_t cout, int stride,
                                    int64_t *hw, const char *name) {
-  int64_t pad = k / 2, out = (*hw + 2 * pad - k) / stride + 1;
+  int64_t pad = k / 2, hw_in = *hw, out = (hw_in + 2 * pad - k) / stride + 1;
   *hw = out;
   if (w->build) {
     char full[256];
@@ -120,6 +130,11 @@ static inline kiln_tensor *rn_conv(rn_walk *w, kiln_tensor *h, int64_t k, int64_
     rn_var(w, full, rn_scaled(kiln_random_normal(w->m->cfg.dtype, 4, shape), sqrt(2.0 / (double)(k * k * cout))),
            true);
     w->m->flops += 2.0 * (double)(out * out) * (double)(k * k * cin * cout);
+    if (w->m->nconvs < RN_MAX_CONVS) {
+      rn_conv_geo g = {k, cin, cout, hw_in, out, stride};
+      w->m->convs[w->m->nconvs++] = g;
+    }
+    w->last_elems = out * out * cout;
     return NULL;
   }
   kiln_conv_opts o;
@@ -173,7 +188,11 @@ static inline kiln_tensor *rn_bn(rn_walk *w, kiln_tensor *h, int64_t c, const ch
   return kiln_batch_norm(h, mean, var, offset, scale, 1e-5);
 }
 
-static inline kiln_tensor *rn_relu(rn_walk *w, kiln_tensor *h) { return w->build ? NULL : kiln_relu(h); }
+static inline kiln_tensor *rn_relu(rn_walk *w, kiln_tensor *h) {
+  if (!w->build) return kiln_relu(h);
+  w->m->relu_elems += w->last_elems;
+  return NULL;
+}
 
 /* torchvision's Bottleneck: the stride on the 3x3 conv (v1.5) */
 static inline kiln_tensor *rn_bottleneck(rn_walk *w, kiln_tensor *h, int64_t cin, int64_t planes, int stride,
@@ -199,7 +218,12 @@ static inline kiln_tensor *rn_bottleneck(rn_walk *w, kiln_tensor *h, int64_t cin
     snprintf(name, sizeof name, "%s.downsample.1", prefix);
     shortcut = rn_bn(w, shortcut, 4 * planes, name);
   }
-  return w->build ? NULL : kiln_relu(kiln_add(t, shortcut));
+  if (w->build) {
+    w->m->add_elems += *hw * *hw * 4 * planes;
+    w->m->relu_elems += *hw * *hw * 4 * planes;
+    return NULL;
+  }
+  return kiln_relu(kiln_add(t, shortcut));
 }
 
 /* the logits [n, classes] of x [n, image, image, 3] */
