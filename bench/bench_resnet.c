@@ -12,7 +12,7 @@
  * Kiln / PyTorch (against PyTorch's faster layout).
  *
  *   bench_resnet [--batch N] [--runs R] [--warmup W] [--modes LIST]
- *                [--no-torch] [--python CMD] [--cache] [--breakdown]
+ *                [--no-torch] [--python CMD] [--cache] [--breakdown] [--force]
  *   bench_resnet --check [--python CMD]
  *
  * LIST: train-eager,train-staged,infer-eager,infer-staged (the default,
@@ -21,7 +21,9 @@
  * small ResNet in f64, eager == staged, and == PyTorch where CMD (default
  * /usr/bin/python3) imports torch, torchvision and numpy; exit status 0 when
  * everything agrees. --breakdown times each piece of the training step
- * alone (below) and ranks them against the measured steps.
+ * alone (below) and ranks them against the measured steps. A mode whose
+ * memory (estimated from the peak RSS measured at batch 8) would not fit in
+ * 80% of MemAvailable is skipped with a message unless --force.
  *
  * Lines starting with "@" (resnet.bBATCH.MODE.IMPL) are machine-readable. */
 #define _POSIX_C_SOURCE 200809L /* setenv, popen, mkdtemp, readlink */
@@ -97,6 +99,25 @@ typedef struct {
   bool train, staged;
   double ips;       /* images/s, 0 = not run */
 } mode;
+
+/* MemAvailable of /proc/meminfo in bytes, or -1 */
+static double mem_available(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  char line[256];
+  double kb = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+  if (f) fclose(f);
+  return kb < 0 ? -1 : kb * 1024;
+}
+
+/* The memory a mode needs at this batch, from peak RSS measured at batch 8
+ * (eager training 9.0 GB: the tape keeps every intermediate; staged
+ * training 5.2 GB: a 4.7 GB arena; inference well under 1 GB), with room. */
+static double mode_bytes(const mode *md, int64_t batch) {
+  double per_image = md->train ? (md->staged ? 0.65e9 : 1.15e9) : 0.1e9;
+  return 0.6e9 + per_image * (double)batch;
+}
 
 static int time_mode(mode *md, resnet_model *m, kiln_tensor *x, kiln_tensor *labels, int warmup, int runs,
                      double peak) {
@@ -396,7 +417,7 @@ static void run_torch(const char *python, int64_t batch, int warmup, int runs, i
 int main(int argc, char **argv) {
   int runs = 5, warmup = 2;
   int64_t batch = 8;
-  bool check = false, with_torch = true, cache = false, do_breakdown = false;
+  bool check = false, with_torch = true, cache = false, do_breakdown = false, force = false;
   const char *python = "/usr/bin/python3", *modes = "train-eager,train-staged,infer-eager,infer-staged";
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--runs") && i + 1 < argc) {
@@ -417,10 +438,12 @@ int main(int argc, char **argv) {
       cache = true;
     } else if (!strcmp(argv[i], "--breakdown")) {
       do_breakdown = true;
+    } else if (!strcmp(argv[i], "--force")) {
+      force = true;
     } else {
       fprintf(stderr,
               "usage: bench_resnet [--batch N] [--runs R] [--warmup W] [--modes LIST] [--no-torch] [--python CMD] "
-              "[--cache] [--breakdown]\n       bench_resnet --check [--python CMD]\n"
+              "[--cache] [--breakdown] [--force]\n       bench_resnet --check [--python CMD]\n"
               "LIST: comma-separated train-eager,train-staged,infer-eager,infer-staged\n");
       return 2;
     }
@@ -461,6 +484,12 @@ int main(int argc, char **argv) {
     const char *p = strstr(modes, all[k].name);
     size_t len = strlen(all[k].name);
     if (!p || (p[len] && p[len] != ',')) continue;
+    double need = mode_bytes(&all[k], batch), avail = mem_available();
+    if (!force && avail > 0 && need > 0.8 * avail) {
+      printf("kiln  resnet50 %-12s batch %lld: skipped: needs about %.1f GB, %.1f GB available (--force runs it)\n",
+             all[k].name, (long long)batch, need / 1e9, avail / 1e9);
+      continue;
+    }
     if (time_mode(&all[k], m, x, labels, warmup, runs, peak)) failed = 1;
     any_train |= all[k].train, any_infer |= !all[k].train;
   }

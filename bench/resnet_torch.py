@@ -20,6 +20,7 @@ torch.final.NAME.npy of every state_dict entry after them (back in Kiln's
 layouts)."""
 import argparse
 import os
+import resource
 import statistics
 import sys
 import time
@@ -171,6 +172,8 @@ def bench(a):
             print(f"torch resnet50 {mode:<5} {layout:<13} batch {a.batch}: {ips:7.2f} img/s "
                   f"(median of {a.runs}, {statistics.median(ts) * 1e3:.0f} ms per step)", flush=True)
             print(f"@ resnet.b{a.batch}.{mode}.torch{suffix} {ips:.6g} img/s", flush=True)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+    print(f"torch resnet50 peak RSS {rss:.1f} GB")
 
 
 def main():
