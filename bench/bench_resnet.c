@@ -275,6 +275,9 @@ static double piece_time(piece *p, int reps, int *rc) {
 }
 
 /* fills ms[BK_N] with the seconds per step of each piece */
+/* per conv: seconds of its forward, input gradient and filter gradient */
+static double conv_sec[RN_MAX_CONVS][3];
+
 static int breakdown(resnet_model *m, int64_t batch, int reps, double *sec) {
   int rc = 0;
   memset(sec, 0, BK_N * sizeof sec[0]);
@@ -295,6 +298,7 @@ static int breakdown(resnet_model *m, int64_t batch, int reps, double *sec) {
     double t[3];
     for (p.what = 0; p.what < 3 && !rc; p.what++) t[p.what] = piece_time(&p, reps, &rc);
     if (!rc) sec[BK_CONV_FWD] += t[0], sec[BK_CONV_BPI] += t[1], sec[BK_CONV_BPF] += t[2] - t[0];
+    conv_sec[i][0] = t[0], conv_sec[i][1] = t[1], conv_sec[i][2] = t[2] - t[0];
     /* the batch norm after this conv, on its output */
     p.x = p.dy;
     p.scale = kiln_random_uniform(KILN_F32, 1, cs, 0.5, 1.5);
@@ -345,6 +349,50 @@ static int breakdown(resnet_model *m, int64_t batch, int reps, double *sec) {
   kiln_scope_pop();
   kiln_optimizer_free(opt);
   return rc;
+}
+
+/* the convs' GFLOP/s by kind, and the slowest layers (summed over their three kinds, merged by shape) */
+static void print_convs(const resnet_model *m, int64_t batch, double peak) {
+  static const char *const kind[3] = {"forward", "input gradient", "filter gradient"};
+  double flops = 0, t[3] = {0, 0, 0};
+  for (int i = 0; i < m->nconvs; i++) {
+    const rn_conv_geo *g = &m->convs[i];
+    flops += 2.0 * (double)(batch * g->hw_out * g->hw_out) * (double)(g->k * g->k * g->cin * g->cout);
+    for (int k = 0; k < 3; k++) t[k] += conv_sec[i][k];
+  }
+  for (int k = 0; k < 3; k++)
+    printf("  convs' %-16s %7.1f GFLOP/s  %5.1f%% of the FMA peak\n", kind[k], flops / t[k] * 1e-9,
+           100 * flops / t[k] * 1e-9 / peak);
+  /* layers of the same shape together: shape key -> time, flops, count */
+  double lt[RN_MAX_CONVS][3], lf[RN_MAX_CONVS];
+  int first[RN_MAX_CONVS], count[RN_MAX_CONVS], n = 0;
+  for (int i = 0; i < m->nconvs; i++) {
+    const rn_conv_geo *g = &m->convs[i];
+    int j = 0;
+    for (; j < n; j++) {
+      const rn_conv_geo *h = &m->convs[first[j]];
+      if (h->k == g->k && h->cin == g->cin && h->cout == g->cout && h->hw_in == g->hw_in && h->stride == g->stride) break;
+    }
+    if (j == n) first[n] = i, count[n] = 0, lt[n][0] = lt[n][1] = lt[n][2] = 0, lf[n] = 0, n++;
+    count[j]++;
+    for (int k = 0; k < 3; k++) lt[j][k] += conv_sec[i][k];
+    lf[j] += 2.0 * (double)(batch * g->hw_out * g->hw_out) * (double)(g->k * g->k * g->cin * g->cout);
+  }
+  printf("  the slowest conv shapes (ms per step: forward / input gradient / filter gradient, GFLOP/s of each):\n");
+  for (int r = 0; r < 8 && r < n; r++) {
+    int best = -1;
+    double bt = -1;
+    for (int j = 0; j < n; j++) {
+      double tj = lt[j][0] + lt[j][1] + lt[j][2];
+      if (count[j] > 0 && tj > bt) bt = tj, best = j;
+    }
+    const rn_conv_geo *g = &m->convs[first[best]];
+    printf("    %2dx %lldx%lld %4lld->%-4lld /%d at %3lldx%-3lld %6.0f / %6.0f / %6.0f ms  %5.0f / %5.0f / %5.0f GFLOP/s\n",
+           count[best], (long long)g->k, (long long)g->k, (long long)g->cin, (long long)g->cout, g->stride,
+           (long long)g->hw_in, (long long)g->hw_in, lt[best][0] * 1e3, lt[best][1] * 1e3, lt[best][2] * 1e3,
+           lf[best] / lt[best][0] * 1e-9, lf[best] / lt[best][1] * 1e-9, lf[best] / lt[best][2] * 1e-9);
+    count[best] = -count[best];
+  }
 }
 
 static void print_breakdown(const double *sec, int64_t batch, double eager_step, double staged_step) {
@@ -501,6 +549,7 @@ int main(int argc, char **argv) {
     } else {
       print_breakdown(sec, batch, all[0].ips > 0 ? (double)batch / all[0].ips : 0,
                       all[1].ips > 0 ? (double)batch / all[1].ips : 0);
+      print_convs(m, batch, peak);
     }
   }
   if (with_torch && !failed) {
