@@ -74,10 +74,12 @@ int jit_compile(traced_fn *fn, const char *name, int trace_no, int step) {
   }
   fn->compile_ms = cpu_program_compile_ms(fn->cpu);
   if (log_compile())
-    fprintf(stderr, "kiln: compile @%s: %d kernels in %.2f ms (%d part%s; LLVM passes %.2f, codegen %.2f), entry at %p\n",
+    fprintf(stderr,
+            "kiln: compile @%s: %d kernels in %.2f ms (%d part%s; LLVM passes %.2f, codegen %.2f), arena %zu bytes "
+            "(buffers pass %lld), entry at %p\n",
             name, cpu_program_kernels(fn->cpu), fn->compile_ms, cpu_program_parts(fn->cpu),
             cpu_program_parts(fn->cpu) == 1 ? "" : "s on as many threads", fn->cpu->opt_ms, fn->cpu->codegen_ms,
-            *(void **)&fn->cpu->entry);
+            fn->cpu->arena_bytes, (long long)fn->opt_func->arena_bytes, *(void **)&fn->cpu->entry);
   if (trace_no >= 0 && getenv("KILN_DUMP")) {
     dump_stage(fn, name, trace_no, step, "llvm");
     dump_stage(fn, name, trace_no, step + 1, "asm");

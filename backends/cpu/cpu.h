@@ -123,6 +123,11 @@ struct cpu_program {
   int *donor;            /* per result: cpu_program_donor */
   int n_kernels;
   size_t arena_bytes;
+  /* the arena of a finished call, kept for the next (taken and put back
+   * with __atomic builtins; concurrent calls allocate their own), and its
+   * allocator class: a big step faults no fresh pages in at every call */
+  void *spare_arena;
+  int32_t arena_cls;
   int (*entry)(void **params, void **results, void *arena, cpu_call *call);
   void *jit_lib;  /* the ORC JITDylib holding its code and its symbols */
   char *bitcode;  /* the optimized module, for cpu_program_text */

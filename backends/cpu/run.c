@@ -86,15 +86,26 @@ int cpu_run_donating(cpu_program *p, kiln_tensor *const *args, kiln_tensor **res
   int32_t cls = 0;
   _Alignas(KILN_ALIGN) char none[KILN_ALIGN]; /* kernels may assume 64-byte alignment */
   void *arena = none;
-  if (!rc && p->arena_bytes && !(arena = mem_alloc(p->arena_bytes, &cls)))
-    rc = kiln_set_error("cpu: @%s: out of memory for a %zu-byte arena", p->name, p->arena_bytes);
+  if (!rc && p->arena_bytes) {
+    void *spare = __atomic_exchange_n(&p->spare_arena, NULL, __ATOMIC_ACQUIRE);
+    if (spare) {
+      arena = spare, cls = __atomic_load_n(&p->arena_cls, __ATOMIC_RELAXED);
+    } else if (!(arena = mem_alloc(p->arena_bytes, &cls))) {
+      rc = kiln_set_error("cpu: @%s: out of memory for a %zu-byte arena", p->name, p->arena_bytes);
+    }
+  }
   if (!rc && poison && arena != none) memset(arena, 0xff, p->arena_bytes);
   if (!rc) {
     cpu_call call = {0, -1, p};
     rc = p->entry(pp, rp, arena, &call);
     if (rc && !kiln_has_error()) kiln_set_error("cpu: @%s failed", p->name);
   }
-  if (arena && arena != none) mem_free(arena, cls);
+  if (arena && arena != none) { /* kept for the next call, unless another call's already is */
+    void *empty = NULL;
+    __atomic_store_n(&p->arena_cls, cls, __ATOMIC_RELAXED);
+    if (!__atomic_compare_exchange_n(&p->spare_arena, &empty, arena, false, __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+      mem_free(arena, cls);
+  }
   for (int r = 0; outs && r < p->n_results; r++) {
     if (rc) {
       kiln_release(outs[r]);
@@ -232,6 +243,7 @@ int cpu_program_parts(const cpu_program *p) { return p ? p->parts : 0; }
 void cpu_program_free(cpu_program *p) {
   if (!p) return;
   cpu_jit_forget(p->jit_lib);
+  if (p->spare_arena) mem_free(p->spare_arena, p->arena_cls);
   for (int i = 0; i < p->n_consts; i++) kiln_release(p->consts[i]);
   for (int i = 0; i < p->n_helpers; i++) {
     free(p->helpers[i].in_types);
