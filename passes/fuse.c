@@ -664,7 +664,9 @@ static void fuse_conv_epilogue(fz *z, int32_t k) {
   int32_t at = k;
   for (int step = 0; step < 3; step++) {
     int32_t u = sole_user(z, at), g = find(z, k);
-    if (u < 0 || find(z, u) == g || !single(z, u) || z->nodes[u].cls != CLS_ELEM) return;
+    /* u a group of its own (a residual add may have joined the other
+     * operand's conv already: merging it again would corrupt both) */
+    if (u < 0 || find(z, u) != u || !single(z, u) || z->nodes[u].cls != CLS_ELEM) return;
     const fz_node *nd = &z->nodes[u];
     if (!same_shape(&z->vtype[nd->out], &z->vtype[z->nodes[k].out])) return;
     op_id op = nd->ins->op;
@@ -703,7 +705,7 @@ static void fuse_epilogues(fz *z) {
       for (int r = 0; r < nd->n_out; r++)
         for (int32_t j = z->ustart[nd->out + r]; j < z->ustart[nd->out + r + 1]; j++) {
           int32_t u = z->users[j], g = find(z, k);
-          if (find(z, u) == g || !is_epilogue(z, u, g) || !should_merge_consumer(z, g, u)) continue;
+          if (find(z, u) != u || !is_epilogue(z, u, g) || !should_merge_consumer(z, g, u)) continue;
           merge(z, g, u);
           z->work[top++] = u;
         }

@@ -983,9 +983,15 @@ struct Gen {
         // + a bias ([o] or [1,1,1,o], either side), + a residual, relu or tanh
         ir_value b = constant(dt, rng.chance(0.5) ? Shape{o} : Shape{1, 1, 1, o});
         if (b < 0 || (c = rng.chance(0.5) ? emit2(OP_ADD, c, b) : emit2(OP_ADD, b, c)) < 0) return false;
-        if (rng.chance(0.4)) {
-          ir_value r = constant(dt, shape(c));
-          if (r < 0 || (c = emit2(OP_ADD, c, r)) < 0) return false;
+        if (rng.chance(0.4)) {  // a residual: a constant, or a projection shortcut (another conv + bias of x)
+          ir_value r = -1;
+          if (rng.chance(0.5) && room(4)) {
+            ir_value f2 = constant(dt, Shape{kh, kw, s[3] / a.groups, o}), b2 = constant(dt, Shape{o});
+            r = f2 >= 0 && b2 >= 0 ? emit2(OP_ADD, emit(OP_CONV2D, a, {x, f2}), b2) : -1;
+          } else {
+            r = constant(dt, shape(c));
+          }
+          if (r < 0 || (c = rng.chance(0.5) ? emit2(OP_ADD, c, r) : emit2(OP_ADD, r, c)) < 0) return false;
         }
         if (rng.chance(0.6)) c = emit1(rng.chance(0.7) ? OP_RELU : OP_TANH, c);
         return c >= 0;
