@@ -781,7 +781,9 @@ void check_conv_kernels(kiln_dtype dt) {
   std::mt19937 rng(8);
   std::uniform_real_distribution<T> u(-1, 1);
   const int taps = 3;
-  const int64_t kc = 21, lda = 37, rows = 14 + 2, cols = 40;  // A: taps x rows readable rows of lda
+  // A: taps x rows readable rows of lda; a kernel reads whole tiles of its
+  // MR rows (the C kernel's 6 from row 12 of a 14-row tile: 18), storing mr
+  const int64_t kc = 21, lda = 37, rows = 14 + 2 + 16, cols = 40;
   std::vector<std::vector<T>> img(taps, std::vector<T>((size_t)(rows * lda)));
   std::vector<const T *> a;
   for (auto &v : img) {

@@ -29,18 +29,7 @@ using ::testing::StartsWith;
 // it). KILN_RESNET_TORCH overrides the path.
 std::string torch_script() {
   if (const char *env = std::getenv("KILN_RESNET_TORCH")) return env;
-  std::string file = __FILE__;
-  std::string dir = file.substr(0, file.rfind('/') + 1);
-  if (!dir.empty() && dir[0] != '/') {
-    char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-      exe[n] = 0;
-      std::string e = exe;
-      dir = e.substr(0, e.rfind('/') + 1) + dir;
-    }
-  }
-  return dir + "../bench/resnet_torch.py";
+  return source_dir(__FILE__) + "../bench/resnet_torch.py";
 }
 
 kiln_tensor *normal(kiln_dtype dt, const V64 &shape) { return kiln_random_normal(dt, (int)shape.size(), shape.data()); }

@@ -257,6 +257,24 @@ struct EnvGuard {
   }
 };
 
+// The directory (ending in '/') of the source file whose __FILE__ is file:
+// absolute, or relative to the build directory where the test binary lives
+// (when ccache rewrites __FILE__), resolved through /proc/self/exe.
+inline std::string source_dir(const char *file) {
+  std::string f = file;
+  std::string dir = f.substr(0, f.rfind('/') + 1);
+  if (!dir.empty() && dir[0] != '/') {
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+      exe[n] = 0;
+      std::string e = exe;
+      dir = e.substr(0, e.rfind('/') + 1) + dir;
+    }
+  }
+  return dir;
+}
+
 // Runs this test binary again in a child process with env ("NAME=value
 // ...") set and no test selected (--gtest_filter=-*): a child role that
 // reads a variable from env runs from a static initializer and exits.

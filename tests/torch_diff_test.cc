@@ -887,18 +887,7 @@ std::string read_file(const std::string &path) {
 // KILN_TORCH_REF overrides the path.
 std::string ref_script() {
   if (const char *env = std::getenv("KILN_TORCH_REF")) return env;
-  std::string file = __FILE__;
-  std::string dir = file.substr(0, file.rfind('/') + 1);
-  if (!dir.empty() && dir[0] != '/') {
-    char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-      exe[n] = 0;
-      std::string e = exe;
-      dir = e.substr(0, e.rfind('/') + 1) + dir;
-    }
-  }
-  return dir + "torch_ref.py";
+  return source_dir(__FILE__) + "torch_ref.py";
 }
 
 bool torch_available() {
