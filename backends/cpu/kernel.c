@@ -447,6 +447,173 @@ static int emit_outputs(const plan_kernel *g, llvm_group *lg, LLVMValueRef fn, l
   return 0;
 }
 
+/* ---- packed rows: short rows, expensive elementwise tails ---- */
+
+enum {
+  PACK_ELEMS = 512, /* elements of a packed block (per frontier tile) */
+  PACK_MAX = 8,     /* frontier values at most */
+};
+
+static int64_t gcd64(int64_t a, int64_t b) {
+  while (b) {
+    int64_t t = a % b;
+    a = b, b = t;
+  }
+  return a;
+}
+
+/* ops whose vector code is long (a division, a polynomial): worth computing
+ * with every lane live */
+static bool expensive_op(op_id op) {
+  switch (op) {
+    case OP_EXP:
+    case OP_LOG:
+    case OP_LOG1P:
+    case OP_SIN:
+    case OP_COS:
+    case OP_TANH:
+    case OP_SIGMOID:
+    case OP_POW:
+    case OP_DIV: return true;
+    default: return false;
+  }
+}
+
+typedef struct {
+  ir_value v[PACK_MAX];
+  int n;
+  bool expensive;
+} frontier;
+
+/* Whether v is computed from the block's tiles and flat reads alone: a leaf
+ * of the output's shape or a single element, a scalar constant, or an
+ * elementwise member op of the output's shape whose operands are (values
+ * of the output's shape that are not are added to fr: they are computed row
+ * by row into tiles). False when the kernel cannot run packed. */
+static bool pack_value(const cpu_build *cb, const plan_kernel *g, const op_type *ot, ir_value v, frontier *fr,
+                       signed char *state) {
+  const ir_func *f = g->f;
+  if (state[v]) return state[v] > 0;
+  const op_type *t = &f->types[v];
+  bool shaped = t->rank == ot->rank && !memcmp(t->shape, ot->shape, (size_t)ot->rank * sizeof ot->shape[0]);
+  int d = f->def[v];
+  bool ok = false;
+  if (g->leaf[v] >= 0) {
+    ok = shaped || plan_type_size(t) <= 1;
+  } else if (d >= 0 && g->member[d]) {
+    const ir_instr *in = &f->instrs[d];
+    switch (kiln_ops[in->op].kind) {
+      case OPK_CONST: ok = plan_type_size(t) <= 1; break;
+      case OPK_UNARY:
+      case OPK_BINARY:
+      case OPK_COMPARE:
+      case OPK_SELECT:
+      case OPK_CONVERT:
+        ok = shaped;
+        for (int k = 0; ok && k < in->n_in; k++) ok = pack_value(cb, g, ot, in->in[k], fr, state);
+        if (ok && expensive_op(in->op)) fr->expensive = true;
+        break;
+      default: break;
+    }
+    if (!ok && shaped) { /* a tile of its own, if its last op cannot fuse with a consumer (an FMA) */
+      bool contracts = cb->e.contract && (in->op == OP_MUL || (in->op == OP_DOT && f->types[in->in[0]].rank > 0 &&
+                                                                    f->types[in->in[0]].shape[f->types[in->in[0]].rank - 1] == 1));
+      if (!contracts && fr->n < PACK_MAX) {
+        fr->v[fr->n++] = v;
+        state[v] = 1;
+        return true;
+      }
+    }
+  }
+  state[v] = ok ? 1 : -1;
+  return ok;
+}
+
+/* The frontier of a row kernel with short rows (under a 64-byte vector)
+ * whose flat tail holds an expensive op; false when it has none. */
+static bool packed_rows(const cpu_build *cb, const plan_kernel *g, const op_type *ot, int64_t inner, frontier *fr) {
+  const ir_func *f = g->f;
+  int64_t es = (int64_t)kiln_dtype_sizes[ot->dtype];
+  if (inner * es >= 64 || (64 % (inner * es)) == 0 || plan_type_size(ot) / inner < 2) return false;
+  signed char *state = calloc((size_t)f->n_values + 1, 1);
+  if (!state) return false;
+  memset(fr, 0, sizeof *fr);
+  bool ok = true;
+  for (int k = 0; k < g->n_out && ok; k++) {
+    const op_type *t = &f->types[g->out[k]];
+    ok = t->rank == ot->rank && !memcmp(t->shape, ot->shape, (size_t)ot->rank * sizeof ot->shape[0]) &&
+         pack_value(cb, g, ot, g->out[k], fr, state);
+  }
+  free(state);
+  return ok && fr->expensive && fr->n > 0;
+}
+
+/* Rows [begin, end) of a packed kernel, in blocks of rows: the frontier's
+ * values row by row into stack tiles (one short vector per row), then the
+ * rest over the block's elements as one flat run (every lane live). Each
+ * element's ops are the same as row by row, so are its bits. */
+static int emit_packed(cpu_build *cb, const plan_kernel *g, llvm_group *lg, LLVMValueRef fn, const frontier *fr,
+                       LLVMValueRef begin, LLVMValueRef end, LLVMValueRef bad_slot) {
+  llvm_emit *e = &cb->e;
+  LLVMBuilderRef b = e->b;
+  const ir_func *f = g->f;
+  const op_type *ot = &f->types[g->out[0]];
+  int64_t inner = ot->shape[ot->rank - 1], es = (int64_t)kiln_dtype_sizes[ot->dtype];
+  int64_t unit = 64 / gcd64(inner * es, 64); /* rows of a block: whole 64-byte vectors */
+  int64_t brows = PACK_ELEMS / inner / unit * unit;
+  if (brows < unit) brows = unit;
+  LLVMValueRef tile[PACK_MAX];
+  for (int k = 0; k < fr->n; k++) {
+    tile[k] = LLVMBuildAlloca(b, LLVMArrayType2(llvm_memory_type(e, f->types[fr->v[k]].dtype), (uint64_t)(brows * inner)),
+                              "ptile");
+    LLVMSetAlignment(tile[k], KILN_ALIGN);
+  }
+  LLVMValueRef nblocks = LLVMBuildUDiv(
+      b, LLVMBuildAdd(b, LLVMBuildSub(b, end, begin, ""), llvm_i64(e, brows - 1), ""), llvm_i64(e, brows), "");
+  llvm_loop lq, lr, lj, li;
+  LLVMValueRef q = llvm_loop_begin(e, &lq, llvm_i64(e, 0), nblocks, "block");
+  LLVMValueRef r0 = LLVMBuildAdd(b, begin, LLVMBuildMul(b, q, llvm_i64(e, brows), ""), "");
+  LLVMValueRef r1 = LLVMBuildAdd(b, r0, llvm_i64(e, brows), "");
+  r1 = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSLT, r1, end, ""), r1, end, "");
+  /* the frontier, row by row */
+  LLVMValueRef row = llvm_loop_begin(e, &lr, r0, r1, "prow");
+  op_type outer = *ot;
+  outer.rank--;
+  llvm_index ridx, idx;
+  llvm_index_linear(&ridx, &outer, row);
+  llvm_index_get_dims(e, &ridx);
+  LLVMValueRef dims[KILN_MAX_RANK];
+  for (int d = 0; d < outer.rank; d++) dims[d] = ridx.dim[d];
+  LLVMValueRef j = llvm_loop_begin(e, &lj, llvm_i64(e, 0), llvm_i64(e, inner), "pj");
+  dims[ot->rank - 1] = j;
+  llvm_index_dims(&idx, ot, dims);
+  idx.linear = LLVMBuildAdd(b, LLVMBuildMul(b, row, llvm_i64(e, inner), ""), j, "");
+  LLVMValueRef local = LLVMBuildAdd(b, LLVMBuildMul(b, LLVMBuildSub(b, row, r0, ""), llvm_i64(e, inner), ""), j, "");
+  for (int k = 0; k < fr->n; k++) {
+    LLVMValueRef v = llvm_emit_value(lg, fr->v[k], &idx);
+    if (!v) return -1;
+    llvm_emit_store(e, f->types[fr->v[k]].dtype, tile[k], local, v);
+  }
+  flush_bad(e, lg, bad_slot);
+  llvm_group_forget(lg);
+  llvm_loop_end(e, &lj);
+  llvm_loop_end(e, &lr);
+  /* the rest, flat over the block */
+  LLVMValueRef base = LLVMBuildMul(b, r0, llvm_i64(e, inner), "");
+  LLVMValueRef count = LLVMBuildMul(b, LLVMBuildSub(b, r1, r0, ""), llvm_i64(e, inner), "");
+  LLVMValueRef i = llvm_loop_begin(e, &li, llvm_i64(e, 0), count, "pi");
+  LLVMValueRef at = LLVMBuildAdd(b, base, i, "");
+  llvm_index_linear(&idx, ot, at);
+  for (int k = 0; k < fr->n; k++)
+    llvm_group_set(lg, fr->v[k], &idx, llvm_emit_load(e, f->types[fr->v[k]].dtype, tile[k], i));
+  int rc = emit_outputs(g, lg, fn, &idx, at);
+  flush_bad(e, lg, bad_slot);
+  llvm_group_forget(lg);
+  llvm_loop_end(e, &li);
+  llvm_loop_end(e, &lq);
+  return rc;
+}
+
 int cpu_emit_kernel(cpu_build *cb, const plan_kernel *g, int id, kinfo *ki) {
   llvm_emit *e = &cb->e;
   const ir_func *f = g->f;
@@ -602,6 +769,13 @@ int cpu_emit_kernel(cpu_build *cb, const plan_kernel *g, int id, kinfo *ki) {
      * by TILE_COLS columns keep the input lines they read in L1 meanwhile
      * (row by row, a 256x256 f32 transpose read 16x the matrix from L2) */
     bool tiled = rows && !narrow && reads_across_rows(g) && n / inner >= 2 * TILE_ROWS && inner >= 2 * TILE_ROWS;
+    frontier fr;
+    if (rows && !narrow && !tiled && inner <= ROW_BLOCK && packed_rows(cb, g, ot, inner, &fr)) {
+      ki->units = n / inner;
+      ki->per_unit = inner;
+      rc = emit_packed(cb, g, &lg, fn, &fr, begin, end, bad_slot);
+      goto flat_done;
+    }
     int64_t nblk = 1, blk = inner, per_task_rows = tiled ? TILE_ROWS : 1;
     if (!rows) { /* one loop over linear indices, tasks taking whole blocks of FLAT_BLOCK */
       ki->units = (n + FLAT_BLOCK - 1) / FLAT_BLOCK;
