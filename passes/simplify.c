@@ -31,6 +31,10 @@
  *                          when it has at most PASS_CONST_MAX_ELEMS elements
  *   convert to x's own dtype -> x
  *   select(c, a, b) with c all true -> a, all false -> b; select(p, a, a) -> a
+ *   an elementwise op's operand reshape(a) -> a, when the two shapes differ
+ *                          only in leading 1s (both broadcast to the same
+ *                          elements) and another operand still gives the
+ *                          result its rank
  * Control flow (the instruction stays; dce drops the results nothing reads):
  *   cond result k that both branches return as the same parameter j
  *                          -> operand j + 1
@@ -230,7 +234,50 @@ static ir_value rule_select(ctx *c) {
 }
 
 /* the replacement of c->ins, NO_RULE, or FAILED */
+/* shape t without its leading 1s: how it broadcasts (aligned right) */
+static int strip_ones(const op_type *t, const int64_t **dims) {
+  int k = 0;
+  while (k < t->rank && t->shape[k] == 1) k++;
+  *dims = t->shape + k;
+  return t->rank - k;
+}
+
+/* An elementwise op reading reshape(a) where a broadcasts to the result
+ * exactly as the reshape does (their shapes differ only in leading 1s: a
+ * moments mean kept as [1,1,1,C] and the same mean reshaped to [C]) reads a
+ * itself: the two forms of one subtraction then look alike to cse. */
+static ir_value rule_broadcast_operands(ctx *c) {
+  ir_value in[3];
+  bool any = false;
+  for (int k = 0; k < c->ins->n_in; k++) {
+    in[k] = c->x[k];
+    const ir_instr *r = def_is(c, c->x[k], OP_RESHAPE);
+    if (!r) continue;
+    const op_type *from = &c->g->types[r->in[0]], *to = &c->g->types[c->x[k]];
+    const int64_t *fd, *td;
+    int fn = strip_ones(from, &fd), tn = strip_ones(to, &td);
+    if (from->rank > c->type->rank || fn != tn || memcmp(fd, td, (size_t)fn * sizeof *fd)) continue;
+    in[k] = r->in[0];
+    any = true;
+  }
+  int rank = 0; /* the result's rank must still come from some operand */
+  for (int k = 0; k < c->ins->n_in; k++)
+    if (c->g->types[in[k]].rank > rank) rank = c->g->types[in[k]].rank;
+  if (!any || rank != c->type->rank) return NO_RULE;
+  ir_value v = emit(c, c->ins->op, &c->ins->attrs, c->ins->n_in, in);
+  return v >= 0 && !fits(c, v) ? FAILED : v;
+}
+
 static ir_value simplify_instr(ctx *c) {
+  ir_value r = NO_RULE;
+  switch (kiln_ops[c->ins->op].kind) {
+  case OPK_BINARY:
+  case OPK_COMPARE:
+  case OPK_SELECT:
+    if ((r = rule_broadcast_operands(c)) != NO_RULE) return r;
+    break;
+  default: break;
+  }
   switch (c->ins->op) {
   case OP_ADD: return rule_add(c);
   case OP_SUB: return rule_sub(c);
