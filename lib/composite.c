@@ -3,8 +3,10 @@
  * the public primitive ops, so tapes, the tracer and the backends only ever
  * see the short list of ir/ops.def (DESIGN.md, "Keep the primitive set small"). */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
+#include "autodiff.h"
 #include "ops.h"
 
 /* Each composite checks its own arguments first, so that its errors begin
@@ -466,6 +468,48 @@ static int broadcasts_into(const char *op, const char *what, const kiln_tensor *
                         shape_str(a, sizeof a, p->rank, p->shape), shape_str(b, sizeof b, x->rank, x->shape));
 }
 
+/* batch_norm on a tape is one node (as PyTorch's native_batch_norm): its
+ * inputs x, mean, variance + epsilon, then offset and scale where given;
+ * the backward recomputes x - mean and rsqrt from them instead of the tape
+ * keeping the op-by-op intermediates (two tensors of x's size per batch
+ * norm). bn_forms[offset + 2 * scale] says which are given. */
+typedef struct {
+  bool offset, scale;
+} bn_form;
+static const bn_form bn_forms[4] = {{false, false}, {true, false}, {false, true}, {true, true}};
+
+static kiln_tensor *bn_forward(void *user, int n, kiln_tensor *const *xs) {
+  const bn_form *b = user;
+  (void)n;
+  kiln_tensor *offset = b->offset ? xs[3] : NULL, *scale = b->scale ? xs[3 + b->offset] : NULL;
+  kiln_tensor *y = kiln_mul(kiln_sub(xs[0], xs[1]), kiln_rsqrt(xs[2]));
+  if (scale) y = kiln_mul(y, scale);
+  return offset ? kiln_add(y, offset) : y;
+}
+
+/* y = (x - m) * r * s + o with r = rsqrt(v): dx = dy s r, dm = -sum(dy s r),
+ * dv = sum(dy s (x - m)) * -r^3 / 2, do = sum(dy), ds = sum(dy (x - m) r),
+ * each summed over the axes its input broadcast along. Public ops only, so
+ * outer tapes differentiate it again. */
+static int bn_gradient(void *user, int n, kiln_tensor *const *xs, kiln_tensor *y, kiln_tensor *dy, kiln_tensor **dxs) {
+  const bn_form *b = user;
+  (void)y;
+  kiln_tensor *x = xs[0], *mean = xs[1], *ve = xs[2];
+  kiln_tensor *offset = b->offset ? xs[3] : NULL, *scale = b->scale ? xs[3 + b->offset] : NULL;
+  kiln_tensor *r = kiln_rsqrt(ve), *xm = kiln_sub(x, mean);
+  kiln_tensor *g = scale ? kiln_mul(dy, scale) : dy;
+  kiln_tensor *gr = kiln_mul(g, r);
+  dxs[0] = gr;
+  dxs[1] = grad_unbroadcast(kiln_neg(gr), mean);
+  kiln_tensor *r3 = kiln_mul(kiln_mul(r, r), kiln_mul(r, kiln_scalar_like(ve, -0.5)));
+  dxs[2] = kiln_mul(grad_unbroadcast(kiln_mul(g, xm), ve), r3);
+  if (offset) dxs[3] = grad_unbroadcast(dy, offset);
+  if (scale) dxs[3 + b->offset] = grad_unbroadcast(kiln_mul(dy, kiln_mul(xm, r)), scale);
+  for (int i = 0; i < n; i++)
+    if (!dxs[i]) return -1;
+  return 0;
+}
+
 /* (x - mean) * rsqrt(variance + epsilon) * scale + offset, in that order:
  * folding the per-channel factors first (x * a + b) would save passes over
  * x eagerly but gives NaN where this gives infinities (an infinite scale). */
@@ -482,15 +526,50 @@ kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *mean, kiln_tensor *var
     return NULL;
   }
   kiln_scope_push();
-  kiln_tensor *inv = kiln_rsqrt(kiln_add(variance, kiln_scalar_like(variance, epsilon)));
-  kiln_tensor *y = kiln_mul(kiln_sub(x, mean), inv);
-  if (scale) y = kiln_mul(y, scale);
-  return finish(offset ? kiln_add(y, offset) : y);
+  kiln_tensor *xs[5] = {x, mean, kiln_add(variance, kiln_scalar_like(variance, epsilon))};
+  int n = 3;
+  if (offset) xs[n++] = offset;
+  if (scale) xs[n++] = scale;
+  if (!xs[2]) return finish(NULL);
+  return finish(kiln_custom_gradient(bn_forward, bn_gradient, (void *)&bn_forms[(offset != NULL) + 2 * (scale != NULL)], n, xs));
 }
 
-/* mean(x) and mean((x - mean)^2) over axes. The mean inside the variance
- * is held constant for the gradient: the variance's derivative through it
- * is zero (sum(x - mean) = 0), so this drops work, not terms. */
+/* The variance of moments on a tape is one node of x and the mean (kept
+ * dims): its backward, dx = dv * 2 (x - mean) / n, recomputes x - mean
+ * instead of the tape keeping it, and gives the mean none (its part,
+ * sum(x - mean) = 0 times dv, vanishes). Written with public ops on the
+ * mean as given, so an outer tape sees x - mean depend on x through the
+ * mean too (second derivatives: the stop_gradient this replaces cut it). */
+typedef struct {
+  atomic_int refs;
+  int naxes, axes[KILN_MAX_RANK];
+  bool keepdims;
+} var_node;
+
+static void var_retain(void *user) { atomic_fetch_add(&((var_node *)user)->refs, 1); }
+static void var_release(void *user) {
+  if (atomic_fetch_sub(&((var_node *)user)->refs, 1) == 1) free(user);
+}
+static const tape_closure var_closure = {var_retain, var_release, "moments"};
+
+static kiln_tensor *var_forward(void *user, int n, kiln_tensor *const *xs) {
+  const var_node *v = user;
+  (void)n;
+  kiln_tensor *d = kiln_sub(xs[0], xs[1]);
+  return kiln_reduce_mean(kiln_mul(d, d), v->naxes, v->axes, v->keepdims);
+}
+
+static int var_gradient(void *user, int n, kiln_tensor *const *xs, kiln_tensor *y, kiln_tensor *dy, kiln_tensor **dxs) {
+  (void)user, (void)n, (void)y;
+  kiln_tensor *x = xs[0], *mean = xs[1];
+  double count = (double)kiln_tensor_size(x) / (double)kiln_tensor_size(mean);
+  kiln_tensor *dv = kiln_reshape(dy, mean->rank, mean->shape); /* the kept dims broadcast it */
+  dxs[0] = kiln_mul(kiln_mul(kiln_sub(x, mean), dv), kiln_scalar_like(x, 2.0 / count));
+  dxs[1] = NULL;
+  return dxs[0] ? 0 : -1;
+}
+
+/* mean(x) and mean((x - mean)^2) over axes. */
 int kiln_moments(kiln_tensor *x, int naxes, const int *axes, bool keepdims, kiln_tensor **mean,
                  kiln_tensor **variance) {
   const char *op = "moments";
@@ -513,10 +592,18 @@ int kiln_moments(kiln_tensor *x, int naxes, const int *axes, bool keepdims, kiln
   int rank = 0;
   for (int i = 0; i < x->rank; i++)
     if (!reduced[i]) shape[rank++] = x->shape[i];
+  var_node *node = malloc(sizeof *node);
+  if (!node) return kiln_set_error("%s: out of memory", op);
+  atomic_init(&node->refs, 1);
+  node->naxes = 0;
+  for (int i = 0; i < x->rank; i++)
+    if (reduced[i]) node->axes[node->naxes++] = i;
+  node->keepdims = keepdims;
   kiln_scope_push();
   kiln_tensor *m = kiln_reduce_mean(x, naxes, axes, true);
-  kiln_tensor *d = kiln_sub(x, kiln_stop_gradient(m));
-  kiln_tensor *v = kiln_reduce_mean(kiln_mul(d, d), naxes, axes, keepdims);
+  kiln_tensor *v = m ? tape_custom_gradient(var_forward, var_gradient, node, &var_closure, 2, (kiln_tensor *[]){x, m})
+                     : NULL;
+  var_release(node);
   if (!keepdims) m = kiln_reshape(m, rank, shape);
   int rc = m && v ? 0 : -1;
   if (!rc) {

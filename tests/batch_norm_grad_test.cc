@@ -1,0 +1,171 @@
+// batch_norm_grad_test.cc — batch_norm's hand-written backward (one tape
+// node, lib/composite.c bn_gradient, which recomputes x - mean and rsqrt
+// instead of keeping the op-by-op intermediates): first derivatives of every
+// input in every form (offset and scale given or not, per-channel and
+// full-shape statistics) and second derivatives through nested tapes,
+// against central differences in f64; eager against staged.
+#include <gtest/gtest.h>
+#include <kiln.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "test_util.h"
+
+using namespace kiln_test;
+
+namespace {
+
+using Fn = std::function<kiln_tensor *(const std::vector<kiln_tensor *> &)>;
+
+kiln_tensor *random_f64(const V64 &shape, std::mt19937_64 &rng, double lo, double hi) {
+  std::uniform_real_distribution<double> u(lo, hi);
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<double> v((size_t)n);
+  for (double &x : v) x = u(rng);
+  return f64(shape, v);
+}
+
+double scalar_of(kiln_tensor *t) { return values(t)[0]; }
+
+// sum(f(in) * w): a loss whose gradient reaches every output element differently
+kiln_tensor *loss(const Fn &f, const std::vector<kiln_tensor *> &in, kiln_tensor *w) {
+  kiln_tensor *y = f(in);
+  return y ? kiln_reduce_sum(kiln_mul(y, w), 0, nullptr, false) : nullptr;
+}
+
+// d loss / d in[i] by the tape, and by central differences
+void check_first(const Fn &f, std::vector<kiln_tensor *> in, kiln_tensor *w, const char *what) {
+  kiln_tape *tape = kiln_tape_begin(false);
+  for (auto *t : in) kiln_tape_watch(tape, t);
+  kiln_tensor *l = loss(f, in, w);
+  ASSERT_NE(l, nullptr) << what << ": " << kiln_last_error();
+  std::vector<kiln_tensor *> g(in.size());
+  ASSERT_EQ(kiln_tape_gradient(tape, l, (int)in.size(), in.data(), g.data()), 0) << what << ": " << kiln_last_error();
+  kiln_tape_free(tape);
+  const double h = 1e-6;
+  for (size_t i = 0; i < in.size(); i++) {
+    ASSERT_NE(g[i], nullptr) << what << " input " << i;
+    VD base = values(in[i]), got = values(g[i]);
+    for (size_t k = 0; k < base.size(); k++) {
+      kiln_scope_push();
+      VD p = base, m = base;
+      p[k] += h, m[k] -= h;
+      std::vector<kiln_tensor *> ip = in, im = in;
+      ip[i] = from_values(KILN_F64, shape_of(in[i]), p);
+      im[i] = from_values(KILN_F64, shape_of(in[i]), m);
+      double want = (scalar_of(loss(f, ip, w)) - scalar_of(loss(f, im, w))) / (2 * h);
+      EXPECT_NEAR(got[k], want, 1e-6 * (1 + std::fabs(want))) << what << " input " << i << " element " << k;
+      kiln_scope_pop();
+    }
+  }
+}
+
+// u . d loss/dx as a function of x (the inner tape's gradient)
+double directional(const Fn &f, const std::vector<kiln_tensor *> &in, kiln_tensor *w, kiln_tensor *u,
+                   kiln_tensor **grad_of_it) {
+  kiln_tape *outer = grad_of_it ? kiln_tape_begin(false) : nullptr;
+  if (outer) kiln_tape_watch(outer, in[0]);
+  kiln_tape *inner = kiln_tape_begin(false);
+  kiln_tape_watch(inner, in[0]);
+  kiln_tensor *l = loss(f, in, w), *g = nullptr;
+  EXPECT_EQ(kiln_tape_gradient(inner, l, 1, &in[0], &g), 0) << kiln_last_error();
+  kiln_tape_free(inner);
+  kiln_tensor *s = kiln_reduce_sum(kiln_mul(g, u), 0, nullptr, false);
+  if (outer) {
+    EXPECT_EQ(kiln_tape_gradient(outer, s, 1, &in[0], grad_of_it), 0) << kiln_last_error();
+    kiln_tape_free(outer);
+  }
+  return scalar_of(s);
+}
+
+kiln_tensor *bn_of_moments(const std::vector<kiln_tensor *> &in) {
+  kiln_tensor *m = nullptr, *v = nullptr;
+  if (kiln_moments(in[0], 3, (const int[]){0, 1, 2}, false, &m, &v)) return nullptr;
+  return kiln_batch_norm(in[0], m, v, in.size() > 1 ? in[1] : nullptr, in.size() > 2 ? in[2] : nullptr, 1e-3);
+}
+
+}  // namespace
+
+TEST(BatchNormGrad, EveryInputInEveryFormMatchesCentralDifferences) {
+  Scoped s;
+  std::mt19937_64 rng(21);
+  const V64 xs = {2, 3, 2, 3};
+  kiln_tensor *w = random_f64(xs, rng, -1, 1);
+  for (int form = 0; form < 4; form++) {
+    bool off = form & 1, sc = form & 2;
+    kiln_scope_push();
+    std::vector<kiln_tensor *> in = {random_f64(xs, rng, -2, 2), random_f64({3}, rng, -1, 1),
+                                     random_f64({3}, rng, 0.5, 2)};
+    if (off) in.push_back(random_f64({3}, rng, -1, 1));
+    if (sc) in.push_back(random_f64({1, 1, 1, 3}, rng, -2, 2));
+    Fn f = [off, sc](const std::vector<kiln_tensor *> &v) {
+      return kiln_batch_norm(v[0], v[1], v[2], off ? v[3] : nullptr, sc ? v[3 + off] : nullptr, 1e-2);
+    };
+    std::string what = std::string("batch_norm offset ") + (off ? "yes" : "no") + " scale " + (sc ? "yes" : "no");
+    check_first(f, in, w, what.c_str());
+    kiln_scope_pop();
+  }
+  // statistics of x's own shape broadcast nothing
+  std::vector<kiln_tensor *> in = {random_f64(xs, rng, -2, 2), random_f64(xs, rng, -1, 1), random_f64(xs, rng, 0.5, 2)};
+  check_first([](const std::vector<kiln_tensor *> &v) { return kiln_batch_norm(v[0], v[1], v[2], nullptr, nullptr, 0); },
+              in, w, "full-shape statistics");
+  // the training form: moments of the batch, offset and scale
+  check_first(bn_of_moments, {random_f64(xs, rng, -2, 2), random_f64({3}, rng, -1, 1), random_f64({3}, rng, -2, 2)}, w,
+              "batch_norm of the batch's moments");
+}
+
+TEST(BatchNormGrad, SecondDerivativesThroughNestedTapes) {
+  Scoped s;
+  std::mt19937_64 rng(22);
+  const V64 xs = {2, 2, 2, 3};
+  kiln_tensor *w = random_f64(xs, rng, -1, 1), *u = random_f64(xs, rng, -1, 1);
+  std::vector<kiln_tensor *> in = {random_f64(xs, rng, -2, 2), random_f64({3}, rng, -1, 1),
+                                   random_f64({3}, rng, -2, 2)};
+  kiln_tensor *hess_u = nullptr;  // d/dx of u . dL/dx
+  directional(bn_of_moments, in, w, u, &hess_u);
+  ASSERT_NE(hess_u, nullptr) << kiln_last_error();
+  VD base = values(in[0]), got = values(hess_u);
+  const double h = 1e-5;
+  for (size_t k = 0; k < base.size(); k++) {
+    kiln_scope_push();
+    VD p = base, m = base;
+    p[k] += h, m[k] -= h;
+    std::vector<kiln_tensor *> ip = in, im = in;
+    ip[0] = from_values(KILN_F64, xs, p);
+    im[0] = from_values(KILN_F64, xs, m);
+    double want = (directional(bn_of_moments, ip, w, u, nullptr) - directional(bn_of_moments, im, w, u, nullptr)) /
+                  (2 * h);
+    EXPECT_NEAR(got[k], want, 1e-5 * (1 + std::fabs(want))) << "element " << k;
+    kiln_scope_pop();
+  }
+}
+
+namespace {
+
+int bn_grad_body(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tape *t = kiln_tape_begin(false);
+  for (int i = 0; i < 3; i++) kiln_tape_watch(t, in[i]);
+  kiln_tensor *l = loss(bn_of_moments, {in[0], in[1], in[2]}, in[3]);
+  int rc = l ? kiln_tape_gradient(t, l, 3, in, out) : -1;
+  kiln_tape_free(t);
+  return rc;
+}
+
+}  // namespace
+
+TEST(BatchNormGrad, StagedEqualsEager) {
+  Scoped s;
+  std::mt19937_64 rng(23);
+  kiln_tensor *in[4] = {random_f64({4, 5, 5, 8}, rng, -2, 2), random_f64({8}, rng, -1, 1),
+                        random_f64({8}, rng, -2, 2), random_f64({4, 5, 5, 8}, rng, -1, 1)};
+  kiln_tensor *want[3] = {}, *got[3] = {};
+  ASSERT_EQ(bn_grad_body(nullptr, 4, in, 3, want), 0) << kiln_last_error();
+  kiln_function *f = kiln_function_new("bn_grads", bn_grad_body, nullptr, 4, 3);
+  ASSERT_EQ(kiln_function_call(f, in, got), 0) << kiln_last_error();
+  for (int i = 0; i < 3; i++) EXPECT_TRUE(allclose(got[i], want[i], 1e-12, 1e-12)) << "gradient " << i;
+  kiln_function_free(f);
+}
