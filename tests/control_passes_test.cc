@@ -10,7 +10,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -110,6 +112,24 @@ int count_after(const std::string &text, const char *pipeline, op_id op, const c
   EXPECT_EQ(pass_run_pipeline(m.f(name), pipeline, nullptr, nullptr, nullptr), 0) << kiln_last_error();
   EXPECT_EQ(ir_verify_module(m.m), 0) << kiln_last_error();
   return count(m.f(name), op);
+}
+
+bool pass_is_control_op(op_id op) { return op == OP_COND || op == OP_WHILE || op == OP_SCAN; }
+
+// The instructions (but constants) in the branches of every cond under f.
+int in_branches(const ir_func *f, int depth = 0) {
+  int n = 0;
+  for (int i = 0; f && depth < 16 && i < f->n_instrs; i++) {
+    const ir_instr &in = f->instrs[i];
+    if (!pass_is_control_op(in.op)) continue;
+    for (const ir_func *r : {in.attrs.callee, in.attrs.callee2}) {
+      if (!r) continue;
+      if (in.op == OP_COND)
+        for (int k = 0; k < r->n_instrs; k++) n += r->instrs[k].op != OP_CONSTANT;
+      n += in_branches(r, depth + 1);
+    }
+  }
+  return n;
 }
 
 kiln_tensor *b1(bool v) {
@@ -765,6 +785,176 @@ func @f(%n: i32[], %s0: i32[2], %m: i32[2], %k: i32[2]) -> i32[2] {
   check(text, "f", "licm", {i32s(3), i32({2}, {1, 2}), i32({2}, {5, 3}), i32({2}, {7, 8})});
   EXPECT_EQ(count_after(text, "licm", OP_DIV), 0);
   EXPECT_EQ(count_after(text, "licm", OP_MOD), 0);
+}
+
+// ==== random programs: loops holding conds, conds sharing work, twins ====
+
+// A random program over f32[4] values: blocks that are a while or a scan
+// whose body holds a cond (its branches doing work on the loop's captures,
+// a gather of a capture among it now and then), or a cond whose branches
+// begin with the same work; each block now and then emitted twice (its
+// regions renamed: cse merges the twin).
+struct CondGen {
+  std::mt19937 rng;
+  explicit CondGen(unsigned seed) : rng(seed) {}
+  int pick(int n) { return (int)(rng() % (unsigned)n); }
+
+  // elementwise work over vals (f32[4] names), n instructions named
+  // %<tag>N, appended to out at indent ind; the names join vals
+  void chain(std::mt19937 &r, std::string &out, std::vector<std::string> &vals, int n, const std::string &tag,
+             const std::string &ind) {
+    static const char *un[] = {"neg", "tanh", "sin", "abs", "exp"};
+    static const char *bin[] = {"add", "mul", "sub", "max"};
+    for (int k = 0; k < n; k++) {
+      std::string v = "%" + tag + std::to_string(k);
+      const std::string &a = vals[r() % vals.size()], &b = vals[r() % vals.size()];
+      if (r() % 3 == 0)
+        out += ind + v + " = " + un[r() % 5] + " " + a + " : f32[4]\n";
+      else
+        out += ind + v + " = " + bin[r() % 4] + " " + a + ", " + b + " : f32[4]\n";
+      vals.push_back(v);
+    }
+  }
+
+  // a branch over (%a: varies, %b, %e: invariant in the loop, %q: indices)
+  void branch(std::mt19937 &r, std::string &out, const std::string &head, const std::string &ind) {
+    out += head;
+    std::vector<std::string> inv = {"%b", "%e"};
+    chain(r, out, inv, 1 + (int)(r() % 3), "u", ind + "  ");
+    if (r() % 3 == 0) {
+      out += ind + "  %g = gather " + inv.back() + ", %q {axis=0} : f32[4]\n";
+      inv.push_back("%g");
+    }
+    std::vector<std::string> all = inv;
+    all.push_back("%a");
+    chain(r, out, all, 1 + (int)(r() % 3), "w", ind + "  ");
+    out += ind + "  %last = add " + all.back() + ", %a : f32[4]\n";
+    out += ind + "  return %last\n" + ind + "}\n";
+  }
+
+  // the cond of a loop body: reads cur (varies), c, d (captures), k
+  void inner_cond(std::mt19937 &r, std::string &out, const std::string &R, const std::string &cur,
+                  const std::string &ind) {
+    out += ind + "%zf = constant dense<0.0> : f32[]\n";
+    out += ind + "%sum = reduce_sum " + cur + " {axes=[0]} : f32[]\n";
+    out += ind + "%p = gt %sum, %zf : bool[]\n";
+    out += ind + "%o = cond %p, " + cur + ", %c, %d, %k : f32[4]\n";
+    const std::string sig = "(%a: f32[4], %b: f32[4], %e: f32[4], %q: i32[4]) -> f32[4] {\n";
+    branch(r, out, ind + "  then func " + R + ".then" + sig, ind + "  ");
+    branch(r, out, ind + "  else func " + R + ".else" + sig, ind + "  ");
+  }
+
+  // one block reading pool values; its results named %<T>r...
+  std::string block(unsigned seed, const std::string &T, const std::vector<std::string> &pool,
+                    std::vector<std::string> &res) {
+    std::mt19937 r(seed);
+    std::string out, v1 = pool[r() % pool.size()], v2 = pool[r() % pool.size()], v3 = pool[r() % pool.size()];
+    std::string R = "@" + T;
+    int kind = (int)(r() % 3);
+    if (kind == 0) { // while counting %n down
+      std::string i = "%" + T + "i", s = "%" + T + "s";
+      out += "  " + i + ", " + s + " = while %n, " + v1 + ", " + v2 + ", " + v3 + ", %idx {state=2, max_iterations=" +
+             (r() % 2 ? "-1" : "3") + "} : i32[], f32[4]\n";
+      const std::string params = "(%i: i32[], %s: f32[4], %c: f32[4], %d: f32[4], %k: i32[4])";
+      out += "    cond func " + R + ".cond" + params + " -> bool[] {\n";
+      out += "      %z = constant dense<0> : i32[]\n      %0 = gt %i, %z : bool[]\n      return %0\n    }\n";
+      out += "    body func " + R + ".body" + params + " -> (i32[], f32[4]) {\n";
+      out += "      %one = constant dense<1> : i32[]\n      %j = sub %i, %one : i32[]\n";
+      std::vector<std::string> vals = {"%s", "%c", "%d"};
+      chain(r, out, vals, 1 + (int)(r() % 2), "t", "      ");
+      inner_cond(r, out, R + ".c", vals.back(), "      ");
+      out += "      %next = tanh %o : f32[4]\n      return %j, %next\n    }\n";
+      res.push_back(s);
+    } else if (kind == 1) { // scan over the rows of %xs
+      std::string c = "%" + T + "c", ys = "%" + T + "ys";
+      out += "  " + c + ", " + ys + " = scan " + v1 + ", %xs, " + v2 + ", " + v3 + ", %idx {carry=1, xs=1, length=3, reverse=" +
+             (r() % 2 ? "true" : "false") + "} : f32[4], f32[3,4]\n";
+      out += "    body func " + R + ".body(%s: f32[4], %x: f32[4], %c: f32[4], %d: f32[4], %k: i32[4]) -> (f32[4], f32[4]) {\n";
+      std::vector<std::string> vals = {"%s", "%x", "%c", "%d"};
+      chain(r, out, vals, 1 + (int)(r() % 2), "t", "      ");
+      inner_cond(r, out, R + ".c", vals.back(), "      ");
+      out += "      %next = tanh %o : f32[4]\n      return %next, %o\n    }\n";
+      res.push_back(c);
+      std::string row = "%" + T + "row", q = "%" + T + "q";
+      out += "  " + row + " = slice " + ys + " {begin=[2,0], size=[1,4]} : f32[1,4]\n";
+      out += "  " + q + " = reshape " + row + " {shape=[4]} : f32[4]\n";
+      res.push_back(q);
+    } else { // a cond whose branches begin alike
+      std::string o1 = "%" + T + "o1", o2 = "%" + T + "o2", p = "%" + T + "p", sm = "%" + T + "sm", z = "%" + T + "z";
+      out += "  " + z + " = constant dense<0.0> : f32[]\n";
+      out += "  " + sm + " = reduce_sum " + v1 + " {axes=[0]} : f32[]\n";
+      out += "  " + p + " = gt " + sm + ", " + z + " : bool[]\n";
+      out += "  " + o1 + ", " + o2 + " = cond " + p + ", " + v1 + ", " + v2 + ", " + v3 + " : f32[4], f32[4]\n";
+      unsigned common = (unsigned)r();
+      int n_common = 1 + (int)(r() % 3);
+      for (const char *role : {"then", "else"}) {
+        out += "    " + std::string(role) + " func " + R + "." + role +
+               "(%a: f32[4], %b: f32[4], %e: f32[4]) -> (f32[4], f32[4]) {\n";
+        std::mt19937 cr(common); // the same work in both
+        std::vector<std::string> vals = {"%a", "%b", "%e"};
+        chain(cr, out, vals, n_common, "s", "      ");
+        chain(r, out, vals, 1 + (int)(r() % 2), std::string("d") + role[0], "      ");
+        out += "      return " + vals.back() + ", " + vals[3] + "\n    }\n";
+      }
+      res.push_back(o1);
+      res.push_back(o2);
+    }
+    return out;
+  }
+
+  std::string program() {
+    std::string out = "func @f(%x: f32[4], %y: f32[4], %xs: f32[3,4], %idx: i32[4], %n: i32[]) -> (f32[4], f32[4]) {\n";
+    std::vector<std::string> pool = {"%x", "%y"};
+    int n = 2 + pick(3);
+    for (int b = 0; b < n; b++) {
+      unsigned seed = (unsigned)rng();
+      std::vector<std::string> res, twin;
+      out += block(seed, "b" + std::to_string(b), pool, res);
+      if (pick(2)) out += block(seed, "b" + std::to_string(b) + "t", pool, twin); // the same block again
+      for (const std::string &v : res) pool.push_back(v);
+      for (const std::string &v : twin) pool.push_back(v);
+    }
+    out += "  return " + pool.back() + ", " + pool[2] + "\n}\n";
+    return out;
+  }
+};
+
+TEST(ControlRandomConds, LicmCseAndThePipelineKeepTheValues) {
+  Scoped s;
+  kiln_tensor *x = f32({0.5f, -1.25f, 2, 0.125f}), *y = f32({-0.75f, 1, 0.25f, -2});
+  kiln_tensor *xs = f32({3, 4}, {0.5f, -1, 0.25f, 1, -2, 0.5f, 0.75f, -0.5f, 1, 1, -1, 0.125f});
+  kiln_tensor *idx = i32({4}, {2, 0, 3, 1});
+  int merged = 0, hoisted = 0, programs = 0;
+  for (unsigned seed = 1; seed <= 40; seed++) {
+    CondGen g(seed);
+    std::string text = g.program();
+    Mod probe(text);
+    ASSERT_NE(probe.m, nullptr) << "seed " << seed << "\n" << text;
+    for (int32_t n : {0, 3}) {
+      for (const char *p : {"licm", "cse", "licm,cse,dce", PASS_DEFAULT_PIPELINE}) {
+        SCOPED_TRACE(std::string("seed ") + std::to_string(seed) + " n " + std::to_string(n) + " pipeline " + p + "\n" +
+                     text);
+        check(text, "f", p, {x, y, xs, idx, i32s(n)});
+        if (HasFailure()) return;
+      }
+    }
+    programs++;
+    // what changed: control flow merged, work moved out of loops or conds
+    Mod a(text), b(text);
+    int ctl = 0, ctl_after = 0;
+    for (int i = 0; i < a.f("f")->n_instrs; i++) ctl += pass_is_control_op(a.f("f")->instrs[i].op);
+    ASSERT_EQ(pass_run_pipeline(a.f("f"), "cse", nullptr, nullptr, nullptr), 0) << kiln_last_error();
+    for (int i = 0; i < a.f("f")->n_instrs; i++) ctl_after += pass_is_control_op(a.f("f")->instrs[i].op);
+    merged += ctl_after < ctl;
+    int before = in_branches(b.f("f"));
+    ASSERT_EQ(pass_run_pipeline(b.f("f"), "licm", nullptr, nullptr, nullptr), 0) << kiln_last_error();
+    hoisted += in_branches(b.f("f")) < before;
+  }
+  EXPECT_EQ(programs, 40);
+  EXPECT_GT(merged, 8) << "programs where cse merged control flow";
+  EXPECT_GT(hoisted, 15) << "programs where licm moved work out of the branches of a cond";
+  std::printf("  %d programs: cse merged control flow in %d, licm moved work out of cond branches in %d\n", programs,
+              merged, hoisted);
 }
 
 }  // namespace
