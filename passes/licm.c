@@ -363,9 +363,11 @@ static int loop_conds(ir_func *g, int c0, bool *changed) {
 /* Limits the pairs compared (then instructions x else instructions). */
 enum { COMMON_MAX_PAIRS = 1 << 16 };
 
-/* Finds the work both branches of cond ins do (before anything else they
- * share): h[0].moved marks it in the then branch, h[1].moved its twin in
- * the else branch; twin[v] is the else value of then value v (-1 none).
+/* Finds the work both branches of cond ins do, reading only their
+ * parameters, constants and other such work: h[0].moved marks it in the
+ * then branch, h[1].moved its twin in the else branch (each else
+ * instruction twins one then instruction at most); twin[v] is the else
+ * value of then value v (-1 none).
  * Captures: each moved then value either branch still reads (h[0].cap, the
  * else twin's in h[1].cap). 0 / -1. */
 static int plan_common(const ir_instr *ins, hoist h[2], ir_value **twin_out) {
