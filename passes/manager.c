@@ -23,8 +23,10 @@ static const pass_info registry[] = {
      "evaluate instructions whose inputs are all constants (results <= 1024 elements); a cond on a "
      "constant predicate becomes its branch, a loop that never runs its initial state"},
     {"licm", kiln_pass_licm,
-     "hoist pure loop-invariant instructions (of captures and constants) out of while and scan regions"},
-    {"cse", kiln_pass_cse, "merge identical pure instructions"},
+     "hoist pure loop-invariant instructions (of captures and constants) out of while and scan regions, and out of "
+     "the branches of conds inside them when they cannot fail; work both branches of a cond do moves before it"},
+    {"cse", kiln_pass_cse,
+     "merge identical pure instructions, calls of pure functions, and control flow whose pure regions are the same"},
     {"dce", kiln_pass_dce,
      "remove instructions no result needs (random and host calls stay), unused loop state, scan ys, cond "
      "results and region parameters"},

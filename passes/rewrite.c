@@ -263,6 +263,18 @@ bool pass_has_effect(const ir_instr *ins) {
   return true;
 }
 
+bool pass_can_fail(const ir_func *f, const ir_instr *ins) {
+  if (!pass_is_pure(ins) || kiln_ops[ins->op].kind == OPK_INDEX) return true;
+  if ((ins->op != OP_DIV && ins->op != OP_MOD) || ins->n_in != 2) return false;
+  kiln_dtype dt = f->types[ins->in[1]].dtype;
+  if (dt == KILN_F32 || dt == KILN_F64 || dt == KILN_F16 || dt == KILN_BF16) return false;
+  const kiln_tensor *d = pass_const(f, ins->in[1]); /* a divisor known free of zeros */
+  if (!d) return true;
+  for (int64_t i = 0; i < d->size; i++)
+    if (dtype_load((kiln_dtype)d->dtype, d->data, i) == 0) return true;
+  return false;
+}
+
 int pass_live(const ir_func *g, const bool *keep_result, bool *live_val, bool *live_ins) {
   bool *live = live_val ? live_val : calloc((size_t)g->n_values + 1, sizeof *live);
   if (!live) return kiln_set_error("pass: out of memory");

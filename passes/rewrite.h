@@ -58,6 +58,56 @@ bool pass_is_pure(const ir_instr *ins);
  * effect or is unknown: a call of it is pure. */
 bool pass_func_is_pure(const ir_func *f);
 
+/* Can ins fail at run time on some values of its operands (in f)? A
+ * gather or scatter_add (an index out of range), an integer div or mod
+ * whose divisor is not a constant free of zeros, and anything not
+ * pure. Work that may run where the program would not have run it
+ * (hoisted out of a branch, or out of a loop that may not run) must not. */
+bool pass_can_fail(const ir_func *f, const ir_instr *ins);
+
+/* ---- sameness (same.c) ---- */
+/* The attribute fields ops.def names for an op, as a mask. */
+enum {
+  PASS_F_DTYPE = 1 << 0,
+  PASS_F_SHAPE = 1 << 1, /* shape and size: rank + shape[] */
+  PASS_F_BEGIN = 1 << 2,
+  PASS_F_AXES = 1 << 3, /* axes and perm: naxes + axes[] */
+  PASS_F_AXIS = 1 << 4,
+  PASS_F_KEEPDIMS = 1 << 5,
+  PASS_F_LO = 1 << 6,
+  PASS_F_HI = 1 << 7,
+  PASS_F_SEED = 1 << 8,
+  PASS_F_COUNTER = 1 << 9,
+  PASS_F_VALUE = 1 << 10,
+  PASS_F_STRIDE = 1 << 11,
+  PASS_F_DILATION = 1 << 12,
+  PASS_F_PADDING = 1 << 13,
+  PASS_F_GROUPS = 1 << 14,
+  PASS_F_WINDOW = 1 << 15,
+  PASS_F_CALLEE = 1 << 16,  /* call, fusion: compared by pass_same_func */
+  PASS_F_STATE = 1 << 17,   /* state, carry: n_state */
+  PASS_F_XS = 1 << 18,      /* n_xs */
+  PASS_F_TRIP = 1 << 19,    /* length, max_iterations: trip */
+  PASS_F_REVERSE = 1 << 20,
+  PASS_F_UNKNOWN = 1 << 30, /* a field not known here: never the same */
+};
+unsigned pass_attr_fields(op_id op);
+/* Are the fields m (pass_attr_fields) of a and b the same? Never with
+ * PASS_F_UNKNOWN; callees and regions are not compared here. */
+bool pass_same_attrs(unsigned m, const op_attrs *a, const op_attrs *b);
+/* Same dtype, shape and bytes (or the same tensor). */
+bool pass_same_tensor(const kiln_tensor *a, const kiln_tensor *b);
+/* Do pure functions a and b compute the same results from the same
+ * arguments, instruction for instruction (ops, operands, attributes,
+ * types, constants, callees and regions compared the same way, nested)?
+ * False when either draws random numbers or calls the host. */
+bool pass_same_func(const ir_func *a, const ir_func *b);
+/* Does x of fx compute what y of fy does, when x's operands correspond to
+ * in_y (values of fy)? Op, attributes, result types, and callees or regions
+ * by pass_same_func; never for random draws or host calls. */
+bool pass_same_instr(const ir_func *fx, const ir_instr *x, const ir_func *fy, const ir_instr *y,
+                     const ir_value *in_y);
+
 /* ---- control flow (cond, while, scan: regions) ----
  * A region belongs to one instruction. A pass that rebuilds a control
  * instruction with other regions makes new ones (pass_region_rebuild,
