@@ -8,6 +8,7 @@
 
 #include "autodiff.h"
 #include "ops.h"
+#include "../jit/jit.h"
 
 /* Each composite checks its own arguments first, so that its errors begin
  * with its own name rather than that of a primitive it happens to use. */
@@ -478,10 +479,78 @@ typedef struct {
 } bn_form;
 static const bn_form bn_forms[4] = {{false, false}, {true, false}, {false, true}, {true, true}};
 
+/* ---- batch_norm run eagerly as one pass ----
+ * On the CPU, outside a trace, with per-channel (or scalar) statistics and
+ * parameters of x's dtype: each element computed with the op-by-op
+ * roundings, in the same order ((x - m) * r, * s, + o; no contraction: ISO
+ * C), so the bits equal four elementwise ops' while x is read once and y
+ * written once instead of four passes each way. */
+typedef struct {
+  kiln_tensor *y;
+  const kiln_tensor *x, *p[4]; /* mean, rsqrt(variance + epsilon), scale, offset; NULL = absent */
+  int64_t channels;
+} bn_pass;
+
+/* p's element for channel c (p is a scalar or holds one per channel) */
+#define BN_AT(T, t, c) ((const T *)(t)->data)[(t)->size == 1 ? 0 : (c)]
+
+static void bn_rows(void *ctx, int64_t r0, int64_t r1) {
+  const bn_pass *b = ctx;
+  int64_t C = b->channels;
+  if (b->x->dtype == KILN_F32) {
+    const float *x = b->x->data;
+    float *y = b->y->data;
+    for (int64_t r = r0; r < r1; r++)
+      for (int64_t c = 0; c < C; c++) {
+        float v = (x[r * C + c] - BN_AT(float, b->p[0], c)) * BN_AT(float, b->p[1], c);
+        if (b->p[2]) v = v * BN_AT(float, b->p[2], c);
+        if (b->p[3]) v = v + BN_AT(float, b->p[3], c);
+        y[r * C + c] = v;
+      }
+  } else {
+    const double *x = b->x->data;
+    double *y = b->y->data;
+    for (int64_t r = r0; r < r1; r++)
+      for (int64_t c = 0; c < C; c++) {
+        double v = (x[r * C + c] - BN_AT(double, b->p[0], c)) * BN_AT(double, b->p[1], c);
+        if (b->p[2]) v = v * BN_AT(double, b->p[2], c);
+        if (b->p[3]) v = v + BN_AT(double, b->p[3], c);
+        y[r * C + c] = v;
+      }
+  }
+}
+
+/* p broadcasts into x's last dim only: one value, or one per channel */
+static bool per_channel(const kiln_tensor *p, const kiln_tensor *x) {
+  if (!p) return true;
+  if (p->device || (p->flags & TF_SYMBOLIC) || p->dtype != x->dtype) return false;
+  if (p->size == 1) return true;
+  for (int i = 0; i + 1 < p->rank; i++)
+    if (p->shape[i] != 1) return false;
+  return p->rank >= 1 && p->rank <= x->rank && p->shape[p->rank - 1] == x->shape[x->rank - 1];
+}
+
+/* y as one pass, or NULL (no error) where the op-by-op path must run */
+static kiln_tensor *bn_one_pass(kiln_tensor *x, kiln_tensor *mean, kiln_tensor *ve, kiln_tensor *scale,
+                                kiln_tensor *offset) {
+  if (trace_current || device_now || x->device || (x->flags & TF_SYMBOLIC) || x->rank < 1 || x->size < 1 ||
+      !per_channel(mean, x) || !per_channel(ve, x) || !per_channel(scale, x) || !per_channel(offset, x))
+    return NULL;
+  kiln_tensor *r = kiln_rsqrt(ve);
+  kiln_tensor *y = r ? tensor_alloc("batch_norm", (kiln_dtype)x->dtype, x->rank, x->shape) : NULL;
+  if (!y) return NULL;
+  bn_pass b = {y, x, {mean, r, scale, offset}, x->shape[x->rank - 1]};
+  int64_t rows = x->size / b.channels;
+  parallel_for(rows, (16384 + b.channels - 1) / b.channels, bn_rows, &b);
+  return scope_own(y);
+}
+
 static kiln_tensor *bn_forward(void *user, int n, kiln_tensor *const *xs) {
   const bn_form *b = user;
   (void)n;
   kiln_tensor *offset = b->offset ? xs[3] : NULL, *scale = b->scale ? xs[3 + b->offset] : NULL;
+  kiln_tensor *fast = bn_one_pass(xs[0], xs[1], xs[2], scale, offset);
+  if (fast || kiln_has_error()) return fast;
   kiln_tensor *y = kiln_mul(kiln_sub(xs[0], xs[1]), kiln_rsqrt(xs[2]));
   if (scale) y = kiln_mul(y, scale);
   return offset ? kiln_add(y, offset) : y;

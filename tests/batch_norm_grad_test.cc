@@ -1,9 +1,10 @@
-// batch_norm_grad_test.cc — batch_norm's hand-written backward (one tape
-// node, lib/composite.c bn_gradient, which recomputes x - mean and rsqrt
-// instead of keeping the op-by-op intermediates): first derivatives of every
-// input in every form (offset and scale given or not, per-channel and
-// full-shape statistics) and second derivatives through nested tapes,
-// against central differences in f64; eager against staged.
+// batch_norm_grad_test.cc — batch_norm as one tape node (lib/composite.c):
+// its hand-written backward (bn_gradient, which recomputes x - mean and
+// rsqrt instead of keeping the op-by-op intermediates): first derivatives
+// of every input in every form (offset and scale given or not, per-channel
+// and full-shape statistics) and second derivatives through nested tapes,
+// against central differences in f64; eager against staged. And its eager
+// one-pass forward (bn_one_pass): bit for bit the four elementwise ops.
 #include <gtest/gtest.h>
 #include <kiln.h>
 
@@ -168,4 +169,51 @@ TEST(BatchNormGrad, StagedEqualsEager) {
   ASSERT_EQ(kiln_function_call(f, in, got), 0) << kiln_last_error();
   for (int i = 0; i < 3; i++) EXPECT_TRUE(allclose(got[i], want[i], 1e-12, 1e-12)) << "gradient " << i;
   kiln_function_free(f);
+}
+
+namespace {
+
+// the op-by-op definition, each op rounded on its own
+kiln_tensor *by_ops(kiln_tensor *x, kiln_tensor *m, kiln_tensor *v, kiln_tensor *o, kiln_tensor *sc, double eps) {
+  kiln_tensor *y = kiln_mul(kiln_sub(x, m), kiln_rsqrt(kiln_add(v, kiln_scalar_like(v, eps))));
+  if (sc) y = kiln_mul(y, sc);
+  return o ? kiln_add(y, o) : y;
+}
+
+}  // namespace
+
+TEST(BatchNormGrad, OnePassForwardEqualsTheOpsBitForBit) {
+  Scoped s;
+  std::mt19937_64 rng(24);
+  struct Shape {
+    V64 x, p;
+  };
+  // per-channel as [C] and [1,1,1,C], a scalar, full-shape (not one pass),
+  // a row too short to split and one large enough for several threads
+  const Shape shapes[] = {{{2, 3, 3, 5}, {5}}, {{2, 3, 3, 5}, {1, 1, 1, 5}}, {{2, 3, 3, 5}, {}},
+                          {{2, 3, 3, 5}, {2, 3, 3, 5}}, {{7}, {7}}, {{64, 33, 17, 16}, {16}}};
+  for (kiln_dtype dt : {KILN_F32, KILN_F64})
+    for (const Shape &sh : shapes)
+      for (int form = 0; form < 4; form++) {
+        kiln_scope_push();
+        kiln_tensor *x = kiln_random_normal(dt, (int)sh.x.size(), sh.x.data());
+        kiln_tensor *m = kiln_random_normal(dt, (int)sh.p.size(), sh.p.data());
+        kiln_tensor *v = kiln_abs(kiln_random_normal(dt, (int)sh.p.size(), sh.p.data()));
+        kiln_tensor *o = form & 1 ? kiln_random_normal(dt, (int)sh.p.size(), sh.p.data()) : nullptr;
+        kiln_tensor *sc = form & 2 ? kiln_random_normal(dt, (int)sh.p.size(), sh.p.data()) : nullptr;
+        if (sh.x.size() == 4 && sh.x[3] == 5) {  // specials: NaN, infinities, a zero variance
+          std::vector<double> xv = values(x);
+          xv[0] = kNan, xv[1] = kInf, xv[2] = -kInf;
+          x = from_values(dt, sh.x, xv);
+          std::vector<double> vv = values(v);
+          vv[0] = 0;
+          v = from_values(dt, sh.p, vv);
+        }
+        kiln_tensor *got = kiln_batch_norm(x, m, v, o, sc, form == 3 ? 0.0 : 1e-3);
+        kiln_tensor *want = by_ops(x, m, v, o, sc, form == 3 ? 0.0 : 1e-3);
+        ASSERT_NE(got, nullptr) << kiln_last_error();
+        EXPECT_TRUE(same_bits(got, want)) << kiln_dtype_name(dt) << " x " << sh.x.size() << "-d, params "
+                                          << sh.p.size() << "-d, form " << form;
+        kiln_scope_pop();
+      }
 }
