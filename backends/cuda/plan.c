@@ -3,7 +3,9 @@
  * inside one; dot, argmax, concat, gather, scatter_add and the window ops
  * (conv2d, pooling and their gradients) kernels of their own; random draws
  * and host callbacks host steps; column reductions and big filter gradients
- * split in two passes) and the launch plan made from the plan's steps. */
+ * split in two passes; a scan whose body is elementwise one kernel looping
+ * over t on the device, ptx_scan.c) and the launch plan made from the
+ * plan's steps. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,6 +71,7 @@ static const plan_policy cuda_policy = {
     .place = place,
     .fusion_one_kernel = fusion_ok,
     .split = column_split,
+    .scan_one_kernel = cuda_scan_one_kernel,
 };
 
 

@@ -1049,6 +1049,7 @@ static int emit_kernel(cuda_build *cb, cuda_step *st, const plan_kernel *g) {
       case OP_CONCAT: rc = emit_concat(&k); break;
       case OP_GATHER: rc = emit_gather(&k), can_fail = true; break;
       case OP_SCATTER_ADD: rc = emit_scatter_add(&k), can_fail = true; break;
+      case OP_SCAN: rc = cuda_emit_scan(&k, &can_fail); break; /* the device loop (ptx_scan.c) */
       default: rc = kiln_set_error("cuda: @%s: %s has no kernel", cb->f->name, kiln_ops[g->special->op].name);
     }
   } else if (!rc) {

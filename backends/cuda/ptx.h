@@ -138,6 +138,10 @@ void cuda_program_rt_free(cuda_program *p);
  * inputs, f32 accumulation; sm_80 and up). Off by default: f32 dot then
  * rounds as the CPU's does. Read at each compile. */
 bool cuda_use_tf32(void);
+/* KILN_CUDA_SCAN_LOOPS=1: every scan a host loop over its body's kernels,
+ * none the device loop of ptx_scan.c (tests, benchmarks). Read at each
+ * compile (and part of the disk cache's key). */
+bool cuda_scan_loops(void);
 
 /* ---- the disk cache (ptx_cache.c) ---- */
 typedef struct cuda_cache_ref {
@@ -166,6 +170,15 @@ KILN_EXPORT int kiln_debug_cuda_fmod(kiln_dtype dt, int64_t n, const double *x, 
  * for the host and run in LLVM's interpreter: the tests' check of their
  * index arithmetic without a GPU. Slow; small shapes. 0 / -1. */
 KILN_EXPORT int kiln_debug_cuda_window(op_id op, const op_attrs *a, int n_in, kiln_tensor *const *in, kiln_tensor *out);
+
+/* The scan of f (f's one instruction, its operands f's parameters, its
+ * results f's results), whose body is elementwise, over the CPU tensors
+ * args (per parameter) into the CPU tensors results (per result, of the
+ * results' types), computed by the element code of the GPU's device-loop
+ * kernel (ptx_scan.c: carries across t, rows at t, reversed from the last)
+ * emitted for the host and run in LLVM's interpreter: the tests' check of
+ * its arithmetic without a GPU. Slow; small shapes. 0 / -1. */
+KILN_EXPORT int kiln_debug_cuda_scan(const ir_func *f, kiln_tensor *const *args, kiln_tensor *const *results);
 
 #ifdef __cplusplus
 }

@@ -33,8 +33,9 @@ static char *cache_meta(const cuda_program *p) {
   if (!m) return NULL;
   int k = snprintf(m, n,
                    "kiln cuda program 1\nllvm %u.%u.%u\ntriple nvptx64-nvidia-cuda\narch %s\nfeatures +ptx80\n%s\n"
-                   "tf32 %d\narena %lld",
-                   maj, min, pat, p->arch, cpu_cache_build_id(), cuda_use_tf32(), (long long)p->arena_bytes);
+                   "tf32 %d\nscan loops %d\narena %lld",
+                   maj, min, pat, p->arch, cpu_cache_build_id(), cuda_use_tf32(), cuda_scan_loops(),
+                   (long long)p->arena_bytes);
   if (k <= 0 || (size_t)k >= n) {
     free(m);
     return NULL;

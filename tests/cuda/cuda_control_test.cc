@@ -282,6 +282,7 @@ func @f(%c0: f32[4], %i: i64[2], %tab: f32[10,4]) -> f32[4] {
 
 TEST(CudaControl, ThePlanNestsStepListsAndNumbersEveryStep) {
   GpuTest s;
+  EnvGuard loops("KILN_CUDA_SCAN_LOOPS", "1");  // its elementwise scan a host loop, not the device loop
   Mod m(kNested);
   Prog p(m.f("f"));
   ASSERT_NE(p.p, nullptr);
@@ -482,6 +483,7 @@ TEST(CudaControl, ScanLaunchesItsBodyPerRowWithAdvancingRowPointers) {
 
 TEST(CudaControl, AScanInsideAWhileRestartsItsRowsEachIteration) {
   GpuTest s;
+  EnvGuard loops("KILN_CUDA_SCAN_LOOPS", "1");  // its elementwise scan a host loop, not the device loop
   Mod m(kNested);
   Prog p(m.f("f"));
   ASSERT_NE(p.p, nullptr);
@@ -516,6 +518,7 @@ TEST(CudaControl, AScanInsideAWhileRestartsItsRowsEachIteration) {
 // once (with the module), and the rows are device addresses inside it.
 TEST(CudaControl, ARowOfAConstantIsReadOnTheGpu) {
   GpuTest s;
+  EnvGuard loops("KILN_CUDA_SCAN_LOOPS", "1");  // its elementwise scan a host loop, not the device loop
   Mod m(R"(
 func @f(%c0: f32[3]) -> f32[3] {
   %w = constant dense<[1, 2, 3, 4, 5, 6, 7, 8, 9, 1.5, 2.5, 3.5]> : f32[4,3]
