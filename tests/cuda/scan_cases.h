@@ -11,9 +11,13 @@
 
 #include <kiln.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
+
+#include "../test_util.h"
+#include "ir.h"
 
 namespace kiln_test {
 
