@@ -4,8 +4,9 @@
  * (conv2d, pooling and their gradients) kernels of their own; random draws
  * and host callbacks host steps; column reductions and big filter gradients
  * split in two passes; a scan whose body is elementwise one kernel looping
- * over t on the device, ptx_scan.c) and the launch plan made from the
- * plan's steps. */
+ * over t on the device, ptx_scan.c; a loop's new carries stored in place
+ * over its state where the planner finds it safe) and the launch plan made
+ * from the plan's steps. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,12 +66,25 @@ static plan_as place(const ir_func *f, const ir_instr *in) {
   return PLAN_AS_UNSUPPORTED;
 }
 
+/* Any kernel may store a new carry over the loop's state: an elementwise
+ * kernel computes every output of an element before storing any (ptx.c's
+ * emit_elementwise), a thread per element, so the element it stores was
+ * read by that thread alone (the planner admits a kernel reading the state
+ * only at the element it stores: plan_at_store_index; a reduction, a
+ * transpose or a kernel of its own reading it keeps its state). The host
+ * loop then copies nothing back for that carry. */
+static bool state_in_place(const plan_kernel *k) {
+  (void)k;
+  return true;
+}
+
 static const plan_policy cuda_policy = {
     .who = "cuda",
     .unsupported = "is not supported on the GPU yet",
     .place = place,
     .fusion_one_kernel = fusion_ok,
     .split = column_split,
+    .state_in_place = state_in_place,
     .scan_one_kernel = cuda_scan_one_kernel,
 };
 

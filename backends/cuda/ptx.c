@@ -363,11 +363,18 @@ static int emit_elementwise(kctx *k, llvm_group *lg) {
   LLVMValueRef i = grid_loop_begin(e, &l, n, 1);
   llvm_index idx;
   llvm_index_linear(&idx, ot, i);
-  for (int o = 0; o < g->n_out; o++) {
-    LLVMValueRef v = llvm_emit_value(lg, g->out[o], &idx);
-    if (!v) return -1;
-    llvm_emit_store(e, f->types[g->out[o]].dtype, k->outp[o], i, v);
-  }
+  /* every output's value first, then the stores: an output stored over a
+   * loop's state (plan_policy.state_in_place, plan.c) follows every load
+   * of that element */
+  LLVMValueRef *v = malloc(((size_t)g->n_out + 1) * sizeof *v);
+  if (!v) return cuda_oom();
+  for (int o = 0; o < g->n_out; o++)
+    if (!(v[o] = llvm_emit_value(lg, g->out[o], &idx))) {
+      free(v);
+      return -1;
+    }
+  for (int o = 0; o < g->n_out; o++) llvm_emit_store(e, f->types[g->out[o]].dtype, k->outp[o], i, v[o]);
+  free(v);
   flush_bad(e, lg, k->bad);
   llvm_group_forget(lg);
   sloop_end(e, &l);

@@ -407,6 +407,37 @@ TEST(CudaControl, WhileRunsTheBodyUntilThePredicateKernelSaysFalse) {
   for (const cuda_step *k : body) EXPECT_EQ(got[k->name], 0) << k->name;
 }
 
+// The body's kernels store the new carries straight over the loop's state
+// (plan_policy.state_in_place: each reads its carry only at the element it
+// stores): the copies are the state's copies in before the loop, none per
+// iteration, however many iterations run.
+TEST(CudaControl, ALoopsCarriesAreStoredInPlaceWithNoCopyPerIteration) {
+  GpuTest s;
+  Mod m(while_text(-1));
+  Prog p(m.f("f"));
+  ASSERT_NE(p.p, nullptr);
+  const cuda_step *w = find_step(p.p, CUDA_STEP_WHILE);
+  ASSERT_NE(w, nullptr);
+  for (int b = 0; b < 2; b++)
+    for (int k = 0; k < w->n_sub[b]; k++) EXPECT_NE(w->sub[b][k].kind, CUDA_STEP_COPY) << "no copy back in the body";
+  const cuda_step *pred = writer(w->sub[0], w->n_sub[0], w->bufs[0]);
+  ASSERT_NE(pred, nullptr);
+  std::vector<long> copies;
+  for (int iterations : {1, 3, 7}) {
+    std::vector<int> yes(iterations, 1);
+    yes.push_back(0);
+    script(pred->name, 0, 1, yes);
+    clear_launches();
+    long before = calls("cuMemcpyDtoDAsync");
+    ASSERT_EQ(run(p.p, {i32({}, {3}), f32({2}, {1, 0}), f32({2}, {1, 1})}), 0) << error();
+    copies.push_back(calls("cuMemcpyDtoDAsync") - before);
+    EXPECT_EQ(counts(launches())[pred->name], iterations + 1);
+  }
+  EXPECT_EQ(copies[0], copies[1]) << "copies do not grow with the iterations";
+  EXPECT_EQ(copies[1], copies[2]);
+  EXPECT_LE(copies[0], 2) << "the two carries' copies in";
+}
+
 TEST(CudaControl, ABoundedWhileStopsAtItsBound) {
   GpuTest s;
   for (int bound : {0, 2, 5}) {
