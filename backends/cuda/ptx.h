@@ -28,7 +28,15 @@ enum {
   CUDA_REF_CONST = PLAN_SLOT_CONST,
   CUDA_REF_ROW = PLAN_SLOT_ROW
 };
-typedef plan_slot cuda_ref;
+typedef struct cuda_ref {
+  int kind;
+  int index;      /* parameter or result; row: its slot */
+  int64_t offset; /* arena: byte offset */
+  const kiln_tensor *cst;
+  /* the plan's slot it names (cuda_program.slots), whose place a loop may
+   * move (cuda_step.move): the runtime follows it there */
+  int slot;
+} cuda_ref;
 
 /* One step of the launch plan, in schedule order. Control flow (the
  * plan's COND / WHILE / SCAN steps) holds nested step lists that the host
@@ -76,6 +84,15 @@ typedef struct cuda_step {
   int n_sub[2];
   int64_t trip;
   bool reverse;
+  /* while / scan: the plan's double buffering (plan_step's n_state, state,
+   * state_bytes, scratch, n_move, move, over cuda_program.slots): at each
+   * iteration's end, all at once, slot move[2i] takes the place slot
+   * move[2i + 1] had; after the loop each state whose place moved is
+   * copied back to its own (through scratch[k] where that is a slot) and
+   * every moved slot gets its place back. n_move 0: nothing moves. */
+  int n_state, n_move;
+  int *state, *move, *scratch;
+  int64_t *state_bytes;
 } cuda_step;
 
 /* How each result is produced (as cpu.h's cpu_result). */
