@@ -10,7 +10,9 @@
  * tiled kernel with 4x4 register blocking (or, with KILN_CUDA_TF32=1, f32
  * on TF32 tensor cores); argmax, concat, gather and scatter_add have
  * kernels of their own, and so have the window ops (conv2d, pooling and
- * their gradients: ptx_window.c, through the helpers compile.h shares). Index checks raise an error word in device memory
+ * their gradients: ptx_window.c, through the helpers compile.h shares); a
+ * scan whose body is elementwise is one kernel looping over t on the device
+ * (ptx_scan.c). Index checks raise an error word in device memory
  * that the host turns into the eager message. The module is optimised with
  * O3 for nvptx64-nvidia-cuda and printed as PTX, which the disk cache keeps
  * (ptx_cache.c): a process compiling IR another one compiled skips LLVM. */
