@@ -81,6 +81,17 @@ int cuda_emit_window(kctx *k);
  * one pass; every other window op is one pass). */
 int64_t cuda_window_split(const plan_kernel *g);
 
+/* ---- the device loop of an elementwise scan (ptx_scan.c) ---- */
+
+/* The policy's scan_one_kernel: scan in (of f) is one kernel looping over
+ * t on the device when its body is elementwise (plan_scan_elementwise) and
+ * KILN_CUDA_SCAN_LOOPS=1 (cuda_scan_loops) does not ask for host loops. */
+bool cuda_scan_one_kernel(const ir_func *f, const ir_instr *in);
+/* Emits kernel k of such a scan (k->g->special, its operands the leaves,
+ * its results the outputs); *can_fail: an element's check can fail (the
+ * step's op set). 0, or -1 with the error set. */
+int cuda_emit_scan(kctx *k, bool *can_fail);
+
 /* "cuda: out of memory"; -1 */
 int cuda_oom(void);
 /* Plans cb->f (cb->pl) under the CUDA policy and makes the launch plan:

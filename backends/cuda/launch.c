@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "runtime.h"
 #include "cuda_rt.h"
@@ -159,6 +160,7 @@ typedef struct {
   bool can_fail;    /* some kernel may raise it */
   bool stop;        /* it was seen raised while reading a predicate back: run no more steps */
   unsigned char **row; /* per slot: a row's address in the current iteration of its scan (NULL before) */
+  unsigned char **place; /* per slot: where a loop moved it (cuda_step.move), NULL: its own */
   CUdeviceptr *vals;   /* a kernel's parameters (as many as the most buffers of a step) */
   void **kp;
 } run_ctx;
@@ -167,6 +169,8 @@ typedef struct {
  * *host set. */
 static void *ref_ptr(const run_ctx *rc, const cuda_ref *r, const void **host) {
   if (host) *host = NULL;
+  if (r->kind != CUDA_REF_CONST && r->slot >= 0 && r->slot < rc->p->n_slots && rc->place[r->slot])
+    return rc->place[r->slot];
   switch (r->kind) {
     case CUDA_REF_PARAM: return rc->params[r->index];
     case CUDA_REF_RESULT: return rc->results[r->index];
@@ -182,11 +186,12 @@ static void *ref_ptr(const run_ctx *rc, const cuda_ref *r, const void **host) {
  * is its copy on this GPU. */
 static unsigned char *slot_ptr(const run_ctx *rc, int s) {
   const plan_slot *sl = &rc->p->slots[s];
+  if (rc->place[s]) return rc->place[s];
   switch (sl->kind) {
     case PLAN_SLOT_ROW: return rc->row[s];
     case PLAN_SLOT_CONST: return rc->im->slot_cst[s] ? rc->im->slot_cst[s]->data : NULL;
     default: {
-      cuda_ref r = *sl;
+      cuda_ref r = {sl->kind, sl->index, sl->offset, sl->cst, -1};
       return ref_ptr(rc, &r, NULL);
     }
   }
@@ -344,6 +349,64 @@ static int read_pred(run_ctx *rc, const cuda_step *st, bool *yes) {
   return 0;
 }
 
+/* ---- the state's places moving (cuda_step.move): double buffering ---- */
+
+typedef struct {
+  unsigned char **saved; /* per move: its slot's place entry before the loop */
+  unsigned char **own;   /* per move: its slot's address before the loop */
+  unsigned char **to;    /* per move: scratch for the moves at an iteration's end */
+} moving;
+
+static int moves_begin(const run_ctx *rc, const cuda_step *st, moving *m) {
+  memset(m, 0, sizeof *m);
+  if (!st->n_move) return 0;
+  size_t n = (size_t)st->n_move + 1;
+  m->saved = malloc(n * sizeof *m->saved), m->own = malloc(n * sizeof *m->own), m->to = malloc(n * sizeof *m->to);
+  if (!m->saved || !m->own || !m->to) return kiln_set_error("cuda: out of memory");
+  for (int k = 0; k < st->n_move; k++) {
+    m->saved[k] = rc->place[st->move[2 * k]];
+    m->own[k] = slot_ptr(rc, st->move[2 * k]);
+  }
+  return 0;
+}
+
+/* the moves, all at once (every source's place read first) */
+static void moves_latch(run_ctx *rc, const cuda_step *st, moving *m) {
+  for (int k = 0; k < st->n_move; k++) m->to[k] = slot_ptr(rc, st->move[2 * k + 1]);
+  for (int k = 0; k < st->n_move; k++) rc->place[st->move[2 * k]] = m->to[k];
+}
+
+/* After the loop: each state whose place moved copied back to its own
+ * (through its scratch slot first where it has one: the place may be
+ * another state's own, so every copy out precedes every copy back); every
+ * moved slot's place as before. Frees m. */
+static int moves_end(run_ctx *rc, const cuda_step *st, moving *m) {
+  int r = 0;
+  if (!m->saved || !m->own || !m->to) { /* nothing moved (or out of memory at the start) */
+    free(m->saved), free(m->own), free(m->to);
+    return 0;
+  }
+  for (int pass = 0; pass < 2 && !r; pass++)
+    for (int q = 0; q < st->n_state && !r; q++)
+      for (int k = 0; k < st->n_move && !r; k++) {
+        int sc = st->scratch ? st->scratch[q] : -1;
+        if (st->move[2 * k] != st->state[q] || (pass == 0 && sc < 0)) continue;
+        unsigned char *cur = slot_ptr(rc, st->state[q]);
+        if (cur == m->own[k] || st->state_bytes[q] <= 0) continue;
+        unsigned char *dst = pass == 0 ? slot_ptr(rc, sc) : m->own[k], *src = pass == 1 && sc >= 0 ? slot_ptr(rc, sc) : cur;
+        CUresult cr = cuda_drv.cuMemcpyDtoDAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src,
+                                                 (size_t)st->state_bytes[q], rc->stream);
+        if (cr != CUDA_SUCCESS) {
+          char label[64];
+          snprintf(label, sizeof label, "step %d (a loop's state copied back)", st->no);
+          r = drv_fail(rc->p, label, cr, "cuMemcpyDtoDAsync");
+        }
+      }
+  for (int k = 0; k < st->n_move; k++) rc->place[st->move[2 * k]] = m->saved[k];
+  free(m->saved), free(m->own), free(m->to);
+  return r;
+}
+
 static int run_cond(run_ctx *rc, const cuda_step *st) {
   bool yes;
   if (read_pred(rc, st, &yes)) return -1;
@@ -355,31 +418,36 @@ static int run_cond(run_ctx *rc, const cuda_step *st) {
 /* the predicate's steps, then the body's while it holds, at most trip
  * times (then the loop stops, as the interpreter's does) */
 static int run_while(run_ctx *rc, const cuda_step *st) {
-  for (int64_t i = 0; (st->trip < 0 || i < st->trip) && !rc->stop; i++) {
-    bool yes;
-    if (run_steps(rc, st->sub[0], st->n_sub[0])) return -1;
-    if (rc->stop) return 0;
-    if (read_pred(rc, st, &yes)) return -1;
-    if (!yes) return 0;
-    if (run_steps(rc, st->sub[1], st->n_sub[1])) return -1;
+  moving m;
+  int r = moves_begin(rc, st, &m);
+  for (int64_t i = 0; !r && (st->trip < 0 || i < st->trip) && !rc->stop; i++) {
+    bool yes = false;
+    if ((r = run_steps(rc, st->sub[0], st->n_sub[0])) || rc->stop) break;
+    if ((r = read_pred(rc, st, &yes)) || !yes) break;
+    if ((r = run_steps(rc, st->sub[1], st->n_sub[1]))) break;
+    moves_latch(rc, st, &m);
   }
-  return 0;
+  int e = moves_end(rc, st, &m);
+  return r ? r : e;
 }
 
 /* the body trip times, its rows at t = 0 .. trip-1 (or down) */
 static int run_scan(run_ctx *rc, const cuda_step *st) {
   const plan_slot *slots = rc->p->slots;
-  for (int64_t i = 0; i < st->trip && !rc->stop; i++) {
+  moving m;
+  int r = moves_begin(rc, st, &m);
+  for (int64_t i = 0; !r && i < st->trip && !rc->stop; i++) {
     int64_t t = st->reverse ? st->trip - 1 - i : i;
-    for (int k = 0; k < st->n_bufs; k++) {
+    for (int k = 0; k < st->n_bufs && !r; k++) {
       int s = st->bufs[k].index;
       unsigned char *base = slot_ptr(rc, slots[s].index);
-      if (!base) return kiln_set_error("cuda: @%s: step %d (scan): row %d has no base on the GPU", rc->p->name, st->no, k);
-      rc->row[s] = base + t * slots[s].offset;
+      if (!base) r = kiln_set_error("cuda: @%s: step %d (scan): row %d has no base on the GPU", rc->p->name, st->no, k);
+      else rc->row[s] = base + t * slots[s].offset;
     }
-    if (run_steps(rc, st->sub[0], st->n_sub[0])) return -1;
+    if (!r && !(r = run_steps(rc, st->sub[0], st->n_sub[0]))) moves_latch(rc, st, &m);
   }
-  return 0;
+  int e = moves_end(rc, st, &m);
+  return r ? r : e;
 }
 
 /* Queues the kernels and copies of n steps (host steps in between, in
@@ -446,11 +514,12 @@ int cuda_program_launch(cuda_program *p, int gpu, void *const *params, void *con
   run_ctx rc = {.p = p, .gpu = gpu, .params = params, .results = results, .arena = arena, .im = im, .err = err,
                 .can_fail = can_fail};
   rc.row = calloc((size_t)p->n_slots + 1, sizeof *rc.row);
+  rc.place = calloc((size_t)p->n_slots + 1, sizeof *rc.place);
   rc.vals = malloc(((size_t)max_bufs + 1) * sizeof *rc.vals);
   rc.kp = malloc(((size_t)max_bufs + 1) * sizeof *rc.kp);
-  int r = rc.row && rc.vals && rc.kp ? cuda_enter(who, gpu, &rc.stream) : kiln_set_error("cuda: out of memory");
+  int r = rc.row && rc.place && rc.vals && rc.kp ? cuda_enter(who, gpu, &rc.stream) : kiln_set_error("cuda: out of memory");
   if (r) {
-    free(rc.row), free(rc.vals), free(rc.kp);
+    free(rc.row), free(rc.place), free(rc.vals), free(rc.kp);
     cuda_free(gpu, arena, cls);
     return -1;
   }
@@ -471,7 +540,7 @@ int cuda_program_launch(cuda_program *p, int gpu, void *const *params, void *con
   }
   cuda_leave();
   cuda_free(gpu, arena, cls); /* stream order: safe while kernels still run */
-  free(rc.row), free(rc.vals), free(rc.kp);
+  free(rc.row), free(rc.place), free(rc.vals), free(rc.kp);
   return r;
 }
 

@@ -3,7 +3,10 @@
  * inside one; dot, argmax, concat, gather, scatter_add and the window ops
  * (conv2d, pooling and their gradients) kernels of their own; random draws
  * and host callbacks host steps; column reductions and big filter gradients
- * split in two passes) and the launch plan made from the plan's steps. */
+ * split in two passes; a scan whose body is elementwise one kernel looping
+ * over t on the device, ptx_scan.c; a loop's new carries stored in place
+ * over its state where the planner finds it safe) and the launch plan made
+ * from the plan's steps. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,18 +66,59 @@ static plan_as place(const ir_func *f, const ir_instr *in) {
   return PLAN_AS_UNSUPPORTED;
 }
 
+/* Any kernel may store a new carry over the loop's state: an elementwise
+ * kernel computes every output of an element before storing any (ptx.c's
+ * emit_elementwise), a thread per element, so the element it stores was
+ * read by that thread alone (the planner admits a kernel reading the state
+ * only at the element it stores: plan_at_store_index; a reduction, a
+ * transpose or a kernel of its own reading it keeps its state). The host
+ * loop then copies nothing back for that carry. */
+static bool state_in_place(const plan_kernel *k) {
+  (void)k;
+  return true;
+}
+
+/* the host loops move a loop's state between buffers (launch.c: each
+ * slot's place, followed by every buffer naming it) */
+static bool swap_state(void) { return true; }
+
 static const plan_policy cuda_policy = {
     .who = "cuda",
     .unsupported = "is not supported on the GPU yet",
     .place = place,
     .fusion_one_kernel = fusion_ok,
     .split = column_split,
+    .state_in_place = state_in_place,
+    .swap_state = swap_state,
+    .scan_one_kernel = cuda_scan_one_kernel,
 };
 
 
 cuda_ref cuda_slot_ref(const plan *pl, int s) {
-  if (pl->slots[s].kind == PLAN_SLOT_ROW) return (cuda_ref){CUDA_REF_ROW, s, 0, NULL};
-  return pl->slots[s];
+  const plan_slot *sl = &pl->slots[s];
+  if (sl->kind == PLAN_SLOT_ROW) return (cuda_ref){CUDA_REF_ROW, s, 0, NULL, s};
+  return (cuda_ref){sl->kind, sl->index, sl->offset, sl->cst, s};
+}
+
+/* a copy of n ints (NULL for none); -1 out of memory */
+static int dup_ints(int **to, const int *from, int n) {
+  *to = NULL;
+  if (!from || n <= 0) return 0;
+  if (!(*to = malloc((size_t)n * sizeof **to))) return cuda_oom();
+  memcpy(*to, from, (size_t)n * sizeof **to);
+  return 0;
+}
+
+/* the plan step's double buffering (plan_step.move) into st */
+static int take_moves(cuda_step *st, const plan_step *q) {
+  if (!q->n_move) return 0;
+  st->n_state = q->n_state, st->n_move = q->n_move;
+  if (dup_ints(&st->state, q->state, q->n_state) || dup_ints(&st->move, q->move, 2 * q->n_move) ||
+      dup_ints(&st->scratch, q->scratch, q->n_state))
+    return -1;
+  if (!(st->state_bytes = malloc(((size_t)q->n_state + 1) * sizeof *st->state_bytes))) return cuda_oom();
+  memcpy(st->state_bytes, q->state_bytes, (size_t)q->n_state * sizeof *st->state_bytes);
+  return 0;
 }
 
 /* step st (zeroed by the caller) made of kind with n_bufs buffers, zeroed
@@ -136,6 +180,7 @@ static int make_steps(cuda_program *p, const plan *pl, const plan_step *ps, int 
         for (int k = 0; k < q->n_slots; k++) st->bufs[k] = cuda_slot_ref(pl, q->slots[k]);
         st->trip = q->trip;
         st->reverse = q->reverse;
+        rc = take_moves(st, q);
         for (int b = 0; b < 2 && !rc; b++) {
           st->n_sub[b] = q->n_sub[b];
           rc = make_steps(p, pl, q->sub[b], q->n_sub[b], &st->sub[b]);
@@ -164,6 +209,7 @@ void cuda_steps_free(cuda_step *steps, int n) {
   for (int s = 0; steps && s < n; s++) {
     cuda_step *st = &steps[s];
     free(st->bufs), free(st->types);
+    free(st->state), free(st->move), free(st->scratch), free(st->state_bytes);
     for (int b = 0; b < 2; b++) cuda_steps_free(st->sub[b], st->n_sub[b]);
   }
   free(steps);

@@ -10,7 +10,9 @@
  * tiled kernel with 4x4 register blocking (or, with KILN_CUDA_TF32=1, f32
  * on TF32 tensor cores); argmax, concat, gather and scatter_add have
  * kernels of their own, and so have the window ops (conv2d, pooling and
- * their gradients: ptx_window.c, through the helpers compile.h shares). Index checks raise an error word in device memory
+ * their gradients: ptx_window.c, through the helpers compile.h shares); a
+ * scan whose body is elementwise is one kernel looping over t on the device
+ * (ptx_scan.c). Index checks raise an error word in device memory
  * that the host turns into the eager message. The module is optimised with
  * O3 for nvptx64-nvidia-cuda and printed as PTX, which the disk cache keeps
  * (ptx_cache.c): a process compiling IR another one compiled skips LLVM. */
@@ -363,11 +365,18 @@ static int emit_elementwise(kctx *k, llvm_group *lg) {
   LLVMValueRef i = grid_loop_begin(e, &l, n, 1);
   llvm_index idx;
   llvm_index_linear(&idx, ot, i);
-  for (int o = 0; o < g->n_out; o++) {
-    LLVMValueRef v = llvm_emit_value(lg, g->out[o], &idx);
-    if (!v) return -1;
-    llvm_emit_store(e, f->types[g->out[o]].dtype, k->outp[o], i, v);
-  }
+  /* every output's value first, then the stores: an output stored over a
+   * loop's state (plan_policy.state_in_place, plan.c) follows every load
+   * of that element */
+  LLVMValueRef *v = malloc(((size_t)g->n_out + 1) * sizeof *v);
+  if (!v) return cuda_oom();
+  for (int o = 0; o < g->n_out; o++)
+    if (!(v[o] = llvm_emit_value(lg, g->out[o], &idx))) {
+      free(v);
+      return -1;
+    }
+  for (int o = 0; o < g->n_out; o++) llvm_emit_store(e, f->types[g->out[o]].dtype, k->outp[o], i, v[o]);
+  free(v);
   flush_bad(e, lg, k->bad);
   llvm_group_forget(lg);
   sloop_end(e, &l);
@@ -1049,6 +1058,7 @@ static int emit_kernel(cuda_build *cb, cuda_step *st, const plan_kernel *g) {
       case OP_CONCAT: rc = emit_concat(&k); break;
       case OP_GATHER: rc = emit_gather(&k), can_fail = true; break;
       case OP_SCATTER_ADD: rc = emit_scatter_add(&k), can_fail = true; break;
+      case OP_SCAN: rc = cuda_emit_scan(&k, &can_fail); break; /* the device loop (ptx_scan.c) */
       default: rc = kiln_set_error("cuda: @%s: %s has no kernel", cb->f->name, kiln_ops[g->special->op].name);
     }
   } else if (!rc) {

@@ -28,7 +28,15 @@ enum {
   CUDA_REF_CONST = PLAN_SLOT_CONST,
   CUDA_REF_ROW = PLAN_SLOT_ROW
 };
-typedef plan_slot cuda_ref;
+typedef struct cuda_ref {
+  int kind;
+  int index;      /* parameter or result; row: its slot */
+  int64_t offset; /* arena: byte offset */
+  const kiln_tensor *cst;
+  /* the plan's slot it names (cuda_program.slots), whose place a loop may
+   * move (cuda_step.move): the runtime follows it there */
+  int slot;
+} cuda_ref;
 
 /* One step of the launch plan, in schedule order. Control flow (the
  * plan's COND / WHILE / SCAN steps) holds nested step lists that the host
@@ -76,6 +84,15 @@ typedef struct cuda_step {
   int n_sub[2];
   int64_t trip;
   bool reverse;
+  /* while / scan: the plan's double buffering (plan_step's n_state, state,
+   * state_bytes, scratch, n_move, move, over cuda_program.slots): at each
+   * iteration's end, all at once, slot move[2i] takes the place slot
+   * move[2i + 1] had; after the loop each state whose place moved is
+   * copied back to its own (through scratch[k] where that is a slot) and
+   * every moved slot gets its place back. n_move 0: nothing moves. */
+  int n_state, n_move;
+  int *state, *move, *scratch;
+  int64_t *state_bytes;
 } cuda_step;
 
 /* How each result is produced (as cpu.h's cpu_result). */
@@ -138,6 +155,10 @@ void cuda_program_rt_free(cuda_program *p);
  * inputs, f32 accumulation; sm_80 and up). Off by default: f32 dot then
  * rounds as the CPU's does. Read at each compile. */
 bool cuda_use_tf32(void);
+/* KILN_CUDA_SCAN_LOOPS=1: every scan a host loop over its body's kernels,
+ * none the device loop of ptx_scan.c (tests, benchmarks). Read at each
+ * compile (and part of the disk cache's key). */
+bool cuda_scan_loops(void);
 
 /* ---- the disk cache (ptx_cache.c) ---- */
 typedef struct cuda_cache_ref {
@@ -166,6 +187,15 @@ KILN_EXPORT int kiln_debug_cuda_fmod(kiln_dtype dt, int64_t n, const double *x, 
  * for the host and run in LLVM's interpreter: the tests' check of their
  * index arithmetic without a GPU. Slow; small shapes. 0 / -1. */
 KILN_EXPORT int kiln_debug_cuda_window(op_id op, const op_attrs *a, int n_in, kiln_tensor *const *in, kiln_tensor *out);
+
+/* The scan of f (f's one instruction, its operands f's parameters, its
+ * results f's results), whose body is elementwise, over the CPU tensors
+ * args (per parameter) into the CPU tensors results (per result, of the
+ * results' types), computed by the element code of the GPU's device-loop
+ * kernel (ptx_scan.c: carries across t, rows at t, reversed from the last)
+ * emitted for the host and run in LLVM's interpreter: the tests' check of
+ * its arithmetic without a GPU. Slow; small shapes. 0 / -1. */
+KILN_EXPORT int kiln_debug_cuda_scan(const ir_func *f, kiln_tensor *const *args, kiln_tensor *const *results);
 
 #ifdef __cplusplus
 }

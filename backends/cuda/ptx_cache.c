@@ -21,9 +21,9 @@
  * bodies' included, in pre-order), as int64 words: a header (magic,
  * format, steps of the tree, kernels, arena bytes, kernel records), then per
  * kernel step its number, grid[3], block[3], shared bytes, op, index buffer, index
- * count, index dim, index dtype, buffers, and per buffer kind, index and
- * offset. */
-enum { PLAN_MAGIC = 0x4c50434b /* "KCPL" */, PLAN_FORMAT = 2, HEAD = 6, REC = 14 };
+ * count, index dim, index dtype, buffers, and per buffer kind, index, offset and
+ * the plan's slot. */
+enum { PLAN_MAGIC = 0x4c50434b /* "KCPL" */, PLAN_FORMAT = 3, HEAD = 6, REC = 14, BUF = 4 };
 
 static char *cache_meta(const cuda_program *p) {
   unsigned maj, min, pat;
@@ -33,8 +33,9 @@ static char *cache_meta(const cuda_program *p) {
   if (!m) return NULL;
   int k = snprintf(m, n,
                    "kiln cuda program 1\nllvm %u.%u.%u\ntriple nvptx64-nvidia-cuda\narch %s\nfeatures +ptx80\n%s\n"
-                   "tf32 %d\narena %lld",
-                   maj, min, pat, p->arch, cpu_cache_build_id(), cuda_use_tf32(), (long long)p->arena_bytes);
+                   "tf32 %d\nscan loops %d\narena %lld",
+                   maj, min, pat, p->arch, cpu_cache_build_id(), cuda_use_tf32(), cuda_scan_loops(),
+                   (long long)p->arena_bytes);
   if (k <= 0 || (size_t)k >= n) {
     free(m);
     return NULL;
@@ -45,7 +46,7 @@ static char *cache_meta(const cuda_program *p) {
 static int64_t *plan_words(const cuda_program *p, size_t *len) {
   size_t n = HEAD;
   for (int s = 0; s < p->n_all; s++)
-    if (p->all[s]->kind == CUDA_STEP_KERNEL) n += REC + 3 * (size_t)p->all[s]->n_bufs;
+    if (p->all[s]->kind == CUDA_STEP_KERNEL) n += REC + BUF * (size_t)p->all[s]->n_bufs;
   int64_t *w = malloc(n * sizeof *w);
   if (!w) return NULL;
   size_t at = HEAD;
@@ -62,6 +63,7 @@ static int64_t *plan_words(const cuda_program *p, size_t *len) {
       w[at++] = st->bufs[q].kind;
       w[at++] = st->bufs[q].index;
       w[at++] = st->bufs[q].offset;
+      w[at++] = st->bufs[q].slot;
     }
     recs++;
   }
@@ -90,9 +92,10 @@ static bool plan_fits(const cuda_program *p, const int64_t *w, size_t n, const c
               in(r[4], 1, 1024) && in(r[5], 1, 1024) && in(r[6], 1, 64) && r[4] * r[5] * r[6] <= 1024 &&
               in(r[7], 0, 228 * 1024) && in(r[8], 0, OP_COUNT) && in(r[12], 0, KILN_DTYPE_COUNT - 1) &&
               in(r[13], 0, 1 << 20) && in(r[9], -1, r[13] - 1) && r[10] >= 0 && r[11] >= 0;
-    if (!ok || at + REC + 3 * (size_t)r[13] > n) return false;
+    if (!ok || at + REC + BUF * (size_t)r[13] > n) return false;
     for (int64_t q = 0; q < r[13]; q++) {
-      const int64_t *b = r + REC + 3 * q;
+      const int64_t *b = r + REC + BUF * q;
+      ok = ok && in(b[3], 0, p->n_slots - 1);
       if (b[0] == CUDA_REF_PARAM)
         ok = ok && in(b[1], 0, p->n_params - 1);
       else if (b[0] == CUDA_REF_RESULT)
@@ -107,7 +110,7 @@ static bool plan_fits(const cuda_program *p, const int64_t *w, size_t n, const c
     char entry[48];
     snprintf(entry, sizeof entry, ".entry kernel%d(", s);
     if (!ok || !strstr(ptx, entry)) return false;
-    at += REC + 3 * (size_t)r[13];
+    at += REC + BUF * (size_t)r[13];
     recs++;
   }
   return at == n && recs == w[5];
@@ -124,10 +127,10 @@ static int take_plan(cuda_program *p, const int64_t *w) {
     const int64_t *r = w + at;
     if (!(all[s] = calloc((size_t)r[13] + 1, sizeof **all))) ok = false;
     for (int64_t q = 0; ok && q < r[13]; q++) {
-      const int64_t *b = r + REC + 3 * q;
-      all[s][q] = (cuda_ref){(int)b[0], (int)b[1], b[2], NULL};
+      const int64_t *b = r + REC + BUF * q;
+      all[s][q] = (cuda_ref){(int)b[0], (int)b[1], b[2], NULL, (int)b[3]};
     }
-    at += REC + 3 * (size_t)r[13];
+    at += REC + BUF * (size_t)r[13];
   }
   at = HEAD;
   for (int s = 0; ok && s < p->n_all; s++) {
@@ -146,7 +149,7 @@ static int take_plan(cuda_program *p, const int64_t *w) {
     st->index_count = r[10];
     st->index_dim = r[11];
     st->index_dtype = (kiln_dtype)r[12];
-    at += REC + 3 * (size_t)r[13];
+    at += REC + BUF * (size_t)r[13];
   }
   for (int s = 0; all && s < p->n_all; s++) free(all[s]);
   free(all);

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -282,6 +283,7 @@ func @f(%c0: f32[4], %i: i64[2], %tab: f32[10,4]) -> f32[4] {
 
 TEST(CudaControl, ThePlanNestsStepListsAndNumbersEveryStep) {
   GpuTest s;
+  EnvGuard loops("KILN_CUDA_SCAN_LOOPS", "1");  // its elementwise scan a host loop, not the device loop
   Mod m(kNested);
   Prog p(m.f("f"));
   ASSERT_NE(p.p, nullptr);
@@ -406,6 +408,89 @@ TEST(CudaControl, WhileRunsTheBodyUntilThePredicateKernelSaysFalse) {
   for (const cuda_step *k : body) EXPECT_EQ(got[k->name], 0) << k->name;
 }
 
+// The body's kernels store the new carries straight over the loop's state
+// (plan_policy.state_in_place: each reads its carry only at the element it
+// stores): the copies are the state's copies in before the loop, none per
+// iteration, however many iterations run.
+TEST(CudaControl, ALoopsCarriesAreStoredInPlaceWithNoCopyPerIteration) {
+  GpuTest s;
+  Mod m(while_text(-1));
+  Prog p(m.f("f"));
+  ASSERT_NE(p.p, nullptr);
+  const cuda_step *w = find_step(p.p, CUDA_STEP_WHILE);
+  ASSERT_NE(w, nullptr);
+  for (int b = 0; b < 2; b++)
+    for (int k = 0; k < w->n_sub[b]; k++) EXPECT_NE(w->sub[b][k].kind, CUDA_STEP_COPY) << "no copy back in the body";
+  const cuda_step *pred = writer(w->sub[0], w->n_sub[0], w->bufs[0]);
+  ASSERT_NE(pred, nullptr);
+  std::vector<long> copies;
+  for (int iterations : {1, 3, 7}) {
+    std::vector<int> yes(iterations, 1);
+    yes.push_back(0);
+    script(pred->name, 0, 1, yes);
+    clear_launches();
+    long before = calls("cuMemcpyDtoDAsync");
+    ASSERT_EQ(run(p.p, {i32({}, {3}), f32({2}, {1, 0}), f32({2}, {1, 1})}), 0) << error();
+    copies.push_back(calls("cuMemcpyDtoDAsync") - before);
+    EXPECT_EQ(counts(launches())[pred->name], iterations + 1);
+  }
+  EXPECT_EQ(copies[0], copies[1]) << "copies do not grow with the iterations";
+  EXPECT_EQ(copies[1], copies[2]);
+  EXPECT_LE(copies[0], 2) << "the two carries' copies in";
+}
+
+// Carries that trade places, (j, a, b) -> (j - 1, b, a): no kernel and no
+// copy per iteration, the state's slots swap places (double buffering,
+// plan_step.move); after the loop the state is copied back to its own
+// buffers (through scratch: each is the other's place). The fake driver's
+// memory is the host's, so the values are checked: swapped after an odd
+// number of iterations.
+TEST(CudaControl, CarriesTradingPlacesMoveInsteadOfCopying) {
+  GpuTest s;
+  Mod m(R"(
+func @f(%n: i32[], %a0: f32[3], %b0: f32[3]) -> (f32[3], f32[3]) {
+  %i, %a, %b = while %n, %a0, %b0 {state=3, max_iterations=-1} : i32[], f32[3], f32[3]
+    cond func @f.cond(%j: i32[], %a: f32[3], %b: f32[3]) -> bool[] {
+      %z = constant dense<0> : i32[]
+      %0 = gt %j, %z : bool[]
+      return %0
+    }
+    body func @f.body(%j: i32[], %a: f32[3], %b: f32[3]) -> (i32[], f32[3], f32[3]) {
+      %one = constant dense<1> : i32[]
+      %0 = sub %j, %one : i32[]
+      return %0, %b, %a
+    }
+  return %a, %b
+}
+)");
+  Prog p(m.f("f"));
+  ASSERT_NE(p.p, nullptr);
+  const cuda_step *w = find_step(p.p, CUDA_STEP_WHILE);
+  ASSERT_NE(w, nullptr);
+  EXPECT_GE(w->n_move, 2) << "a and b move";
+  for (int k = 0; k < w->n_sub[1]; k++) EXPECT_NE(w->sub[1][k].kind, CUDA_STEP_COPY) << "no copy in the body";
+  const cuda_step *pred = writer(w->sub[0], w->n_sub[0], w->bufs[0]);
+  ASSERT_NE(pred, nullptr);
+  std::map<int, long> copies;
+  for (int iterations : {0, 1, 2, 3, 7}) {
+    SCOPED_TRACE(iterations);
+    std::vector<int> yes(iterations, 1);
+    yes.push_back(0);
+    script(pred->name, 0, 1, yes);
+    long before = calls("cuMemcpyDtoDAsync");
+    std::vector<kiln_tensor *> out;
+    ASSERT_EQ(run(p.p, {i32({}, {9}), f32({3}, {1, 2, 3}), f32({3}, {4, 5, 6})}, &out), 0) << error();
+    copies[iterations] = calls("cuMemcpyDtoDAsync") - before;
+    bool odd = iterations % 2;
+    EXPECT_EQ(values(out[0]), odd ? (VD{4, 5, 6}) : (VD{1, 2, 3}));
+    EXPECT_EQ(values(out[1]), odd ? (VD{1, 2, 3}) : (VD{4, 5, 6}));
+  }
+  EXPECT_EQ(copies[1], copies[3]) << "no copy per iteration";
+  EXPECT_EQ(copies[1], copies[7]);
+  EXPECT_EQ(copies[0], copies[2]) << "back in their own places: nothing to copy back";
+  EXPECT_GT(copies[1], copies[0]) << "swapped: copied back after the loop";
+}
+
 TEST(CudaControl, ABoundedWhileStopsAtItsBound) {
   GpuTest s;
   for (int bound : {0, 2, 5}) {
@@ -458,8 +543,11 @@ TEST(CudaControl, ScanLaunchesItsBodyPerRowWithAdvancingRowPointers) {
       ASSERT_EQ(mine.size(), (size_t)T) << k->name;
       for (int q = 0; q < k->n_bufs && q < 16; q++) {
         const cuda_ref &r = k->bufs[q];
-        if (r.kind != CUDA_REF_ROW) {
-          for (int t = 1; t < T; t++) EXPECT_EQ(mine[t]->ptr[q], mine[0]->ptr[q]) << k->name << " param " << q;
+        if (r.kind != CUDA_REF_ROW) {  // one place, or two alternating (a double-buffered carry)
+          std::set<unsigned long long> places;
+          for (int t = 0; t < T; t++) places.insert(mine[t]->ptr[q]);
+          EXPECT_LE(places.size(), 2u) << k->name << " param " << q;
+          for (int t = 2; t < T; t++) EXPECT_EQ(mine[t]->ptr[q], mine[t - 2]->ptr[q]) << k->name << " param " << q;
           continue;
         }
         rows_seen++;
@@ -482,6 +570,7 @@ TEST(CudaControl, ScanLaunchesItsBodyPerRowWithAdvancingRowPointers) {
 
 TEST(CudaControl, AScanInsideAWhileRestartsItsRowsEachIteration) {
   GpuTest s;
+  EnvGuard loops("KILN_CUDA_SCAN_LOOPS", "1");  // its elementwise scan a host loop, not the device loop
   Mod m(kNested);
   Prog p(m.f("f"));
   ASSERT_NE(p.p, nullptr);
@@ -516,6 +605,7 @@ TEST(CudaControl, AScanInsideAWhileRestartsItsRowsEachIteration) {
 // once (with the module), and the rows are device addresses inside it.
 TEST(CudaControl, ARowOfAConstantIsReadOnTheGpu) {
   GpuTest s;
+  EnvGuard loops("KILN_CUDA_SCAN_LOOPS", "1");  // its elementwise scan a host loop, not the device loop
   Mod m(R"(
 func @f(%c0: f32[3]) -> f32[3] {
   %w = constant dense<[1, 2, 3, 4, 5, 6, 7, 8, 9, 1.5, 2.5, 3.5]> : f32[4,3]

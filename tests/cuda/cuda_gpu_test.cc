@@ -18,6 +18,7 @@
 #include "../test_util.h"
 #include "cuda/cuda_rt.h"
 #include "cuda/ptx.h"
+#include "scan_cases.h"
 #include "window_cases.h"
 
 using namespace kiln_test;
@@ -442,6 +443,9 @@ int cumsum_body(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
 int cumsum(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   return kiln_scan(cumsum_body, nullptr, 1, &in[0], 1, &in[1], -1, false, 1, &out[0], &out[1]);
 }
+int cumsum_reversed(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  return kiln_scan(cumsum_body, nullptr, 1, &in[0], 1, &in[1], -1, true, 1, &out[0], &out[1]);
+}
 
 // an LSTM-like cell: gates from [x_t, h] @ w, c' = f*c + i*g, h' = o*tanh(c')
 int lstm_body(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
@@ -508,4 +512,47 @@ TEST(CudaGpu, ControlFlowMatchesTheCpu) {
                {kiln_zeros(KILN_F32, KILN_SHAPE(B, H)), kiln_zeros(KILN_F32, KILN_SHAPE(B, H)),
                 kiln_random_normal(KILN_F32, KILN_SHAPE(T, B, X)), w},
                3, 1e-4);
+}
+
+// The device loop (backends/cuda/ptx_scan.c): random scans whose bodies
+// are elementwise (scan_cases.h) compiled into one kernel that loops over t
+// on the GPU, against the reference interpreter; the same scans as host
+// loops (KILN_CUDA_SCAN_LOOPS=1) against it too; long staged cumulative
+// sums (1000 rows of 4096), forward and reversed, against the CPU.
+TEST(CudaGpu, DeviceLoopScansMatchTheInterpreterAndTheCpu) {
+  NEED_GPU();
+  const char *arch = cuda_arch_of(0);
+  int failures = 0;
+  for (uint64_t seed = 1; seed <= 150 && failures < 5; seed++) {
+    Scoped s;
+    ScanCase c = scan_case(seed);
+    ir_module *m = ir_parse(c.text.c_str(), "scan.kir");
+    ASSERT_NE(m, nullptr) << kiln_last_error();
+    ir_func *f = ir_module_find(m, "f");
+    std::vector<kiln_tensor *> args = scan_args(f, seed), want((size_t)f->n_results + 1);
+    ASSERT_EQ(ir_interpret(f, args.data(), want.data()), 0) << kiln_last_error();
+    for (const char *loops : {"0", "1"}) {
+      EnvGuard env("KILN_CUDA_SCAN_LOOPS", loops);
+      cuda_program *p = cuda_compile(f, arch);
+      ASSERT_NE(p, nullptr) << "seed " << seed << ": " << kiln_last_error();
+      if (loops[0] == '0') {
+        EXPECT_EQ(cuda_program_kernels(p), 1) << "seed " << seed << ": the device loop is one kernel";
+      }
+      std::vector<kiln_tensor *> got((size_t)f->n_results + 1);
+      int rc = cuda_program_run(p, 0, args.data(), got.data());
+      EXPECT_EQ(rc, 0) << "seed " << seed << ": " << kiln_last_error();
+      for (int r = 0; rc == 0 && r < f->n_results; r++) {
+        bool ok = close(got[(size_t)r], want[(size_t)r], 1e-4);
+        EXPECT_TRUE(ok) << "seed " << seed << " (KILN_CUDA_SCAN_LOOPS=" << loops << "), result " << r << "\n" << c.text;
+        failures += !ok;
+      }
+      cuda_program_free(p);
+    }
+    ir_module_free(m);
+  }
+  Scoped s;
+  kiln_tensor *c0 = kiln_zeros(KILN_F32, KILN_SHAPE(4096));
+  kiln_tensor *xs = kiln_mul(kiln_random_normal(KILN_F32, KILN_SHAPE(1000, 4096)), kiln_scalar(KILN_F32, 0.01));
+  same_on_both("cumsum_long", cumsum, nullptr, {c0, xs}, 2, 1e-4);
+  same_on_both("cumsum_long_reversed", cumsum_reversed, nullptr, {c0, xs}, 2, 1e-4);
 }
