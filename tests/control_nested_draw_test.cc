@@ -85,6 +85,28 @@ int cond_in_scan(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   return out[0] ? 0 : -1;
 }
 
+// ---- both branches draw (the then branch twice), in a scan ----
+// the else branch's draws come after the then branch's in the residuals
+int drop_twice(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = drop(kiln_cos(drop(kiln_tanh(kiln_mul(in[0], ((W *)user)->w)))));
+  return out[0] ? 0 : -1;
+}
+
+int both_draw_step(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *hx = kiln_add(in[0], in[1]);
+  if (kiln_cond(positive_sum(in[1]), drop_twice, drop_branch, user, 1, &hx, 1, &out[0])) return -1;
+  out[1] = kiln_mul(out[0], in[1]);
+  return out[1] ? 0 : -1;
+}
+
+int both_draw_in_scan(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  W w{in[2]};
+  kiln_tensor *h = nullptr, *ys = nullptr;
+  if (kiln_scan(both_draw_step, &w, 1, &in[0], 1, &in[1], -1, true, 1, &h, &ys)) return -1;
+  out[0] = kiln_add(sum(kiln_square(h)), sum(kiln_sin(ys)));
+  return out[0] ? 0 : -1;
+}
+
 // ---- a scan that draws in a scan ----
 // in: h0 [3], xs [4, 3], w [3]; outer step: an inner scan of 3 steps over
 // c = h + x drawing each step (c' = drop(tanh(c w)), y = c' * c), then
@@ -290,6 +312,14 @@ TEST_P(NestedDraws, DropoutInACondInAScan) {
   // the steps' x sums change sign: both branches run, the drawing one on some steps
   expect_nested_grads(cond_in_scan, {f64({0.2, -0.4, 0.6}), f64({5, 3}, wave(15, 0.9, 0.3)), f64({0.8, -1.1, 0.5})},
                       "cond_in_scan", {"= scan ", "= cond "});
+}
+
+TEST_P(NestedDraws, BothBranchesDrawInAReverseScan) {
+  Scoped s;
+  Backend env(GetParam());
+  expect_nested_grads(both_draw_in_scan,
+                      {f64({0.2, -0.4, 0.6}), f64({5, 3}, wave(15, 0.9, 0.3)), f64({0.8, -1.1, 0.5})},
+                      "both_draw_in_scan", {"= scan ", "= cond "});
 }
 
 TEST_P(NestedDraws, AScanThatDrawsInAScan) {
