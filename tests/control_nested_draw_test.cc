@@ -362,6 +362,49 @@ TEST_P(NestedDraws, ACondThatDrawsInABoundedWhileInAScan) {
                       "cond_in_while_in_scan", {"= scan ", "= cond "});
 }
 
+// Second order: the gradient function differentiated again replays the
+// backward's replays, which read the same draws (the forward's, passed on as
+// inputs): d/dx sum(df/dh0) against central differences of the staged
+// gradient (reseeded per call).
+TEST_P(NestedDraws, SecondOrderThroughACondThatDrawsInAScan) {
+  Scoped s;
+  Backend env(GetParam());
+  std::vector<kiln_tensor *> in = {f64({0.2, -0.4, 0.6}), f64({5, 3}, wave(15, 0.9, 0.3)), f64({0.8, -1.1, 0.5})};
+  kiln_function *f = kiln_function_new("cond_in_scan", cond_in_scan, nullptr, 3, 1);
+  kiln_function *g = kiln_gradients(f), *h = g ? kiln_gradients(g) : nullptr;
+  ASSERT_NE(h, nullptr) << kiln_last_error();
+  std::vector<kiln_tensor *> d2(3, nullptr);
+  kiln_random_seed(kSeed);
+  ASSERT_EQ(kiln_function_call(h, in.data(), d2.data()), 0) << kiln_last_error();
+  double biggest = 0;
+  for (kiln_tensor *t : d2)
+    for (double v : t ? values(t) : VD{}) biggest = std::max(biggest, std::fabs(v));
+  EXPECT_GT(biggest, 0.1) << "second derivatives that are not all zero";
+  for (size_t i = 0; i < in.size(); i++) {
+    SCOPED_TRACE("input " + std::to_string(i));
+    ASSERT_NE(d2[i], nullptr);
+    VD gv = values(d2[i]);
+    for (int64_t e = 0; e < (int64_t)gv.size(); e++) {
+      auto eval = [&](double delta) {
+        std::vector<kiln_tensor *> x = in;
+        VD v = values(in[i]);
+        v[(size_t)e] += delta;
+        x[i] = from_values(KILN_F64, shape_of(in[i]), v);
+        std::vector<kiln_tensor *> d(3, nullptr);
+        kiln_random_seed(kSeed);
+        EXPECT_EQ(kiln_function_call(g, x.data(), d.data()), 0) << kiln_last_error();
+        return d[0] ? kiln_tensor_item(sum(d[0])) : NAN;
+      };
+      const double step = 1e-5;
+      EXPECT_NEAR(gv[(size_t)e], (eval(step) - eval(-step)) / (2 * step), 1e-5 * (1 + std::fabs(gv[(size_t)e])))
+          << "element " << e;
+    }
+  }
+  kiln_function_free(h);
+  kiln_function_free(g);
+  kiln_function_free(f);
+}
+
 // Each call of the staged gradient draws afresh (the residuals are this
 // call's draws, not the trace's): two calls give different gradients.
 TEST_P(NestedDraws, EachCallDrawsAfresh) {
