@@ -24,22 +24,27 @@
 static int replay(const ir_func *g, kiln_tensor *const *args, kiln_tensor **results, int depth,
                   kiln_tensor *const *draws);
 
-/* How many draws region g returns (see above): its random instructions,
- * then per nested cond both branches' and per nested scan its body's. A
- * while_loop or staged call nested in it returns none (their draws, if
- * any, cannot be replayed). -1 when nested too deeply. */
+static int region_draws(const ir_func *g, int depth);
+
+/* How many draws instruction in of a region returns (see above): a random
+ * instruction one, a cond both branches', a scan its body's (stacked). A
+ * while_loop or staged call returns none (their draws, if any, cannot be
+ * replayed). -1 when nested too deeply. */
+static int instr_draws(const ir_instr *in, int depth) {
+  if (kiln_ops[in->op].kind == OPK_RANDOM) return 1;
+  if (in->op != OP_COND && in->op != OP_SCAN) return 0;
+  int a = region_draws(in->attrs.callee, depth + 1);
+  int b = in->op == OP_COND ? region_draws(in->attrs.callee2, depth + 1) : 0;
+  return a < 0 || b < 0 ? -1 : a + b;
+}
+
+/* How many draws region g returns, -1 when nested too deeply */
 static int region_draws(const ir_func *g, int depth) {
   if (depth > 64) return kiln_set_error("trace: regions nested too deeply to replay");
   int n = 0;
   for (int i = 0; i < g->n_instrs; i++) {
-    const ir_instr *in = &g->instrs[i];
-    int k = kiln_ops[in->op].kind == OPK_RANDOM ? 1 : 0;
-    if (in->op == OP_COND || in->op == OP_SCAN) {
-      int a = region_draws(in->attrs.callee, depth + 1);
-      int b = in->op == OP_COND ? region_draws(in->attrs.callee2, depth + 1) : 0;
-      if (a < 0 || b < 0) return -1;
-      k = a + b;
-    }
+    int k = instr_draws(&g->instrs[i], depth);
+    if (k < 0) return -1;
     n += k;
   }
   return n;
@@ -139,12 +144,7 @@ static int replay(const ir_func *g, kiln_tensor *const *args, kiln_tensor **resu
     } else if (kind == OPK_CALL) {
       rc = replay(in->attrs.callee, ins, v + in->out, depth + 1, NULL);
     } else if (kind == OPK_CONTROL) {
-      int nd = 0;
-      if (draws && in->op != OP_WHILE) { /* its draws: the last nd of its outputs, the next nd of g's */
-        nd = region_draws(in->attrs.callee, depth + 1);
-        int nd1 = nd >= 0 && in->op == OP_COND ? region_draws(in->attrs.callee2, depth + 1) : 0;
-        nd = nd < 0 || nd1 < 0 ? -1 : nd + nd1;
-      }
+      int nd = draws ? instr_draws(in, depth) : 0; /* its draws: the last nd of its outputs, the next nd of g's */
       rc = nd < 0 ? -1 : replay_control(in, ins, v + in->out, depth, draws ? draws + drawn : NULL, nd);
       drawn += nd;
     } else if (kind == OPK_RANDOM && draws) { /* the forward's draw, not a new one */
@@ -235,6 +235,11 @@ static int body_vjp(const cf_node *nd, int b, int n_in, kiln_tensor *const *in, 
   if (!tape) rc = -1;
   for (int i = 0; i < n_src && !rc; i++)
     if (is_float(src[i])) kiln_tape_watch(tape, src[i]);
+  /* the draws the forward kept for this region, as many as the replay reads */
+  int want = nd->s.op == OP_COND ? (b ? nd->s.n_draws - nd->s.n_draws0 : nd->s.n_draws0) : nd->s.n_draws;
+  int got = rc ? 0 : region_draws(nd->r[b], 0);
+  if (!rc && got != want)
+    rc = got < 0 ? -1 : kiln_set_error("%s: the region replays %d draws, the forward kept %d", who, got, want);
   if (!rc) rc = replay(nd->r[b], src, o, 0, draws); /* the region's parameters: its inputs, then the environment */
   kiln_tensor *loss = NULL;
   for (int j = 0; j < nd->s.n_out && !rc; j++) {
