@@ -517,9 +517,11 @@ int kiln_host_call_with_gradient(kiln_host_fn fn, kiln_host_grad_fn grad, void *
  * returns. Bodies and branches that draw random numbers are
  * differentiable: the staged forward keeps each step's draws (stacked, as
  * the carries are) and the backward uses them, so the gradient is the one
- * of the numbers drawn. Not yet: gradients through a staged cond or loop
- * that draws while nested in another staged loop's body or branch (it
- * fails clearly, naming the op; eagerly it works). Staged control flow is
+ * of the numbers drawn, at any depth of nesting (a cond or loop that draws
+ * inside another's body or branch: its draws are kept by every body around
+ * it). Not yet: a staged while_loop without max_iterations that draws
+ * inside a differentiated staged body (it fails clearly, naming the op;
+ * eagerly it works). Staged control flow is
  * compiled by the CPU backend: a cond is a branch on its predicate, a
  * while_loop / scan a real loop around one copy of its body's kernels (a
  * scan's xs read, and its ys written, in place at row t), so code and

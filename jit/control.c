@@ -232,6 +232,11 @@ static int stage(const char *who, op_id op, op_attrs *a, int n_jobs, region_job 
     rc = trace_control(op, a, r[0], r[1], n_ops, ops, n_res, outs, out);
     r[0] = r[1] = NULL; /* taken */
   }
+  /* the draws it returns are draws of the enclosing trace too: a loop or
+   * branch around it returns them as its residuals (stacked per step), and
+   * the backward's replay of that body hands them back to this one's */
+  if (!rc && grad && grad->n_draws)
+    rc = trace_add_draws(trace_current, grad->n_draws, out + grad->n_out - grad->n_draws);
   if (with_grad && !rc)
     rc = cf_record_gradients(grad, rg, n_head, head, n_ops - n_head, ops + n_head, out,
                              out + grad->n_out - grad->nc - grad->n_draws);
@@ -249,8 +254,9 @@ static int stage(const char *who, op_id op, op_attrs *a, int n_jobs, region_job 
   return rc;
 }
 
-/* How many random tensors the body draws (its own ops, not nested
- * regions'), from a trace of it that is thrown away; with types, their
+/* How many random tensors the body draws (its own random ops, and the
+ * draws that staged conds and scans nested in it return: stacked per step
+ * for a scan), from a trace of it that is thrown away; with types, their
  * types too (malloc'd). -1 on error. */
 static int count_draws(const char *who, kiln_body_fn body, void *user, int n_in, const op_type *in_types, int n_out,
                        op_type **types) {

@@ -26,9 +26,10 @@ typedef struct cf_spec {
  * by the nodes' results. For a scan, stack[0..nc) holds each step's
  * incoming carries (stacked, nc outputs after the body's ys: they get nodes too, so
  * that a second derivative sees how they depend on the inputs), which the
- * backward scan reads; and when the body draws random numbers, the
- * outputs after them are each draw, stacked, that the backward's replay of
- * a step uses instead of drawing again. 0 / -1. */
+ * backward scan reads; and when the body draws random numbers (its own
+ * random ops', and the draws that conds and scans nested in it return),
+ * the outputs after them are each draw, stacked, that the backward's replay
+ * of a step uses instead of drawing again. 0 / -1. */
 int cf_record_gradients(const cf_spec *s, const ir_func *const *regions, int n_head, kiln_tensor *const *head,
                         int n_env, kiln_tensor *const *env, kiln_tensor **outs, kiln_tensor *const *stack);
 

@@ -15,25 +15,58 @@
 /* ---- replaying a region ----
  * Each instruction again through op_apply, on the tensors of the trace now
  * recording: the tapes see the ops. Nested control flow goes through the
- * public calls, whose bodies replay the nested regions. */
+ * public calls, whose bodies replay the nested regions. A region traced
+ * under a tape returns its draws (control.c): its own random instructions'
+ * values, and the draws of the conds and scans nested in it, which return
+ * theirs as their last outputs (a scan's stacked per step); the replay
+ * uses the forward's draws in that order instead of drawing again. */
 
 static int replay(const ir_func *g, kiln_tensor *const *args, kiln_tensor **results, int depth,
                   kiln_tensor *const *draws);
+
+static int region_draws(const ir_func *g, int depth);
+
+/* How many draws instruction in of a region returns (see above): a random
+ * instruction one, a cond both branches', a scan its body's (stacked). A
+ * while_loop or staged call returns none (their draws, if any, cannot be
+ * replayed). -1 when nested too deeply. */
+static int instr_draws(const ir_instr *in, int depth) {
+  if (kiln_ops[in->op].kind == OPK_RANDOM) return 1;
+  if (in->op != OP_COND && in->op != OP_SCAN) return 0;
+  int a = region_draws(in->attrs.callee, depth + 1);
+  int b = in->op == OP_COND ? region_draws(in->attrs.callee2, depth + 1) : 0;
+  return a < 0 || b < 0 ? -1 : a + b;
+}
+
+/* How many draws region g returns, -1 when nested too deeply */
+static int region_draws(const ir_func *g, int depth) {
+  if (depth > 64) return kiln_set_error("trace: regions nested too deeply to replay");
+  int n = 0;
+  for (int i = 0; i < g->n_instrs; i++) {
+    int k = instr_draws(&g->instrs[i], depth);
+    if (k < 0) return -1;
+    n += k;
+  }
+  return n;
+}
 
 typedef struct {
   const ir_func *r[2];
   int n_env;
   kiln_tensor *const *env; /* the instruction's operands past its own inputs */
   int depth;
+  bool has_draws; /* the last n_draws inputs are the forward's draws (cond: the then branch's nd0 first) */
+  int n_draws, nd0;
 } replay_ctx;
 
 static int replay_region(void *user, int b, int n, kiln_tensor *const *in, kiln_tensor **out) {
   const replay_ctx *c = user;
-  kiln_tensor **args = malloc(((size_t)n + c->n_env + 1) * sizeof *args);
+  int n_own = n - c->n_draws;
+  kiln_tensor **args = malloc(((size_t)n_own + c->n_env + 1) * sizeof *args);
   if (!args) return kiln_set_error("trace: out of memory");
-  for (int i = 0; i < n; i++) args[i] = in[i];
-  for (int i = 0; i < c->n_env; i++) args[n + i] = c->env[i];
-  int rc = replay(c->r[b], args, out, c->depth + 1, NULL);
+  for (int i = 0; i < n_own; i++) args[i] = in[i];
+  for (int i = 0; i < c->n_env; i++) args[n_own + i] = c->env[i];
+  int rc = replay(c->r[b], args, out, c->depth + 1, c->has_draws ? in + n_own + (b ? c->nd0 : 0) : NULL);
   free(args);
   return rc;
 }
@@ -48,28 +81,45 @@ static int replay_second(void *user, int n, kiln_tensor *const *in, int n_out, k
   return replay_region(user, 1, n, in, out);
 }
 
-static int replay_control(const ir_instr *in, kiln_tensor *const *ins, kiln_tensor **outs, int depth) {
+/* ins[0..in->n_in), then with draws the forward's draws of the instruction
+ * (its last outputs, nd of them): the regions' replays read them. */
+static int replay_control(const ir_instr *in, kiln_tensor *const *ins, kiln_tensor **outs, int depth,
+                          kiln_tensor *const *draws, int nd) {
   const op_attrs *a = &in->attrs;
-  replay_ctx c = {{a->callee, a->callee2}, 0, NULL, depth};
-  switch (in->op) {
-  case OP_COND: /* its regions take every operand past pred */
-    return kiln_cond(ins[0], replay_first, replay_second, &c, in->n_in - 1, ins + 1, in->n_out, outs);
-  case OP_WHILE:
+  replay_ctx c = {{a->callee, a->callee2}, 0, NULL, depth, draws != NULL, draws ? nd : 0, 0};
+  if (in->op == OP_WHILE) { /* under a tape a bounded loop is a scan: this one never drew for a gradient */
+    c.has_draws = false;
+    c.n_draws = 0;
     c.n_env = in->n_in - a->n_state;
     c.env = ins + a->n_state;
     return kiln_while_loop(replay_first, replay_second, &c, a->n_state, ins, a->trip, outs);
-  default: {
-    int nc = a->n_state, nx = a->n_xs;
-    c.n_env = in->n_in - nc - nx;
-    c.env = ins + nc + nx;
-    return kiln_scan(replay_first, &c, nc, ins, nx, ins + nc, a->trip, a->reverse, in->n_out - nc, outs,
-                     outs + nc);
   }
+  /* cond: its regions take every operand past pred; scan: the carries and
+   * xs, then the environment. The draws follow as more inputs (a scan's as
+   * more xs, sliced per step as the forward stacked them). */
+  int lead = in->op == OP_COND ? in->n_in - 1 : a->n_state + a->n_xs, n_all = lead + c.n_draws;
+  if (in->op == OP_SCAN) {
+    c.n_env = in->n_in - lead;
+    c.env = ins + lead;
+  } else if (draws && (c.nd0 = region_draws(a->callee, depth + 1)) < 0) {
+    return -1;
   }
+  kiln_tensor **all = malloc(((size_t)n_all + 1) * sizeof *all);
+  if (!all) return kiln_set_error("trace: out of memory");
+  for (int i = 0; i < lead; i++) all[i] = ins[(in->op == OP_COND) + i];
+  for (int i = 0; i < c.n_draws; i++) all[lead + i] = draws[i];
+  int rc, nc = a->n_state;
+  if (in->op == OP_COND)
+    rc = kiln_cond(ins[0], replay_first, replay_second, &c, n_all, all, in->n_out, outs);
+  else
+    rc = kiln_scan(replay_first, &c, nc, all, n_all - nc, all + nc, a->trip, a->reverse, in->n_out - nc, outs,
+                   outs + nc);
+  free(all);
+  return rc;
 }
 
-/* draws: the values of g's own random instructions, in order (the forward
- * step's), or NULL (a region that draws has no gradient then) */
+/* draws: the values of g's draws (above), in order (the forward step's),
+ * or NULL (a region that draws has no gradient then) */
 static int replay(const ir_func *g, kiln_tensor *const *args, kiln_tensor **results, int depth,
                   kiln_tensor *const *draws) {
   if (depth > 64) return kiln_set_error("trace: regions nested too deeply to replay");
@@ -94,12 +144,15 @@ static int replay(const ir_func *g, kiln_tensor *const *args, kiln_tensor **resu
     } else if (kind == OPK_CALL) {
       rc = replay(in->attrs.callee, ins, v + in->out, depth + 1, NULL);
     } else if (kind == OPK_CONTROL) {
-      rc = replay_control(in, ins, v + in->out, depth);
+      int nd = draws ? instr_draws(in, depth) : 0; /* its draws: the last nd of its outputs, the next nd of g's */
+      rc = nd < 0 ? -1 : replay_control(in, ins, v + in->out, depth, draws ? draws + drawn : NULL, nd);
+      drawn += nd;
     } else if (kind == OPK_RANDOM && draws) { /* the forward's draw, not a new one */
       v[in->out] = draws[drawn++];
     } else if (kind == OPK_RANDOM) {
-      rc = kiln_set_error("%s: a staged loop or branch nested in a staged loop's body or branch that draws random "
-                          "numbers has no gradient yet (its draws would differ in the backward pass)",
+      rc = kiln_set_error("%s: drawn in a staged while_loop without max_iterations (or a staged call) inside a "
+                          "differentiated staged loop or branch: no gradient, its draws would differ in the "
+                          "backward pass (give the while_loop max_iterations)",
                           kiln_ops[in->op].api);
     } else if (kind == OPK_HOST) {
       const ir_host *h = in->attrs.host;
@@ -182,6 +235,11 @@ static int body_vjp(const cf_node *nd, int b, int n_in, kiln_tensor *const *in, 
   if (!tape) rc = -1;
   for (int i = 0; i < n_src && !rc; i++)
     if (is_float(src[i])) kiln_tape_watch(tape, src[i]);
+  /* the draws the forward kept for this region, as many as the replay reads */
+  int want = nd->s.op == OP_COND ? (b ? nd->s.n_draws - nd->s.n_draws0 : nd->s.n_draws0) : nd->s.n_draws;
+  int got = rc ? 0 : region_draws(nd->r[b], 0);
+  if (!rc && got != want)
+    rc = got < 0 ? -1 : kiln_set_error("%s: the region replays %d draws, the forward kept %d", who, got, want);
   if (!rc) rc = replay(nd->r[b], src, o, 0, draws); /* the region's parameters: its inputs, then the environment */
   kiln_tensor *loss = NULL;
   for (int j = 0; j < nd->s.n_out && !rc; j++) {

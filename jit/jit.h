@@ -129,14 +129,18 @@ int trace_region_close(trace *tr, const char *who, int n_out, kiln_tensor *const
 /* The variables region tr's body assigned (*vars malloc'd); their count,
  * -1 on out of memory. */
 int trace_region_written(const trace *tr, kiln_variable ***vars);
-/* The random draws tr recorded so far (its own instructions, not those of
- * regions nested in it), in order. */
+/* The random draws tr recorded so far, in order: its own random
+ * instructions, and the draws that control flow nested in it returns
+ * (trace_add_draws); not those of regions' own instructions. */
 int trace_draw_count(const trace *tr);
 /* the type of draw k of tr (NULL when there is none) */
 const op_type *trace_draw_type(const trace *tr, int k);
 /* A symbolic tensor for the value of draw k of tr (a new tensor of the
  * caller's scope); NULL with the error set. */
 kiln_tensor *trace_draw(trace *tr, int k);
+/* Adds results t[0..n) of an instruction of tr (a staged cond's or scan's
+ * outputs holding its regions' draws) to tr's draws. 0 / -1. */
+int trace_add_draws(trace *tr, int n, kiln_tensor *const *t);
 /* Forgets the active trace's assignment of v (its value was carried out of
  * a region as an output instead). */
 void trace_variable_unwrite(kiln_variable *v);

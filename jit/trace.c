@@ -67,10 +67,11 @@ struct trace {
   bool region;
   kiln_tensor **outer;
   int n_outer, cap_outer;
-  /* its own random draws, in order: each one's record and type */
-  int *draw_rec;
+  /* its random draws, in order: each one's record, result and type (its
+   * own random instructions, and the draws nested control flow returns) */
+  int *draw_rec, *draw_sub;
   op_type *draw_type;
-  int n_draws, cap_draws, cap_draw_types;
+  int n_draws, cap_draws, cap_draw_subs, cap_draw_types;
 };
 
 static int grow(void **p, int *cap, int need, size_t elem) {
@@ -223,12 +224,14 @@ kiln_tensor *trace_apply(op_id op, const op_attrs *attrs, int n, kiln_tensor *co
     a->stateful = true;
     a->seed = a->counter = 0;
     if (grow((void **)&tr->draw_rec, &tr->cap_draws, tr->n_draws + 1, sizeof *tr->draw_rec) ||
+        grow((void **)&tr->draw_sub, &tr->cap_draw_subs, tr->n_draws + 1, sizeof *tr->draw_sub) ||
         grow((void **)&tr->draw_type, &tr->cap_draw_types, tr->n_draws + 1, sizeof *tr->draw_type)) {
       kiln_release(t);
       t = NULL;
       goto fail; /* the record was not counted yet: fail frees its ids */
     }
     tr->draw_rec[tr->n_draws] = tr->n_recs;
+    tr->draw_sub[tr->n_draws] = 0;
     tr->draw_type[tr->n_draws++] = out;
   }
   tr->n_recs++;
@@ -468,6 +471,7 @@ void trace_free(trace *tr) {
   free(tr->res_fwd);
   free(tr->res_types);
   free(tr->draw_rec);
+  free(tr->draw_sub);
   free(tr->draw_type);
   free(tr);
 }
@@ -480,7 +484,23 @@ const op_type *trace_draw_type(const trace *tr, int k) {
 
 kiln_tensor *trace_draw(trace *tr, int k) {
   if (!tr || k < 0 || k >= tr->n_draws) return kiln_set_error("trace: no draw %d", k), NULL;
-  return scope_own(sym_tensor(tr, "trace", &tr->draw_type[k], NODE_INSTR, tr->draw_rec[k]));
+  return scope_own(sym_tensor_sub(tr, "trace", &tr->draw_type[k], NODE_INSTR, tr->draw_rec[k], tr->draw_sub[k]));
+}
+
+int trace_add_draws(trace *tr, int n, kiln_tensor *const *t) {
+  for (int k = 0; k < n; k++) {
+    intptr_t id = t[k] && (t[k]->flags & TF_SYMBOLIC) ? (intptr_t)t[k]->sym - 1 : -1;
+    if (!tr || id < 0 || !owns(tr, t[k]) || tr->nodes[id].kind != NODE_INSTR)
+      return kiln_set_error("trace: draw %d is not a result of an instruction of the trace", k);
+    if (grow((void **)&tr->draw_rec, &tr->cap_draws, tr->n_draws + 1, sizeof *tr->draw_rec) ||
+        grow((void **)&tr->draw_sub, &tr->cap_draw_subs, tr->n_draws + 1, sizeof *tr->draw_sub) ||
+        grow((void **)&tr->draw_type, &tr->cap_draw_types, tr->n_draws + 1, sizeof *tr->draw_type))
+      return -1;
+    tr->draw_rec[tr->n_draws] = tr->nodes[id].index;
+    tr->draw_sub[tr->n_draws] = tr->nodes[id].sub;
+    op_type_of(t[k], &tr->draw_type[tr->n_draws++]);
+  }
+  return 0;
 }
 
 void traced_fn_free(traced_fn *fn) {

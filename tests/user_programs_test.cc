@@ -104,6 +104,15 @@ struct Step {
   Kind kind;
   int a = -1, b = -1, op = 0, axis = 0, var = 0;
   bool drops = false;    // SCAN: the body draws a dropout mask each step; COND: the then branch does
+  // control flow that draws nested in this step's body or branch (under a
+  // tape its draws are residuals of the enclosing body too):
+  //   SCAN  1: the body's unary op in a cond whose then branch drops out;
+  //         2: in a bounded while (2 iterations, max 3) dropping out each one
+  //   COND  1: the then branch's result through a scan of 2 steps dropping
+  //         out each; 2: through a bounded while (1 + axis % 2 iterations, max 2)
+  //   WHILE (bounded) 1: the body's result through a cond dropping out
+  //         when its sum is positive; 2: through a scan of 2 steps dropping out
+  int nest = 0;
   Shape shape;           // the result's (RESHAPE: the target)
   Shape begin, size;     // SLICE
   std::vector<int64_t> idx;  // GATHER
@@ -133,6 +142,7 @@ struct Program {
       r += "  v" + std::to_string(inputs.size() + i) + " = " + names[s.kind] + "(";
       if (s.kind == VAR_READ || s.kind == VAR_ADD) r += "var" + std::to_string(s.var) + (s.a >= 0 ? ", " : "");
       if (s.drops) r += "dropout, ";
+      if (s.nest) r += "nested " + std::to_string(s.nest) + " dropout, ";
       if (s.a >= 0) r += "v" + std::to_string(s.a);
       if (s.b >= 0) r += ", v" + std::to_string(s.b);
       r += ") op=" + std::to_string(s.op) + " axis=" + std::to_string(s.axis) + " -> " +
@@ -585,6 +595,14 @@ Program with_control(Program p) {
     }
     p.control = true;
   }
+  // nested control flow that draws, from a generator of its own (the
+  // choices above stay the same for a seed)
+  Rng nest_rng{p.seed * 0xD1B54A32D192ED03ull + 11};
+  for (Step &st : p.steps) {
+    bool can = st.kind == SCAN || st.kind == COND || (st.kind == WHILE && st.axis != 5);
+    int nest = 1 + nest_rng.below(2);
+    if (can && nest_rng.chance(0.45)) st.nest = nest;
+  }
   return p;
 }
 
@@ -628,10 +646,48 @@ struct CfCtx {
 
 // COND's branches: the step's own op, or another; a unary step ignores b
 
+// ---- nested control flow that draws (Step::nest) ----
+
+int nest_drop(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_dropout(in[0], 0.3);
+  return out[0] ? 0 : -1;
+}
+
+int nest_keep(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = in[0];
+  return 0;
+}
+
+// s' = s + 0.5 dropout(sin(s)) (a scan step or a while body with a counter)
+int nest_step(void *, int n, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_add(in[0], kiln_mul(kiln_dropout(kiln_sin(in[0]), 0.3), kiln_scalar_like(in[0], 0.5)));
+  if (n == 2) out[1] = kiln_add(in[1], kiln_scalar(KILN_I64, 1));
+  return out[0] && (n < 2 || out[1]) ? 0 : -1;
+}
+
+// user: the nested while's iterations
+int nest_while_cond(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_less(in[1], kiln_scalar(KILN_I64, (double)*(const int64_t *)user));
+  return out[0] ? 0 : -1;
+}
+
+// x through a cond (1), a scan (2) or a bounded while (3) that draws
+kiln_tensor *nested_draw(int how, kiln_tensor *x, int64_t trips) {
+  kiln_tensor *r = nullptr;
+  if (how == 1) {
+    kiln_tensor *p = kiln_greater(kiln_reduce_sum(x, 0, nullptr, false), kiln_scalar_like(x, 0));
+    return kiln_cond(p, nest_drop, nest_keep, nullptr, 1, &x, 1, &r) ? nullptr : r;
+  }
+  if (how == 2) return kiln_scan(nest_step, nullptr, 1, &x, 0, nullptr, 2, false, 0, &r, nullptr) ? nullptr : r;
+  kiln_tensor *init[2] = {x, kiln_scalar(KILN_I64, 0)}, *fin[2] = {nullptr, nullptr};
+  return kiln_while_loop(nest_while_cond, nest_step, &trips, 2, init, trips + 1, fin) ? nullptr : fin[0];
+}
+
 int cf_then(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   const CfCtx *c = (const CfCtx *)user;
   out[0] = c->s->b != c->s->a ? binary(c->s->var % 6, in[0], c->b) : unary(c->s->var % 8, in[0]);
   if (c->s->drops) out[0] = kiln_dropout(out[0], 0.3);
+  if (c->s->nest && out[0]) out[0] = nested_draw(c->s->nest == 1 ? 2 : 3, out[0], 1 + c->s->axis % 2);
   return out[0] ? 0 : -1;
 }
 
@@ -643,7 +699,9 @@ int cf_else(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
 
 int cf_scan(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   const CfCtx *c = (const CfCtx *)user;
-  out[0] = binary(c->s->axis % 6, in[0], unary(c->s->op, in[1]));
+  kiln_tensor *u = unary(c->s->op, in[1]);
+  if (c->s->nest && u) u = nested_draw(c->s->nest == 1 ? 1 : 3, u, 2);
+  out[0] = binary(c->s->axis % 6, in[0], u);
   if (c->s->drops) out[0] = kiln_dropout(out[0], 0.3);  // a new mask every step, the gradient through the same masks
   out[1] = out[0];
   return out[0] ? 0 : -1;
@@ -658,6 +716,7 @@ int cf_while_cond(void *user, int, kiln_tensor *const *in, int, kiln_tensor **ou
 int cf_while_body(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   const CfCtx *c = (const CfCtx *)user;
   out[0] = kiln_maximum(unary(c->s->op, in[0]), c->b);
+  if (c->s->nest && out[0]) out[0] = nested_draw(c->s->nest, out[0], 0);
   out[1] = kiln_add(in[1], kiln_scalar(KILN_I64, 1));
   return out[0] && out[1] ? 0 : -1;
 }
@@ -923,7 +982,7 @@ TEST(UserPrograms, EagerCompiledAndInterpretedAgree) {
 // except through unbounded while loops.
 TEST(UserPrograms, ControlFlowEagerCompiledAndInterpretedAgree) {
   Scoped scope;
-  int n = program_count(), compared = 0, controlled = 0, dropout = 0;
+  int n = program_count(), compared = 0, controlled = 0, dropout = 0, nested = 0;
   for (uint64_t s = first_seed(); s < first_seed() + (uint64_t)n; s++) {
     Program p = with_control(Gen(s).make());
     if (!p.control) continue;
@@ -931,6 +990,9 @@ TEST(UserPrograms, ControlFlowEagerCompiledAndInterpretedAgree) {
     bool drops = false;
     for (const Step &st : p.steps) drops = drops || st.drops;
     dropout += drops && !p.writes && !p.unbounded;
+    bool nests = false;
+    for (const Step &st : p.steps) nests = nests || st.nest;
+    nested += nests && !p.writes && !p.unbounded;
     kiln_scope_push();
     std::string m = run_and_compare(p);
     EXPECT_EQ(m, "") << p.str();
@@ -941,9 +1003,11 @@ TEST(UserPrograms, ControlFlowEagerCompiledAndInterpretedAgree) {
   EXPECT_GT(controlled, n / 2) << "most programs have control flow";
   if (n >= 100) {
     EXPECT_GT(dropout, n / 20) << "some take gradients through scans and conds that draw";
+    EXPECT_GT(nested, n / 10) << "some take gradients through control flow that draws nested in control flow";
   }
-  std::printf("  %d programs with control flow compared (%d with gradients through a scan or cond that draws)\n", compared,
-              dropout);
+  std::printf("  %d programs with control flow compared (%d with gradients through a scan or cond that draws, %d "
+              "through one nested in another)\n",
+              compared, dropout, nested);
 }
 
 // Programs shaped like a dense layer's training step (make_dense): a
