@@ -151,14 +151,15 @@ TEST(Resnet, BadInputs) {
   resnet_free(m);
 }
 
-// Known bug (issue 16's ResNet-50 bench): the CPU backend's arena is far
-// bigger than the buffers pass's plan that kiln_function_stats reports as
-// peak_bytes. The plan (backends/plan/plan.c, plan_value_slot) appends every
-// value the buffers pass left unplaced at the arena's end, with no reuse.
-// The small ResNet's gradient function: arena 2,262,336 bytes against the
-// pass's 778,496 (2.9x); ResNet-50's training step at batch 8: 4.72 GB
-// against 1.70 GB. Enable when the plan reuses those values' bytes.
-TEST(Resnet, DISABLED_CpuArenaNearTheBuffersPlan) {
+// Issue 16's ResNet-50 bench found the CPU backend's arena far bigger than
+// the buffers pass's plan that kiln_function_stats reports as peak_bytes:
+// the plan (backends/plan/plan.c, plan_value_slot) appended every value the
+// buffers pass left unplaced at the arena's end, with no reuse. The small
+// ResNet's gradient function: arena 2,262,336 bytes against the pass's
+// 778,496 (2.9x); ResNet-50's training step at batch 8: 4.72 GB against
+// 1.70 GB. Now backends/plan/arena.c places every arena slot anew by
+// liveness (tests/arena_test.cc).
+TEST(Resnet, CpuArenaNearTheBuffersPlan) {
   Scoped s;
   resnet_config cfg = resnet_check_config();
   kiln_random_seed(3);

@@ -123,6 +123,7 @@ struct cpu_program {
   int *donor;            /* per result: cpu_program_donor */
   int n_kernels;
   size_t arena_bytes;
+  size_t arena_unpacked_bytes; /* plan.arena_unpacked: before slots shared bytes by liveness */
   /* the arena of a finished call, kept for the next (taken and put back
    * with __atomic builtins; concurrent calls allocate their own), and its
    * allocator class: a big step faults no fresh pages in at every call */

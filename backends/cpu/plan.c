@@ -198,6 +198,7 @@ int cpu_plan(cpu_build *cb) {
   else if (cb->scan_kernels) cb->policy.scan_one_kernel = cpu_scan_one_kernel_any;
   if (plan_build(pl, cb->f, &cb->policy)) return -1;
   p->arena_bytes = pl->arena_bytes;
+  p->arena_unpacked_bytes = pl->arena_unpacked;
   cb->max_bufs = max_bufs(pl, pl->steps, pl->n_steps);
   p->results = calloc((size_t)cb->f->n_results + 1, sizeof *p->results);
   p->helpers = calloc((size_t)pl->n_calls + 1, sizeof *p->helpers);

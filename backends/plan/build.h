@@ -45,6 +45,9 @@ int plan_copy_into(plan *pl, plan_step **steps, int *n, int dst, int src, const 
 /* scan_kernel.c: scan in (of f), which plan_scan_elementwise accepts, as
  * one kernel of the backend's own (plan_policy.scan_one_kernel) */
 int plan_scan_kernel(plan *pl, const ir_func *f, const ir_instr *in, int *vs, bool top);
+/* arena.c: arena slots placed anew so that those never live at once share
+ * bytes (pl->arena_bytes shrinks; the old layout stays when no smaller) */
+int plan_pack_arena(plan *pl);
 /* A cond, while or scan (in, of f) as a control step (plan.h). */
 int plan_control(plan *pl, const ir_func *f, const ir_instr *in, int *vs, bool top, int depth);
 

@@ -39,22 +39,29 @@ int plan_keep_const(kiln_tensor ***list, int *n, const kiln_tensor *t) {
   return 0;
 }
 
-int plan_add_slot(plan *pl, plan_slot s) {
+/* a new slot of bytes in the arena (0 for other kinds) */
+static int add_slot_of(plan *pl, plan_slot s, int64_t bytes) {
   if (pl->n_slots == pl->cap_slots) {
     int cap = pl->cap_slots ? 2 * pl->cap_slots : 16;
     plan_slot *q = realloc(pl->slots, (size_t)cap * sizeof *q);
     if (!q) return plan_oom(pl);
     pl->slots = q;
+    int64_t *b = realloc(pl->slot_bytes, (size_t)cap * sizeof *b);
+    if (!b) return plan_oom(pl);
+    pl->slot_bytes = b;
     pl->cap_slots = cap;
   }
   pl->slots[pl->n_slots] = s;
+  pl->slot_bytes[pl->n_slots] = bytes;
   return pl->n_slots++;
 }
+
+int plan_add_slot(plan *pl, plan_slot s) { return add_slot_of(pl, s, 0); }
 
 int plan_arena_slot(plan *pl, const op_type *t) {
   int64_t off = (int64_t)pl->arena_bytes;
   pl->arena_bytes = (size_t)((off + plan_type_bytes(t) + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN);
-  return plan_add_slot(pl, (plan_slot){PLAN_SLOT_ARENA, 0, off, NULL});
+  return add_slot_of(pl, (plan_slot){PLAN_SLOT_ARENA, 0, off, NULL}, plan_type_bytes(t));
 }
 
 /* A fresh place for value v of f: the buffer of the result that returns it
@@ -72,7 +79,7 @@ int plan_value_slot(plan *pl, const ir_func *f, ir_value v, bool top) {
     return plan_add_slot(pl, (plan_slot){PLAN_SLOT_RESULT, pl->result_of[v], 0, NULL});
   }
   if (top && f->buf_offset && f->buf_offset[v] >= 0)
-    return plan_add_slot(pl, (plan_slot){PLAN_SLOT_ARENA, 0, f->buf_offset[v], NULL});
+    return add_slot_of(pl, (plan_slot){PLAN_SLOT_ARENA, 0, f->buf_offset[v], NULL}, ir_buf_bytes(&f->types[v]));
   return plan_arena_slot(pl, &f->types[v]);
 }
 
@@ -524,8 +531,8 @@ int plan_build(plan *pl, const ir_func *f, const plan_policy *policy) {
     rc = ps[i] = plan_add_slot(pl, (plan_slot){PLAN_SLOT_PARAM, i, 0, NULL});
   if (rc >= 0) rc = plan_func_steps(pl, f, pl->vslot, ps, true, 0);
   free(ps);
-  if (rc < 0) return -1;
-  return plan_results(pl);
+  if (rc < 0 || plan_results(pl)) return -1;
+  return plan_pack_arena(pl);
 }
 
 void plan_free_steps(plan_step *steps, int n) {
@@ -549,6 +556,7 @@ void plan_free(plan *pl) {
   free(pl->kernels);
   free(pl->calls);
   free(pl->slots);
+  free(pl->slot_bytes);
   free(pl->vslot);
   free(pl->results);
   free(pl->consts);

@@ -181,6 +181,7 @@ typedef struct plan {
   const ir_func *f;
   const plan_policy *policy;
   plan_slot *slots;
+  int64_t *slot_bytes; /* per slot: an arena slot's bytes from its offset (else 0) */
   int n_slots, cap_slots;
   int *vslot; /* per value of f */
   plan_kernel *kernels;
@@ -195,7 +196,10 @@ typedef struct plan {
    * the same order in any process (the CPU's cached code names them so). */
   const kiln_tensor **consts;
   int n_consts, cap_consts;
-  size_t arena_bytes; /* the buffers pass's arena first, then values it did not place */
+  /* the arena: the buffers pass's places first, then values it did not
+   * place; then every arena slot placed anew by liveness (arena.c) */
+  size_t arena_bytes;
+  size_t arena_unpacked; /* before the slots were placed anew (for the tests' figures) */
   /* planning */
   int *result_of;    /* per value of f: the first result that returns it, or -1 */
   bool *result_done; /* per result: its buffer is taken */
