@@ -203,22 +203,24 @@ enum { NT_TILE = 1024 }; /* elements a streaming kernel computes into L1 before 
  * vector math computes as long as it moves data; there computing tiles,
  * then storing them, overlaps the two worse than plain stores (tanh(x*a+b)*c+x:
  * 6.4 -> 5.0 GB/s), so it does not stream. */
-static bool memory_bound(const plan_kernel *g) {
-  for (int i = 0; i < g->f->n_instrs; i++) {
-    if (!g->member[i]) continue;
-    switch (g->f->instrs[i].op) {
-      case OP_EXP:
-      case OP_LOG:
-      case OP_LOG1P:
-      case OP_SIN:
-      case OP_COS:
-      case OP_TANH:
-      case OP_SIGMOID:
-      case OP_POW:
-      case OP_MOD: return false;
-      default: break;
-    }
+/* ops computed by vector math (vecmath.c): tens of instructions each */
+static bool vector_math_op(op_id op) {
+  switch (op) {
+    case OP_EXP:
+    case OP_LOG:
+    case OP_LOG1P:
+    case OP_SIN:
+    case OP_COS:
+    case OP_TANH:
+    case OP_SIGMOID:
+    case OP_POW: return true;
+    default: return false;
   }
+}
+
+static bool memory_bound(const plan_kernel *g) {
+  for (int i = 0; i < g->f->n_instrs; i++)
+    if (g->member[i] && (vector_math_op(g->f->instrs[i].op) || g->f->instrs[i].op == OP_MOD)) return false;
   return true;
 }
 
@@ -464,20 +466,7 @@ static int64_t gcd64(int64_t a, int64_t b) {
 
 /* ops whose vector code is long (a division, a polynomial): worth computing
  * with every lane live */
-static bool expensive_op(op_id op) {
-  switch (op) {
-    case OP_EXP:
-    case OP_LOG:
-    case OP_LOG1P:
-    case OP_SIN:
-    case OP_COS:
-    case OP_TANH:
-    case OP_SIGMOID:
-    case OP_POW:
-    case OP_DIV: return true;
-    default: return false;
-  }
-}
+static bool expensive_op(op_id op) { return vector_math_op(op) || op == OP_DIV; }
 
 typedef struct {
   ir_value v[PACK_MAX];

@@ -66,42 +66,6 @@ static void flush(sgen *s, llvm_group *g) {
   g->bad = NULL;
 }
 
-static bool row_shaped(const op_type *t, const op_type *s) {
-  if (t->rank != s->rank) return false;
-  for (int d = 0; d < t->rank; d++)
-    if (t->shape[d] != s->shape[d]) return false;
-  return true;
-}
-
-/* The body's values at idx (one element of the row, its carries and xs
- * given in the body group's memo): its fusions evaluated in order, each
- * through a group of its own (fg, per instruction of the body), their
- * results given to the body group; then the results into vals. */
-static int body_values(const ir_func *body, llvm_group *bg, llvm_group *fg, llvm_index *idx, LLVMValueRef *vals) {
-  const op_type *s = &body->types[0];
-  for (int i = 0; i < body->n_instrs; i++) {
-    const ir_instr *in = &body->instrs[i];
-    if (in->op != OP_FUSION) continue;
-    const ir_func *c = in->attrs.callee;
-    for (int k = 0; k < in->n_in; k++) {
-      if (!row_shaped(&body->types[in->in[k]], s)) continue; /* a capture: the fusion reads it from memory */
-      LLVMValueRef v = llvm_emit_value(bg, in->in[k], idx);
-      if (!v) return -1;
-      llvm_group_set(&fg[i], k, idx, v);
-    }
-    for (int r = 0; r < in->n_out; r++) {
-      LLVMValueRef v = llvm_emit_value(&fg[i], c->results[r], idx);
-      if (!v) return -1;
-      llvm_group_set(bg, in->out + r, idx, v);
-    }
-  }
-  for (int r = 0; r < body->n_results; r++)
-    if (!(vals[r] = llvm_emit_value(bg, body->results[r], idx))) return -1;
-  return 0;
-}
-
-/* Element i (i64) of the row: the carries loaded, the loop over t, the
- * carries stored. */
 static int scan_element(sgen *s, LLVMValueRef i) {
   llvm_emit *e = s->e;
   LLVMBuilderRef b = e->b;
@@ -152,7 +116,7 @@ static int scan_element(sgen *s, LLVMValueRef i) {
     for (int k = 0; k < nc; k++)
       llvm_group_set(&bg, k, &idx, LLVMBuildLoad2(b, llvm_value_type(e, body->types[k].dtype), acc[k], ""));
     for (int k = nc; k < nc + nx; k++) llvm_group_set(&bg, k, &idx, llvm_emit_load(e, body->types[k].dtype, s->in[k], at));
-    rc = body_values(body, &bg, fg, &idx, vals);
+    rc = llvm_scan_body_values(body, &bg, fg, &idx, vals);
     if (!rc) { /* every value first, then the stores (a carry may be another's new value) */
       for (int k = 0; k < nc; k++) LLVMBuildStore(b, vals[k], acc[k]);
       for (int k = 0; k < ny; k++) llvm_emit_store(e, body->types[body->results[nc + k]].dtype, s->out[nc + k], at, vals[nc + k]);

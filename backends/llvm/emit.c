@@ -1032,3 +1032,35 @@ LLVMValueRef llvm_reduce_finish(llvm_emit *e, op_id op, kiln_dtype dt, LLVMValue
   (void)op;
   return LLVMTypeOf(acc) == t ? acc : LLVMBuildFPTrunc(e->b, acc, t, "");
 }
+
+/* ---- scan bodies as one element's code (both backends' one-kernel scans) ---- */
+
+/* The body's values at idx (one element of the row, its carries and xs
+ * given in the body group's memo): its fusions evaluated in order, each
+ * through a group of its own (fg, per instruction of the body), their
+ * results given to the body group; then the results into vals. */
+int llvm_scan_body_values(const ir_func *body, llvm_group *bg, llvm_group *fg, llvm_index *idx, LLVMValueRef *vals) {
+  const op_type *s = &body->types[0];
+  for (int i = 0; i < body->n_instrs; i++) {
+    const ir_instr *in = &body->instrs[i];
+    if (in->op != OP_FUSION) continue;
+    const ir_func *c = in->attrs.callee;
+    for (int k = 0; k < in->n_in; k++) {
+      const op_type *t = &body->types[in->in[k]];
+      bool row = t->rank == s->rank;
+      for (int d = 0; row && d < t->rank; d++) row = t->shape[d] == s->shape[d];
+      if (!row) continue; /* a capture: the fusion reads it from memory */
+      LLVMValueRef v = llvm_emit_value(bg, in->in[k], idx);
+      if (!v) return -1;
+      llvm_group_set(&fg[i], k, idx, v);
+    }
+    for (int r = 0; r < in->n_out; r++) {
+      LLVMValueRef v = llvm_emit_value(&fg[i], c->results[r], idx);
+      if (!v) return -1;
+      llvm_group_set(bg, in->out + r, idx, v);
+    }
+  }
+  for (int r = 0; r < body->n_results; r++)
+    if (!(vals[r] = llvm_emit_value(bg, body->results[r], idx))) return -1;
+  return 0;
+}

@@ -87,6 +87,13 @@ void llvm_group_forget(llvm_group *g);
  * register, a fusion's result), as if emitted, until llvm_group_forget. */
 void llvm_group_set(llvm_group *g, ir_value v, const llvm_index *idx, LLVMValueRef val);
 
+/* A one-kernel scan's body at idx (one element of the row; its carries and
+ * xs given in bg's memo): its fusions evaluated in order, each through a
+ * group of its own (fg, one per instruction of the body), their results
+ * given to bg; then the body's results into vals. 0, or -1 with the error
+ * set. Both backends' one-kernel scans (cpu/scan_kernel.c, cuda/ptx_scan.c). */
+int llvm_scan_body_values(const ir_func *body, llvm_group *bg, llvm_group *fg, llvm_index *idx, LLVMValueRef *vals);
+
 /* The value v (of f) at idx, emitted at the builder's position, in
  * llvm_value_type of v's dtype. Each value of the group is emitted once per
  * index (memoized until llvm_group_forget), so the work is linear in the
