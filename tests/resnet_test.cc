@@ -13,8 +13,6 @@
 #include <string>
 
 #include "../bench/resnet_model.h"
-#include "cpu/cpu.h"
-#include "ir.h"
 #include "test_util.h"
 
 using namespace kiln_test;
