@@ -4,6 +4,8 @@
 #ifndef KILN_CUDA_COMPILE_H
 #define KILN_CUDA_COMPILE_H
 
+#include <llvm-c/ExecutionEngine.h>
+
 #include "cuda/ptx.h"
 #include "llvm/llvm_emit.h"
 #include "plan/plan.h"
@@ -94,6 +96,10 @@ int cuda_emit_scan(kctx *k, bool *can_fail);
 
 /* "cuda: out of memory"; -1 */
 int cuda_oom(void);
+/* An LLVM interpreter over mod, verified first, to run the GPU's element
+ * code on the host (the kiln_debug_cuda_* checks); takes mod either way.
+ * 0, or -1 with the error set ("cuda: who: ..."). */
+int cuda_host_engine(LLVMModuleRef mod, const char *who, LLVMExecutionEngineRef *ee);
 /* Plans cb->f (cb->pl) under the CUDA policy and makes the launch plan:
  * cb->p's steps (one per plan step), results and retained constants. 0, or
  * -1 with the error set. */

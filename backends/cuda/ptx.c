@@ -1268,11 +1268,31 @@ void cuda_program_free(cuda_program *p) {
   free(p);
 }
 
-/* ---- a check of the GPU's fmod on the host ---- */
+/* ---- checks of the GPU's element code on the host ---- */
+
+int cuda_host_engine(LLVMModuleRef mod, const char *who, LLVMExecutionEngineRef *ee) {
+  LLVMLinkInInterpreter();
+  char *msg = NULL;
+  int rc = 0;
+  *ee = NULL;
+  if (LLVMVerifyModule(mod, LLVMReturnStatusAction, &msg)) {
+    rc = kiln_set_error("cuda: %s: invalid LLVM module: %.400s", who, msg ? msg : "");
+    LLVMDisposeModule(mod);
+  } else {
+    LLVMDisposeMessage(msg);
+    msg = NULL;
+    if (LLVMCreateInterpreterForModule(ee, mod, &msg)) { /* takes the module */
+      rc = kiln_set_error("cuda: %s: no LLVM interpreter: %s", who, msg ? msg : "");
+      *ee = NULL;
+      LLVMDisposeModule(mod);
+    }
+  }
+  if (msg) LLVMDisposeMessage(msg);
+  return rc;
+}
 
 int kiln_debug_cuda_fmod(kiln_dtype dt, int64_t n, const double *x, const double *y, double *out) {
   if (dt != KILN_F32 && dt != KILN_F64) return kiln_set_error("cuda: fmod of %s", kiln_dtype_name(dt));
-  LLVMLinkInInterpreter();
   LLVMContextRef ctx = LLVMContextCreate();
   LLVMModuleRef mod = LLVMModuleCreateWithNameInContext("fmod", ctx);
   llvm_emit e;
@@ -1283,12 +1303,8 @@ int kiln_debug_cuda_fmod(kiln_dtype dt, int64_t n, const double *x, const double
   LLVMBuildRet(e.b, llvm_vm_fmod(&e, LLVMGetParam(fn, 0), LLVMGetParam(fn, 1)));
   llvm_emit_dispose(&e);
   LLVMExecutionEngineRef ee = NULL;
-  char *msg = NULL;
-  int rc = 0;
-  if (LLVMCreateInterpreterForModule(&ee, mod, &msg)) { /* takes the module */
-    rc = kiln_set_error("cuda: no LLVM interpreter: %s", msg ? msg : "");
-    LLVMDisposeModule(mod);
-  } else {
+  int rc = cuda_host_engine(mod, "kiln_debug_cuda_fmod", &ee);
+  if (!rc) {
     for (int64_t i = 0; i < n; i++) {
       LLVMGenericValueRef a[2] = {LLVMCreateGenericValueOfFloat(t, x[i]), LLVMCreateGenericValueOfFloat(t, y[i])};
       LLVMGenericValueRef r = LLVMRunFunction(ee, fn, 2, a);
@@ -1299,7 +1315,6 @@ int kiln_debug_cuda_fmod(kiln_dtype dt, int64_t n, const double *x, const double
     }
     LLVMDisposeExecutionEngine(ee);
   }
-  if (msg) LLVMDisposeMessage(msg);
   LLVMContextDispose(ctx);
   return rc;
 }

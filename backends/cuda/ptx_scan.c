@@ -10,7 +10,6 @@
  * very same code for the host and runs it in LLVM's interpreter, so the
  * loop's arithmetic (rows, order, carries, captures) is tested without a
  * GPU. */
-#include <llvm-c/Analysis.h>
 #include <llvm-c/Core.h>
 #include <llvm-c/ExecutionEngine.h>
 #include <stdlib.h>
@@ -280,7 +279,6 @@ int kiln_debug_cuda_scan(const ir_func *f, kiln_tensor *const *args, kiln_tensor
   for (int r = 0; r < f->n_results; r++)
     if (!type_is(results[r], &f->types[f->results[r]]))
       return kiln_set_error("cuda: kiln_debug_cuda_scan: result %d is not a CPU tensor of the result's type", r);
-  LLVMLinkInInterpreter();
   LLVMContextRef ctx = LLVMContextCreate();
   LLVMModuleRef mod = LLVMModuleCreateWithNameInContext("scan", ctx);
   llvm_emit e;
@@ -314,18 +312,12 @@ int kiln_debug_cuda_scan(const ir_func *f, kiln_tensor *const *args, kiln_tensor
   free(ps), free(in), free(out);
   if (!rc) rc = lower_intrinsics(&e, mod);
   llvm_emit_dispose(&e);
-  char *msg = NULL;
-  if (!rc && LLVMVerifyModule(mod, LLVMReturnStatusAction, &msg))
-    rc = kiln_set_error("cuda: kiln_debug_cuda_scan: invalid LLVM module: %.400s", msg ? msg : "");
-  if (msg) LLVMDisposeMessage(msg);
-  msg = NULL;
   LLVMExecutionEngineRef ee = NULL;
-  if (rc) {
+  if (rc)
     LLVMDisposeModule(mod);
-  } else if (LLVMCreateInterpreterForModule(&ee, mod, &msg)) { /* takes the module */
-    rc = kiln_set_error("cuda: no LLVM interpreter: %s", msg ? msg : "");
-    LLVMDisposeModule(mod);
-  } else {
+  else
+    rc = cuda_host_engine(mod, "kiln_debug_cuda_scan", &ee);
+  if (!rc) {
     LLVMGenericValueRef *a = calloc((size_t)np + (size_t)nres + 1, sizeof *a);
     if (!a) {
       rc = cuda_oom();
@@ -339,7 +331,6 @@ int kiln_debug_cuda_scan(const ir_func *f, kiln_tensor *const *args, kiln_tensor
     }
     LLVMDisposeExecutionEngine(ee);
   }
-  if (msg) LLVMDisposeMessage(msg);
   LLVMContextDispose(ctx);
   return rc;
 }

@@ -39,7 +39,6 @@
  * The element code is target-independent: kiln_debug_cuda_window emits the
  * very same code for the host and runs it in LLVM's interpreter, so the
  * index arithmetic is tested without a GPU. f32 and f64 (the op table). */
-#include <llvm-c/Analysis.h>
 #include <llvm-c/Core.h>
 #include <llvm-c/ExecutionEngine.h>
 #include <math.h>
@@ -545,7 +544,6 @@ int kiln_debug_cuda_window(op_id op, const op_attrs *a, int n_in, kiln_tensor *c
   if (kiln_ops[op].infer(op, a, n_in, ts, &ot)) return -1;
   if (!same_shape(&ot, out))
     return kiln_set_error("cuda: kiln_debug_cuda_window: %s: the output is not of the inferred type", kiln_ops[op].name);
-  LLVMLinkInInterpreter();
   LLVMContextRef ctx = LLVMContextCreate();
   LLVMModuleRef mod = LLVMModuleCreateWithNameInContext("window", ctx);
   llvm_emit e;
@@ -574,21 +572,15 @@ int kiln_debug_cuda_window(op_id op, const op_attrs *a, int n_in, kiln_tensor *c
     LLVMBuildRetVoid(e.b);
   }
   llvm_emit_dispose(&e);
-  char *msg = NULL;
-  if (!rc && LLVMVerifyModule(mod, LLVMReturnStatusAction, &msg))
-    rc = kiln_set_error("cuda: kiln_debug_cuda_window: invalid LLVM module: %.400s", msg ? msg : "");
-  if (msg) LLVMDisposeMessage(msg);
-  msg = NULL;
   void *partials = NULL;
   if (!rc && passes == 2 && !(partials = calloc((size_t)(w.split * w.elems) + 1, sizeof(double))))
     rc = kiln_set_error("cuda: out of memory");
   LLVMExecutionEngineRef ee = NULL;
-  if (rc) {
+  if (rc)
     LLVMDisposeModule(mod);
-  } else if (LLVMCreateInterpreterForModule(&ee, mod, &msg)) { /* takes the module */
-    rc = kiln_set_error("cuda: no LLVM interpreter: %s", msg ? msg : "");
-    LLVMDisposeModule(mod);
-  } else {
+  else
+    rc = cuda_host_engine(mod, "kiln_debug_cuda_window", &ee);
+  if (!rc) {
     for (int p = 0; p < passes; p++) {
       void *o = passes == 2 && p == 0 ? partials : out->data;
       void *x0 = p == 1 ? partials : in[0]->data, *x1 = n_in > 1 ? in[1]->data : NULL;
@@ -599,7 +591,6 @@ int kiln_debug_cuda_window(op_id op, const op_attrs *a, int n_in, kiln_tensor *c
     }
     LLVMDisposeExecutionEngine(ee);
   }
-  if (msg) LLVMDisposeMessage(msg);
   free(partials);
   LLVMContextDispose(ctx);
   return rc;
