@@ -20,6 +20,7 @@
 #include "cpu/cpu.h"
 #include "ir.h"
 #include "ir_gen.h"
+#include "may_jump.h"
 #include "passes.h"
 #include "test_util.h"
 
@@ -30,41 +31,6 @@ namespace {
 // set before the first compiled call of the process (run.c reads it once)
 const bool poisoned = (setenv("KILN_POISON", "1", 0), true);
 
-// Values a compiled program may compute other than the interpreter by more
-// than rounding (as tests/ir_random_test.cc's may_jump): a compare, floor,
-// ... or integer conversion of a value summed in another order.
-std::vector<bool> may_jump(const ir_func *f) {
-  std::vector<bool> inexact((size_t)f->n_values, false), jumped((size_t)f->n_values, false);
-  for (int i = 0; i < f->n_instrs; i++) {
-    const ir_instr &in = f->instrs[i];
-    bool x = false, j = false;
-    for (int k = 0; k < in.n_in; k++) x = x || inexact[(size_t)in.in[k]], j = j || jumped[(size_t)in.in[k]];
-    kiln_dtype dt = in.n_in ? f->types[in.in[0]].dtype : KILN_I32;
-    bool fl = dt == KILN_F32 || dt == KILN_F64;
-    switch (in.op) {
-      case OP_FLOOR: case OP_CEIL: case OP_SIGN: case OP_MOD: case OP_ARGMAX: case OP_EQ: case OP_NE:
-      case OP_LT: case OP_LE: case OP_GT: case OP_GE: j = j || x; break;
-      case OP_CONVERT: {
-        kiln_dtype to = f->types[in.out].dtype;
-        if (to != KILN_F32 && to != KILN_F64) j = j || x;
-        break;
-      }
-      case OP_DOT: case OP_REDUCE_SUM: case OP_REDUCE_PROD: case OP_SIN: case OP_COS: case OP_POW: case OP_LOG1P:
-      case OP_EXP: case OP_LOG: case OP_TANH: case OP_SQRT:
-        x = x || fl;
-        break;
-      default:
-        // control flow, calls, fusions and windows: anything inside
-        if (ir_op_info(in.op)->kind == OPK_CONTROL || ir_op_info(in.op)->kind == OPK_CALL ||
-            ir_op_info(in.op)->kind == OPK_WINDOW)
-          x = x || fl, j = j || fl;
-        break;
-    }
-    for (int k = 0; k < in.n_out; k++) inexact[(size_t)in.out + k] = x, jumped[(size_t)in.out + k] = j;
-  }
-  return jumped;
-}
-
 struct Figures {
   int programs = 0, shrunk = 0, control = 0;
   double packed = 0, unpacked = 0;
@@ -74,7 +40,7 @@ struct Figures {
 // interpreted before the pipeline; the arena no bigger than before packing.
 // "" or what went wrong.
 std::string check_one(ir_func *f, uint64_t seed, bool optimize, Figures *fig) {
-  std::vector<bool> jumps = may_jump(f);
+  std::vector<bool> jumps = may_jump(f, true);
   std::vector<bool> unchecked((size_t)f->n_results);
   for (int r = 0; r < f->n_results; r++) unchecked[(size_t)r] = jumps[(size_t)f->results[r]];
   bool control = false;

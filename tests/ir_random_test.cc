@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ir_gen.h"
+#include "may_jump.h"
 #include "test_util.h"
 #if __has_include("passes.h")
 #include "passes.h"
@@ -729,36 +730,6 @@ TEST(IrRandom, PassPipelineWithWindows) {
 // compared (may_jump): the sums' order differs. Under KILN_POISON (set for the
 // whole binary by user_programs_test.cc) the compiled program's arena
 // starts as 0xff bytes.
-// Which values a compiled program may compute other than the interpreter
-// does by more than rounding: those of a compare, floor, ceil, sign, mod,
-// argmax or conversion to an integer of a value summed in another order (a
-// dot, a float reduce_sum or reduce_prod, sin/cos/pow/log1p of a float).
-std::vector<bool> may_jump(const ir_func *f) {
-  std::vector<bool> inexact((size_t)f->n_values, false), jumped((size_t)f->n_values, false);
-  for (int i = 0; i < f->n_instrs; i++) {
-    const ir_instr &in = f->instrs[i];
-    bool x = false, j = false;
-    for (int k = 0; k < in.n_in; k++) x = x || inexact[(size_t)in.in[k]], j = j || jumped[(size_t)in.in[k]];
-    kiln_dtype dt = in.n_in ? f->types[in.in[0]].dtype : KILN_I32;
-    bool fl = dt == KILN_F32 || dt == KILN_F64;
-    switch (in.op) {
-      case OP_FLOOR: case OP_CEIL: case OP_SIGN: case OP_MOD: case OP_ARGMAX: case OP_EQ: case OP_NE:
-      case OP_LT: case OP_LE: case OP_GT: case OP_GE: j = j || x; break;
-      case OP_CONVERT: {
-        kiln_dtype to = f->types[in.out].dtype;
-        if (to != KILN_F32 && to != KILN_F64) j = j || x;
-        break;
-      }
-      case OP_DOT: case OP_REDUCE_SUM: case OP_REDUCE_PROD: case OP_SIN: case OP_COS: case OP_POW: case OP_LOG1P:
-        x = x || fl;
-        break;
-      default: break;
-    }
-    for (int k = 0; k < in.n_out; k++) inexact[(size_t)in.out + k] = x, jumped[(size_t)in.out + k] = j;
-  }
-  return jumped;
-}
-
 void check_compiled_after_pipeline(bool mixed) {
   Scoped scope;
   ir_gen_options o = ir_gen_default_options();
@@ -782,7 +753,7 @@ void check_compiled_after_pipeline(bool mixed) {
       }
     }
     dense += transposed_dot;
-    std::vector<bool> jumps = may_jump(f);
+    std::vector<bool> jumps = may_jump(f, false);
     std::vector<bool> unchecked((size_t)f->n_results);
     for (int r = 0; r < f->n_results; r++) unchecked[(size_t)r] = jumps[(size_t)f->results[r]];
     kiln_scope_push();
