@@ -14,6 +14,7 @@
 
 #include "buffers.h"
 #include "ir_gen.h"
+#include "ir_test_util.h"
 #include "passes.h"
 #include "test_util.h"
 
@@ -23,52 +24,6 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using namespace kiln_test;
 
-// A parsed module (freed at the end).
-struct Mod {
-  ir_module *m = nullptr;
-  explicit Mod(const std::string &text, const char *file = "t.kir") {
-    m = ir_parse(text.c_str(), file);
-    EXPECT_NE(m, nullptr) << kiln_last_error();
-  }
-  ~Mod() { ir_module_free(m); }
-  Mod(const Mod &) = delete;
-  Mod &operator=(const Mod &) = delete;
-  ir_func *f(const char *name) const { return ir_module_find(m, name); }
-  std::string text() const {
-    char *s = ir_print_module(m);
-    std::string r = s ? s : "";
-    free(s);
-    return r;
-  }
-  std::string func_text(const char *name) const {
-    char *s = ir_print_func(f(name));
-    std::string r = s ? s : "";
-    free(s);
-    return r;
-  }
-};
-
-// The results of f on args through the interpreter (owned by the test's scope).
-std::vector<kiln_tensor *> run(const ir_func *f, std::vector<kiln_tensor *> args) {
-  std::vector<kiln_tensor *> out((size_t)f->n_results + 1, nullptr);
-  EXPECT_EQ(ir_interpret(f, args.data(), out.data()), 0) << kiln_last_error();
-  out.pop_back();
-  return out;
-}
-
-// How many instructions of op f holds (not counting its regions').
-int count(const ir_func *f, op_id op) {
-  int n = 0;
-  for (int i = 0; i < f->n_instrs; i++) n += f->instrs[i].op == op;
-  return n;
-}
-
-// The first instruction of op in f.
-const ir_instr *first(const ir_func *f, op_id op) {
-  for (int i = 0; i < f->n_instrs; i++)
-    if (f->instrs[i].op == op) return &f->instrs[i];
-  return nullptr;
-}
 
 // Runs pipeline on function name of a copy of text and checks that the
 // result verifies (the whole module: a region belongs to one instruction),

@@ -13,18 +13,13 @@
 #include <vector>
 
 #include "ir.h"
+#include "ir_test_util.h"
 #include "passes.h"
 #include "test_util.h"
 
 using namespace kiln_test;
 
 namespace {
-
-int count_op(const ir_func *f, op_id op) {
-  int n = 0;
-  for (int i = 0; i < f->n_instrs; i++) n += f->instrs[i].op == op;
-  return n;
-}
 
 // the results' bytes (the interpreter's tensors live in the caller's scope)
 std::vector<std::vector<unsigned char>> interpret(const ir_func *f, const std::vector<kiln_tensor *> &args) {
@@ -103,7 +98,7 @@ TEST(SimplifyBroadcast, ReshapedOperandsMergeWithTheirSource) {
   const ir_instr *j = ir_def(f, f->results[7]);
   ASSERT_NE(j, nullptr);
   EXPECT_EQ(ir_def(f, j->in[1])->op, OP_RESHAPE) << "the reshape that gives the result its rank stays";
-  EXPECT_EQ(count_op(f, OP_RESHAPE), 3);
+  EXPECT_EQ(count(f, OP_RESHAPE), 3);
   EXPECT_EQ(interpret(f, args), want);
   ir_module_free(m);
 }
