@@ -563,10 +563,6 @@ static bool same_shape(const kiln_tensor *a, const kiln_tensor *b) {
   return true;
 }
 
-static void bn_gradient_general(const bn_form *b, kiln_tensor *x, kiln_tensor *mean, kiln_tensor *ve,
-                                kiln_tensor *offset, kiln_tensor *scale, kiln_tensor *r, kiln_tensor *xm,
-                                kiln_tensor *dy, kiln_tensor **dxs);
-
 /* y = (x - m) * r * s + o with r = rsqrt(v): dx = dy s r, dm = -sum(dy s r),
  * dv = sum(dy s (x - m)) * -r^3 / 2, do = sum(dy), ds = sum(dy (x - m) r),
  * each summed over the axes its input broadcast along. Public ops only, so
@@ -589,27 +585,18 @@ static int bn_gradient(void *user, int n, kiln_tensor *const *xs, kiln_tensor *y
     dxs[2] = kiln_mul(s1, kiln_mul(sr, kiln_mul(kiln_mul(r, r), kiln_scalar_like(ve, -0.5))));
     if (offset) dxs[3] = s0;
     if (scale) dxs[3 + b->offset] = kiln_mul(s1, r);
-  } else {
-    bn_gradient_general(b, x, mean, ve, offset, scale, r, xm, dy, dxs);
+  } else { /* any shapes that broadcast into x: each sum over its own input's axes */
+    kiln_tensor *g = scale ? kiln_mul(dy, scale) : dy, *gr = kiln_mul(g, r);
+    dxs[0] = gr;
+    dxs[1] = grad_unbroadcast(kiln_neg(gr), mean);
+    kiln_tensor *r3 = kiln_mul(kiln_mul(r, r), kiln_mul(r, kiln_scalar_like(ve, -0.5)));
+    dxs[2] = kiln_mul(grad_unbroadcast(kiln_mul(g, xm), ve), r3);
+    if (offset) dxs[3] = grad_unbroadcast(dy, offset);
+    if (scale) dxs[3 + b->offset] = grad_unbroadcast(kiln_mul(dy, kiln_mul(xm, r)), scale);
   }
   for (int i = 0; i < n; i++)
     if (!dxs[i]) return -1;
   return 0;
-}
-
-/* any shapes that broadcast into x: each sum over its own input's axes */
-static void bn_gradient_general(const bn_form *b, kiln_tensor *x, kiln_tensor *mean, kiln_tensor *ve,
-                                kiln_tensor *offset, kiln_tensor *scale, kiln_tensor *r, kiln_tensor *xm,
-                                kiln_tensor *dy, kiln_tensor **dxs) {
-  (void)x;
-  kiln_tensor *g = scale ? kiln_mul(dy, scale) : dy;
-  kiln_tensor *gr = kiln_mul(g, r);
-  dxs[0] = gr;
-  dxs[1] = grad_unbroadcast(kiln_neg(gr), mean);
-  kiln_tensor *r3 = kiln_mul(kiln_mul(r, r), kiln_mul(r, kiln_scalar_like(ve, -0.5)));
-  dxs[2] = kiln_mul(grad_unbroadcast(kiln_mul(g, xm), ve), r3);
-  if (offset) dxs[3] = grad_unbroadcast(dy, offset);
-  if (scale) dxs[3 + b->offset] = grad_unbroadcast(kiln_mul(dy, kiln_mul(xm, r)), scale);
 }
 
 /* (x - mean) * rsqrt(variance + epsilon) * scale + offset, in that order:
