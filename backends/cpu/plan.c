@@ -20,12 +20,7 @@ int cpu_oom(void) { return kiln_set_error("cpu: out of memory"); }
  * body's parameters, and only the body reads it. The rest of the body (a
  * bias, an activation, an SGD update) is then one kernel, not one per op. */
 static bool dot_before_kernel(const ir_func *c, const ir_instr *in) {
-  if ((in->op != OP_DOT && in->op != OP_CONV2D) || llvm_dot_inline(c, in)) return false;
-  for (int k = 0; k < in->n_in; k++)
-    if (ir_def(c, in->in[k])) return false;
-  for (int r = 0; r < c->n_results; r++)
-    if (c->results[r] == in->out) return false;
-  return true;
+  return plan_head_apart(c, in) && !llvm_dot_inline(c, in);
 }
 
 /* a dot a kernel can take: summed in it, or run just before it */

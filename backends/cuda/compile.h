@@ -94,6 +94,35 @@ bool cuda_scan_one_kernel(const ir_func *f, const ir_instr *in);
  * step's op set). 0, or -1 with the error set. */
 int cuda_emit_scan(kctx *k, bool *can_fail);
 
+/* ---- the element code run on the host (the kiln_debug_cuda_* checks) ---- */
+
+/* The element code of an elementwise kernel g (ptx.c's): its outputs'
+ * values at item i (their pointers outp) computed and stored, a failed
+ * check ORed into the i1 alloca bad. The GPU's kernel loops over a grid;
+ * the host run (host_run.c) over a plain loop. 0, or -1 with the error set. */
+int cuda_emit_element(llvm_emit *e, llvm_group *lg, const plan_kernel *g, LLVMValueRef const *outp, LLVMValueRef i,
+                      LLVMValueRef bad);
+/* The window op's element code (both passes of a split filter gradient)
+ * run on the host over n_in inputs of types ts (ptx_window.c), into out of
+ * type ot. 0 / -1. */
+int cuda_host_window(op_id op, const op_attrs *a, int n_in, const op_type *ts, const op_type *ot, void *const *in,
+                     void *out);
+/* e over a new module of that name in a new context, for the element
+ * code run on the host: constants read at their host addresses, fmod
+ * computed as the GPU's. The caller disposes of e, then of the context. */
+void cuda_host_emit_init(llvm_emit *e, const char *name);
+/* The intrinsics the element code calls that LLVM's interpreter cannot
+ * run, rewritten as plain IR (on scalars) in mod: fabs, copysign, maximum /
+ * minimum (NaN propagating, -0 below +0), smax / smin, fma (through f64
+ * for f32, a product and a sum for f64: within an ulp), floor, ceil. Any
+ * other intrinsic is an error (the interpreter would abort the process).
+ * 0 / -1. (ptx_scan.c) */
+int cuda_host_intrinsics(llvm_emit *e, LLVMModuleRef mod);
+/* whether t is a CPU tensor of type ty (host_run.c) */
+bool cuda_host_type_is(const kiln_tensor *t, const op_type *ty);
+/* Plans f under the CUDA policy into pl (plan_build). */
+int cuda_plan_build(plan *pl, const ir_func *f);
+
 /* "cuda: out of memory"; -1 */
 int cuda_oom(void);
 /* An LLVM interpreter over mod, verified first, to run the GPU's element

@@ -1,6 +1,7 @@
 /* plan.c — the CUDA backend's side of the shared plan (backends/plan):
- * its policy (fusion bodies and elementwise ops are kernels, with no dot
- * inside one; dot, argmax, concat, gather, scatter_add and the window ops
+ * its policy (fusion bodies and elementwise ops are kernels, a dot or
+ * conv2d leading a fusion run just before its kernel as a kernel of its
+ * own; dot, argmax, concat, gather, scatter_add and the window ops
  * (conv2d, pooling and their gradients) kernels of their own; random draws
  * and host callbacks host steps; column reductions and big filter gradients
  * split in two passes; a scan whose body is elementwise one kernel looping
@@ -52,9 +53,12 @@ static int64_t column_split(const plan_kernel *k) {
   return !k->special && cuda_column_plan(k->f, k->out[0], &cp) ? cp.split : 0;
 }
 
-/* Whether a fusion's body can be one kernel: the CPU backend's rule, with
- * no dots (a dot is a kernel of its own here) */
-static bool fusion_ok(const ir_func *c) { return llvm_fusion_one_kernel(c, NULL); }
+/* Whether a fusion's body can be one kernel: the CPU backend's rule, a
+ * dot or conv2d that leads it (its epilogue: a bias, a residual, an
+ * activation, an SGD update) run just before that kernel as the kernel of
+ * its own it is when alone (place: PLAN_AS_SPECIAL), into a temporary. Two
+ * launches, not one per epilogue op. */
+static bool fusion_ok(const ir_func *c) { return llvm_fusion_one_kernel(c, plan_head_apart); }
 
 static plan_as place(const ir_func *f, const ir_instr *in) {
   (void)f;
@@ -87,12 +91,14 @@ static const plan_policy cuda_policy = {
     .unsupported = "is not supported on the GPU yet",
     .place = place,
     .fusion_one_kernel = fusion_ok,
+    .dot_before_kernel = plan_head_apart,
     .split = column_split,
     .state_in_place = state_in_place,
     .swap_state = swap_state,
     .scan_one_kernel = cuda_scan_one_kernel,
 };
 
+int cuda_plan_build(plan *pl, const ir_func *f) { return plan_build(pl, f, &cuda_policy); }
 
 cuda_ref cuda_slot_ref(const plan *pl, int s) {
   const plan_slot *sl = &pl->slots[s];
@@ -221,7 +227,7 @@ void cuda_steps_free(cuda_step *steps, int n) {
 int cuda_plan(cuda_build *cb) {
   cuda_program *p = cb->p;
   plan *pl = &cb->pl;
-  if (plan_build(pl, cb->f, &cuda_policy)) return -1;
+  if (cuda_plan_build(pl, cb->f)) return -1;
   p->arena_bytes = pl->arena_bytes;
   for (int s = 0; s < pl->n_slots; s++) /* uploaded by the runtime */
     if (pl->slots[s].kind == PLAN_SLOT_CONST && plan_keep_const(&p->consts, &p->n_consts, pl->slots[s].cst))

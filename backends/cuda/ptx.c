@@ -354,17 +354,11 @@ static void kctx_free(kctx *k) {
 
 /* ---- elementwise and fusion kernels ---- */
 
-static int emit_elementwise(kctx *k, llvm_group *lg) {
-  llvm_emit *e = &k->cb->e;
-  const plan_kernel *g = k->g;
+int cuda_emit_element(llvm_emit *e, llvm_group *lg, const plan_kernel *g, LLVMValueRef const *outp, LLVMValueRef i,
+                      LLVMValueRef bad) {
   const ir_func *f = g->f;
-  const op_type *ot = &f->types[g->out[0]];
-  int64_t n = plan_type_size(ot);
-  launch_1d(k->st, n, THREADS);
-  sloop l;
-  LLVMValueRef i = grid_loop_begin(e, &l, n, 1);
   llvm_index idx;
-  llvm_index_linear(&idx, ot, i);
+  llvm_index_linear(&idx, &f->types[g->out[0]], i);
   /* every output's value first, then the stores: an output stored over a
    * loop's state (plan_policy.state_in_place, plan.c) follows every load
    * of that element */
@@ -375,10 +369,20 @@ static int emit_elementwise(kctx *k, llvm_group *lg) {
       free(v);
       return -1;
     }
-  for (int o = 0; o < g->n_out; o++) llvm_emit_store(e, f->types[g->out[o]].dtype, k->outp[o], i, v[o]);
+  for (int o = 0; o < g->n_out; o++) llvm_emit_store(e, f->types[g->out[o]].dtype, outp[o], i, v[o]);
   free(v);
-  flush_bad(e, lg, k->bad);
+  flush_bad(e, lg, bad);
   llvm_group_forget(lg);
+  return 0;
+}
+
+static int emit_elementwise(kctx *k, llvm_group *lg) {
+  llvm_emit *e = &k->cb->e;
+  int64_t n = plan_type_size(&k->g->f->types[k->g->out[0]]);
+  launch_1d(k->st, n, THREADS);
+  sloop l;
+  LLVMValueRef i = grid_loop_begin(e, &l, n, 1);
+  if (cuda_emit_element(e, lg, k->g, k->outp, i, k->bad)) return -1;
   sloop_end(e, &l);
   return 0;
 }

@@ -197,6 +197,17 @@ KILN_EXPORT int kiln_debug_cuda_window(op_id op, const op_attrs *a, int n_in, ki
  * its arithmetic without a GPU. Slow; small shapes. 0 / -1. */
 KILN_EXPORT int kiln_debug_cuda_scan(const ir_func *f, kiln_tensor *const *args, kiln_tensor *const *results);
 
+/* f (verified) over the CPU tensors args (per parameter) into the CPU
+ * tensors results (per result, of the results' types) by its CUDA plan run
+ * on the host step by step (host_run.c): elementwise kernels (a fusion's
+ * epilogue after its dot or conv2d included) and window ops by the element
+ * code of the GPU's kernels emitted for the host and run in LLVM's
+ * interpreter, other kernels of their own (dot) by the reference
+ * interpreter. No reductions, control flow or host steps. The tests' check
+ * of what the plan wires and the kernels compute without a GPU. Slow;
+ * small shapes. 0 / -1. */
+KILN_EXPORT int kiln_debug_cuda_run(const ir_func *f, kiln_tensor *const *args, kiln_tensor *const *results);
+
 #ifdef __cplusplus
 }
 #endif

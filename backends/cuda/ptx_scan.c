@@ -169,6 +169,14 @@ static LLVMValueRef host_const(void *user, const kiln_tensor *t) {
   return LLVMConstIntToPtr(llvm_i64(e, (int64_t)(intptr_t)t->data), e->t_ptr);
 }
 
+void cuda_host_emit_init(llvm_emit *e, const char *name) {
+  LLVMContextRef ctx = LLVMContextCreate();
+  llvm_emit_init(e, ctx, LLVMModuleCreateWithNameInContext(name, ctx));
+  e->const_data = host_const;
+  e->user = e;
+  e->exact_fmod = true; /* as the GPU's */
+}
+
 /* x as the integer of its bits (and back) */
 static LLVMValueRef bits(llvm_emit *e, LLVMValueRef x) {
   return LLVMBuildBitCast(e->b, x, LLVMGetTypeKind(LLVMTypeOf(x)) == LLVMFloatTypeKind ? e->t_i32 : e->t_i64, "");
@@ -196,12 +204,7 @@ static LLVMValueRef round_of(llvm_emit *e, LLVMValueRef x, bool up) {
   return LLVMBuildSelect(b, small, copysign_of(e, tr, x), x, "");
 }
 
-/* The intrinsics the element code calls that LLVM's interpreter cannot
- * run, as plain IR (on scalars): fabs, copysign, maximum / minimum (NaN
- * propagating, -0 below +0), smax / smin, fma (through f64 for f32, a
- * product and a sum for f64: within an ulp), floor, ceil. Any other
- * intrinsic is an error (the interpreter would abort the process). */
-static int lower_intrinsics(llvm_emit *e, LLVMModuleRef mod) {
+int cuda_host_intrinsics(llvm_emit *e, LLVMModuleRef mod) {
   LLVMBuilderRef b = e->b;
   for (LLVMValueRef fn = LLVMGetFirstFunction(mod); fn; fn = LLVMGetNextFunction(fn)) {
     size_t len = 0;
@@ -243,20 +246,13 @@ static int lower_intrinsics(llvm_emit *e, LLVMModuleRef mod) {
       } else if (fl && (!strncmp(name, "llvm.floor.", 11) || !strncmp(name, "llvm.ceil.", 10))) {
         r = round_of(e, a[0], name[5] == 'c');
       } else {
-        return kiln_set_error("cuda: kiln_debug_cuda_scan: the host run has no %s (the body's op needs it)", name);
+        return kiln_set_error("cuda: the host run has no %s (an op of the element code needs it)", name);
       }
       LLVMReplaceAllUsesWith(call, r);
       LLVMInstructionEraseFromParent(call);
     }
   }
   return 0;
-}
-
-static bool type_is(const kiln_tensor *t, const op_type *ty) {
-  if (!t || t->device != 0 || t->dtype != ty->dtype || t->rank != ty->rank) return false;
-  for (int d = 0; d < ty->rank; d++)
-    if (t->shape[d] != ty->shape[d]) return false;
-  return true;
 }
 
 int kiln_debug_cuda_scan(const ir_func *f, kiln_tensor *const *args, kiln_tensor *const *results) {
@@ -274,18 +270,15 @@ int kiln_debug_cuda_scan(const ir_func *f, kiln_tensor *const *args, kiln_tensor
     return kiln_set_error("cuda: kiln_debug_cuda_scan: @%s: the scan is no device loop (its body is not elementwise)",
                           f->name);
   for (int p = 0; p < f->n_params; p++)
-    if (!type_is(args[p], &f->types[p]))
+    if (!cuda_host_type_is(args[p], &f->types[p]))
       return kiln_set_error("cuda: kiln_debug_cuda_scan: argument %d is not a CPU tensor of the parameter's type", p);
   for (int r = 0; r < f->n_results; r++)
-    if (!type_is(results[r], &f->types[f->results[r]]))
+    if (!cuda_host_type_is(results[r], &f->types[f->results[r]]))
       return kiln_set_error("cuda: kiln_debug_cuda_scan: result %d is not a CPU tensor of the result's type", r);
-  LLVMContextRef ctx = LLVMContextCreate();
-  LLVMModuleRef mod = LLVMModuleCreateWithNameInContext("scan", ctx);
   llvm_emit e;
-  llvm_emit_init(&e, ctx, mod);
-  e.const_data = host_const;
-  e.user = &e;
-  e.exact_fmod = true; /* as the GPU's */
+  cuda_host_emit_init(&e, "scan");
+  LLVMContextRef ctx = e.ctx;
+  LLVMModuleRef mod = e.mod;
   /* void scan(ptr params..., ptr results...): a loop over the row's elements */
   int np = f->n_params, nres = f->n_results, rc = 0;
   LLVMTypeRef *ps = malloc(((size_t)np + (size_t)nres + 1) * sizeof *ps);
@@ -310,7 +303,7 @@ int kiln_debug_cuda_scan(const ir_func *f, kiln_tensor *const *args, kiln_tensor
     }
   }
   free(ps), free(in), free(out);
-  if (!rc) rc = lower_intrinsics(&e, mod);
+  if (!rc) rc = cuda_host_intrinsics(&e, mod);
   llvm_emit_dispose(&e);
   LLVMExecutionEngineRef ee = NULL;
   if (rc)

@@ -544,12 +544,18 @@ int kiln_debug_cuda_window(op_id op, const op_attrs *a, int n_in, kiln_tensor *c
   if (kiln_ops[op].infer(op, a, n_in, ts, &ot)) return -1;
   if (!same_shape(&ot, out))
     return kiln_set_error("cuda: kiln_debug_cuda_window: %s: the output is not of the inferred type", kiln_ops[op].name);
+  void *data[2] = {in[0]->data, n_in > 1 ? in[1]->data : NULL};
+  return cuda_host_window(op, a, n_in, ts, &ot, data, out->data);
+}
+
+int cuda_host_window(op_id op, const op_attrs *a, int n_in, const op_type *ts, const op_type *ot, void *const *in,
+                     void *out) {
   LLVMContextRef ctx = LLVMContextCreate();
   LLVMModuleRef mod = LLVMModuleCreateWithNameInContext("window", ctx);
   llvm_emit e;
   llvm_emit_init(&e, ctx, mod);
   wgen w;
-  int rc = wgen_init(&w, &e, op, a, &ts[0], n_in > 1 ? &ts[1] : NULL, &ot, op == OP_CONV2D_BP_FILTER ? 1 : 0);
+  int rc = wgen_init(&w, &e, op, a, &ts[0], n_in > 1 ? &ts[1] : NULL, ot, op == OP_CONV2D_BP_FILTER ? 1 : 0);
   /* a function per pass: void pass(ptr out, ptr in0, ptr in1), a loop over its items */
   int passes = !rc && op == OP_CONV2D_BP_FILTER && w.split > 1 ? 2 : 1;
   LLVMValueRef fns[2] = {NULL, NULL};
@@ -582,8 +588,8 @@ int kiln_debug_cuda_window(op_id op, const op_attrs *a, int n_in, kiln_tensor *c
     rc = cuda_host_engine(mod, "kiln_debug_cuda_window", &ee);
   if (!rc) {
     for (int p = 0; p < passes; p++) {
-      void *o = passes == 2 && p == 0 ? partials : out->data;
-      void *x0 = p == 1 ? partials : in[0]->data, *x1 = n_in > 1 ? in[1]->data : NULL;
+      void *o = passes == 2 && p == 0 ? partials : out;
+      void *x0 = p == 1 ? partials : in[0], *x1 = n_in > 1 ? in[1] : NULL;
       LLVMGenericValueRef args[3] = {LLVMCreateGenericValueOfPointer(o), LLVMCreateGenericValueOfPointer(x0),
                                      LLVMCreateGenericValueOfPointer(x1)};
       LLVMDisposeGenericValue(LLVMRunFunction(ee, fns[p], 3, args));

@@ -286,6 +286,15 @@ static bool fusion_dot_transposes(const plan *pl, const ir_func *f, const ir_ins
   return pl->policy->dot_transposes(&c->types[d->in[0]], &c->types[d->in[1]], cand, t);
 }
 
+bool plan_head_apart(const ir_func *c, const ir_instr *in) {
+  if (in->op != OP_DOT && in->op != OP_CONV2D) return false;
+  for (int k = 0; k < in->n_in; k++)
+    if (ir_def(c, in->in[k])) return false;
+  for (int r = 0; r < c->n_results; r++)
+    if (c->results[r] == in->out) return false;
+  return true;
+}
+
 static bool before_kernel(const plan *pl, const ir_func *c, const ir_instr *in) {
   return pl->policy->dot_before_kernel && pl->policy->dot_before_kernel(c, in);
 }
@@ -311,7 +320,7 @@ static int mark_read_transposes(const plan *pl, const ir_func *f, const int *use
       int *body_uses = value_uses(c);
       if (!body_uses) return plan_oom(pl);
       for (int j = 0; j < c->n_instrs; j++)
-        if (before_kernel(pl, c, &c->instrs[j]) &&
+        if (before_kernel(pl, c, &c->instrs[j]) && pl->policy->place(c, &c->instrs[j]) == PLAN_AS_CALL &&
             fusion_dot_transposes(pl, f, in, uses, &c->instrs[j], body_uses, t))
           for (int s = 0; s < 2; s++)
             if (t[s]) skip[t[s] - f->instrs] = true;
@@ -339,9 +348,9 @@ static int dot_epilogue_call(plan *pl, const ir_func *f, const ir_instr *in, int
   return 0;
 }
 
-/* A fusion that is one kernel, after the calls of the dots that run before
- * it (uses: of each value of f, for the transposes those dots read in place;
- * NULL when the policy reads none). */
+/* A fusion that is one kernel, after the dots that run before it (calls,
+ * or kernels of the backend's own; uses: of each value of f, for the
+ * transposes those dots read in place; NULL when the policy reads none). */
 static int fusion_kernel(plan *pl, const ir_func *f, const ir_instr *in, int *vs, bool top, const int *uses) {
   const ir_func *c = in->attrs.callee;
   ir_value ops[PLAN_EPILOGUE_OPS];
@@ -360,6 +369,12 @@ static int fusion_kernel(plan *pl, const ir_func *f, const ir_instr *in, int *vs
   for (int i = 0; i < c->n_instrs && !rc; i++) {
     const ir_instr *d = &c->instrs[i], *t[2];
     if (!before_kernel(pl, c, d)) continue;
+    /* as the instruction alone would run: a kernel of the backend's own
+     * (its operands the body's parameters), or a call */
+    if (pl->policy->place(c, d) == PLAN_AS_SPECIAL) {
+      rc = special_kernel(pl, c, d, cvs, false);
+      continue;
+    }
     bool trans = uses && fusion_dot_transposes(pl, f, in, uses, d, body_uses, t);
     for (int s = 0; trans && s < 2; s++)
       if (t[s]) cvs[d->in[s]] = vs[t[s]->in[0]], unread[d->in[s]] = true;

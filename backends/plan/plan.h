@@ -143,8 +143,10 @@ typedef struct plan_policy {
   plan_as (*place)(const ir_func *f, const ir_instr *in);
   /* whether a fusion's body is one kernel (else it is inlined) */
   bool (*fusion_one_kernel)(const ir_func *c);
-  /* whether dot (or conv2d) in of fusion body c runs as a call just before
-   * the body's kernel, into a temporary the kernel reads (NULL: never) */
+  /* whether dot (or conv2d) in of fusion body c runs just before the
+   * body's kernel, into a temporary the kernel reads, as it would run
+   * alone: a call, or a kernel of the backend's own where place says
+   * PLAN_AS_SPECIAL (NULL: never) */
   bool (*dot_before_kernel)(const ir_func *c, const ir_instr *in);
   /* whether fusion body c is one call of its first instruction (a dot or a
    * conv2d) with an epilogue (its code in epi), ops the body's parameters
@@ -236,6 +238,12 @@ KILN_EXPORT void plan_at_store_index(const plan_kernel *g, bool *at);
  * broadcasts) is read wherever. Then each element of the results depends
  * only on the same element of the carries and rows across t. */
 KILN_EXPORT bool plan_scan_elementwise(const ir_func *f, const ir_instr *in, int max_instrs);
+
+/* Whether dot or conv2d in, of fusion body c, can run apart just before
+ * the body's kernel, into a temporary the kernel reads
+ * (plan_policy.dot_before_kernel): its operands are the body's parameters
+ * and it is no result of the body. */
+bool plan_head_apart(const ir_func *c, const ir_instr *in);
 
 /* elements and bytes of a value of type t */
 int64_t plan_type_size(const op_type *t);

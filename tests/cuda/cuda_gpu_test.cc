@@ -2,7 +2,9 @@
 // kernels compute. Every op and dtype eagerly on gpu:0 against the CPU, and
 // random programs (tests/ir_gen) compiled by the CUDA backend against the
 // reference interpreter; the window ops (conv2d, pooling, their
-// gradients) on random shapes against the CPU kernels. Uses the machine's own driver (libcuda.so.1); every
+// gradients) on random shapes against the CPU kernels; dot- and
+// conv2d-led fusions (a head kernel, one epilogue kernel) against the CPU
+// backend. Uses the machine's own driver (libcuda.so.1); every
 // test is skipped, saying why, where there is no GPU.
 #include <gmock/gmock.h>
 
@@ -17,7 +19,9 @@
 #include "../ir_gen.h"
 #include "../test_util.h"
 #include "cuda/cuda_rt.h"
+#include "cpu/cpu.h"
 #include "cuda/ptx.h"
+#include "fusion_cases.h"
 #include "scan_cases.h"
 #include "window_cases.h"
 
@@ -555,4 +559,67 @@ TEST(CudaGpu, DeviceLoopScansMatchTheInterpreterAndTheCpu) {
   kiln_tensor *xs = kiln_mul(kiln_random_normal(KILN_F32, KILN_SHAPE(1000, 4096)), kiln_scalar(KILN_F32, 0.01));
   same_on_both("cumsum_long", cumsum, nullptr, {c0, xs}, 2, 1e-4);
   same_on_both("cumsum_long_reversed", cumsum_reversed, nullptr, {c0, xs}, 2, 1e-4);
+}
+
+namespace {
+
+// conv2d (same padding) + bias + the residual, relu: a ResNet block's tail
+int conv_bias_residual_relu(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_conv_opts o{};
+  o.same = true;
+  out[0] = kiln_relu(kiln_add(kiln_add(kiln_conv2d(in[0], in[1], &o), in[2]), in[3]));
+  return out[0] ? 0 : -1;
+}
+
+// a dense layer: tanh(x . w + b)
+int dense_tanh(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_tanh(kiln_add(kiln_matmul(in[0], in[1]), in[2]));
+  return out[0] ? 0 : -1;
+}
+
+}  // namespace
+
+// Fusions led by a dot or a conv2d with their epilogues (fusion_cases.h:
+// biases of [n], [1, n] and broadcast, residuals, relu and tanh, an
+// update's longer tail; batched dots), f32 and f64: the head's kernel and
+// ONE epilogue kernel on gpu:0 against the CPU backend's program of the
+// same IR; then staged at a ResNet block's and a dense layer's sizes.
+TEST(CudaGpu, DotAndConvEpilogueFusionsMatchTheCpu) {
+  NEED_GPU();
+  const char *arch = cuda_arch_of(0);
+  int failures = 0;
+  for (int k = 0; k < kFusionKinds && failures < 5; k++)
+    for (uint64_t seed = 1; seed <= 10 && failures < 5; seed++) {
+      Scoped s;
+      FusionCase c = fusion_case((FusionKind)k, 1000 * seed + (uint64_t)k);
+      ir_module *m = ir_parse(c.fn.c_str(), "fusion.kir");
+      ASSERT_NE(m, nullptr) << kiln_last_error();
+      ir_func *f = ir_module_find(m, "f");
+      std::vector<kiln_tensor *> args((size_t)f->n_params + 1), want(2), got(2);
+      ASSERT_EQ(ir_gen_args(f, seed, args.data()), 0) << kiln_last_error();
+      cpu_program *cp = cpu_compile(f);
+      ASSERT_NE(cp, nullptr) << kiln_last_error();
+      ASSERT_EQ(cpu_run(cp, args.data(), want.data()), 0) << kiln_last_error();
+      cpu_program_free(cp);
+      cuda_program *p = cuda_compile(f, arch);
+      ASSERT_NE(p, nullptr) << kiln_last_error();
+      EXPECT_EQ(cuda_program_kernels(p), 2) << c.fn;
+      int rc = cuda_program_run(p, 0, args.data(), got.data());
+      EXPECT_EQ(rc, 0) << kiln_last_error();
+      bool ok = rc == 0 && close(got[0], want[0], 1e-4);
+      EXPECT_TRUE(ok) << c.fn;
+      failures += !ok;
+      cuda_program_free(p);
+      ir_module_free(m);
+    }
+  Scoped s;
+  kiln_random_seed(11);
+  auto normal = [](V64 shape, double scale) {
+    return kiln_mul(kiln_random_normal(KILN_F32, (int)shape.size(), shape.data()), kiln_scalar(KILN_F32, scale));
+  };
+  same_on_both("conv_bias_residual_relu", conv_bias_residual_relu, nullptr,
+               {normal({8, 28, 28, 64}, 1), normal({3, 3, 64, 64}, 0.05), normal({64}, 0.1), normal({8, 28, 28, 64}, 1)},
+               1, 1e-4);
+  same_on_both("dense_tanh", dense_tanh, nullptr, {normal({64, 512}, 1), normal({512, 256}, 0.05), normal({256}, 0.1)},
+               1, 1e-4);
 }

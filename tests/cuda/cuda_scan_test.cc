@@ -96,43 +96,6 @@ int run(const cuda_program *p, std::vector<kiln_tensor *> args, std::vector<kiln
   return rc;
 }
 
-// ---- ptxas (/usr/local/cuda/bin/ptxas or on PATH) ----
-
-const std::string &ptxas_path() {
-  static const std::string path = [] {
-    if (access("/usr/local/cuda/bin/ptxas", X_OK) == 0) return std::string("/usr/local/cuda/bin/ptxas");
-    FILE *p = popen("command -v ptxas 2>/dev/null", "r");
-    char buf[4096] = {0};
-    if (p) {
-      if (!fgets(buf, sizeof buf, p)) buf[0] = 0;
-      pclose(p);
-    }
-    std::string s = buf;
-    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-    return s;
-  }();
-  return path;
-}
-bool have_ptxas() { return !ptxas_path().empty(); }
-
-// "" when ptxas accepts ptx for arch, else its complaint
-std::string ptxas(const std::string &ptx, const char *arch) {
-  char in[] = "/tmp/kiln_scan_ptx_XXXXXX";
-  int fd = mkstemp(in);
-  if (fd < 0) return "mkstemp failed";
-  close(fd);
-  std::string log = std::string(in) + ".log";
-  std::ofstream(in) << ptx;
-  std::string cmd = ptxas_path() + " -arch=" + arch + " " + in + " -o /dev/null >" + log + " 2>&1";
-  int rc = system(cmd.c_str());
-  std::ifstream l(log);
-  std::string out((std::istreambuf_iterator<char>(l)), std::istreambuf_iterator<char>());
-  unlink(in);
-  unlink(log.c_str());
-  if (rc == 0) return "";
-  return "ptxas -arch=" + std::string(arch) + " failed (" + std::to_string(rc) + "): " + out.substr(0, 2000);
-}
-
 // ---- programs ----
 
 // two carries that trade places (a, b) -> (b, a + x_t), ys_t = a * w
