@@ -567,10 +567,13 @@ TEST(TraceCache, ConcurrentCallsWhileAnotherThreadEvicts) {
   Env interp("KILN_BACKEND", "interp"); // many retraces: keep them cheap
   kiln_function *f = kiln_function_new("churn", plus_one, nullptr, 1, 1);
   std::atomic<bool> stop{false};
-  std::atomic<int> wrong{0}, failed{0};
+  std::atomic<int> wrong{0}, failed{0}, evictions{0};
+  // The callers run until the evictor has made 50 new traces meanwhile (on a
+  // loaded machine it may not be scheduled during 400 calls: the count below
+  // then failed about once in six runs); it stops after 2000.
   auto caller = [&](int base) {
     kiln_scope_push();
-    for (int i = 0; i < 400; i++) {
+    for (int i = 0; i < 400 || (evictions.load() < 50 && i < 1000000); i++) {
       kiln_scope_push();
       int64_t n = base + i % 2;
       kiln_tensor *x = kiln_fill(KILN_F32, 1, &n, (double)i), *out = nullptr;
@@ -590,6 +593,7 @@ TEST(TraceCache, ConcurrentCallsWhileAnotherThreadEvicts) {
       kiln_scope_push();
       kiln_tensor *x = kiln_zeros(KILN_F32, 1, &n), *out = nullptr;
       if (kiln_function_call(f, &x, &out)) failed++;
+      evictions++;
       kiln_scope_pop();
       if (n > 100 + 2000) break;
     }
