@@ -861,22 +861,30 @@ struct Gen {
 
   // ---- dense blocks (IR_GEN_DENSE: see ir_gen.h) ----
 
-  bool gen_dense(ir_value) {
-    if (!room(20)) return false;
+  // a scalar of the program's float data, in [-1, 1] (-1 when none)
+  ir_value data_scalar() {
     ir_value v = pick([&](ir_value u) { return (dtype(u) == KILN_F32 || dtype(u) == KILN_F64) && elems(u) > 0; });
-    if (v < 0) return false;
-    kiln_dtype dt = dtype(v);
+    if (v < 0) return -1;
     op_attrs all{};
     for (int i = 0; i < rank(v); i++) all.axes[all.naxes++] = i;
-    ir_value s = emit1(OP_TANH, emit(OP_REDUCE_MAX, all, {v}));  // a scalar of the data, in [-1, 1]
-    // constants plus s: matrices of the program's data, which fold cannot compute
-    auto data = [&](const Shape &sh) {
-      op_attrs a{};
-      a.rank = (int)sh.size();
-      std::copy(sh.begin(), sh.end(), a.shape);
-      ir_value c = constant(dt, sh);
-      return emit2(OP_ADD, c, s < 0 ? -1 : emit(OP_BROADCAST, a, {s}));
-    };
+    return emit1(OP_TANH, emit(OP_REDUCE_MAX, all, {v}));
+  }
+  // a constant plus s: a matrix of the program's data, which fold cannot compute
+  ir_value data_matrix(ir_value s, const Shape &sh) {
+    if (s < 0) return -1;
+    op_attrs a{};
+    a.rank = (int)sh.size();
+    std::copy(sh.begin(), sh.end(), a.shape);
+    ir_value c = constant(dtype(s), sh);
+    return emit2(OP_ADD, c, emit(OP_BROADCAST, a, {s}));
+  }
+
+  bool gen_dense(ir_value) {
+    if (!room(20)) return false;
+    ir_value s = data_scalar();
+    if (s < 0) return false;
+    kiln_dtype dt = dtype(s);
+    auto data = [&](const Shape &sh) { return data_matrix(s, sh); };
     int64_t b = rng.of(std::vector<int64_t>{17, 20, 24, 32, 40}), k = rng.of(std::vector<int64_t>{8, 17, 24}),
             h = rng.of(std::vector<int64_t>{16, 24, 32, 48});
     ir_value w = constant(dt, {k, h});
@@ -892,6 +900,41 @@ struct Gen {
     else d = emit2(OP_DOT, t, data({b, rng.of(std::vector<int64_t>{16, 24, 32})}));  // [h, n]: packed
     if (d >= 0 && rng.chance(0.5)) d = emit2(OP_DOT, d, constant(dt, {type(d).shape[1], 8}));  // d a temporary
     return d >= 0;
+  }
+
+  // ---- narrow rows (IR_GEN_NARROW: see ir_gen.h) ----
+
+  bool gen_narrow(ir_value) {
+    if (!room(12)) return false;
+    ir_value s = data_scalar();
+    if (s < 0) return false;
+    kiln_dtype dt = dtype(s);
+    int64_t rows = rng.of(std::vector<int64_t>{33, 40, 64, 100, 200}), w = rng.range(1, 6);
+    ir_value x = data_matrix(s, {rows, w});
+    std::vector<ir_value> made{x};
+    for (int layer = rng.range(1, 4); layer > 0 && x >= 0; layer--) {
+      int64_t n = rng.of(std::vector<int64_t>{1, 2, 3, 8, 10, 16});
+      ir_value h = emit2(OP_DOT, x, constant(dt, {w, n}));
+      if (rng.chance(0.6)) h = emit2(OP_ADD, h, constant(dt, rng.chance(0.5) ? Shape{n} : Shape{1, n}));
+      switch (rng.below(5)) {
+        case 0: h = emit1(OP_TANH, h); break;
+        case 1: h = emit1(OP_RELU, h); break;
+        case 2: h = emit1(OP_SIGMOID, h); break;
+        case 3: h = emit(OP_SELECT, op_attrs{}, {emit2(OP_GT, h, scalar(dt, 0)), h, emit2(OP_MUL, h, scalar(dt, 0.25))}); break;
+        default: h = emit1(OP_TANH, emit2(OP_MUL, h, h)); break;
+      }
+      for (ir_value u : made)  // a value of the block before, of the same shape (a gradient's product, a residual)
+        if (h >= 0 && u >= 0 && u != h && shape(u) == shape(h) && rng.chance(0.3)) {
+          h = emit2(rng.chance(0.5) ? OP_MUL : OP_SUB, h, u);
+          break;
+        }
+      if (h >= 0 && rng.chance(0.2))  // a column [rows, 1] broadcast along the rows
+        h = emit2(OP_MUL, h, emit1(OP_TANH, emit2(OP_DOT, x, constant(dt, {w, 1}))));
+      if (h < 0) break;
+      made.push_back(h);
+      x = h, w = n;
+    }
+    return x >= 0;
   }
 
   bool gen_gather(ir_value) {
@@ -1547,7 +1590,7 @@ struct Gen {
         {IR_GEN_CONSTANT, 1, &Gen::gen_constant},    {IR_GEN_IDENTITY, 1, &Gen::gen_identity},
         {IR_GEN_REPEAT, 5, &Gen::gen_repeat},        {IR_GEN_IDIOM, 12, &Gen::gen_idiom},
         {IR_GEN_CONTROL, 12, &Gen::gen_control},      {IR_GEN_WINDOW, 30, &Gen::gen_window},
-        {IR_GEN_DENSE, 12, &Gen::gen_dense},
+        {IR_GEN_DENSE, 12, &Gen::gen_dense},         {IR_GEN_NARROW, 40, &Gen::gen_narrow},
     };
     int total = 0;
     for (const Kind &k : kinds)
@@ -1725,7 +1768,7 @@ extern "C" ir_module *ir_gen_program(uint64_t seed, const ir_gen_options *opt) {
   unsigned compute = DT_BIT(KILN_F32) | DT_BIT(KILN_F64) | DT_BIT(KILN_I32) | DT_BIT(KILN_I64) | DT_BIT(KILN_BOOL);
   if (o.min_instrs < 0 || o.max_instrs < o.min_instrs || o.max_params < 1 || o.max_params > 8 ||
       o.max_results < 1 || o.max_results > 8 || !(o.dtypes & compute) || (o.dtypes & ~DT_ALL) ||
-      (o.kinds & ~((unsigned)IR_GEN_ALL | IR_GEN_CONTROL | IR_GEN_WINDOW | IR_GEN_DENSE)) ||
+      (o.kinds & ~((unsigned)IR_GEN_ALL | IR_GEN_CONTROL | IR_GEN_WINDOW | IR_GEN_DENSE | IR_GEN_NARROW)) ||
       (o.max_instrs > 0 && !o.kinds)) {
     kiln_fail("ir_gen_program: invalid options");
     return nullptr;

@@ -59,7 +59,14 @@ enum {
    * after the transpose (the buffers pass frees src there, so they may take
    * its bytes), then src^T . dy (packed) or a few rows times src^T
    * (matmul_nt), which the plan reads in place, maybe multiplied again */
-  IR_GEN_DENSE = 1u << 22
+  IR_GEN_DENSE = 1u << 22,
+  /* not in IR_GEN_ALL either (its matrices are bigger than the palette's
+   * dims): a small MLP over the rows of narrow matrices, float only: a
+   * matrix [33-200, 1-6] of the program's data, then 1-4 layers of a dot by
+   * a constant [w, n] (n at most 16), maybe a bias, an activation, a value
+   * of the block before added or multiplied in, or a column [rows, 1] (the
+   * CPU's row chains, backends/cpu/chain.c) */
+  IR_GEN_NARROW = 1u << 23
 };
 
 typedef struct ir_gen_options {

@@ -797,6 +797,74 @@ TEST(IrRandom, DenseBlocksOfEveryDtypeCompiledAfterThePipelineMatchTheInterprete
   check_compiled_after_pipeline(true);
 }
 
+// Programs with narrow MLP blocks (IR_GEN_NARROW), whose kernels the CPU
+// runs as row chains (backends/cpu/chain.c: several kernels as one, block
+// by block of rows, values in registers and tiles), after the pipeline,
+// compiled without FP contraction: against the program interpreted before
+// the pipeline, and bit for bit against the same program compiled with
+// every kernel of its own (cpu_options.no_chains): a chain computes each
+// element with the same ops in the same order. With control flow too
+// (loops' carries stored over themselves, rows of xs and ys).
+void check_chains(bool control) {
+  Scoped scope;
+  ir_gen_options o = ir_gen_default_options();
+  o.kinds |= IR_GEN_NARROW;
+  if (control) o.kinds |= IR_GEN_CONTROL;
+  o.dtypes = DT_BIT(KILN_F32) | DT_BIT(KILN_F64);
+  o.min_instrs = 30, o.max_instrs = 60;
+  cpu_options strict{}, apart{};
+  strict.no_contract = apart.no_contract = true;
+  apart.no_chains = true;
+  int n = std::max(1, program_count() / 4), chained = 0, chains = 0;
+  for (uint64_t seed = first_seed(); seed < first_seed() + (uint64_t)n; seed++) {
+    Program p(seed, &o);
+    ASSERT_NE(p.m, nullptr) << "seed " << seed << ": " << kiln_last_error();
+    ir_func *f = p.func();
+    std::vector<bool> jumps = may_jump(f, false);
+    kiln_scope_push();
+    std::vector<kiln_tensor *> args((size_t)f->n_params), want((size_t)f->n_results), got((size_t)f->n_results),
+        ref((size_t)f->n_results);
+    ASSERT_EQ(ir_gen_args(f, seed, args.data()), 0) << kiln_last_error();
+    ASSERT_EQ(ir_interpret(f, args.data(), want.data()), 0) << p.where() << kiln_last_error();
+    ASSERT_EQ(pass_run_pipeline(f, PASS_DEFAULT_PIPELINE, nullptr, nullptr, nullptr), 0) << p.where() << kiln_last_error();
+    cpu_program *c = cpu_compile_with(f, &strict), *a = cpu_compile_with(f, &apart);
+    ASSERT_NE(c, nullptr) << p.where() << kiln_last_error();
+    ASSERT_NE(a, nullptr) << p.where() << kiln_last_error();
+    EXPECT_EQ(cpu_program_chains(a), 0);
+    chained += cpu_program_chains(c) > 0, chains += cpu_program_chains(c);
+    ASSERT_EQ(cpu_run(c, args.data(), got.data()), 0) << p.where() << kiln_last_error();
+    ASSERT_EQ(cpu_run(a, args.data(), ref.data()), 0) << p.where() << kiln_last_error();
+    cpu_program_free(c);
+    cpu_program_free(a);
+    bool ok = true;
+    for (int r = 0; r < f->n_results && ok; r++) {
+      VD g = values(got[(size_t)r]), w = values(want[(size_t)r]), k = values(ref[(size_t)r]);
+      ok = g.size() == k.size() && std::memcmp(kiln_tensor_data(got[(size_t)r]), kiln_tensor_data(ref[(size_t)r]),
+                                               (size_t)kiln_tensor_size(got[(size_t)r]) * kiln_dtype_size(kiln_tensor_dtype(got[(size_t)r]))) == 0;
+      if (!ok) {
+        size_t at = 0;
+        while (at < g.size() && (g[at] == k[at] || (g[at] != g[at] && k[at] != k[at]))) at++;
+        char *opt = ir_print_module(p.m);
+        ADD_FAILURE() << "result " << r << ": the chains' element " << at << " is " << (at < g.size() ? g[at] : 0)
+                      << ", the kernels' " << (at < k.size() ? k[at] : 0) << "\n" << p.where() << "after the pipeline:\n" << opt;
+        free(opt);
+        break;
+      }
+      ok = jumps[(size_t)f->results[r]] || allclose(got[(size_t)r], want[(size_t)r], 1e-5, 1e-5);
+      if (!ok) ADD_FAILURE() << "result " << r << " differs from the interpreter's\n" << p.where();
+    }
+    kiln_scope_pop();
+    if (!ok) break;
+  }
+  if (n >= 50) {
+    EXPECT_GT(chained, n / 3) << "programs with a row chain";
+  }
+  std::printf("  %d programs, %d with row chains (%d chains)\n", n, chained, chains);
+}
+
+TEST(IrRandom, RowChainsMatchTheInterpreterAndKernelsApart) { check_chains(false); }
+TEST(IrRandom, RowChainsWithControlFlowMatchTheInterpreterAndKernelsApart) { check_chains(true); }
+
 // Two reductions of one shape and axes but of different dtypes, made one
 // fusion by the fusion pass: the CPU kernel accumulated both in one dtype's
 // way, and the f32 max came back 0 (interpreted 2) and an f64 max beside an

@@ -156,15 +156,21 @@ TEST(PackedRows, AnyThreadCountGivesEagerBits) {
   }
 }
 
+// The L2HMC layer: packed rows with row chains off (KILN_CPU_CHAINS=0);
+// with them on (the default) a row chain of one kernel (chain.c) takes it.
 TEST(PackedRows, DotLedLayerMatchesEager) {
   Scoped s;
-  kiln_random_seed(13);
-  for (int64_t n : {5, 10}) {
-    kiln_tensor *v = normal(KILN_F32, {200, 2}), *w = normal(KILN_F32, {2, n}), *b = normal(KILN_F32, {n});
-    std::string ir;
-    std::vector<kiln_tensor *> got = staged("packed_dot", dot_body, {v, w, b}, &ir);
-    std::vector<kiln_tensor *> want = eager(dot_body, {v, w, b});
-    EXPECT_NE(ir.find("%ptile"), std::string::npos) << "n " << n;
-    for (int k = 0; k < 2; k++) EXPECT_TRUE(allclose(got[k], want[k], 1e-6, 1e-6)) << "n " << n << " output " << k;
+  for (bool chains : {false, true}) {
+    EnvGuard env("KILN_CPU_CHAINS", chains ? "1" : "0");
+    kiln_random_seed(13);
+    for (int64_t n : {5, 10}) {
+      kiln_tensor *v = normal(KILN_F32, {200, 2}), *w = normal(KILN_F32, {2, n}), *b = normal(KILN_F32, {n});
+      std::string ir;
+      std::vector<kiln_tensor *> got = staged("packed_dot", dot_body, {v, w, b}, &ir);
+      std::vector<kiln_tensor *> want = eager(dot_body, {v, w, b});
+      EXPECT_EQ(ir.find("%ptile") != std::string::npos, !chains) << "n " << n << " chains " << chains;
+      EXPECT_EQ(ir.find("%chain") != std::string::npos, chains) << "n " << n << " chains " << chains;
+      for (int k = 0; k < 2; k++) EXPECT_TRUE(allclose(got[k], want[k], 1e-6, 1e-6)) << "n " << n << " output " << k;
+    }
   }
 }

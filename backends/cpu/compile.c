@@ -27,6 +27,7 @@
 
 static void build_free(cpu_build *cb) {
   plan_free(&cb->pl);
+  cpu_chains_free(cb->chains);
   free(cb->slot_ptr);
   cpu_reuse_free(&cb->reuse);
   if (cb->eb) LLVMDisposeBuilder(cb->eb);
@@ -47,11 +48,11 @@ static char *cache_meta(const cpu_build *cb, const cpu_options *opt, LLVMOrcLLJI
   char *m = malloc(n);
   if (!m) return NULL;
   int k = snprintf(m, n,
-                   "kiln cpu program 1\nllvm %u.%u.%u\ntriple %s\nlayout %s\ncpu %s\nfeatures %s\n%s\n"
-                   "contract %d\nparts %d\nscan loops %d %d\narena %lld\nconsts",
+                   "kiln cpu program 2\nllvm %u.%u.%u\ntriple %s\nlayout %s\ncpu %s\nfeatures %s\n%s\n"
+                   "contract %d\nparts %d\nscan loops %d %d\nchains %d\narena %lld\nconsts",
                    maj, min, pat, LLVMOrcLLJITGetTripleString(jit), LLVMOrcLLJITGetDataLayoutStr(jit), cpu_host_cpu(),
                    cpu_host_features(), cpu_cache_build_id(), !opt->no_contract, opt->parts, opt->scan_loops, opt->scan_kernels,
-                   (long long)(f->buf_offset ? f->arena_bytes : -1));
+                   !opt->no_chains, (long long)(f->buf_offset ? f->arena_bytes : -1));
   for (int i = 0; i < cb->pl.n_consts && k > 0 && (size_t)k < n; i++)
     k += snprintf(m + k, n - (size_t)k, " %u", cpu_const_align(cb->pl.consts[i]));
   if (k <= 0 || (size_t)k >= n) {
@@ -61,35 +62,38 @@ static char *cache_meta(const cpu_build *cb, const cpu_options *opt, LLVMOrcLLJI
   return m;
 }
 
-/* The program's kernel info in an entry: kernels, groups, each group's
- * failing op (int32 each). */
+/* The program's kernel info in an entry: kernels, groups, chains, each
+ * group's failing op (int32 each). */
+enum { INFO_HEAD = 3 };
 static int32_t *kernel_info(const cpu_build *cb, size_t *len) {
   int ng = cb->pl.n_kernels;
-  int32_t *v = malloc(((size_t)ng + 2) * sizeof *v);
+  int32_t *v = malloc(((size_t)ng + INFO_HEAD) * sizeof *v);
   if (!v) return NULL;
   v[0] = cb->p->n_kernels;
   v[1] = ng;
-  for (int g = 0; g < ng; g++) v[2 + g] = (int32_t)cb->p->kernel_fail_op[g];
-  *len = ((size_t)ng + 2) * sizeof *v;
+  v[2] = cb->p->n_chains;
+  for (int g = 0; g < ng; g++) v[INFO_HEAD + g] = (int32_t)cb->p->kernel_fail_op[g];
+  *len = ((size_t)ng + INFO_HEAD) * sizeof *v;
   return v;
 }
 
 static int take_kernel_info(cpu_program *p, const cpu_build *cb, const void *info, size_t len) {
-  int32_t head[2];
+  int32_t head[INFO_HEAD];
   if (len < sizeof head) return -1;
   memcpy(head, info, sizeof head);
-  if (head[1] != cb->pl.n_kernels || head[0] < 0 || head[0] > cb->pl.n_kernels ||
-      len != ((size_t)cb->pl.n_kernels + 2) * sizeof(int32_t))
+  if (head[1] != cb->pl.n_kernels || head[0] < 0 || head[0] > cb->pl.n_kernels || head[2] < 0 || head[2] > head[0] ||
+      len != ((size_t)cb->pl.n_kernels + INFO_HEAD) * sizeof(int32_t))
     return -1;
   p->kernel_fail_op = calloc((size_t)cb->pl.n_kernels + 1, sizeof *p->kernel_fail_op);
   if (!p->kernel_fail_op) return -1;
   for (int g = 0; g < cb->pl.n_kernels; g++) {
     int32_t op;
-    memcpy(&op, (const char *)info + (2 + (size_t)g) * sizeof op, sizeof op);
+    memcpy(&op, (const char *)info + (INFO_HEAD + (size_t)g) * sizeof op, sizeof op);
     if (op < 0 || op > OP_COUNT) return -1;
     p->kernel_fail_op[g] = (op_id)op;
   }
   p->n_kernels = head[0];
+  p->n_chains = head[2];
   return 0;
 }
 
@@ -137,8 +141,15 @@ static int load_cached(cpu_program *p, const cpu_build *cb, LLVMOrcLLJITRef jit,
 cpu_program *cpu_compile(const ir_func *f) { return cpu_compile_with(f, NULL); }
 
 cpu_program *cpu_compile_with(const ir_func *f, const cpu_options *opt) {
-  cpu_options none = {0};
+  cpu_options none = {0}, env;
   if (!opt) opt = &none;
+  /* KILN_CPU_CHAINS=0: no row chains (chain.c), for comparisons */
+  const char *chains = getenv("KILN_CPU_CHAINS");
+  if (chains && !strcmp(chains, "0") && !opt->no_chains) {
+    env = *opt;
+    env.no_chains = true;
+    opt = &env;
+  }
   if (!f) {
     kiln_set_error("cpu: no function");
     return NULL;
@@ -157,7 +168,8 @@ cpu_program *cpu_compile_with(const ir_func *f, const cpu_options *opt) {
     kiln_set_error("cpu: out of memory");
     return NULL;
   }
-  cpu_build cb = {.f = f, .p = p, .scan_loops = opt->scan_loops, .scan_kernels = opt->scan_kernels};
+  cpu_build cb = {.f = f, .p = p, .scan_loops = opt->scan_loops, .scan_kernels = opt->scan_kernels,
+                  .no_chains = opt->no_chains};
   char *meta = NULL, dir[4096];
   uint8_t key[16];
   p->name = malloc(strlen(f->name) + 1);

@@ -34,6 +34,8 @@ typedef struct {
   LLVMValueRef *fn, *task;
 } cpu_reuse;
 
+typedef struct cpu_chains cpu_chains; /* chain.c's knowledge of the plan's slots */
+
 /* What compiling one function builds: the shared plan (backends/plan),
  * then the LLVM module that emission fills in. */
 typedef struct {
@@ -47,6 +49,8 @@ typedef struct {
   bool pool_busy;   /* a matmul threads: the pool is awake anyway */
   bool scan_loops;  /* cpu_options.scan_loops */
   bool scan_kernels; /* cpu_options.scan_kernels */
+  bool no_chains;    /* cpu_options.no_chains */
+  cpu_chains *chains; /* chain.c's, made on first use */
   /* emission */
   llvm_emit e;
   LLVMBuilderRef eb; /* the entry function's builder */
@@ -63,6 +67,7 @@ typedef struct {
   int n_bufs;
   int *buf_slot; /* the outputs' slots, then each slot read, once */
   int64_t units, per_unit;
+  int64_t work; /* cpu_kernel_work (the biggest of a chain's kernels'); 0: units x per_unit */
   bool can_fail;
   op_id fail_op;
 } kinfo;
@@ -90,11 +95,29 @@ int cpu_plan_donors(cpu_build *cb);
  * entry calls it. 0, or -1 with the error set (ki->buf_slot still freed by
  * the caller). */
 int cpu_emit_kernel(cpu_build *cb, const plan_kernel *g, int id, kinfo *ki);
+/* The thread pool's task of kernel<id> (ki->fn, ki->n_bufs): its
+ * buffers and flag from ctx, then the range; ki->task set. 0, or -1. */
+int cpu_emit_task(cpu_build *cb, kinfo *ki, int id);
+/* ops computed by vector math (vecmath.c): tens of instructions each */
+bool cpu_vector_math_op(op_id op);
+/* The elements g computes (its biggest output's, or reduced input's): the
+ * work by which LLVM's pipeline is chosen (parts.c), the same whether g is
+ * a kernel of its own or part of a row chain. */
+int64_t cpu_kernel_work(const plan_kernel *g);
 /* whether g waits on memory, and so stays on one thread when small */
 bool cpu_cheap_kernel(const plan_kernel *g);
 void cpu_add_fn_attr(LLVMContextRef ctx, LLVMValueRef fn, const char *name);
 /* the host CPU and features (and a preferred vector width) on fn */
 void cpu_add_target_attrs(LLVMContextRef ctx, LLVMValueRef fn);
+
+/* ---- chain.c ---- */
+/* The kernels of the row chain that steps[0] starts (n steps in its list
+ * from there): how many (0: none; then steps[0] is a kernel of its own). */
+int cpu_chain_length(cpu_build *cb, const plan_step *steps, int n);
+/* Emits the chain of kernel steps steps[0..n) as the function kernel<id>
+ * and its task; ki as for cpu_emit_kernel. 0, or -1 with the error set. */
+int cpu_emit_chain(cpu_build *cb, const plan_step *steps, int n, int id, kinfo *ki);
+void cpu_chains_free(cpu_chains *c);
 
 /* ---- scan_kernel.c ---- */
 /* plan_policy.scan_one_kernel: a small elementwise body over short rows

@@ -29,6 +29,8 @@ typedef struct cpu_options {
                        (scan_kernel.c): for comparisons */
   bool scan_kernels; /* every elementwise scan one kernel, however long its
                         rows (scan_kernel.c): for comparisons and tests */
+  bool no_chains;    /* no row chains (chain.c): every kernel of its own, for
+                        comparisons and tests */
 } cpu_options;
 KILN_EXPORT cpu_program *cpu_compile_with(const ir_func *f, const cpu_options *opt);
 /* Runs it: args one per parameter (concrete CPU tensors of the parameter
@@ -53,6 +55,8 @@ KILN_EXPORT char *cpu_program_text(cpu_program *p, const char *stage);
 KILN_EXPORT void cpu_program_free(cpu_program *p); /* NULL is fine */
 /* Compiled kernels (LLVM functions) in the program. */
 KILN_EXPORT int cpu_program_kernels(const cpu_program *p);
+/* Of those, the row chains (chain.c: several kernels' code as one). */
+KILN_EXPORT int cpu_program_chains(const cpu_program *p);
 /* Milliseconds cpu_compile took (emission, optimisation, code generation;
  * on a disk cache hit, reading and linking the cached code). */
 KILN_EXPORT double cpu_program_compile_ms(const cpu_program *p);
@@ -122,6 +126,7 @@ struct cpu_program {
   op_id *kernel_fail_op; /* per kernel: the op whose check can fail it */
   int *donor;            /* per result: cpu_program_donor */
   int n_kernels;
+  int n_chains; /* of n_kernels, row chains */
   size_t arena_bytes;
   size_t arena_unpacked_bytes; /* plan.arena_unpacked: before slots shared bytes by liveness */
   /* the arena of a finished call, kept for the next (taken and put back

@@ -203,8 +203,7 @@ enum { NT_TILE = 1024 }; /* elements a streaming kernel computes into L1 before 
  * vector math computes as long as it moves data; there computing tiles,
  * then storing them, overlaps the two worse than plain stores (tanh(x*a+b)*c+x:
  * 6.4 -> 5.0 GB/s), so it does not stream. */
-/* ops computed by vector math (vecmath.c): tens of instructions each */
-static bool vector_math_op(op_id op) {
+bool cpu_vector_math_op(op_id op) {
   switch (op) {
     case OP_EXP:
     case OP_LOG:
@@ -220,8 +219,18 @@ static bool vector_math_op(op_id op) {
 
 static bool memory_bound(const plan_kernel *g) {
   for (int i = 0; i < g->f->n_instrs; i++)
-    if (g->member[i] && (vector_math_op(g->f->instrs[i].op) || g->f->instrs[i].op == OP_MOD)) return false;
+    if (g->member[i] && (cpu_vector_math_op(g->f->instrs[i].op) || g->f->instrs[i].op == OP_MOD)) return false;
   return true;
+}
+
+int64_t cpu_kernel_work(const plan_kernel *g) {
+  int64_t most = 1;
+  for (int k = 0; k < g->n_out; k++) {
+    const ir_instr *d = &g->f->instrs[g->f->def[g->out[k]]];
+    int64_t n = plan_type_size(&g->f->types[llvm_op_is_reduce(d->op) ? d->in[0] : g->out[k]]);
+    if (n > most) most = n;
+  }
+  return (most + FLAT_BLOCK - 1) / FLAT_BLOCK * FLAT_BLOCK; /* as a flat kernel's tasks cover it */
 }
 
 /* memory_bound, and no dot summing more than a few products per element
@@ -466,7 +475,7 @@ static int64_t gcd64(int64_t a, int64_t b) {
 
 /* ops whose vector code is long (a division, a polynomial): worth computing
  * with every lane live */
-static bool expensive_op(op_id op) { return vector_math_op(op) || op == OP_DIV; }
+static bool expensive_op(op_id op) { return cpu_vector_math_op(op) || op == OP_DIV; }
 
 typedef struct {
   ir_value v[PACK_MAX];
@@ -855,7 +864,13 @@ int cpu_emit_kernel(cpu_build *cb, const plan_kernel *g, int id, kinfo *ki) {
     LLVMPositionBuilderAtEnd(e->b, done);
   }
   LLVMBuildRetVoid(e->b);
+  return cpu_emit_task(cb, ki, id);
+}
 
+int cpu_emit_task(cpu_build *cb, kinfo *ki, int id) {
+  llvm_emit *e = &cb->e;
+  int nb = ki->n_bufs;
+  char name[32];
   /* the thread pool's task: (ctx = buffers and flag, begin, end) */
   snprintf(name, sizeof name, "kernel%d.task", id);
   ki->task = LLVMAddFunction(e->mod, name, cb->ty_task);

@@ -102,6 +102,45 @@ void cpu_emit_bail(cpu_build *cb, LLVMValueRef cond, int32_t kernel) {
   LLVMPositionBuilderAtEnd(b, next);
 }
 
+/* The entry's call of kernel id (ki just emitted): on this thread, or over
+ * the pool when it is big enough (cheap: it waits on memory), then a bail
+ * when it can fail. 0, or -1 with the error set. */
+static int emit_kernel_call(cpu_build *cb, const kinfo *ki, int id, bool cheap) {
+  llvm_emit *e = &cb->e;
+  cpu_program *p = cb->p;
+  LLVMBuilderRef b = cb->eb;
+  p->kernel_fail_op[id] = ki->can_fail ? ki->fail_op : OP_COUNT;
+  p->n_kernels++;
+  if (ki->units == 0) return 0;
+  LLVMValueRef *args = malloc(((size_t)ki->n_bufs + 3) * sizeof *args);
+  if (!args) return cpu_oom();
+  for (int k = 0; k < ki->n_bufs; k++) args[k] = cb->slot_ptr[ki->buf_slot[k]];
+  args[ki->n_bufs] = cb->call_arg;
+  int64_t work = ki->units * (ki->per_unit > 0 ? ki->per_unit : 1);
+  if ((ki->work ? ki->work : work) > cb->max_work) cb->max_work = ki->work ? ki->work : work;
+  if (work >= (cheap ? PAR_MIN_CHEAP : PAR_MIN) && ki->units >= 2) { /* over the pool */
+    for (int k = 0; k <= ki->n_bufs; k++) {
+      LLVMValueRef ix = llvm_i64(e, k);
+      LLVMBuildStore(b, args[k], LLVMBuildGEP2(b, e->t_ptr, cb->ctx_array, &ix, 1, ""));
+    }
+    int64_t grain = PAR_GRAIN / (ki->per_unit > 0 ? ki->per_unit : 1);
+    LLVMValueRef pa[4] = {llvm_i64(e, ki->units), llvm_i64(e, grain > 0 ? grain : 1), ki->task, cb->ctx_array};
+    LLVMBuildCall2(b, cb->ty_par, cb->fn_par, pa, 4, "");
+  } else {
+    args[ki->n_bufs + 1] = llvm_i64(e, 0);
+    args[ki->n_bufs + 2] = llvm_i64(e, ki->units);
+    LLVMBuildCall2(b, ki->fn_type, ki->fn, args, (unsigned)ki->n_bufs + 3, "");
+  }
+  free(args);
+  if (ki->can_fail) {
+    LLVMValueRef flag = LLVMBuildLoad2(b, e->t_i32, cb->call_arg, "");
+    LLVMSetOrdering(flag, LLVMAtomicOrderingMonotonic);
+    LLVMSetAlignment(flag, 4);
+    cpu_emit_bail(cb, LLVMBuildICmp(b, LLVMIntNE, flag, llvm_i32(e, 0), ""), id);
+  }
+  return 0;
+}
+
 /* Emits steps (n of them) into the entry function at the builder's place:
  * each kernel called on this thread or over the pool, each runtime helper,
  * each copy, each control step (control.c) with its nested lists. */
@@ -114,49 +153,23 @@ int cpu_emit_steps(cpu_build *cb, const plan_step *steps, int n) {
     const plan_step *st = &steps[s];
     if (st->kind == PLAN_STEP_KERNEL) {
       kinfo ki;
-      int id = st->index, rc = cpu_emit_kernel(cb, &cb->pl.kernels[id], id, &ki);
-      if (!rc) rc = cpu_reuse_kernel(cb, &ki) < 0 ? -1 : 0;
-      if (rc) {
-        free(ki.buf_slot);
-        return -1;
-      }
-      p->kernel_fail_op[id] = ki.can_fail ? ki.fail_op : OP_COUNT;
-      p->n_kernels++;
-      if (ki.units == 0) {
-        free(ki.buf_slot);
-        continue;
-      }
-      LLVMValueRef *args = malloc(((size_t)ki.n_bufs + 3) * sizeof *args);
-      if (!args) {
-        free(ki.buf_slot);
-        return cpu_oom();
-      }
-      for (int k = 0; k < ki.n_bufs; k++) args[k] = cb->slot_ptr[ki.buf_slot[k]];
-      args[ki.n_bufs] = cb->call_arg;
-      int64_t work = ki.units * (ki.per_unit > 0 ? ki.per_unit : 1);
-      if (work > cb->max_work) cb->max_work = work;
-      bool cheap = !pool_busy && cpu_cheap_kernel(&cb->pl.kernels[id]);
-      if (work >= (cheap ? PAR_MIN_CHEAP : PAR_MIN) && ki.units >= 2) { /* over the pool */
-        for (int k = 0; k <= ki.n_bufs; k++) {
-          LLVMValueRef ix = llvm_i64(e, k);
-          LLVMBuildStore(b, args[k], LLVMBuildGEP2(b, e->t_ptr, cb->ctx_array, &ix, 1, ""));
-        }
-        int64_t grain = PAR_GRAIN / (ki.per_unit > 0 ? ki.per_unit : 1);
-        LLVMValueRef pa[4] = {llvm_i64(e, ki.units), llvm_i64(e, grain > 0 ? grain : 1), ki.task, cb->ctx_array};
-        LLVMBuildCall2(b, cb->ty_par, cb->fn_par, pa, 4, "");
+      int id = st->index, len = cpu_chain_length(cb, st, n - s);
+      bool cheap = false;
+      int rc;
+      if (len > 0) { /* kernels id .. as one (chain.c): the others emit nothing */
+        rc = cpu_emit_chain(cb, st, len, id, &ki);
+        p->n_chains++;
+        for (int k = 1; k < len; k++) p->kernel_fail_op[steps[s + k].index] = OP_COUNT;
+        s += len - 1;
       } else {
-        args[ki.n_bufs + 1] = llvm_i64(e, 0);
-        args[ki.n_bufs + 2] = llvm_i64(e, ki.units);
-        LLVMBuildCall2(b, ki.fn_type, ki.fn, args, (unsigned)ki.n_bufs + 3, "");
+        rc = cpu_emit_kernel(cb, &cb->pl.kernels[id], id, &ki);
+        cheap = !pool_busy && cpu_cheap_kernel(&cb->pl.kernels[id]);
+        if (!cb->pl.kernels[id].special) ki.work = cpu_kernel_work(&cb->pl.kernels[id]);
       }
-      free(args);
+      if (!rc) rc = cpu_reuse_kernel(cb, &ki) < 0 ? -1 : 0;
+      if (!rc) rc = emit_kernel_call(cb, &ki, id, cheap);
       free(ki.buf_slot);
-      if (ki.can_fail) {
-        LLVMValueRef flag = LLVMBuildLoad2(b, e->t_i32, cb->call_arg, "");
-        LLVMSetOrdering(flag, LLVMAtomicOrderingMonotonic);
-        LLVMSetAlignment(flag, 4);
-        cpu_emit_bail(cb, LLVMBuildICmp(b, LLVMIntNE, flag, llvm_i32(e, 0), ""), id);
-      }
+      if (rc) return -1;
     } else if (st->kind == PLAN_STEP_CALL) {
       /* bufs = {outs..., ins...}; kiln_rt_helper(call, h, bufs) */
       for (int k = 0; k < st->n_slots; k++) {

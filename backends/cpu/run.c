@@ -236,6 +236,7 @@ void cpu_rt_kernel_fail(cpu_call *call, int32_t kernel) {
 /* ---- the program ---- */
 
 int cpu_program_kernels(const cpu_program *p) { return p ? p->n_kernels : 0; }
+int cpu_program_chains(const cpu_program *p) { return p ? p->n_chains : 0; }
 double cpu_program_compile_ms(const cpu_program *p) { return p ? p->compile_ms : 0; }
 bool cpu_program_from_cache(const cpu_program *p) { return p && p->from_cache; }
 int cpu_program_parts(const cpu_program *p) { return p ? p->parts : 0; }

@@ -622,6 +622,19 @@ static LLVMValueRef binary(llvm_group *g, op_id op, kiln_dtype dt, LLVMValueRef 
 
 /* ---- the element emitter ---- */
 
+LLVMValueRef llvm_splat(llvm_emit *e, int lanes, LLVMValueRef x) {
+  if (LLVMGetTypeKind(LLVMTypeOf(x)) == LLVMVectorTypeKind) return x;
+  LLVMTypeRef vt = LLVMVectorType(LLVMTypeOf(x), (unsigned)lanes);
+  LLVMValueRef v = LLVMBuildInsertElement(e->b, LLVMGetPoison(vt), x, llvm_i32(e, 0), "");
+  return LLVMBuildShuffleVector(e->b, v, LLVMGetPoison(vt), LLVMConstNull(LLVMVectorType(e->t_i32, (unsigned)lanes)), "");
+}
+
+void llvm_splat_all(llvm_emit *e, int lanes, LLVMValueRef *x, int n) {
+  bool any = false;
+  for (int i = 0; i < n && !any; i++) any = LLVMGetTypeKind(LLVMTypeOf(x[i])) == LLVMVectorTypeKind;
+  for (int i = 0; any && i < n; i++) x[i] = llvm_splat(e, lanes, x[i]);
+}
+
 bool llvm_fusion_one_kernel(const ir_func *c, bool (*dot_ok)(const ir_func *c, const ir_instr *in)) {
   if (c->n_results < 1) return false;
   const ir_instr *red = NULL;
@@ -916,6 +929,7 @@ LLVMValueRef llvm_emit_value(llvm_group *g, ir_value v, llvm_index *idx) {
         goto failed;
       continue;
     }
+    if (g->lanes > 1) llvm_splat_all(g->e, g->lanes, m->vals + fr->req0, fr->n_req);
     r = finish_instr(g, fr->v, &g->f->instrs[g->f->def[fr->v]], &fr->idx, m->vals + fr->req0);
     if (!r) goto failed;
     memo_add(g, fr->v, &fr->idx, r);

@@ -74,6 +74,11 @@ typedef struct llvm_group {
   /* op of the first check that can fail (for the error message) */
   op_id bad_op;
   llvm_memo *memo;
+  /* 0: every value is one element. n > 1: values are vectors of n elements
+   * (a CPU row chain's lanes: rows of a block) or scalars (elements the
+   * same in every lane: weights, constants), scalars splatted where an
+   * instruction meets a vector. Only ops that cannot fail. */
+  int lanes;
 } llvm_group;
 
 /* g->e, g->f and g->buf must be set; the memo starts empty. */
@@ -148,6 +153,10 @@ LLVMValueRef llvm_intrinsic(llvm_emit *e, const char *name, LLVMTypeRef *types, 
 LLVMValueRef llvm_call(llvm_emit *e, LLVMValueRef fn, LLVMTypeRef fn_type, LLVMValueRef *args, int n);
 /* the intrinsic name overloaded on args[0]'s type, called on n args */
 LLVMValueRef llvm_intr(llvm_emit *e, const char *name, LLVMValueRef *args, int n);
+/* x as a vector of lanes elements (a scalar splatted; a vector as it is) */
+LLVMValueRef llvm_splat(llvm_emit *e, int lanes, LLVMValueRef x);
+/* x[0..n) all vectors of lanes elements when any of them is one */
+void llvm_splat_all(llvm_emit *e, int lanes, LLVMValueRef *x, int n);
 /* counted loops: for (iv = lo; iv < hi; iv++) { body }; llvm_loop_begin leaves the
  * builder in the body and returns iv; llvm_loop_end closes it and leaves the
  * builder after the loop */

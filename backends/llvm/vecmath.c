@@ -363,6 +363,14 @@ static void reduce_pio2(const vm *m, LLVMValueRef x, LLVMValueRef *q, LLVMValueR
   for (int k = 0; k < 7; k++) {
     LLVMValueRef idx[2] = {llvm_const_i(m->it, 0), iadd(m, widx, KI(m, k))};
     LLVMValueRef p = LLVMBuildGEP2(B, at, tab, idx, 2, "");
+    if (LLVMGetTypeKind(LLVMTypeOf(p)) == LLVMVectorTypeKind) { /* x a vector: a gather */
+      unsigned n = LLVMGetVectorSize(i32t);
+      LLVMTypeRef types[2] = {i32t, LLVMTypeOf(p)}, ft;
+      LLVMValueRef fn = llvm_intrinsic(e, "llvm.masked.gather", types, 2, &ft);
+      LLVMValueRef args[4] = {p, llvm_i32(e, 4), llvm_const_i(LLVMVectorType(e->t_i1, n), 1), LLVMGetPoison(i32t)};
+      T[k] = llvm_call(e, fn, ft, args, 4);
+      continue;
+    }
     T[k] = LLVMBuildLoad2(B, i32t, p, "");
     LLVMSetAlignment(T[k], 4);
   }
