@@ -120,6 +120,26 @@ TEST(RowChains, LeapfrogScanMatchesKernelsApartAndEager) {
   }
 }
 
+// the ten leapfrog steps unrolled at trace time: one chain of 40 kernels
+// passing more pointers than any kernel alone, over the thread pool (its
+// array of them once overflowed the entry's, and the call crashed)
+int unrolled(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *x = in[0], *p = in[1];
+  for (int s = 0; s < 10 && x && p; s++) {
+    kiln_tensor *step_in[2] = {x, p};
+    if (leapfrog(user, 2, step_in, 2, out)) return -1;
+    x = out[0], p = out[1];
+  }
+  return x && p ? 0 : -1;
+}
+
+TEST(RowChains, UnrolledLeapfrogsAsOneLongChain) {
+  Scoped s;
+  kiln_random_seed(7);
+  Mlp e = mlp(KILN_F32, 2, 10);
+  check(unrolled, &e, {normal(KILN_F32, {200, 2}), normal(KILN_F32, {200, 2})}, 2, true, 1e-4);
+}
+
 TEST(RowChains, RowsThatAreNoMultipleOfAVector) {
   Scoped s;
   kiln_random_seed(4);

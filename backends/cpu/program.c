@@ -119,12 +119,19 @@ static int emit_kernel_call(cpu_build *cb, const kinfo *ki, int id, bool cheap) 
   int64_t work = ki->units * (ki->per_unit > 0 ? ki->per_unit : 1);
   if ((ki->work ? ki->work : work) > cb->max_work) cb->max_work = ki->work ? ki->work : work;
   if (work >= (cheap ? PAR_MIN_CHEAP : PAR_MIN) && ki->units >= 2) { /* over the pool */
+    LLVMValueRef ctx = cb->ctx_array;
+    if (ki->n_bufs > cb->max_bufs) { /* a chain passes more than any step the plan counted: an array of its own */
+      LLVMBuilderRef tb = LLVMCreateBuilderInContext(e->ctx);
+      LLVMPositionBuilderBefore(tb, LLVMGetFirstInstruction(LLVMGetEntryBasicBlock(cb->entry)));
+      ctx = LLVMBuildAlloca(tb, LLVMArrayType2(e->t_ptr, (uint64_t)ki->n_bufs + 1), "bufs");
+      LLVMDisposeBuilder(tb);
+    }
     for (int k = 0; k <= ki->n_bufs; k++) {
       LLVMValueRef ix = llvm_i64(e, k);
-      LLVMBuildStore(b, args[k], LLVMBuildGEP2(b, e->t_ptr, cb->ctx_array, &ix, 1, ""));
+      LLVMBuildStore(b, args[k], LLVMBuildGEP2(b, e->t_ptr, ctx, &ix, 1, ""));
     }
     int64_t grain = PAR_GRAIN / (ki->per_unit > 0 ? ki->per_unit : 1);
-    LLVMValueRef pa[4] = {llvm_i64(e, ki->units), llvm_i64(e, grain > 0 ? grain : 1), ki->task, cb->ctx_array};
+    LLVMValueRef pa[4] = {llvm_i64(e, ki->units), llvm_i64(e, grain > 0 ? grain : 1), ki->task, ctx};
     LLVMBuildCall2(b, cb->ty_par, cb->fn_par, pa, 4, "");
   } else {
     args[ki->n_bufs + 1] = llvm_i64(e, 0);
