@@ -259,7 +259,12 @@ int mlir_emit_movement(mlir_emitter *e, const mlir_scope *s, const ir_instr *in,
   case OP_TRANSPOSE: {
     char perm[160];
     int64_t p[KILN_MAX_RANK];
-    for (int i = 0; i < in->attrs.naxes; i++) p[i] = in->attrs.axes[i];
+    bool same = true; /* the identity (rank 0 and 1 included): x itself; mlir-opt-19 crashes on an empty permutation */
+    for (int i = 0; i < in->attrs.naxes; i++) p[i] = in->attrs.axes[i], same = same && p[i] == i;
+    if (same) {
+      strcpy(out, x);
+      return 0;
+    }
     int_list(perm, sizeof perm, in->attrs.naxes, p);
     mlir_empty(e, init, ot);
     mlir_fresh(e, out);
