@@ -359,4 +359,394 @@ TEST(Mlir, RandomProgramsVerifyInMlirOpt) {
               windows, opt.c_str());
 }
 
+// ---- running random programs through MLIR's own pipeline ----
+
+// Which values may differ from the interpreter by more than rounding when
+// MLIR computes them: libm's exp, log, tanh (Kiln has its own), other
+// summation orders (dot, float sums, convolutions) make a float inexact; a
+// compare, floor, ceil, sign, mod, argmax or conversion to an integer of an
+// inexact value may jump, and so may everything computed from it. Regions
+// are followed with their operands' flags (loops to a fixed point); a loop
+// whose condition may jump may run another number of times.
+struct Flags {
+  std::vector<bool> inexact, jumped;
+};
+
+void region_flags(const ir_func *g, const std::vector<bool> &x, const std::vector<bool> &j, Flags *out);
+
+void instr_flags(const ir_func *f, const ir_instr &in, Flags &fl) {
+  bool x = false, j = false;
+  std::vector<bool> ix, ij;
+  for (int k = 0; k < in.n_in; k++) {
+    x = x || fl.inexact[(size_t)in.in[k]], j = j || fl.jumped[(size_t)in.in[k]];
+    ix.push_back(fl.inexact[(size_t)in.in[k]]), ij.push_back(fl.jumped[(size_t)in.in[k]]);
+  }
+  kiln_dtype dt = in.n_in ? f->types[in.in[0]].dtype : f->types[in.out].dtype;
+  bool flt = dt == KILN_F32 || dt == KILN_F64;
+  std::vector<bool> rx((size_t)in.n_out, false), rj((size_t)in.n_out, false);
+  switch (ir_op_info(in.op)->kind) {
+    case OPK_CONTROL: {
+      Flags r;
+      const ir_func *g = in.attrs.callee, *h = in.attrs.callee2;
+      if (in.op == OP_COND) {
+        std::vector<bool> px(ix.begin() + 1, ix.end()), pj(ij.begin() + 1, ij.end());
+        Flags a, b;
+        region_flags(g, px, pj, &a);
+        region_flags(h, px, pj, &b);
+        for (int k = 0; k < in.n_out; k++)
+          rx[(size_t)k] = a.inexact[(size_t)k] || b.inexact[(size_t)k],
+          rj[(size_t)k] = a.jumped[(size_t)k] || b.jumped[(size_t)k] || ij[0] || ix[0];
+      } else {  // while, scan: the carried state to a fixed point
+        int ns = in.attrs.n_state;
+        for (int it = 0; it < 8; it++) {
+          bool changed = false;
+          region_flags(in.op == OP_WHILE ? h : g, ix, ij, &r);
+          for (int k = 0; k < ns; k++) {
+            bool nx = ix[(size_t)k] || r.inexact[(size_t)k], nj = ij[(size_t)k] || r.jumped[(size_t)k];
+            changed = changed || nx != ix[(size_t)k] || nj != ij[(size_t)k];
+            ix[(size_t)k] = nx, ij[(size_t)k] = nj;
+          }
+          if (!changed) break;
+        }
+        bool trips = false;  // a while whose condition may jump
+        if (in.op == OP_WHILE) {
+          Flags c;
+          region_flags(g, ix, ij, &c);
+          trips = c.jumped[0] || c.inexact[0];
+        } else {
+          region_flags(g, ix, ij, &r);
+        }
+        for (int k = 0; k < in.n_out; k++) {
+          bool carried = k < ns;
+          rx[(size_t)k] = carried ? ix[(size_t)k] : r.inexact[(size_t)k];
+          rj[(size_t)k] = (carried ? ij[(size_t)k] : r.jumped[(size_t)k]) || trips;
+        }
+      }
+      break;
+    }
+    case OPK_CALL: {
+      Flags r;
+      region_flags(in.attrs.callee, ix, ij, &r);
+      rx = r.inexact, rj = r.jumped;
+      break;
+    }
+    default:
+      switch (in.op) {
+        case OP_FLOOR: case OP_CEIL: case OP_SIGN: case OP_MOD: case OP_ARGMAX: case OP_EQ: case OP_NE:
+        case OP_LT: case OP_LE: case OP_GT: case OP_GE: j = j || x; break;
+        case OP_CONVERT: {
+          kiln_dtype to = f->types[in.out].dtype;
+          if (to != KILN_F32 && to != KILN_F64) j = j || x;
+          break;
+        }
+        case OP_DOT: case OP_REDUCE_SUM: case OP_REDUCE_PROD: case OP_SIN: case OP_COS: case OP_POW: case OP_LOG1P:
+        case OP_EXP: case OP_LOG: case OP_TANH: case OP_SIGMOID:
+          x = x || flt;
+          break;
+        default:
+          if (ir_op_info(in.op)->kind == OPK_WINDOW) x = x || flt;
+          break;
+      }
+      rx.assign((size_t)in.n_out, x), rj.assign((size_t)in.n_out, j);
+  }
+  for (int k = 0; k < in.n_out; k++)
+    fl.inexact[(size_t)in.out + k] = rx[(size_t)k], fl.jumped[(size_t)in.out + k] = rj[(size_t)k];
+}
+
+// g's results' flags given its parameters'
+void region_flags(const ir_func *g, const std::vector<bool> &x, const std::vector<bool> &j, Flags *out) {
+  Flags fl{std::vector<bool>((size_t)g->n_values, false), std::vector<bool>((size_t)g->n_values, false)};
+  for (int i = 0; i < g->n_params && i < (int)x.size(); i++) fl.inexact[(size_t)i] = x[(size_t)i], fl.jumped[(size_t)i] = j[(size_t)i];
+  for (int i = 0; i < g->n_instrs; i++) instr_flags(g, g->instrs[i], fl);
+  out->inexact.clear(), out->jumped.clear();
+  for (int r = 0; r < g->n_results; r++)
+    out->inexact.push_back(fl.inexact[(size_t)g->results[r]]), out->jumped.push_back(fl.jumped[(size_t)g->results[r]]);
+}
+
+const char *elem(kiln_dtype dt) {
+  static const char *const n[] = {"f32", "f64", "i32", "i64", "i1", "f16", "bf16"};
+  return n[dt];
+}
+
+std::string type_of(const op_type &t) {
+  std::string s = "tensor<";
+  for (int i = 0; i < t.rank; i++) s += std::to_string(t.shape[i]) + "x";
+  return s + elem(t.dtype) + ">";
+}
+
+// Prints a 64-bit value as 16 hex digits and a newline, through libc's
+// putchar (no MLIR runtime library needed).
+const char *kPrintHex = R"(func.func private @putchar(i32) -> i32
+func.func @kiln_print_hex(%v: i64) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c16 = arith.constant 16 : index
+  %c4 = arith.constant 4 : i64
+  %c10 = arith.constant 10 : i64
+  %c15 = arith.constant 15 : i64
+  %c48 = arith.constant 48 : i64
+  %c87 = arith.constant 87 : i64
+  scf.for %i = %c0 to %c16 step %c1 {
+    %i64 = arith.index_cast %i : index to i64
+    %k = arith.subi %c15, %i64 : i64
+    %sh = arith.muli %k, %c4 : i64
+    %s = arith.shrui %v, %sh : i64
+    %d = arith.andi %s, %c15 : i64
+    %lt = arith.cmpi ult, %d, %c10 : i64
+    %base = arith.select %lt, %c48, %c87 : i64
+    %ch64 = arith.addi %d, %base : i64
+    %ch = arith.trunci %ch64 : i64 to i32
+    %r = func.call @putchar(%ch) : (i32) -> i32
+  }
+  %nl = arith.constant 10 : i32
+  %r2 = func.call @putchar(%nl) : (i32) -> i32
+  return
+}
+)";
+
+// The statements of @main printing every element of result r (named res)
+// of type t, in row-major order, as its bits.
+std::string print_result(const std::string &res, const op_type &t, int *tmp) {
+  std::string s, idx, ind = "  ";
+  std::string id = std::to_string((*tmp)++);
+  for (int d = 0; d < t.rank; d++) {
+    std::string iv = "%i" + id + "_" + std::to_string(d);
+    s += ind + "%n" + id + "_" + std::to_string(d) + " = arith.constant " + std::to_string(t.shape[d]) + " : index\n";
+    s += ind + "scf.for " + iv + " = %c0 to %n" + id + "_" + std::to_string(d) + " step %c1 {\n";
+    idx += (d ? ", " : "") + iv;
+    ind += "  ";
+  }
+  std::string e = "%e" + id, b = "%b" + id, w = "%w" + id;
+  s += ind + e + " = tensor.extract " + res + "[" + idx + "] : " + type_of(t) + "\n";
+  switch (t.dtype) {
+    case KILN_F32: s += ind + b + " = arith.bitcast " + e + " : f32 to i32\n" + ind + w + " = arith.extui " + b + " : i32 to i64\n"; break;
+    case KILN_F64: s += ind + w + " = arith.bitcast " + e + " : f64 to i64\n"; break;
+    case KILN_I32: s += ind + w + " = arith.extui " + e + " : i32 to i64\n"; break;
+    case KILN_I64: w = e; break;
+    case KILN_BOOL: s += ind + w + " = arith.extui " + e + " : i1 to i64\n"; break;
+    default:
+      s += ind + b + " = arith.bitcast " + e + " : " + elem(t.dtype) + " to i16\n" + ind + w + " = arith.extui " + b +
+           " : i16 to i64\n";
+  }
+  s += ind + "func.call @kiln_print_hex(" + w + ") : (i64) -> ()\n";
+  for (int d = t.rank - 1; d >= 0; d--) {
+    ind.resize(ind.size() - 2);
+    s += ind + "}\n";
+  }
+  return s;
+}
+
+// memrefCopy, the one function of MLIR's runtime library (libmlir_c_runner_utils,
+// not in mlir-19-tools) that lowered code calls: a copy between strided
+// memrefs (finalize-memref-to-llvm calls it for non-contiguous ones).
+// Compiled for the test with the system's C compiler.
+const char *kMemrefCopy = R"(#include <stdint.h>
+#include <string.h>
+typedef struct { int64_t rank; void *descriptor; } unranked;
+void memrefCopy(int64_t es, unranked *src, unranked *dst) {
+  int64_t r = src->rank, idx[64] = {0}, n = 1;
+  char **s = (char **)src->descriptor, **d = (char **)dst->descriptor;
+  int64_t *sm = (int64_t *)(s + 2), *dm = (int64_t *)(d + 2);
+  for (int64_t i = 0; i < r; i++) n *= sm[1 + i];
+  for (int64_t k = 0; k < n; k++) {
+    int64_t so = sm[0], dof = dm[0];
+    for (int64_t i = 0; i < r; i++) so += idx[i] * sm[1 + r + i], dof += idx[i] * dm[1 + r + i];
+    memcpy(d[1] + dof * es, s[1] + so * es, (size_t)es);
+    for (int64_t i = r - 1; i >= 0 && ++idx[i] == sm[1 + i]; i--) idx[i] = 0;
+  }
+}
+)";
+
+// MLIR's pipeline from tensors to the LLVM dialect (LLVM 19: no
+// linalg-bufferize; math.tanh and friends through libm, math.ipowi through
+// a function).
+const char *kLowering =
+    " --one-shot-bufferize=\"bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map allow-return-allocs-from-loops\""
+    " --convert-linalg-to-loops --lower-affine --convert-scf-to-cf --convert-math-to-funcs --convert-math-to-libm"
+    " --convert-math-to-llvm --expand-strided-metadata --lower-affine --finalize-memref-to-llvm --convert-arith-to-llvm"
+    " --convert-index-to-llvm --convert-func-to-llvm --convert-cf-to-llvm --reconcile-unrealized-casts";
+
+// One random program made runnable: @kiln_main_<seed> returns @gen applied
+// to constant arguments; want holds the interpreter's results.
+struct Runnable {
+  uint64_t seed;
+  ir_module *m = nullptr;
+  std::vector<kiln_tensor *> want;
+  std::vector<bool> jumped;
+  std::string text, kir, error;
+  int64_t lines = 0;  // elements printed
+  explicit Runnable(uint64_t s, const ir_gen_options *o) : seed(s) {
+    m = ir_gen_program(s, o);
+    if (!m) {
+      error = kiln_last_error();
+      return;
+    }
+    char *k = ir_print_module(m);
+    kir = k ? k : "";
+    free(k);
+    ir_func *f = m->funcs[0];
+    std::vector<kiln_tensor *> args((size_t)f->n_params);
+    want.resize((size_t)f->n_results);
+    if (ir_gen_args(f, s, args.data()) || ir_interpret(f, args.data(), want.data())) {
+      error = kiln_last_error();
+      return;
+    }
+    for (auto *t : want) kiln_retain(t);
+    Flags fl;
+    region_flags(f, std::vector<bool>((size_t)f->n_params, false), std::vector<bool>((size_t)f->n_params, false), &fl);
+    jumped = fl.jumped;
+    // every function renamed after the seed, so that programs share a module
+    for (int i = 0; i < m->n_funcs; i++) {
+      std::string n = "s" + std::to_string(s) + "_" + m->funcs[i]->name;
+      free(m->funcs[i]->name);
+      m->funcs[i]->name = strdup(n.c_str());
+    }
+    std::string mn = "s" + std::to_string(s) + "_main";
+    ir_func *main = ir_func_new(m, mn.c_str(), 0, nullptr);
+    std::vector<ir_value> in;
+    ir_loc loc = {nullptr, 0};
+    for (auto *a : args) in.push_back(ir_constant(main, a, loc));
+    op_attrs at;
+    memset(&at, 0, sizeof at);
+    at.callee = f;
+    ir_value r = ir_append(main, OP_CALL, &at, (int)in.size(), in.data(), loc);
+    std::vector<ir_value> res;
+    for (int k = 0; k < f->n_results; k++) res.push_back(r + k);
+    if (r < 0 || ir_set_results(main, (int)res.size(), res.data())) {
+      error = kiln_last_error();
+      return;
+    }
+    char *t = mlir_emit_module(m);
+    if (!t) {
+      error = kiln_last_error();
+      return;
+    }
+    text = t;
+    free(t);
+    for (auto *w : want) lines += kiln_tensor_size(w);
+  }
+  ~Runnable() {
+    for (auto *t : want) kiln_release(t);
+    ir_module_free(m);
+  }
+  // the statements of @main calling it and printing its results
+  std::string main_calls(int *tmp) const {
+    const ir_func *f = m->funcs[0];
+    std::string r = "%r" + std::to_string(seed), types;
+    for (int k = 0; k < f->n_results; k++) types += (k ? ", " : "") + type_of(f->types[f->results[k]]);
+    std::string s = "  " + r + (f->n_results > 1 ? ":" + std::to_string(f->n_results) : "") + " = func.call @s" +
+                    std::to_string(seed) + "_main() : () -> (" + types + ")\n";
+    for (int k = 0; k < f->n_results; k++)
+      s += print_result(f->n_results > 1 ? r + "#" + std::to_string(k) : r, f->types[f->results[k]], tmp);
+    return s;
+  }
+  // compares the printed bits from line *at on; "" or what differs
+  std::string check(const std::vector<uint64_t> &bits, size_t *at) const {
+    const ir_func *f = m->funcs[0];
+    std::ostringstream why;
+    for (int k = 0; k < f->n_results; k++) {
+      kiln_tensor *w = want[(size_t)k];
+      int64_t n = kiln_tensor_size(w);
+      kiln_dtype dt = kiln_tensor_dtype(w);
+      size_t es = kiln_dtype_size(dt);
+      if (*at + (size_t)n > bits.size()) return "the output ends early";
+      bool skip = jumped[(size_t)k];
+      for (int64_t i = 0; i < n && why.tellp() == 0; i++) {
+        uint64_t u = bits[*at + (size_t)i], v = 0;
+        std::memcpy(&v, (const char *)kiln_tensor_data(w) + (size_t)i * es, es);
+        if (u == v || skip) continue;
+        if (dt == KILN_F32 || dt == KILN_F64) {
+          double a, b;
+          if (dt == KILN_F32) {
+            float fa, fb;
+            uint32_t ua = (uint32_t)u, ub = (uint32_t)v;
+            std::memcpy(&fa, &ua, 4), std::memcpy(&fb, &ub, 4);
+            a = fa, b = fb;
+          } else {
+            std::memcpy(&a, &u, 8), std::memcpy(&b, &v, 8);
+          }
+          if ((a != a && b != b) || std::fabs(a - b) <= 1e-5 * std::fabs(b) + 1e-5) continue;
+          why << "result " << k << " element " << i << ": MLIR " << a << ", interpreter " << b;
+        } else {
+          why << "result " << k << " (" << elem(dt) << ") element " << i << ": MLIR bits " << std::hex << u
+              << ", interpreter " << v << std::dec;
+        }
+      }
+      *at += (size_t)n;
+      if (why.tellp() != 0) return why.str();
+    }
+    return "";
+  }
+};
+
+// Lowers and runs the programs in one module; their outputs' lines.
+std::string run_batch(const std::string &opt, const std::string &runner, const std::string &shim, const TempDir &dir,
+                      const std::vector<Runnable *> &batch, std::vector<uint64_t> *bits) {
+  std::string text = kPrintHex, main = "func.func @main() {\n  %c0 = arith.constant 0 : index\n  %c1 = arith.constant 1 : index\n";
+  int tmp = 0;
+  for (const Runnable *r : batch) text += r->text, main += r->main_calls(&tmp);
+  text += main + "  return\n}\n";
+  std::string in = dir.file("run.mlir"), low = dir.file("run.llvm.mlir");
+  write_file(in, text);
+  int rc;
+  std::string out = shell("timeout 300 " + opt + " " + in + kLowering + " -o " + low, &rc);
+  if (rc) return "lowering failed: " + out.substr(0, 3000);
+  out = shell("timeout 300 " + runner + " " + low + " -e main -entry-point-result=void -shared-libs=" + shim, &rc);
+  if (rc) return "mlir-cpu-runner failed (" + std::to_string(rc) + "): " + out.substr(0, 3000);
+  std::istringstream ls(out);
+  std::string line;
+  while (std::getline(ls, line)) {
+    if (line.size() != 16) return "unexpected output line '" + line + "'";
+    bits->push_back(std::stoull(line, nullptr, 16));
+  }
+  return "";
+}
+
+constexpr int kRunSeeds = 240, kBatch = 20;
+
+TEST(Mlir, RandomProgramsRunInMlirAsInTheInterpreter) {
+  ir_gen_options o = random_options();
+  std::string opt = find_tool("mlir-opt"), runner = find_tool("mlir-cpu-runner");
+  std::vector<Runnable *> progs;
+  for (uint64_t seed = 0; seed < kRunSeeds; seed++) {
+    progs.push_back(new Runnable(seed, &o));
+    ASSERT_EQ(progs.back()->error, "") << "seed " << seed;
+  }
+  if (opt.empty() || runner.empty()) {
+    for (auto *p : progs) delete p;
+    GTEST_SKIP() << "mlir-opt-19 / mlir-cpu-runner-19 not installed (apt-get install mlir-19-tools): " << kRunSeeds
+                 << " programs emitted, none run";
+  }
+  TempDir dir;
+  std::string shim = dir.file("libmemrefcopy.so");
+  write_file(dir.file("memrefcopy.c"), kMemrefCopy);
+  int rc;
+  std::string cc = shell("cc -shared -fPIC -O1 -o " + shim + " " + dir.file("memrefcopy.c"), &rc);
+  if (rc) {
+    for (auto *p : progs) delete p;
+    GTEST_SKIP() << "no C compiler (cc) for the runner's memrefCopy: " << cc;
+  }
+  int ran = 0, checked = 0, control = 0;
+  for (size_t b0 = 0; b0 < progs.size(); b0 += kBatch) {
+    std::vector<Runnable *> batch(progs.begin() + (long)b0, progs.begin() + (long)std::min(progs.size(), b0 + kBatch));
+    std::vector<uint64_t> bits;
+    std::string err = run_batch(opt, runner, shim, dir, batch, &bits);
+    if (!err.empty() && getenv("KILN_MLIR_KEEP")) { int rc; shell("cp " + dir.file("run.mlir") + " /tmp/mlirw/fail.mlir", &rc); }
+    ASSERT_EQ(err, "") << "programs " << batch.front()->seed << " to " << batch.back()->seed;
+    size_t at = 0;
+    for (const Runnable *r : batch) {
+      std::string why = r->check(bits, &at);
+      EXPECT_EQ(why, "") << "seed " << r->seed << ":\n" << r->kir;
+      ran++;
+      for (bool j : r->jumped) checked += !j;
+      for (int i = 0; i < r->m->funcs[0]->n_instrs; i++)
+        control += ir_op_info(r->m->funcs[0]->instrs[i].op)->kind == OPK_CONTROL;
+    }
+    EXPECT_EQ(at, bits.size()) << "extra output";
+  }
+  for (auto *p : progs) delete p;
+  std::printf("  %d random programs (%d control-flow instructions) run by %s; %d results checked\n", ran, control,
+              runner.c_str(), checked);
+}
+
 }  // namespace
