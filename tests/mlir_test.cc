@@ -728,6 +728,11 @@ struct Runnable {
   std::string text, kir, error;
   int64_t lines = 0;  // elements printed
   explicit Runnable(uint64_t s) : seed(s) {
+    kiln_scope_push();  // the arguments and results: the IR's constants and want retain what they keep
+    build(s);
+    kiln_scope_pop();
+  }
+  void build(uint64_t s) {
     ir_gen_options o = random_options(s);
     m = ir_gen_program(s, &o);
     if (!m) {
@@ -859,6 +864,7 @@ std::string run_batch(const std::string &opt, const std::string &runner, const s
 constexpr int kRunSeeds = 240, kBatch = 20;
 
 TEST(Mlir, RandomProgramsRunInMlirAsInTheInterpreter) {
+  Scoped sc;  // no tensor outlives the programs
   std::string opt = find_tool("mlir-opt"), runner = find_tool("mlir-cpu-runner");
   std::vector<Runnable *> progs;
   for (uint64_t seed : random_seeds(kRunSeeds, 40, 40)) {
