@@ -320,10 +320,23 @@ int mlir_scalar_compare(mlir_emitter *e, op_id op, kiln_dtype dt, const char *x,
 
 /* ---- conversions (kernels_convert.c) ---- */
 
+/* the rounded value f (type F, bits I) moved toward zero when rounding
+ * went away from it, then made odd when inexact */
+static void to_odd(mlir_emitter *e, const char *f, const char *F, const char *I, const char *away,
+                   const char *inexact, char *out) {
+  char u[MLIR_NAME], a[MLIR_NAME], x[MLIR_NAME], d[MLIR_NAME], o[MLIR_NAME];
+  op1(e, u, "arith.bitcast %s : %s to %s", f, F, I);
+  op1(e, a, "arith.extui %s : i1 to %s", away, I);
+  op1(e, x, "arith.extui %s : i1 to %s", inexact, I);
+  op1(e, d, "arith.subi %s, %s : %s", u, a, I);
+  op1(e, o, "arith.ori %s, %s : %s", d, x, I);
+  op1(e, out, "arith.bitcast %s : %s to %s", o, I, F);
+}
+
 /* f64 -> f32 rounded to odd where inexact (lib/round_odd.h) */
 static void f64_to_f32_odd(mlir_emitter *e, const char *x, char *out) {
   char f[MLIR_NAME], back[MLIR_NAME], ne[MLIR_NAME], ord[MLIR_NAME], inexact[MLIR_NAME], ab[MLIR_NAME],
-      ax[MLIR_NAME], away[MLIR_NAME], u[MLIR_NAME], a32[MLIR_NAME], i32[MLIR_NAME], d[MLIR_NAME], o[MLIR_NAME];
+      ax[MLIR_NAME], away[MLIR_NAME];
   op1(e, f, "arith.truncf %s : f64 to f32", x);
   op1(e, back, "arith.extf %s : f32 to f64", f);
   op1(e, ne, "arith.cmpf une, %s, %s : f64", back, x);
@@ -332,19 +345,14 @@ static void f64_to_f32_odd(mlir_emitter *e, const char *x, char *out) {
   op1(e, ab, "math.absf %s : f64", back);
   op1(e, ax, "math.absf %s : f64", x);
   op1(e, away, "arith.cmpf ogt, %s, %s : f64", ab, ax);
-  op1(e, u, "arith.bitcast %s : f32 to i32", f);
-  op1(e, a32, "arith.extui %s : i1 to i32", away);
-  op1(e, i32, "arith.extui %s : i1 to i32", inexact);
-  op1(e, d, "arith.subi %s, %s : i32", u, a32);
-  op1(e, o, "arith.ori %s, %s : i32", d, i32);
-  op1(e, out, "arith.bitcast %s : i32 to f32", o);
+  to_odd(e, f, "f32", "i32", away, inexact, out);
 }
 
 /* i64 -> f64 rounded to odd where inexact (kernels_convert.c i64_f64_odd) */
 static void i64_to_f64_odd(mlir_emitter *e, const char *x, char *out) {
   char d[MLIR_NAME], two63[MLIR_NAME], top[MLIR_NAME], zf[MLIR_NAME], dc[MLIR_NAME], b0[MLIR_NAME], mx[MLIR_NAME],
       back[MLIR_NAME], ne[MLIR_NAME], inexact[MLIR_NAME], z[MLIR_NAME], neg[MLIR_NAME], lt[MLIR_NAME], gt[MLIR_NAME],
-      dir[MLIR_NAME], away[MLIR_NAME], u[MLIR_NAME], a64[MLIR_NAME], i64[MLIR_NAME], s[MLIR_NAME], o[MLIR_NAME];
+      dir[MLIR_NAME], away[MLIR_NAME];
   op1(e, d, "arith.sitofp %s : i64 to f64", x);
   mlir_const(e, two63, KILN_F64, 0x1p63);
   op1(e, top, "arith.cmpf oge, %s, %s : f64", d, two63);
@@ -361,12 +369,7 @@ static void i64_to_f64_odd(mlir_emitter *e, const char *x, char *out) {
   op1(e, gt, "arith.cmpi sgt, %s, %s : i64", back, x);
   op1(e, dir, "arith.select %s, %s, %s : i1", neg, lt, gt);
   op1(e, away, "arith.ori %s, %s : i1", top, dir);
-  op1(e, u, "arith.bitcast %s : f64 to i64", d);
-  op1(e, a64, "arith.extui %s : i1 to i64", away);
-  op1(e, i64, "arith.extui %s : i1 to i64", inexact);
-  op1(e, s, "arith.subi %s, %s : i64", u, a64);
-  op1(e, o, "arith.ori %s, %s : i64", s, i64);
-  op1(e, out, "arith.bitcast %s : i64 to f64", o);
+  to_odd(e, d, "f64", "i64", away, inexact, out);
 }
 
 /* float (f32 or f64) -> i32/i64: NaN -> 0, truncated toward zero,

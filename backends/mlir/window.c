@@ -56,10 +56,28 @@ static void window_expr(char *buf, size_t n, int out_dim, int stride, int win_di
   snprintf(buf, n, "d%d * %d + d%d * %d", out_dim, stride, win_dim, dilation);
 }
 
+/* acc + a * b summed over the generic's last three loops (n_dims 7):
+ * operands a (map ma) and b (map mb) into acc (map d0, d1, d2, d3) */
+static void conv_generic(mlir_emitter *e, const char *a, const op_type *at, const char *ma, const char *b,
+                         const op_type *bt, const char *mb, const char *acc, const op_type *ot, char *out) {
+  mlir_generic g;
+  memset(&g, 0, sizeof g);
+  g.n_dims = 7, g.iters = "pppprrr", g.n_in = 2, g.n_out = 1;
+  g.name[0] = a, g.type[0] = at, g.name[1] = b, g.type[1] = bt, g.name[2] = acc, g.type[2] = ot;
+  snprintf(g.map[0], sizeof g.map[0], "%s", ma);
+  snprintf(g.map[1], sizeof g.map[1], "%s", mb);
+  snprintf(g.map[2], sizeof g.map[2], "d0, d1, d2, d3");
+  mlir_generic_begin(e, &g);
+  char r[MLIR_NAME];
+  mul_add(e, mlir_elem(ot->dtype), g.arg[0], g.arg[1], g.arg[2], r);
+  const char *y = r;
+  mlir_generic_end(e, &g, 1, &y);
+  strcpy(out, g.res);
+}
+
 static int emit_conv2d(mlir_emitter *e, const mlir_scope *s, const ir_instr *in, char *out) {
   const op_attrs *a = &in->attrs;
   const op_type *xt = mlir_vtype(s, in->in[0]), *wt = mlir_vtype(s, in->in[1]), *ot = mlir_vtype(s, in->out);
-  const char *T = mlir_elem(ot->dtype);
   name_t z, xp, acc;
   op_type pt;
   char ta[256], tb[256], tc[256];
@@ -76,25 +94,11 @@ static int emit_conv2d(mlir_emitter *e, const mlir_scope *s, const ir_instr *in,
   }
   /* (n, oy, ox, co, ky, kx, ci of the group) */
   int64_t cig = wt->shape[2], cog = ot->shape[3] / a->groups;
-  mlir_generic g;
-  memset(&g, 0, sizeof g);
-  char ry[64], rx[64];
+  char ry[64], rx[64], mx[256];
   window_expr(ry, sizeof ry, 1, a->stride[0], 4, a->dilation[0]);
   window_expr(rx, sizeof rx, 2, a->stride[1], 5, a->dilation[1]);
-  g.n_dims = 7, g.iters = "pppprrr", g.n_in = 2, g.n_out = 1;
-  g.name[0] = xp, g.type[0] = &pt;
-  snprintf(g.map[0], sizeof g.map[0], "d0, %s, %s, (d3 floordiv %lld) * %lld + d6", ry, rx, (long long)cog,
-           (long long)cig);
-  g.name[1] = mlir_vname(s, in->in[1]), g.type[1] = wt;
-  snprintf(g.map[1], sizeof g.map[1], "d4, d5, d6, d3");
-  g.name[2] = acc, g.type[2] = ot;
-  snprintf(g.map[2], sizeof g.map[2], "d0, d1, d2, d3");
-  mlir_generic_begin(e, &g);
-  name_t r;
-  mul_add(e, T, g.arg[0], g.arg[1], g.arg[2], r);
-  const char *y = r;
-  mlir_generic_end(e, &g, 1, &y);
-  strcpy(out, g.res);
+  snprintf(mx, sizeof mx, "d0, %s, %s, (d3 floordiv %lld) * %lld + d6", ry, rx, (long long)cog, (long long)cig);
+  conv_generic(e, xp, &pt, mx, mlir_vname(s, in->in[1]), wt, "d4, d5, d6, d3", acc, ot, out);
   return 0;
 }
 
@@ -102,35 +106,20 @@ static int emit_conv2d(mlir_emitter *e, const mlir_scope *s, const ir_instr *in,
 static int emit_conv2d_bp_filter(mlir_emitter *e, const mlir_scope *s, const ir_instr *in, char *out) {
   const op_attrs *a = &in->attrs;
   const op_type *xt = mlir_vtype(s, in->in[0]), *dyt = mlir_vtype(s, in->in[1]), *ot = mlir_vtype(s, in->out);
-  const char *T = mlir_elem(ot->dtype);
   int64_t cig = ot->shape[2], cog = ot->shape[3] / a->groups;
   name_t z, xp, acc;
   op_type pt;
   mlir_const(e, z, ot->dtype, 0);
   pad_image(e, xp, mlir_vname(s, in->in[0]), xt, a->padding, z, &pt);
   filled(e, acc, ot, z);
-  mlir_generic g;
-  memset(&g, 0, sizeof g);
-  char ry[64], rx[64];
+  char ry[64], rx[64], mx[256]; /* (ky, kx, ci, co, n, oy, ox) */
   window_expr(ry, sizeof ry, 5, a->stride[0], 0, a->dilation[0]);
   window_expr(rx, sizeof rx, 6, a->stride[1], 1, a->dilation[1]);
-  g.n_dims = 7, g.iters = "pppprrr", g.n_in = 2, g.n_out = 1; /* (ky, kx, ci, co, n, oy, ox) */
-  g.name[0] = xp, g.type[0] = &pt;
   if (a->groups == 1)
-    snprintf(g.map[0], sizeof g.map[0], "d4, %s, %s, d2", ry, rx);
+    snprintf(mx, sizeof mx, "d4, %s, %s, d2", ry, rx);
   else
-    snprintf(g.map[0], sizeof g.map[0], "d4, %s, %s, (d3 floordiv %lld) * %lld + d2", ry, rx, (long long)cog,
-             (long long)cig);
-  g.name[1] = mlir_vname(s, in->in[1]), g.type[1] = dyt;
-  snprintf(g.map[1], sizeof g.map[1], "d4, d5, d6, d3");
-  g.name[2] = acc, g.type[2] = ot;
-  snprintf(g.map[2], sizeof g.map[2], "d0, d1, d2, d3");
-  mlir_generic_begin(e, &g);
-  name_t r;
-  mul_add(e, T, g.arg[0], g.arg[1], g.arg[2], r);
-  const char *y = r;
-  mlir_generic_end(e, &g, 1, &y);
-  strcpy(out, g.res);
+    snprintf(mx, sizeof mx, "d4, %s, %s, (d3 floordiv %lld) * %lld + d2", ry, rx, (long long)cog, (long long)cig);
+  conv_generic(e, xp, &pt, mx, mlir_vname(s, in->in[1]), dyt, "d4, d5, d6, d3", acc, ot, out);
   return 0;
 }
 
