@@ -11,28 +11,38 @@
 
 #include "mlir/emit.h"
 
-void mlir_line(mlir_emitter *e, const char *fmt, ...) {
+/* one indented line of text, ending in a newline or not */
+static void put_line(mlir_emitter *e, bool newline, const char *fmt, va_list ap) {
   for (int i = 0; i < e->indent; i++) ir_buf_put(e->b, "  ", 2);
   char small[1024];
-  va_list ap;
-  va_start(ap, fmt);
+  va_list again;
+  va_copy(again, ap);
   int n = vsnprintf(small, sizeof small, fmt, ap);
-  va_end(ap);
   if (n >= 0 && (size_t)n < sizeof small) {
     ir_buf_put(e->b, small, (size_t)n);
   } else if (n >= 0) { /* a long line: format it again into the right size */
     char *big = malloc((size_t)n + 1);
-    if (!big) {
-      e->b->oom = true;
-      return;
-    }
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    ir_buf_put(e->b, big, (size_t)n);
+    if (big) vsnprintf(big, (size_t)n + 1, fmt, again);
+    if (big) ir_buf_put(e->b, big, (size_t)n);
+    else e->b->oom = true;
     free(big);
   }
-  ir_buf_put(e->b, "\n", 1);
+  va_end(again);
+  if (newline) ir_buf_put(e->b, "\n", 1);
+}
+
+void mlir_line(mlir_emitter *e, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  put_line(e, true, fmt, ap);
+  va_end(ap);
+}
+
+void mlir_start(mlir_emitter *e, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  put_line(e, false, fmt, ap);
+  va_end(ap);
 }
 
 char *mlir_fresh(mlir_emitter *e, char *buf) {
@@ -115,8 +125,7 @@ static int emit_region(emit_ctx *c, const ir_func *g, char (*params)[MLIR_NAME],
 
 /* "scf.yield a, b : T, U" of g's results */
 static void yield(mlir_emitter *e, const char *op, const ir_func *g, char (*results)[MLIR_NAME], int from, int n) {
-  mlir_line(e, "%s ", op);
-  e->b->len--;
+  mlir_start(e, "%s ", op);
   for (int k = from; k < from + n; k++) ir_buf_printf(e->b, "%s%s", k > from ? ", " : "", results[k]);
   if (n) ir_buf_printf(e->b, " : ");
   result_types(e->b, g, from, n);
@@ -140,10 +149,9 @@ static int emit_cond(emit_ctx *c, mlir_scope *s, const ir_instr *in) {
   mlir_line(e, "%s = tensor.extract %s[] : tensor<i1>", mlir_fresh(e, p), s->name[in->in[0]]);
   mlir_fresh(e, res);
   if (in->n_out > 1)
-    mlir_line(e, "%s:%d = scf.if %s -> (", res, in->n_out, p);
+    mlir_start(e, "%s:%d = scf.if %s -> (", res, in->n_out, p);
   else
-    mlir_line(e, "%s = scf.if %s -> (", res, p);
-  e->b->len--;
+    mlir_start(e, "%s = scf.if %s -> (", res, p);
   result_types(e->b, th, 0, th->n_results);
   ir_buf_printf(e->b, ") {\n");
   int rc = 0;
@@ -174,8 +182,7 @@ static int emit_while(emit_ctx *c, mlir_scope *s, const ir_instr *in) {
   if (counted) mlir_const_int(e, zero, "i64", 0);
   mlir_fresh(e, res);
   ir_buf *b = e->b;
-  mlir_line(e, "%s:%d = scf.while (", res, ns + counted);
-  b->len--;
+  mlir_start(e, "%s:%d = scf.while (", res, ns + counted);
   for (int k = 0; k < ns; k++) ir_buf_printf(b, "%s%s = %s", k ? ", " : "", mlir_fresh(e, args[k]), s->name[in->in[k]]);
   if (counted) ir_buf_printf(b, ", %s = %s", mlir_fresh(e, ts_), zero);
   ir_buf_printf(b, ") : (");
@@ -212,8 +219,7 @@ static int emit_while(emit_ctx *c, mlir_scope *s, const ir_instr *in) {
     } else {
       strcpy(p, q);
     }
-    mlir_line(e, "scf.condition(%s) ", p);
-    b->len--;
+    mlir_start(e, "scf.condition(%s) ", p);
     for (int k = 0; k < ns; k++) ir_buf_printf(b, "%s%s", k ? ", " : "", args[k]);
     if (counted) ir_buf_printf(b, ", %s", cnt);
     ir_buf_printf(b, " : ");
@@ -221,8 +227,7 @@ static int emit_while(emit_ctx *c, mlir_scope *s, const ir_instr *in) {
     ir_buf_printf(b, "%s\n", counted ? ", i64" : "");
     e->indent--;
     mlir_line(e, "} do {");
-    mlir_line(e, "^bb0(");
-    b->len--;
+    mlir_start(e, "^bb0(");
     for (int k = 0; k < ns; k++)
       ir_buf_printf(b, "%s%s: %s", k ? ", " : "", mlir_fresh(e, args[k]), mlir_type(ts, &s->f->types[in->in[k]]));
     if (counted) ir_buf_printf(b, ", %s: i64", mlir_fresh(e, cnt));
@@ -236,8 +241,7 @@ static int emit_while(emit_ctx *c, mlir_scope *s, const ir_instr *in) {
       mlir_const_int(e, one, "i64", 1);
       mlir_line(e, "%s = arith.addi %s, %s : i64", mlir_fresh(e, next), cnt, one);
     }
-    mlir_line(e, "scf.yield ");
-    b->len--;
+    mlir_start(e, "scf.yield ");
     for (int k = 0; k < ns; k++) ir_buf_printf(b, "%s%s", k ? ", " : "", out[k]);
     if (counted) ir_buf_printf(b, ", %s", next);
     ir_buf_printf(b, " : ");
@@ -269,10 +273,9 @@ static int emit_scan(emit_ctx *c, mlir_scope *s, const ir_instr *in) {
   mlir_fresh(e, res), mlir_fresh(e, t);
   ir_buf *b = e->b;
   if (nr > 1)
-    mlir_line(e, "%s:%d = scf.for %s = %s to %s step %s iter_args(", res, nr, t, lo, hi, one);
+    mlir_start(e, "%s:%d = scf.for %s = %s to %s step %s iter_args(", res, nr, t, lo, hi, one);
   else
-    mlir_line(e, "%s = scf.for %s = %s to %s step %s iter_args(", res, t, lo, hi, one);
-  b->len--;
+    mlir_start(e, "%s = scf.for %s = %s to %s step %s iter_args(", res, t, lo, hi, one);
   for (int k = 0; k < nr; k++) ir_buf_printf(b, "%s%s = %s", k ? ", " : "", mlir_fresh(e, iter[k]), init[k]);
   ir_buf_printf(b, ") -> (");
   for (int k = 0; k < nr; k++) ir_buf_printf(b, "%s%s", k ? ", " : "", mlir_type(ts, &s->f->types[in->out + k]));
@@ -291,8 +294,7 @@ static int emit_scan(emit_ctx *c, mlir_scope *s, const ir_instr *in) {
     op_type rt = *xt;
     rt.rank--;
     memmove(rt.shape, rt.shape + 1, (size_t)rt.rank * sizeof *rt.shape);
-    mlir_line(e, "%s = tensor.extract_slice %s[%s", mlir_fresh(e, args[k]), s->name[in->in[k]], row);
-    b->len--;
+    mlir_start(e, "%s = tensor.extract_slice %s[%s", mlir_fresh(e, args[k]), s->name[in->in[k]], row);
     for (int d = 1; d < xt->rank; d++) ir_buf_printf(b, ", 0");
     ir_buf_printf(b, "] [1");
     for (int d = 1; d < xt->rank; d++) ir_buf_printf(b, ", %lld", (long long)xt->shape[d]);
@@ -306,8 +308,7 @@ static int emit_scan(emit_ctx *c, mlir_scope *s, const ir_instr *in) {
       const op_type *yt = &s->f->types[in->out + k];
       const op_type *rt = &g->types[g->results[k]];
       name_t next;
-      mlir_line(e, "%s = tensor.insert_slice %s into %s[%s", mlir_fresh(e, next), out[k], iter[k], row);
-      b->len--;
+      mlir_start(e, "%s = tensor.insert_slice %s into %s[%s", mlir_fresh(e, next), out[k], iter[k], row);
       for (int d = 0; d < rt->rank; d++) ir_buf_printf(b, ", 0");
       ir_buf_printf(b, "] [1");
       for (int d = 0; d < rt->rank; d++) ir_buf_printf(b, ", %lld", (long long)rt->shape[d]);
@@ -316,8 +317,7 @@ static int emit_scan(emit_ctx *c, mlir_scope *s, const ir_instr *in) {
       ir_buf_printf(b, "] : %s into %s\n", mlir_type(xs, rt), mlir_type(ts, yt));
       strcpy(out[k], next);
     }
-    mlir_line(e, "scf.yield ");
-    b->len--;
+    mlir_start(e, "scf.yield ");
     for (int k = 0; k < nr; k++) ir_buf_printf(b, "%s%s", k ? ", " : "", out[k]);
     ir_buf_printf(b, " : ");
     for (int k = 0; k < nr; k++) ir_buf_printf(b, "%s%s", k ? ", " : "", mlir_type(ts, &s->f->types[in->out + k]));
@@ -339,10 +339,9 @@ static int emit_call(emit_ctx *c, mlir_scope *s, const ir_instr *in) {
   ir_buf *b = e->b;
   mlir_fresh(e, res);
   if (in->n_out > 1)
-    mlir_line(e, "%s:%d = func.call @%s(", res, in->n_out, g->name);
+    mlir_start(e, "%s:%d = func.call @%s(", res, in->n_out, g->name);
   else
-    mlir_line(e, "%s = func.call @%s(", res, g->name);
-  b->len--;
+    mlir_start(e, "%s = func.call @%s(", res, g->name);
   for (int k = 0; k < in->n_in; k++) ir_buf_printf(b, "%s%s", k ? ", " : "", s->name[in->in[k]]);
   ir_buf_printf(b, ") : (");
   for (int k = 0; k < in->n_in; k++) ir_buf_printf(b, "%s%s", k ? ", " : "", mlir_type(ts, &s->f->types[in->in[k]]));

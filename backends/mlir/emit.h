@@ -25,6 +25,8 @@ typedef struct mlir_scope {
 
 /* ---- text (emit.c) ---- */
 void mlir_line(mlir_emitter *e, const char *fmt, ...) KILN_PRINTF(2, 3);
+/* mlir_line without the newline: the caller continues the line */
+void mlir_start(mlir_emitter *e, const char *fmt, ...) KILN_PRINTF(2, 3);
 /* a fresh SSA name "%tN" into buf (MLIR_NAME bytes); returns buf */
 char *mlir_fresh(mlir_emitter *e, char *buf);
 /* -1 with "mlir: @f: %v: <op>: reason" set (once) */

@@ -41,8 +41,7 @@ static int emit_gather(mlir_emitter *e, const mlir_scope *s, const ir_instr *in,
     mlir_line(e, "%s = linalg.index %d : index", mlir_fresh(e, pos[d]), d < axis ? d : d - 1 + ri);
   }
   char v[MLIR_NAME];
-  mlir_line(e, "%s = tensor.extract %s[", mlir_fresh(e, v), mlir_vname(s, in->in[0]));
-  e->b->len--;
+  mlir_start(e, "%s = tensor.extract %s[", mlir_fresh(e, v), mlir_vname(s, in->in[0]));
   for (int d = 0; d < pt->rank; d++) ir_buf_printf(e->b, "%s%s", d ? ", " : "", pos[d]);
   ir_buf_printf(e->b, "] : %s\n", mlir_type(ps, pt));
   const char *y = v;
@@ -65,12 +64,10 @@ static int emit_scatter_add(mlir_emitter *e, const mlir_scope *s, const ir_instr
   const char(*iv)[MLIR_NAME] = l.iv, *cur = l.cur;
   char u[MLIR_NAME], idx[MLIR_NAME], at[MLIR_NAME], old[MLIR_NAME], sum[MLIR_NAME], next[MLIR_NAME];
   ir_buf *b = e->b;
-  mlir_line(e, "%s = tensor.extract %s[", mlir_fresh(e, u), mlir_vname(s, in->in[0]));
-  b->len--;
+  mlir_start(e, "%s = tensor.extract %s[", mlir_fresh(e, u), mlir_vname(s, in->in[0]));
   for (int d = 0; d < ut->rank; d++) ir_buf_printf(b, "%s%s", d ? ", " : "", iv[d]);
   ir_buf_printf(b, "] : %s\n", us);
-  mlir_line(e, "%s = tensor.extract %s[", mlir_fresh(e, idx), mlir_vname(s, in->in[1]));
-  b->len--;
+  mlir_start(e, "%s = tensor.extract %s[", mlir_fresh(e, idx), mlir_vname(s, in->in[1]));
   for (int j = 0; j < ri; j++) ir_buf_printf(b, "%s%s", j ? ", " : "", iv[axis + j]);
   ir_buf_printf(b, "] : %s\n", is);
   checked_index(e, "scatter_add", it->dtype, idx, ot->shape[axis], at);

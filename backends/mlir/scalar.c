@@ -99,8 +99,7 @@ int mlir_tensor_const(mlir_emitter *e, const char *name, const kiln_tensor *t) {
   size_t es = kiln_dtype_sizes[t->dtype];
   bool splat = true; /* one element repeated: dense<v> */
   for (int64_t i = 1; splat && i < t->size; i++) splat = !memcmp((const char *)t->data + i * es, t->data, es);
-  mlir_line(e, "%s = arith.constant dense<", name);
-  e->b->len--; /* continue the line */
+  mlir_start(e, "%s = arith.constant dense<", name); /* continue the line */
   int64_t i = 0;
   if (splat)
     put_elem(e->b, t, 0);

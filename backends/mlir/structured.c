@@ -40,8 +40,7 @@ void mlir_generic_begin(mlir_emitter *e, mlir_generic *g) {
   mlir_identity_map(dims, sizeof dims, g->n_dims);
   mlir_fresh(e, g->res);
   ir_buf *b = e->b;
-  mlir_line(e, "%s%s = linalg.generic {indexing_maps = [", g->res, g->n_out > 1 ? ":2" : "");
-  b->len--;
+  mlir_start(e, "%s%s = linalg.generic {indexing_maps = [", g->res, g->n_out > 1 ? ":2" : "");
   for (int k = 0; k < g->n_in + g->n_out; k++)
     ir_buf_printf(b, "%saffine_map<(%s) -> (%s)>", k ? ", " : "", dims, g->map[k]);
   ir_buf_printf(b, "], iterator_types = [");
@@ -58,8 +57,7 @@ void mlir_generic_begin(mlir_emitter *e, mlir_generic *g) {
   }
   ir_buf_printf(b, " {\n");
   e->indent--;
-  mlir_line(e, "^bb0(");
-  b->len--;
+  mlir_start(e, "^bb0(");
   for (int k = 0; k < g->n_in + g->n_out; k++)
     ir_buf_printf(b, "%s%s: %s", k ? ", " : "", mlir_fresh(e, g->arg[k]), mlir_elem(g->type[k]->dtype));
   ir_buf_printf(b, "):\n");
@@ -68,15 +66,13 @@ void mlir_generic_begin(mlir_emitter *e, mlir_generic *g) {
 
 void mlir_generic_end(mlir_emitter *e, mlir_generic *g, int n, const char *const *yield) {
   char ts[256];
-  mlir_line(e, "linalg.yield ");
-  e->b->len--;
+  mlir_start(e, "linalg.yield ");
   for (int k = 0; k < n; k++) ir_buf_printf(e->b, "%s%s", k ? ", " : "", yield[k]);
   ir_buf_printf(e->b, " : ");
   for (int k = 0; k < n; k++) ir_buf_printf(e->b, "%s%s", k ? ", " : "", mlir_elem(g->type[g->n_in + k]->dtype));
   ir_buf_printf(e->b, "\n");
   e->indent--;
-  mlir_line(e, "} -> %s", n > 1 ? "(" : "");
-  e->b->len--;
+  mlir_start(e, "} -> %s", n > 1 ? "(" : "");
   for (int k = 0; k < n; k++) ir_buf_printf(e->b, "%s%s", k ? ", " : "", mlir_type(ts, g->type[g->n_in + k]));
   ir_buf_printf(e->b, "%s\n", n > 1 ? ")" : "");
 }
