@@ -13,7 +13,7 @@
 extern "C" {
 #endif
 
-/* f as a func.func, after the functions it calls or fuses (each once);
+/* f as a func.func, followed by the functions it calls or fuses (each once);
  * its control-flow regions become scf.if, scf.while and scf.for.
  * malloc'd text, or NULL with "mlir: @f: %v: op: reason" in the error. */
 KILN_EXPORT char *mlir_emit_func(const ir_func *f);
