@@ -10,6 +10,7 @@
 #include "cpu/cpu.h"
 #include "cuda/cuda_rt.h"
 #include "cuda/ptx.h"
+#include "mlir/mlir.h"
 
 typedef enum { BACKEND_AUTO, BACKEND_CPU, BACKEND_INTERP } backend_choice;
 
@@ -150,5 +151,11 @@ char *jit_stage_text(traced_fn *fn, const char *name, const char *stage) {
   }
   char *text = cpu_program_text(fn->cpu, stage);
   if (!text) rename_error(who, name);
+  return text;
+}
+
+char *jit_mlir_text(traced_fn *fn, const char *name) {
+  char *text = mlir_emit_func(fn->func);
+  if (!text) rename_error("function_ir", name);
   return text;
 }

@@ -1370,8 +1370,9 @@ char *kiln_function_ir(kiln_function *f, int trace, const char *stage) {
     return NULL;
   }
   bool ir = !strcmp(stage, "traced") || !strcmp(stage, "optimized");
-  if (!ir && strcmp(stage, "llvm") && strcmp(stage, "asm") && strcmp(stage, "ptx")) {
-    kiln_set_error("%s: unknown stage '%s' (traced, optimized, llvm, asm, ptx)", who, stage);
+  bool mlir = !strcmp(stage, "mlir");
+  if (!ir && !mlir && strcmp(stage, "llvm") && strcmp(stage, "asm") && strcmp(stage, "ptx")) {
+    kiln_set_error("%s: unknown stage '%s' (traced, optimized, llvm, asm, ptx, mlir)", who, stage);
     return NULL;
   }
   pthread_mutex_lock(&f->lock);
@@ -1379,6 +1380,7 @@ char *kiln_function_ir(kiln_function *f, int trace, const char *stage) {
   char *text = !c                         ? NULL
                : !strcmp(stage, "traced") ? traced_fn_print(&c->fn)
                : ir                       ? traced_fn_print_optimized(&c->fn)
+               : mlir                     ? jit_mlir_text(&c->fn, f->name)
                                           : jit_stage_text(&c->fn, f->name, stage);
   pthread_mutex_unlock(&f->lock);
   if (c && ir && !text) kiln_set_error("%s: out of memory", who);

@@ -181,6 +181,8 @@ int jit_exec_donating(const traced_fn *fn, kiln_tensor *const *args, kiln_tensor
 /* "llvm", "asm" (compiled code) or "ptx" (cross-compiled) text of fn's
  * optimized IR; malloc'd, NULL with the error set. */
 char *jit_stage_text(traced_fn *fn, const char *name, const char *stage);
+/* fn's traced IR as MLIR (backends/mlir); malloc'd, NULL with the error set. */
+char *jit_mlir_text(traced_fn *fn, const char *name);
 
 /* The optimized IR of f's trace (function.c), for benchmarks and tests;
  * NULL with the error set. Lives as long as f. */

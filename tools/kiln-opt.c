@@ -1,11 +1,12 @@
 /* kiln-opt — reads .kir text, verifies it, runs named passes and prints the
  * result, as mlir-opt and opt do; the driver of the FileCheck tests.
- *   kiln-opt [--passes=a,b] [--print-after-all] [--emit=kir|dot|llvm|asm|ptx] [--arch=sm_80|sm_90] file.kir|-
+ *   kiln-opt [--passes=a,b] [--print-after-all] [--emit=kir|dot|llvm|asm|ptx|mlir] [--arch=sm_80|sm_90] file.kir|-
  * Passes (passes/passes.h) run on every function of the module, callees
  * included, one pass over all functions before the next. llvm and asm
  * compile each function that no other calls with the CPU backend, ptx with
  * the CUDA code generator (no GPU needed); without --passes they run the
- * default pipeline first.
+ * default pipeline first. mlir prints every function no other calls (with
+ * its callees) as MLIR on tensors (backends/mlir), after the passes named.
  * Exit codes: 0 ok, 1 parse/verify/pass error (on stderr), 2 usage. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,11 +16,12 @@
 /* the backends' exported entry points (tools see lib/, ir/ and passes/) */
 #include "../backends/cpu/cpu.h"
 #include "../backends/cuda/ptx.h"
+#include "../backends/mlir/mlir.h"
 
 static int usage(const char *why) {
   if (why) fprintf(stderr, "kiln-opt: %s\n", why);
   fprintf(stderr,
-          "usage: kiln-opt [--passes=a,b,...] [--print-after-all] [--emit=kir|dot|llvm|asm|ptx] "
+          "usage: kiln-opt [--passes=a,b,...] [--print-after-all] [--emit=kir|dot|llvm|asm|ptx|mlir] "
           "[--arch=sm_80|sm_90] FILE.kir (- for stdin)\npasses (default pipeline: " PASS_DEFAULT_PIPELINE "):\n");
   for (const pass_info *p = pass_list(); p->name; p++) fprintf(stderr, "  %-10s %s\n", p->name, p->summary);
   return 2;
@@ -118,9 +120,9 @@ int main(int argc, char **argv) {
     }
   }
   if (!file) return usage("no input file");
-  bool dot = !strcmp(emit, "dot");
+  bool dot = !strcmp(emit, "dot"), mlir = !strcmp(emit, "mlir");
   bool code = !strcmp(emit, "llvm") || !strcmp(emit, "asm") || !strcmp(emit, "ptx");
-  if (strcmp(emit, "kir") && !dot && !code) {
+  if (strcmp(emit, "kir") && !dot && !mlir && !code) {
     fprintf(stderr, "kiln-opt: unknown --emit kind '%s'\n", emit);
     return usage(NULL);
   }
@@ -187,7 +189,7 @@ int main(int argc, char **argv) {
     }
     p = e ? e + 1 : p + n;
   }
-  char *out = code ? emit_code(m, emit, arch) : dot ? ir_print_dot(m) : ir_print_module(m);
+  char *out = code ? emit_code(m, emit, arch) : dot ? ir_print_dot(m) : mlir ? mlir_emit_module(m) : ir_print_module(m);
   ir_module_free(m);
   if (!out) {
     fprintf(stderr, "kiln-opt: %s\n", kiln_last_error());
