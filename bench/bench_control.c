@@ -198,7 +198,24 @@ static int sample_scan(void *user, int n, kiln_tensor *const *in, int n_out, kil
   return kiln_scan(leapfrog, user, 2, in, 0, NULL, LEAPFROGS, false, 0, out, NULL);
 }
 
-static void l2hmc_bench(int runs, int calls) {
+/* ms per sample step of bench/l2hmc_torch.py (PyTorch eager) with Kiln's
+ * thread count, run by python; 0 when it cannot run */
+static double l2hmc_torch(const char *python, int runs, int calls) {
+  char script[4096], cmd[8192], line[1024];
+  bench_script_path(__FILE__, "l2hmc_torch.py", script, sizeof script);
+  snprintf(cmd, sizeof cmd, "%s '%s' --runs %d --steps %d --threads %d 2>&1", python, script, runs, calls,
+           kiln_num_threads());
+  FILE *p = popen(cmd, "r");
+  double ms = 0;
+  while (p && fgets(line, sizeof line, p)) {
+    if (sscanf(line, "@ l2hmc.torch %lf", &ms) == 1) continue;
+    printf("torch: %s", line);
+  }
+  if (p) pclose(p);
+  return ms;
+}
+
+static void l2hmc_bench(int runs, int calls, const char *python) {
   energy e = {uniform(2, (int64_t[]){L2HMC_DIM, L2HMC_HID}, 0.5), uniform(1, (int64_t[]){L2HMC_HID}, 0.1),
               uniform(2, (int64_t[]){L2HMC_HID, L2HMC_DIM}, 0.5), uniform(1, (int64_t[]){L2HMC_DIM}, 0.1)};
   kiln_tensor *in[2] = {uniform(2, (int64_t[]){L2HMC_BATCH, L2HMC_DIM}, 1),
@@ -215,6 +232,11 @@ static void l2hmc_bench(int runs, int calls) {
   double eager = per_call_ms(NULL, sample_step, &e, 2, in, 2, runs, calls);
   printf("l2hmc compile: scan %.1f ms (CPU %.1f ms), unrolled %.1f ms (goal <= 50 ms); per call: scan %.3f ms, eager "
          "%.3f ms, eager/scan %.1fx (goal >= 15x)\n", cold, cold_cpu, cold_un, staged, eager, eager / staged);
+  double torch = python ? l2hmc_torch(python, runs, calls) : 0;
+  if (torch > 0) {
+    printf("l2hmc PyTorch eager (same run): %.3f ms per call, torch/scan %.1fx (goal >= 30x)\n", torch, torch / staged);
+    bench_figure("control.l2hmc.step.torch", torch, "ms");
+  }
   bench_figure("control.l2hmc.compile.scan", cold, "ms");
   bench_figure("control.l2hmc.compile.scan.cpu", cold_cpu, "ms");
   bench_figure("control.l2hmc.compile.unrolled", cold_un, "ms");
@@ -316,15 +338,18 @@ static void cumsum_bench(int64_t T, int64_t n, bool eager_too, int runs, int cal
 
 int main(int argc, char **argv) {
   int runs = 7, calls = 20, unrolled_max = 100;
-  const char *only = NULL;
+  const char *only = NULL, *python = "/usr/bin/python3"; /* PyTorch 1.13: Debian's python3-torch */
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (v && !strcmp(a, "--runs")) runs = atoi(v), i++;
     else if (v && !strcmp(a, "--calls")) calls = atoi(v), i++;
     else if (v && !strcmp(a, "--unrolled-max")) unrolled_max = atoi(v), i++;
+    else if (v && !strcmp(a, "--python")) python = v, i++;
+    else if (!strcmp(a, "--no-torch")) python = NULL;
     else if (!strcmp(a, "lstm") || !strcmp(a, "l2hmc") || !strcmp(a, "cumsum")) only = a;
     else {
-      fprintf(stderr, "usage: bench_control [lstm|l2hmc|cumsum] [--runs N] [--calls N] [--unrolled-max T]\n");
+      fprintf(stderr, "usage: bench_control [lstm|l2hmc|cumsum] [--runs N] [--calls N] [--unrolled-max T] "
+                      "[--python CMD | --no-torch]\n");
       return 2;
     }
   }
@@ -333,7 +358,7 @@ int main(int argc, char **argv) {
   kiln_random_seed(7);
   kiln_scope_push();
   if (!only || !strcmp(only, "lstm")) lstm_bench(runs, calls, unrolled_max);
-  if (!failed && (!only || !strcmp(only, "l2hmc"))) l2hmc_bench(runs, calls);
+  if (!failed && (!only || !strcmp(only, "l2hmc"))) l2hmc_bench(runs, calls, python);
   if (!failed && (!only || !strcmp(only, "cumsum"))) {
     cumsum_bench(1000, 4096, true, runs, calls);
     cumsum_bench(100000, 16, false, runs, calls); /* short rows: a step's overhead shows */

@@ -42,28 +42,11 @@
 
 enum { MAX_RUNS = 51 };
 
-/* bench/resnet_torch.py, next to this source (__FILE__ is relative to the
- * build directory, where the binary lives, when ccache rewrites it) */
+/* bench/resnet_torch.py, next to this source (or KILN_RESNET_TORCH) */
 static void script_path(char *out, size_t size) {
   const char *env = getenv("KILN_RESNET_TORCH");
-  if (env) {
-    snprintf(out, size, "%s", env);
-    return;
-  }
-  char dir[4096] = "";
-  const char *file = __FILE__;
-  const char *slash = strrchr(file, '/');
-  if (file[0] != '/') {
-    ssize_t n = readlink("/proc/self/exe", dir, sizeof dir - 1);
-    if (n > 0) {
-      dir[n] = 0;
-      char *e = strrchr(dir, '/');
-      if (e) e[1] = 0;
-    } else {
-      dir[0] = 0;
-    }
-  }
-  snprintf(out, size, "%s%.*sresnet_torch.py", dir, slash ? (int)(slash - file + 1) : 0, file);
+  if (env) snprintf(out, size, "%s", env);
+  else bench_script_path(__FILE__, "resnet_torch.py", out, size);
 }
 
 static int torch_available(const char *python) {

@@ -5,7 +5,9 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static inline double now_ns(void) {
   struct timespec ts;
@@ -29,6 +31,25 @@ static inline double median(double *v, int n) {
 /* One machine-readable figure, for scripts/bench_issue6.sh: "@ KEY VALUE UNIT"
  * where KEY is dotted (bench.config.impl), e.g. "@ fused.t2.staged 14.1 GB/s".
  * The Python peers print the same format. */
+/* The path of bench/NAME (a peer's script), beside the bench's source:
+ * __FILE__, relative to the build directory where the binary lives when
+ * it is not absolute. Needs readlink (_POSIX_C_SOURCE 200809L, unistd.h). */
+static inline void bench_script_path(const char *file, const char *name, char *out, size_t size) {
+  char dir[4096] = "";
+  const char *slash = strrchr(file, '/');
+  if (file[0] != '/') {
+    ssize_t n = readlink("/proc/self/exe", dir, sizeof dir - 1);
+    if (n > 0) {
+      dir[n] = 0;
+      char *e = strrchr(dir, '/');
+      if (e) e[1] = 0;
+    } else {
+      dir[0] = 0;
+    }
+  }
+  snprintf(out, size, "%s%.*s%s", dir, slash ? (int)(slash - file + 1) : 0, file, name);
+}
+
 static inline void bench_figure(const char *key, double value, const char *unit) {
   printf("@ %s %.6g %s\n", key, value, unit);
   fflush(stdout);
