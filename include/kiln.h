@@ -565,7 +565,10 @@ int kiln_scan(kiln_body_fn body, void *user, int n_carry, kiln_tensor *const *in
 /* stage: "traced" (as recorded), "optimized" (after every pass, with fusion
    groups and buffer assignment), "llvm" (the optimized LLVM module calls run)
    or "asm" (its host assembly); "ptx" (the same IR cross-compiled for
-   NVIDIA GPUs) works without a GPU. "llvm"/"asm" fail for a trace that runs
+   NVIDIA GPUs) works without a GPU; "mlir" (the traced IR as MLIR's func,
+   arith, math, linalg, tensor and scf dialects on tensors, which mlir-opt
+   parses: API.md section 11; a random op or a host call fails it, naming
+   the op). "llvm"/"asm" fail for a trace that runs
    interpreted (KILN_BACKEND=interp, or a GPU trace). trace indexes the
    concrete traces in the order they were made, 0 = first; an evicted
    trace's index fails with an error saying it was evicted. malloc'd text;
