@@ -537,7 +537,7 @@ static const char *static_type(char letter) {
   }
 }
 
-static void static_str(char *buf, size_t n, char letter, const uint8_t *p) {
+void function_static_str(char *buf, size_t n, char letter, const uint8_t *p) {
   union {
     int i;
     int64_t l;
@@ -584,8 +584,8 @@ static int sig_diff(const kiln_function *f, const cached_trace *a, const cached_
       if (!memcmp(a->statics + 8 * s, b->statics + 8 * s, 8)) continue;
       if (what && used < n) {
         char x[64], y[64];
-        static_str(x, sizeof x, letters[s], a->statics + 8 * s);
-        static_str(y, sizeof y, letters[s], b->statics + 8 * s);
+        function_static_str(x, sizeof x, letters[s], a->statics + 8 * s);
+        function_static_str(y, sizeof y, letters[s], b->statics + 8 * s);
         used += (size_t)snprintf(what + used, n - used, "%sarg %d (static %s): %s -> %s", count ? ", " : "",
                                  f->static_pos[s], static_type(letters[s]), x, y);
       }
@@ -698,6 +698,33 @@ static int roundtrip(const kiln_function *f, traced_fn *fn) {
   return rc;
 }
 
+int function_traces(kiln_function *f, function_trace_view **out) {
+  trace_table *t = atomic_load(&f->table);
+  int n = 0;
+  *out = calloc((size_t)f->live + 1, sizeof **out);
+  if (!*out) return -1;
+  for (uint32_t i = 0; t && i < t->cap; i++) {
+    cached_trace *c = atomic_load_explicit(&t->slot[i], memory_order_relaxed);
+    if (!c || c == TOMBSTONE || n == f->live) continue;
+    function_trace_view *v = &(*out)[n++];
+    *v = (function_trace_view){&c->fn, c->index, c->device_scope, c->statics, c->statics_len,
+                               malloc((size_t)f->n_in + 1)};
+    if (!v->in_device) {
+      for (int k = 0; k < n; k++) free((*out)[k].in_device);
+      free(*out);
+      return -1;
+    }
+    for (int k = 0; k < f->n_in; k++) v->in_device[k] = c->args[k].device;
+  }
+  for (int a = 1; a < n; a++) /* by index: few traces, insertion sort */
+    for (int b = a; b > 0 && (*out)[b - 1].index > (*out)[b].index; b--) {
+      function_trace_view x = (*out)[b];
+      (*out)[b] = (*out)[b - 1];
+      (*out)[b - 1] = x;
+    }
+  return n;
+}
+
 /* ---- tracing ---- */
 
 /* A failed trace's error names the function: "@name: matmul: ..." unless
@@ -792,7 +819,8 @@ static cached_trace *trace_body(kiln_function *f, kiln_tensor *const *in, const 
   kiln_clear_error();
   double t0 = now_ms();
   int rc = -1;
-  for (int attempt = 0; attempt < 2; attempt++) {
+  if (f->saved) rc = saved_trace_fn(f, in, &c->fn); /* a loaded function: its saved IR, not a body */
+  for (int attempt = 0; attempt < 2 && !f->saved; attempt++) {
     tape_state paused = tape_pause(); /* a trace records nothing on tapes */
     kiln_scope_push();                 /* the symbolic tensors die with it */
     memset(outs, 0, (size_t)f->n_out * sizeof *outs);
