@@ -93,6 +93,9 @@ std::string var_bits(kiln_variable *v) {
   return s;
 }
 
+kiln_tensor *normal(const V64 &shape) { return kiln_random_normal(KILN_F32, (int)shape.size(), shape.data()); }
+kiln_tensor *zeros(const V64 &shape) { return kiln_zeros(KILN_F32, (int)shape.size(), shape.data()); }
+
 // f's variables by name
 std::map<std::string, kiln_variable *> vars_of(kiln_function *f) {
   int n = kiln_function_variables(f, 0, nullptr);
@@ -151,10 +154,10 @@ struct MlpFixture {
   kiln_function *f;
   MlpFixture() {
     kiln_random_seed(7);
-    m.w1 = own.var(kiln_random_normal(KILN_F32, 2, (int64_t[]){6, 16}), "w1");
-    m.b1 = own.var(kiln_random_normal(KILN_F32, 1, (int64_t[]){16}), "b1");
-    m.w2 = own.var(kiln_random_normal(KILN_F32, 2, (int64_t[]){16, 3}), "w2");
-    m.shift = kiln_retain(kiln_random_normal(KILN_F32, 1, (int64_t[]){3}));
+    m.w1 = own.var(normal({6, 16}), "w1");
+    m.b1 = own.var(normal({16}), "b1");
+    m.w2 = own.var(normal({16, 3}), "w2");
+    m.shift = kiln_retain(normal({3}));
     f = kiln_function_new("mlp", mlp_body, &m, 1, 2);
   }
   ~MlpFixture() {
@@ -165,7 +168,7 @@ struct MlpFixture {
 
 kiln_tensor *input(int64_t rows, int64_t cols, uint64_t seed) {
   kiln_random_seed(seed);
-  return kiln_random_normal(KILN_F32, 2, (int64_t[]){rows, cols});
+  return normal({rows, cols});
 }
 
 // f and g called on in give the same bits
@@ -216,12 +219,12 @@ TEST(Saved, MlpSameBitsOwnVariablesTwoSignatures) {
   EXPECT_EQ(vars.begin()->first, "b1");
   EXPECT_NE(vars["w1"], fx.m.w1);
   EXPECT_EQ(var_bits(vars["w1"]), var_bits(fx.m.w1));
-  ASSERT_EQ(kiln_variable_assign(fx.m.w1, kiln_zeros(KILN_F32, 2, (int64_t[]){6, 16})), 0);
+  ASSERT_EQ(kiln_variable_assign(fx.m.w1, zeros({6, 16})), 0);
   EXPECT_NE(var_bits(vars["w1"]), var_bits(fx.m.w1));
   // an unsaved signature: the error lists the saved ones
   kiln_tensor *x3 = input(3, 6, 3);
   EXPECT_EQ(kiln_function_call(g, &x3, out), -1);
-  EXPECT_THAT(kiln_last_error(), StartsWith("@mlp: function_call: @mlp: no saved trace takes (f32[3,6]) on cpu:0"));
+  EXPECT_THAT(kiln_last_error(), StartsWith("function_call: @mlp: no saved trace takes (f32[3,6]) on cpu:0"));
   EXPECT_THAT(kiln_last_error(), HasSubstr("saved: (f32[4,6]) on cpu:0; (f32[2,6]) on cpu:0"));
   // the traced IR of the loaded trace reads as the original's
   char *a = kiln_function_ir(g, 0, "traced");
@@ -287,8 +290,8 @@ TEST(Saved, TrainingStepUpdatesItsOwnVariables) {
   Owned own;
   TempDir dir;
   kiln_random_seed(3);
-  Trainer t = {own.var(kiln_random_normal(KILN_F32, 2, (int64_t[]){5, 2}), "w"),
-               own.var(kiln_zeros(KILN_F32, 1, (int64_t[]){2}), "b"), own.opt(kiln_adam_new(0.05, 0.9, 0.999, 1e-7))};
+  Trainer t = {own.var(normal({5, 2}), "w"),
+               own.var(zeros({2}), "b"), own.opt(kiln_adam_new(0.05, 0.9, 0.999, 1e-7))};
   kiln_function *f = kiln_function_new("train", train_body, &t, 2, 1);
   kiln_tensor *in[2] = {input(8, 5, 4), input(8, 2, 5)}, *loss;
   ASSERT_EQ(kiln_function_call(f, in, &loss), 0) << kiln_last_error();
@@ -332,7 +335,7 @@ int else_fn(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   return 0;
 }
 int control_body(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
-  kiln_tensor *carry = kiln_zeros(KILN_F32, 1, (int64_t[]){3}), *final_carry, *ys;
+  kiln_tensor *carry = zeros({3}), *final_carry = nullptr, *ys = nullptr;
   if (kiln_scan(cumsum_body, nullptr, 1, &carry, 1, &in[0], -1, false, 1, &final_carry, &ys)) return -1;
   kiln_tensor *pred = kiln_greater(kiln_reduce_sum(final_carry, 0, nullptr, false), kiln_scalar(KILN_F32, 0));
   if (kiln_cond(pred, then_fn, else_fn, nullptr, 1, &final_carry, 1, &out[0])) return -1;
@@ -397,6 +400,7 @@ TEST(Saved, StaticArgumentsBakedIntoTraces) {
   EXPECT_THAT(kiln_last_error(), HasSubstr("static 0 = 3, static 1 = 0.5) and 1"));
   EXPECT_THAT(kiln_last_error(), HasSubstr("differ in static arguments"));
   kiln_function_free(g);
+  kiln_jit_free((kiln_fnptr)jitted);
 }
 
 kiln_function *g_inner;
