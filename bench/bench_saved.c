@@ -7,6 +7,7 @@
  * weights alone. Medians of --runs (5) fresh processes each.
  *   bench_saved [--runs N]
  *   bench_saved child DIR         (internal) load DIR, call once, print ms */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, popen, mkdtemp */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
