@@ -181,13 +181,6 @@ static int replay_body(void *user, int n_in, kiln_tensor *const *in, int n_out, 
 
 /* ---- reading the directory ---- */
 
-static char *join(const char *dir, const char *name) {
-  size_t n = strlen(dir) + strlen(name) + 2;
-  char *p = malloc(n);
-  if (p) snprintf(p, n, "%s/%s", dir, name);
-  return p;
-}
-
 static bool same_type(const op_type *a, const manifest_tensor *b) {
   if (a->dtype != b->dtype || a->rank != b->rank) return false;
   for (int d = 0; d < a->rank; d++)
@@ -205,7 +198,7 @@ static int fail_in(const char *dir, const char *what) {
 /* Trace k's IR: read, parsed, checked against the manifest, host calls bound. */
 static int load_trace(const char *dir, saved_fn *s, int k) {
   const manifest_trace *t = &s->m.traces[k];
-  char *path = join(dir, t->ir);
+  char *path = files_join(dir, t->ir);
   if (!path) return kiln_set_error("function_load: out of memory");
   size_t size;
   const char *why;
@@ -262,7 +255,7 @@ static int restore(const char *dir, const char *file, int n, const manifest_tens
     kiln_scope_pop();
     if (!vars[i]) rc = fail_in(dir, file);
   }
-  char *path = rc ? NULL : join(dir, file);
+  char *path = rc ? NULL : files_join(dir, file);
   if (!rc && !path) rc = kiln_set_error("function_load: out of memory");
   if (!rc && kiln_checkpoint_restore(path, n, vars)) rc = fail_in(dir, file);
   free(path);
@@ -299,7 +292,7 @@ static saved_fn *load(const char *dir) {
     kiln_set_error("%s: %s: %s", who, dir, errno == ENOENT ? "no such directory" : "not a directory");
     return NULL;
   }
-  char *path = join(dir, MANIFEST_FILE);
+  char *path = files_join(dir, MANIFEST_FILE);
   saved_fn *s = calloc(1, sizeof *s);
   if (!path || !s) {
     free(path);

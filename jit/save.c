@@ -280,13 +280,6 @@ static int plan(kiln_function *f, save_plan *p) {
 
 /* ---- writing the directory ---- */
 
-static char *join(const char *dir, const char *name) {
-  size_t n = strlen(dir) + strlen(name) + 2;
-  char *p = malloc(n);
-  if (p) snprintf(p, n, "%s/%s", dir, name);
-  return p;
-}
-
 /* safetensors of the given tensors under the given names, through
  * kiln_checkpoint_save (temporary variables hold them) */
 static int write_tensors(const char *path, int n, kiln_tensor *const *ts, const char *const *names) {
@@ -301,7 +294,7 @@ static int write_tensors(const char *path, int n, kiln_tensor *const *ts, const 
 }
 
 static int write_text(const char *dir, const char *name, const char *text) {
-  char *path = join(dir, name);
+  char *path = files_join(dir, name);
   if (!path) return kiln_set_error("function_save: out of memory");
   int rc = files_write_new(path, text, strlen(text), 0666);
   if (rc) rc = kiln_set_error("function_save: %s: cannot write: %s", path, strerror(errno));
@@ -315,7 +308,7 @@ static int write_dir(const save_plan *p, const char *dir) {
   int rc = text ? write_text(dir, MANIFEST_FILE, text) : kiln_set_error("function_save: out of memory");
   free(text);
   for (int k = 0; k < p->m.n_traces && !rc; k++) rc = write_text(dir, p->m.traces[k].ir, p->texts[k]);
-  char *path = rc ? NULL : join(dir, MANIFEST_VARIABLES_FILE);
+  char *path = rc ? NULL : files_join(dir, MANIFEST_VARIABLES_FILE);
   if (!rc && path) rc = kiln_checkpoint_save(path, p->m.n_vars, p->vars);
   free(path);
   /* the constants of every trace in one file */
@@ -323,7 +316,7 @@ static int write_dir(const save_plan *p, const char *dir) {
   for (int k = 0; k < p->m.n_traces; k++) n += p->m.traces[k].n_consts;
   kiln_tensor **ts = rc ? NULL : malloc(((size_t)n + 1) * sizeof *ts);
   const char **names = rc ? NULL : malloc(((size_t)n + 1) * sizeof *names);
-  path = rc ? NULL : join(dir, MANIFEST_CONSTANTS_FILE);
+  path = rc ? NULL : files_join(dir, MANIFEST_CONSTANTS_FILE);
   if (!rc && (!ts || !names || !path)) rc = kiln_set_error("function_save: out of memory");
   for (int k = 0, i = 0; !rc && k < p->m.n_traces; k++)
     for (int j = 0; j < p->m.traces[k].n_consts; j++, i++) {
@@ -347,7 +340,7 @@ static int install(const char *tmp, const char *path) {
     if (rename(tmp, path)) return kiln_set_error("%s: %s: cannot rename the new directory into place: %s", who, path, strerror(errno));
     return 0;
   }
-  char *manifest_path = join(path, MANIFEST_FILE);
+  char *manifest_path = files_join(path, MANIFEST_FILE);
   bool saved = manifest_path && S_ISDIR(st.st_mode) && !lstat(manifest_path, &st) && S_ISREG(st.st_mode);
   free(manifest_path);
   if (!saved)

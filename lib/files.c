@@ -130,21 +130,22 @@ char *files_read_regular(const char *path, int64_t max_bytes, size_t *size, cons
   return buf;
 }
 
+char *files_join(const char *dir, const char *name) {
+  size_t n = strlen(dir) + strlen(name) + 2;
+  char *p = malloc(n);
+  if (p) snprintf(p, n, "%s/%s", dir, name);
+  return p;
+}
+
 int files_remove_dir(const char *path) {
   DIR *d = opendir(path);
   if (!d) return -1;
   struct dirent *e;
-  size_t n = strlen(path);
   int rc = 0;
   while ((e = readdir(d))) {
     if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-    char *p = malloc(n + strlen(e->d_name) + 2);
-    if (!p) {
-      rc = -1;
-      continue;
-    }
-    sprintf(p, "%s/%s", path, e->d_name);
-    if (unlink(p)) rc = -1;
+    char *p = files_join(path, e->d_name);
+    if (!p || unlink(p)) rc = -1;
     free(p);
   }
   closedir(d);

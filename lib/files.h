@@ -33,6 +33,8 @@ int files_write_new(const char *path, const void *p, size_t n, mode_t mode);
  * files_open_regular, any owner), malloc'd with a NUL after them, the count
  * in *size; NULL with errno set and *why saying what is wrong. */
 char *files_read_regular(const char *path, int64_t max_bytes, size_t *size, const char **why);
+/* "dir/name", malloc'd; NULL on out of memory. */
+char *files_join(const char *dir, const char *name);
 /* Removes the files of directory path (not directories) and then path. 0 / -1. */
 int files_remove_dir(const char *path);
 

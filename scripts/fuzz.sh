@@ -59,7 +59,10 @@ pids=()
 for src in "${srcs[@]}"; do
   o="$out/obj/$(dirname "$src")_$(basename "${src%.c}").o"
   objs+=("$o")
-  if stale "$src" "$o"; then "$cc" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$src" -o "$o" & pids+=($!); fi
+  if stale "$src" "$o"; then
+    "$cc" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$src" -o "$o" & pids+=($!)
+    if [ "${#pids[@]}" -ge "${FUZZ_JOBS:-2}" ]; then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
+  fi
 done
 for p in "${pids[@]}"; do wait "$p"; done
 "$cc" "${flags[@]}" -fsanitize=fuzzer "tests/fuzz/${target}_fuzz.c" "${objs[@]}" \
