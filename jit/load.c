@@ -133,8 +133,7 @@ int saved_trace_fn(kiln_function *f, kiln_tensor *const *in, traced_fn *fn) {
   }
   for (; fn->n_caps < t->n_consts; fn->n_caps++) fn->caps[fn->n_caps] = kiln_retain(s->consts[k][fn->n_caps]);
   for (; fn->n_vars < t->n_vars; fn->n_vars++) fn->vars[fn->n_vars] = s->vars[t->vars[fn->n_vars]];
-  memcpy(fn->writes, t->writes, (size_t)t->n_writes * sizeof *fn->writes);
-  fn->n_writes = t->n_writes;
+  for (; fn->n_writes < t->n_writes; fn->n_writes++) fn->writes[fn->n_writes] = t->writes[fn->n_writes];
   return 0;
 }
 

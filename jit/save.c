@@ -73,7 +73,7 @@ int kiln_function_variables(kiln_function *f, int max, kiln_variable **out) {
     free(s.v);
     return kiln_set_error("%s: out of memory", who);
   }
-  if (max > 0) memcpy(out, s.v, (size_t)(s.n < max ? s.n : max) * sizeof *s.v);
+  for (int i = 0; i < s.n && i < max; i++) out[i] = s.v[i];
   free(s.v);
   return s.n;
 }
@@ -234,10 +234,8 @@ static int plan_saved(kiln_function *f, save_plan *p) {
     }
     for (; t->n_statics < from->n_statics; t->n_statics++)
       if (!(t->statics[t->n_statics] = strdup(from->statics[t->n_statics]))) return kiln_set_error("function_save: out of memory");
-    memcpy(t->vars, from->vars, (size_t)from->n_vars * sizeof *t->vars);
-    t->n_vars = from->n_vars;
-    memcpy(t->writes, from->writes, (size_t)from->n_writes * sizeof *t->writes);
-    t->n_writes = from->n_writes;
+    for (; t->n_vars < from->n_vars; t->n_vars++) t->vars[t->n_vars] = from->vars[t->n_vars];
+    for (; t->n_writes < from->n_writes; t->n_writes++) t->writes[t->n_writes] = from->writes[t->n_writes];
   }
   return 0;
 }

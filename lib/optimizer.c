@@ -366,10 +366,12 @@ int kiln_optimizer_build(kiln_optimizer *o, int n, kiln_variable *const *vars) {
     if (!vars[i]) return kiln_set_error("%s: vars[%d] is NULL", who, i);
   if (o->kind == OPT_SGD) return 0;
   int rc = 0;
+  kiln_scope_push(); /* the slots' initial zeros */
   variable_links_lock();
   for (int i = 0; i < n && !rc; i++)
     if (!slot_get(o, vars[i], variable_type(vars[i]))) rc = -1;
   variable_links_unlock();
+  kiln_scope_pop();
   return rc;
 }
 

@@ -57,7 +57,8 @@ stale() { # stale SRC OBJ: the object is missing or older than its source or any
 objs=()
 pids=()
 for src in "${srcs[@]}"; do
-  o="$out/obj/$(dirname "$src")_$(basename "${src%.c}").o"
+  d=$(dirname "$src")
+  o="$out/obj/${d//\//_}_$(basename "${src%.c}").o"
   objs+=("$o")
   if stale "$src" "$o"; then
     "$cc" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$src" -o "$o" & pids+=($!)
