@@ -993,8 +993,10 @@ static void dump_step(void *ctx, int step, const char *pass, const ir_func *g) {
 
 /* The optimized copy of a new trace: the default pipeline (the inference
  * one, kiln_function_set_optimize_for_inference) over every
- * function of a copy of the traced module (callees first, as printed). */
-static int optimize(kiln_function *f, traced_fn *fn, int trace_no) {
+ * function of a copy of the traced module (callees first, as printed).
+ * *step: the next dump step, *dump_no: the trace number to dump as (-1:
+ * none). */
+static int optimize_only(kiln_function *f, traced_fn *fn, int trace_no, int *step, int *dump_no) {
   dump_ctx d = {f->name, trace_no, trace_no < 0, fn}; /* trace_no < 0: no dump */
   if (!d.failed && getenv("KILN_DUMP")) {
     char *text = traced_fn_print(fn);
@@ -1022,7 +1024,20 @@ static int optimize(kiln_function *f, traced_fn *fn, int trace_no) {
     jit_dump(f->name, trace_no, rep.n + 1, "optimized", text);
     free(text);
   }
-  return jit_compile(fn, f->name, d.failed ? -1 : trace_no, rep.n + 2);
+  *step = rep.n + 2, *dump_no = d.failed ? -1 : trace_no;
+  return 0;
+}
+
+int function_optimize(kiln_function *f, traced_fn *fn) {
+  int step, dump_no;
+  return optimize_only(f, fn, -1, &step, &dump_no);
+}
+
+/* optimize_only, then the backend's code (jit_compile) */
+static int optimize(kiln_function *f, traced_fn *fn, int trace_no) {
+  int step, dump_no;
+  if (optimize_only(f, fn, trace_no, &step, &dump_no)) return -1;
+  return jit_compile(fn, f->name, dump_no, step);
 }
 
 /* The cache entry for in's signature (and the call's static arguments),

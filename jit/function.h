@@ -63,6 +63,10 @@ struct kiln_function {
   struct saved_fn *saved;
 };
 
+/* fn's optimized copy (opt_module, opt_func) as f's calls make it, without
+ * the backend's code: kiln-aot's (jit/aot.c). 0, or -1 with the error set. */
+int function_optimize(kiln_function *f, traced_fn *fn);
+
 /* A trace of f's cache as save.c sees it (function_traces). */
 typedef struct {
   traced_fn *fn;
