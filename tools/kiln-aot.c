@@ -128,8 +128,11 @@ int main(int argc, char **argv) {
     rc = 1;
   }
   FILE *o = rc ? NULL : fopen(obj_path, "wb");
-  if (!rc && (!o || fwrite(obj, 1, len, o) != len || fclose(o))) {
+  bool wrote = o && fwrite(obj, 1, len, o) == len;
+  if (o && fclose(o)) wrote = false;
+  if (!rc && !wrote) {
     fprintf(stderr, "kiln-aot: cannot write %s\n", obj_path);
+    remove(obj_path);
     rc = 1;
   }
   if (!rc && write_header(h_path, name, dir, (int)trace, g, n_in, arena)) rc = 1;
