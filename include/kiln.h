@@ -343,6 +343,18 @@ kiln_optimizer *kiln_adam_new(double learning_rate, double beta1, double beta2, 
 /* One step: grads[i] (NULL = skip) must match vars[i]'s dtype and shape. */
 int kiln_optimizer_apply(kiln_optimizer *, int n, kiln_variable *const *vars, kiln_tensor *const *grads);
 void kiln_optimizer_free(kiln_optimizer *); /* NULL is fine */
+/* Creates the optimizer's slots for vars (zeros) without updating anything,
+ * as a first apply would (Keras's optimizer.build): then
+ * kiln_optimizer_variables lists them, for a checkpoint to be restored into
+ * before training resumes. 0 / -1. */
+int kiln_optimizer_build(kiln_optimizer *, int n, kiln_variable *const *vars);
+/* The optimizer's state as variables, for kiln_checkpoint_save/restore
+ * beside the model's: Adam's "adam/m/<var>", "adam/v/<var>" and step count
+ * "adam/step"; momentum's "momentum/velocity/<var>"; SGD has none. In name
+ * order; at most max written to out (owned by the optimizer); returns the
+ * count (-1 on error). The slots of a variable exist from its first apply
+ * (or kiln_optimizer_build) on. */
+int kiln_optimizer_variables(kiln_optimizer *, int max, kiln_variable **out);
 
 /* safetensors files, keyed by variable name; restore checks names, dtype and
  * shape, and fails cleanly on a truncated or corrupt file. */
@@ -597,6 +609,42 @@ typedef struct {
    inside fusion groups, temporaries' bytes, and the milliseconds tracing,
    the passes and LLVM (0 for an interpreted trace) took. 0 / -1. */
 int kiln_function_stats(kiln_function *, int trace, kiln_stats *out);
+
+/* ------------------------------------------------------------------------
+ * 11. Saving and loading staged functions. A saved function is a directory:
+ *   manifest.json           format version, Kiln version, per trace its
+ *                           signature (each input's dtype, shape, device; the
+ *                           device scope; static argument values), outputs,
+ *                           constants and variables
+ *   trace<k>.kir            trace k's IR as traced (text, source locations)
+ *   variables.safetensors   the variables its traces read or write, by name
+ *   constants.safetensors   the tensors its traces captured ("trace<k>/<j>")
+ * Host calls (kiln_host_call) are saved by their callback's symbol name and
+ * bound again by name at load (dlsym): the callback must be an exported
+ * symbol (-rdynamic for an executable's) with no user data. Loading runs the
+ * callbacks a directory names: load only directories you trust. */
+/* Saves every trace f has made so far (a loaded f: every trace it was saved
+ * with), atomically: the directory is written beside path and renamed into
+ * place, replacing an older saved function there; a failed save leaves
+ * nothing. The same function saves to the same bytes. 0 / -1 (no traces yet;
+ * a host call without a symbol name or with user data; two variables with
+ * one name; the file system). */
+int kiln_function_save(kiln_function *f, const char *path);
+/* A callable function from a saved one, with variables of its own restored
+ * from the directory (kiln_function_variables lists them; they are freed with
+ * it). Each saved trace compiles on its first call (through the disk cache of
+ * compiled code). A call whose signature matches no saved trace fails with
+ * an error listing the saved signatures; static arguments are baked into each
+ * trace, so two traces that differ only in them cannot both be called.
+ * Gradients (kiln_gradients, tapes) replay the saved IR op by op, for traces
+ * without control flow or host calls. NULL with the error set: a missing,
+ * truncated or corrupt file, a newer format, a host call whose symbol this
+ * process lacks. */
+kiln_function *kiln_function_load(const char *path);
+/* The variables f owns or its traces read or write, in name order (ties by
+ * creation); at most max written to out (f's or their creators'); returns the
+ * count (-1 on error). */
+int kiln_function_variables(kiln_function *f, int max, kiln_variable **out);
 
 /* ------------------------------------------------------------------------
  * 7. Devices. CPU is always present and listed first. GPUs ("gpu:0", ...)

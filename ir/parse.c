@@ -610,9 +610,9 @@ static int parse_callee(parser *ps, op_id op, op_attrs *a, int n_out, const op_t
     else if (a->callee == ps->f)
       rc = fail_at(ps, *name_at, "@%s calls itself (recursion is not supported)", name);
   } else {
-    kiln_host_fn fn = NULL;
-    void *sym = dlsym(RTLD_DEFAULT, name);
-    memcpy(&fn, &sym, sizeof fn < sizeof sym ? sizeof fn : sizeof sym);
+    kiln_host_fn fn = host_builtin_fn(name); /* the library's own, else a symbol of the process */
+    void *sym = fn ? NULL : dlsym(RTLD_DEFAULT, name);
+    if (!fn) memcpy(&fn, &sym, sizeof fn < sizeof sym ? sizeof fn : sizeof sym);
     if (!(a->host = ir_module_add_host(ps->m, fn, NULL, name, n_out, outs)))
       rc = fail_at(ps, *name_at, "%s", kiln_last_error());
   }

@@ -537,7 +537,7 @@ static const char *static_type(char letter) {
   }
 }
 
-static void static_str(char *buf, size_t n, char letter, const uint8_t *p) {
+void function_static_str(char *buf, size_t n, char letter, const uint8_t *p) {
   union {
     int i;
     int64_t l;
@@ -584,8 +584,8 @@ static int sig_diff(const kiln_function *f, const cached_trace *a, const cached_
       if (!memcmp(a->statics + 8 * s, b->statics + 8 * s, 8)) continue;
       if (what && used < n) {
         char x[64], y[64];
-        static_str(x, sizeof x, letters[s], a->statics + 8 * s);
-        static_str(y, sizeof y, letters[s], b->statics + 8 * s);
+        function_static_str(x, sizeof x, letters[s], a->statics + 8 * s);
+        function_static_str(y, sizeof y, letters[s], b->statics + 8 * s);
         used += (size_t)snprintf(what + used, n - used, "%sarg %d (static %s): %s -> %s", count ? ", " : "",
                                  f->static_pos[s], static_type(letters[s]), x, y);
       }
@@ -698,6 +698,33 @@ static int roundtrip(const kiln_function *f, traced_fn *fn) {
   return rc;
 }
 
+int function_traces(kiln_function *f, function_trace_view **out) {
+  trace_table *t = atomic_load(&f->table);
+  int n = 0;
+  *out = calloc((size_t)f->live + 1, sizeof **out);
+  if (!*out) return -1;
+  for (uint32_t i = 0; t && i < t->cap; i++) {
+    cached_trace *c = atomic_load_explicit(&t->slot[i], memory_order_relaxed);
+    if (!c || c == TOMBSTONE || n == f->live) continue;
+    function_trace_view *v = &(*out)[n++];
+    *v = (function_trace_view){&c->fn, c->index, c->device_scope, c->statics, c->statics_len,
+                               malloc((size_t)f->n_in + 1)};
+    if (!v->in_device) {
+      for (int k = 0; k < n; k++) free((*out)[k].in_device);
+      free(*out);
+      return -1;
+    }
+    for (int k = 0; k < f->n_in; k++) v->in_device[k] = c->args[k].device;
+  }
+  for (int a = 1; a < n; a++) /* by index: few traces, insertion sort */
+    for (int b = a; b > 0 && (*out)[b - 1].index > (*out)[b].index; b--) {
+      function_trace_view x = (*out)[b];
+      (*out)[b] = (*out)[b - 1];
+      (*out)[b - 1] = x;
+    }
+  return n;
+}
+
 /* ---- tracing ---- */
 
 /* A failed trace's error names the function: "@name: matmul: ..." unless
@@ -792,7 +819,8 @@ static cached_trace *trace_body(kiln_function *f, kiln_tensor *const *in, const 
   kiln_clear_error();
   double t0 = now_ms();
   int rc = -1;
-  for (int attempt = 0; attempt < 2; attempt++) {
+  if (f->saved) rc = saved_trace_fn(f, in, &c->fn); /* a loaded function: its saved IR, not a body */
+  for (int attempt = 0; attempt < 2 && !f->saved; attempt++) {
     tape_state paused = tape_pause(); /* a trace records nothing on tapes */
     kiln_scope_push();                 /* the symbolic tensors die with it */
     memset(outs, 0, (size_t)f->n_out * sizeof *outs);
@@ -965,8 +993,10 @@ static void dump_step(void *ctx, int step, const char *pass, const ir_func *g) {
 
 /* The optimized copy of a new trace: the default pipeline (the inference
  * one, kiln_function_set_optimize_for_inference) over every
- * function of a copy of the traced module (callees first, as printed). */
-static int optimize(kiln_function *f, traced_fn *fn, int trace_no) {
+ * function of a copy of the traced module (callees first, as printed).
+ * *step: the next dump step, *dump_no: the trace number to dump as (-1:
+ * none). */
+static int optimize_only(kiln_function *f, traced_fn *fn, int trace_no, int *step, int *dump_no) {
   dump_ctx d = {f->name, trace_no, trace_no < 0, fn}; /* trace_no < 0: no dump */
   if (!d.failed && getenv("KILN_DUMP")) {
     char *text = traced_fn_print(fn);
@@ -994,7 +1024,20 @@ static int optimize(kiln_function *f, traced_fn *fn, int trace_no) {
     jit_dump(f->name, trace_no, rep.n + 1, "optimized", text);
     free(text);
   }
-  return jit_compile(fn, f->name, d.failed ? -1 : trace_no, rep.n + 2);
+  *step = rep.n + 2, *dump_no = d.failed ? -1 : trace_no;
+  return 0;
+}
+
+int function_optimize(kiln_function *f, traced_fn *fn) {
+  int step, dump_no;
+  return optimize_only(f, fn, -1, &step, &dump_no);
+}
+
+/* optimize_only, then the backend's code (jit_compile) */
+static int optimize(kiln_function *f, traced_fn *fn, int trace_no) {
+  int step, dump_no;
+  if (optimize_only(f, fn, trace_no, &step, &dump_no)) return -1;
+  return jit_compile(fn, f->name, dump_no, step);
 }
 
 /* The cache entry for in's signature (and the call's static arguments),

@@ -58,7 +58,28 @@ struct kiln_function {
    * a taped call, so that a tape can outlive the function's handle. */
   atomic_int refs;
   void (*user_free)(void *user); /* run with user when the last hold goes (kiln_jit's closure) */
+  /* kiln_function_load: its traces come from a saved directory (load.c),
+   * never from tracing body; freed through user_free (it is user). */
+  struct saved_fn *saved;
 };
+
+/* fn's optimized copy (opt_module, opt_func) as f's calls make it, without
+ * the backend's code: kiln-aot's (jit/aot.c). 0, or -1 with the error set. */
+int function_optimize(kiln_function *f, traced_fn *fn);
+
+/* A trace of f's cache as save.c sees it (function_traces). */
+typedef struct {
+  traced_fn *fn;
+  int index;             /* kiln_function_ir's number */
+  int device_scope;
+  const uint8_t *statics; /* the static arguments' key bytes (8 each) */
+  size_t statics_len;
+  uint8_t *in_device;     /* each input's device */
+} function_trace_view;
+/* The traces in f's cache in the order they were made (malloc'd, the
+ * devices with them: free each in_device and the array); their count, -1
+ * on out of memory. Caller holds f->lock, which keeps them alive. */
+int function_traces(kiln_function *f, function_trace_view **out);
 
 /* kiln_function_call with key (len bytes) as static arguments of f: part
  * of the trace key of f and of every function whose key_of is f; the body
@@ -70,6 +91,10 @@ const void *function_body_key(const kiln_function *f, size_t *len);
 /* kiln_jit: names the static arguments (letters, 8 key bytes each) and the C
  * argument positions of the tensors and statics, for KILN_LOG=retrace. 0 / -1. */
 int function_set_statics(kiln_function *f, const char *letters, const int *tensor_pos, const int *static_pos);
+
+/* A static argument's value (its letter, its 8 key bytes) as text: "3",
+ * "2.5", "true", "0x..." (KILN_LOG=retrace, saved manifests). */
+void function_static_str(char *buf, size_t n, char letter, const uint8_t *p);
 
 /* The body run op by op (eagerly, or inlined into the recording trace). */
 int function_run_body(kiln_function *f, kiln_tensor *const *in, kiln_tensor **out);
@@ -83,5 +108,10 @@ int function_call_taped(kiln_function *f, kiln_tensor *const *in, kiln_tensor **
  * which recomputes the forward (differentiable again, for higher orders). */
 int grad_recompute_vjp(kiln_function *f, int k, kiln_tensor *const *xs, kiln_tensor *dy, kiln_tensor **dxs);
 void function_free_gradients(kiln_function *f);
+
+/* load.c: the traced function of f's saved trace for in's signature (f
+ * loaded, f->saved set), as trace_body would make it; 0, or -1 with the
+ * error listing the saved signatures. */
+int saved_trace_fn(kiln_function *f, kiln_tensor *const *in, traced_fn *fn);
 
 #endif

@@ -187,5 +187,13 @@ char *jit_mlir_text(traced_fn *fn, const char *name);
 /* The optimized IR of f's trace (function.c), for benchmarks and tests;
  * NULL with the error set. Lives as long as f. */
 KILN_EXPORT const ir_func *jit_optimized_func(kiln_function *f, int trace);
+/* kiln-aot's trace (jit/aot.c): saved trace number trace of a loaded
+ * function f, traced and optimized as a call of its signature would be
+ * (fn->opt_func), and the values of its parameters past the inputs, in
+ * order (*data, *n_data: the captured tensors, then its variables' values
+ * now; malloc'd, each retained). Refused, with "kiln-aot: ..." in the
+ * error: a function not loaded, a trace out of range, one of another device
+ * or one that assigns variables. 0, or -1. */
+KILN_EXPORT int jit_saved_trace(kiln_function *f, int trace, traced_fn *fn, kiln_tensor ***data, int *n_data);
 
 #endif

@@ -532,6 +532,8 @@ static void ir_name(char *buf, size_t n, const char *name) {
 
 /* the callback's symbol name, when the process has one */
 static const char *host_name(kiln_host_fn fn, char *buf, size_t n) {
+  const char *builtin = host_builtin_name(fn);
+  if (builtin) return builtin;
   Dl_info info;
   void *p;
   memcpy(&p, &fn, sizeof p);

@@ -15,10 +15,10 @@
 #include "autodiff.h"
 #include "checkpoint.h"
 #include "files.h"
+#include "json.h"
 
 /* The reference implementation's limit; a larger header is corrupt. */
 #define MAX_HEADER_BYTES 100000000ull
-#define MAX_JSON_DEPTH 64
 
 /* ---- dtypes ----
  * Every dtype of the format, so that a file with tensors kiln cannot hold
@@ -87,47 +87,6 @@ static const char *printable(const char *s, size_t len, char *buf, size_t n) {
   return buf;
 }
 
-/* true when s[0..n) is well-formed UTF-8 (no overlong forms, surrogates or
- * code points past U+10FFFF), as the header must be */
-static bool utf8_valid(const uint8_t *s, size_t n, size_t *bad) {
-  size_t i = 0;
-  while (i < n) {
-    uint8_t c = s[i];
-    size_t k;
-    uint32_t lo = 0x80, hi = 0xbf; /* allowed range of the first continuation byte */
-    if (c < 0x80) {
-      i++;
-      continue;
-    } else if (c >= 0xc2 && c <= 0xdf) {
-      k = 1;
-    } else if (c >= 0xe0 && c <= 0xef) {
-      k = 2;
-      if (c == 0xe0) lo = 0xa0;
-      if (c == 0xed) hi = 0x9f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      k = 3;
-      if (c == 0xf0) lo = 0x90;
-      if (c == 0xf4) hi = 0x8f;
-    } else {
-      *bad = i;
-      return false;
-    }
-    if (n - i <= k) {
-      *bad = i;
-      return false;
-    }
-    for (size_t j = 1; j <= k; j++) {
-      uint8_t d = s[i + j];
-      if (d < (j == 1 ? lo : 0x80) || d > (j == 1 ? hi : 0xbf)) {
-        *bad = i;
-        return false;
-      }
-    }
-    i += k + 1;
-  }
-  return true;
-}
-
 /* ---- the header ---- */
 
 typedef struct {
@@ -151,294 +110,31 @@ static void index_free(ck_index *ix) {
   ix->n = ix->cap = 0;
 }
 
-/* The JSON parser's state: the header bytes, the position, the first error. */
-typedef struct {
-  const uint8_t *s;
-  size_t n, i;
-  char err[320];
-} jp;
-
-/* Header byte i is file byte i + 8. */
-KILN_PRINTF(2, 3) static int jfail(jp *p, const char *fmt, ...) {
-  if (p->err[0]) return -1;
-  int used = snprintf(p->err, sizeof p->err, "corrupt header at byte %zu: ", p->i + 8);
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(p->err + used, sizeof p->err - (size_t)used, fmt, ap);
-  va_end(ap);
-  return -1;
-}
-
-/* what is at the current position, for messages */
-static const char *found(const jp *p, char *buf, size_t n) {
-  if (p->i >= p->n) return "the end of the header";
-  unsigned char c = p->s[p->i];
-  if (c >= 0x20 && c < 0x7f)
-    snprintf(buf, n, "'%c'", c);
-  else
-    snprintf(buf, n, "byte 0x%02x", c);
-  return buf;
-}
-
-static void ws(jp *p) {
-  while (p->i < p->n) {
-    uint8_t c = p->s[p->i];
-    if (c != ' ' && c != '\t' && c != '\n' && c != '\r') break;
-    p->i++;
-  }
-}
-
-static bool at(const jp *p, char c) { return p->i < p->n && p->s[p->i] == (uint8_t)c; }
-
-static int expect(jp *p, char c) {
-  ws(p);
-  if (at(p, c)) {
-    p->i++;
-    return 0;
-  }
-  char b[16];
-  return jfail(p, "expected '%c', found %s", c, found(p, b, sizeof b));
-}
-
-static int hexval(uint8_t c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-/* \uXXXX at p->i (the backslash); advances past it */
-static int unicode_escape(jp *p, uint32_t *cp) {
-  if (p->n - p->i < 6 || p->s[p->i + 1] != 'u') return jfail(p, "bad \\u escape");
-  uint32_t v = 0;
-  for (int k = 2; k < 6; k++) {
-    int h = hexval(p->s[p->i + (size_t)k]);
-    if (h < 0) return jfail(p, "bad \\u escape");
-    v = v * 16 + (uint32_t)h;
-  }
-  p->i += 6;
-  *cp = v;
-  return 0;
-}
-
-static size_t put_utf8(char *o, uint32_t cp) {
-  if (cp < 0x80) {
-    o[0] = (char)cp;
-    return 1;
-  }
-  if (cp < 0x800) {
-    o[0] = (char)(0xc0 | cp >> 6);
-    o[1] = (char)(0x80 | (cp & 0x3f));
-    return 2;
-  }
-  if (cp < 0x10000) {
-    o[0] = (char)(0xe0 | cp >> 12);
-    o[1] = (char)(0x80 | (cp >> 6 & 0x3f));
-    o[2] = (char)(0x80 | (cp & 0x3f));
-    return 3;
-  }
-  o[0] = (char)(0xf0 | cp >> 18);
-  o[1] = (char)(0x80 | (cp >> 12 & 0x3f));
-  o[2] = (char)(0x80 | (cp >> 6 & 0x3f));
-  o[3] = (char)(0x80 | (cp & 0x3f));
-  return 4;
-}
-
-/* A string at p->i. With out, its decoded bytes go to a malloc'd,
- * NUL-terminated buffer (the caller frees it); without, it is checked and
- * skipped. A decoded string is never longer than its JSON spelling. */
-static int jstring(jp *p, char **out, size_t *out_len) {
-  ws(p);
-  char b[16];
-  if (!at(p, '"')) return jfail(p, "expected a string, found %s", found(p, b, sizeof b));
-  size_t open = p->i++, end = p->i;
-  while (end < p->n && p->s[end] != '"') end += p->s[end] == '\\' ? 2 : 1;
-  if (end >= p->n) {
-    p->i = open;
-    return jfail(p, "unterminated string");
-  }
-  char *o = NULL;
-  size_t len = 0;
-  if (out && !(o = malloc(end - p->i + 1))) return jfail(p, "out of memory");
-  while (p->i < end) {
-    uint8_t c = p->s[p->i];
-    char tmp[4];
-    size_t k = 1;
-    if (c < 0x20) {
-      free(o);
-      return jfail(p, "control byte 0x%02x in a string", c);
-    }
-    if (c != '\\') {
-      tmp[0] = (char)c;
-      p->i++;
-    } else {
-      uint8_t e = p->s[p->i + 1]; /* end points at the closing quote, so this is in bounds */
-      const char *simple = strchr("\"\\/bfnrt", e);
-      if (e && simple) {
-        tmp[0] = "\"\\/\b\f\n\r\t"[simple - "\"\\/bfnrt"];
-        p->i += 2;
-      } else if (e == 'u') {
-        uint32_t cp, lo;
-        if (unicode_escape(p, &cp)) {
-          free(o);
-          return -1;
-        }
-        if (cp >= 0xdc00 && cp <= 0xdfff) {
-          p->i -= 6;
-          free(o);
-          return jfail(p, "lone surrogate \\u%04x in a string", (unsigned)cp);
-        }
-        if (cp >= 0xd800 && cp <= 0xdbff) {
-          if (p->i + 6 > end || p->s[p->i] != '\\' || unicode_escape(p, &lo) || lo < 0xdc00 ||
-              lo > 0xdfff) {
-            p->err[0] = '\0'; /* report the pair, not its second half */
-            free(o);
-            return jfail(p, "lone surrogate \\u%04x in a string", (unsigned)cp);
-          }
-          cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-        }
-        k = put_utf8(tmp, cp);
-      } else {
-        free(o);
-        return jfail(p, "bad escape '\\%c' in a string", e >= 0x20 && e < 0x7f ? e : '?');
-      }
-    }
-    if (o) memcpy(o + len, tmp, k);
-    len += k;
-  }
-  p->i = end + 1;
-  if (o) {
-    o[len] = '\0';
-    *out = o;
-    *out_len = len;
-  }
-  return 0;
-}
-
-/* A non-negative integer below 2^63 (offsets and dimensions). */
-static int juint(jp *p, const char *what, uint64_t *out) {
-  ws(p);
-  char b[16];
-  if (at(p, '-')) return jfail(p, "%s is negative", what);
-  if (p->i >= p->n || p->s[p->i] < '0' || p->s[p->i] > '9')
-    return jfail(p, "expected %s (an integer), found %s", what, found(p, b, sizeof b));
-  size_t start = p->i;
-  uint64_t v = 0;
-  while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') {
-    uint64_t d = p->s[p->i] - '0';
-    if (v > ((uint64_t)INT64_MAX - d) / 10) {
-      p->i = start;
-      return jfail(p, "%s is too large", what);
-    }
-    v = v * 10 + d;
-    p->i++;
-  }
-  if (p->s[start] == '0' && p->i - start > 1) {
-    p->i = start;
-    return jfail(p, "%s has a leading zero", what);
-  }
-  if (at(p, '.') || at(p, 'e') || at(p, 'E')) {
-    p->i = start;
-    return jfail(p, "%s is not an integer", what);
-  }
-  *out = v;
-  return 0;
-}
-
-/* Any JSON number, checked and skipped. */
-static int jnumber(jp *p) {
-  size_t i = p->i;
-  const uint8_t *s = p->s;
-#define DIGIT(j) ((j) < p->n && s[j] >= '0' && s[j] <= '9')
-  if (i < p->n && s[i] == '-') i++;
-  if (!DIGIT(i)) goto bad;
-  if (s[i] == '0')
-    i++;
-  else
-    while (DIGIT(i)) i++;
-  if (i < p->n && s[i] == '.') {
-    if (!DIGIT(i + 1)) goto bad;
-    for (i++; DIGIT(i);) i++;
-  }
-  if (i < p->n && (s[i] == 'e' || s[i] == 'E')) {
-    i++;
-    if (i < p->n && (s[i] == '+' || s[i] == '-')) i++;
-    if (!DIGIT(i)) goto bad;
-    while (DIGIT(i)) i++;
-  }
-#undef DIGIT
-  p->i = i;
-  return 0;
-bad:
-  return jfail(p, "malformed number");
-}
-
-/* Any JSON value, checked and skipped (unknown keys, __metadata__). */
-static int jskip(jp *p, int depth) {
-  ws(p);
-  char b[16];
-  if (depth > MAX_JSON_DEPTH) return jfail(p, "nested more than %d deep", MAX_JSON_DEPTH);
-  if (p->i >= p->n) return jfail(p, "expected a value, found the end of the header");
-  uint8_t c = p->s[p->i];
-  if (c == '"') return jstring(p, NULL, NULL);
-  if (c == '-' || (c >= '0' && c <= '9')) return jnumber(p);
-  static const char *const words[] = {"true", "false", "null"};
-  for (int w = 0; w < 3; w++) {
-    size_t k = strlen(words[w]);
-    if (p->n - p->i >= k && memcmp(p->s + p->i, words[w], k) == 0) {
-      p->i += k;
-      return 0;
-    }
-  }
-  if (c != '{' && c != '[') return jfail(p, "expected a value, found %s", found(p, b, sizeof b));
-  char close = c == '{' ? '}' : ']';
-  p->i++;
-  ws(p);
-  if (at(p, close)) {
-    p->i++;
-    return 0;
-  }
-  for (;;) {
-    if (c == '{' && (jstring(p, NULL, NULL) || expect(p, ':'))) return -1;
-    if (jskip(p, depth + 1)) return -1;
-    ws(p);
-    if (at(p, ',')) {
-      p->i++;
-      continue;
-    }
-    if (at(p, close)) {
-      p->i++;
-      return 0;
-    }
-    return jfail(p, "expected ',' or '%c', found %s", close, found(p, b, sizeof b));
-  }
-}
-
 /* [a, b, ...] of non-negative integers into v[0..max); the count in *count */
-static int juint_array(jp *p, const char *elem, const char *list, int max, uint64_t *v, int *count) {
-  if (expect(p, '[')) return -1;
+static int juint_array(json_parser *p, const char *elem, const char *list, int max, uint64_t *v, int *count) {
+  if (json_expect(p, '[')) return -1;
   *count = 0;
-  ws(p);
-  if (at(p, ']')) {
+  json_ws(p);
+  if (json_at(p, ']')) {
     p->i++;
     return 0;
   }
-  char b[16];
+  char b[JSON_FOUND_BYTES];
   for (;;) {
     if (*count == max)
-      return jfail(p, "%s has more than %d entries", list, max);
-    if (juint(p, elem, &v[*count])) return -1;
+      return json_fail(p, "%s has more than %d entries", list, max);
+    if (json_uint(p, elem, &v[*count])) return -1;
     ++*count;
-    ws(p);
-    if (at(p, ',')) {
+    json_ws(p);
+    if (json_at(p, ',')) {
       p->i++;
       continue;
     }
-    if (at(p, ']')) {
+    if (json_at(p, ']')) {
       p->i++;
       return 0;
     }
-    return jfail(p, "expected ',' or ']' in %s, found %s", list, found(p, b, sizeof b));
+    return json_fail(p, "expected ',' or ']' in %s, found %s", list, json_found(p, b, sizeof b));
   }
 }
 
@@ -447,37 +143,37 @@ static bool key_is(const char *k, size_t len, const char *want) {
 }
 
 /* {"dtype": ..., "shape": [...], "data_offsets": [b, e]} into e */
-static int jtensor(jp *p, ck_entry *e) {
+static int jtensor(json_parser *p, ck_entry *e) {
   char nb[128], b[16], elem[200], list[200];
   const char *name = printable(e->name, e->name_len, nb, sizeof nb);
-  ws(p);
-  if (!at(p, '{')) return jfail(p, "tensor '%s' is not an object", name);
+  json_ws(p);
+  if (!json_at(p, '{')) return json_fail(p, "tensor '%s' is not an object", name);
   p->i++;
   bool seen_dtype = false, seen_shape = false, seen_offsets = false;
-  ws(p);
-  if (at(p, '}')) goto close;
+  json_ws(p);
+  if (json_at(p, '}')) goto close;
   for (;;) {
     char *key;
     size_t klen;
     size_t key_at = p->i;
-    if (jstring(p, &key, &klen)) return -1;
-    int rc = expect(p, ':');
+    if (json_string(p, &key, &klen)) return -1;
+    int rc = json_expect(p, ':');
     if (rc == 0 && key_is(key, klen, "dtype")) {
       char *dt;
       size_t dlen;
-      ws(p);
+      json_ws(p);
       size_t dt_at = p->i;
       if (seen_dtype) {
         p->i = key_at;
-        rc = jfail(p, "tensor '%s' has two \"dtype\" keys", name);
-      } else if ((rc = jstring(p, &dt, &dlen)) == 0) {
+        rc = json_fail(p, "tensor '%s' has two \"dtype\" keys", name);
+      } else if ((rc = json_string(p, &dt, &dlen)) == 0) {
         e->dtype = -1;
         for (int k = 0; k < ST_DTYPE_COUNT; k++)
           if (key_is(dt, dlen, st_dtypes[k].name)) e->dtype = k;
         if (e->dtype < 0) {
           char db[48];
           p->i = dt_at;
-          rc = jfail(p, "tensor '%s' has an unknown dtype \"%s\"", name, printable(dt, dlen, db, sizeof db));
+          rc = json_fail(p, "tensor '%s' has an unknown dtype \"%s\"", name, printable(dt, dlen, db, sizeof db));
         }
         free(dt);
       }
@@ -486,7 +182,7 @@ static int jtensor(jp *p, ck_entry *e) {
       uint64_t dims[KILN_MAX_RANK] = {0};
       if (seen_shape) {
         p->i = key_at;
-        rc = jfail(p, "tensor '%s' has two \"shape\" keys", name);
+        rc = json_fail(p, "tensor '%s' has two \"shape\" keys", name);
       } else {
         snprintf(elem, sizeof elem, "a dimension of tensor '%s'", name);
         snprintf(list, sizeof list, "the shape of tensor '%s'", name);
@@ -497,70 +193,70 @@ static int jtensor(jp *p, ck_entry *e) {
     } else if (rc == 0 && key_is(key, klen, "data_offsets")) {
       uint64_t off[2] = {0, 0};
       int count = 0;
-      ws(p);
+      json_ws(p);
       size_t off_at = p->i;
       if (seen_offsets) {
         p->i = key_at;
-        rc = jfail(p, "tensor '%s' has two \"data_offsets\" keys", name);
+        rc = json_fail(p, "tensor '%s' has two \"data_offsets\" keys", name);
       } else {
         snprintf(elem, sizeof elem, "a data offset of tensor '%s'", name);
         snprintf(list, sizeof list, "the data_offsets of tensor '%s'", name);
         rc = juint_array(p, elem, list, 2, off, &count);
         if (rc == 0 && count != 2) {
           p->i = off_at;
-          rc = jfail(p, "the data_offsets of tensor '%s' need 2 entries, not %d", name, count);
+          rc = json_fail(p, "the data_offsets of tensor '%s' need 2 entries, not %d", name, count);
         }
       }
       e->begin = off[0];
       e->end = off[1];
       seen_offsets = true;
     } else if (rc == 0) {
-      rc = jskip(p, 2);
+      rc = json_skip(p, 2);
     }
     free(key);
     if (rc) return -1;
-    ws(p);
-    if (at(p, ',')) {
+    json_ws(p);
+    if (json_at(p, ',')) {
       p->i++;
       continue;
     }
-    if (at(p, '}')) break;
-    return jfail(p, "expected ',' or '}' in tensor '%s', found %s", name, found(p, b, sizeof b));
+    if (json_at(p, '}')) break;
+    return json_fail(p, "expected ',' or '}' in tensor '%s', found %s", name, json_found(p, b, sizeof b));
   }
 close:
   if (!seen_dtype || !seen_shape || !seen_offsets)
-    return jfail(p, "tensor '%s' has no \"%s\"", name,
+    return json_fail(p, "tensor '%s' has no \"%s\"", name,
                  !seen_dtype ? "dtype" : !seen_shape ? "shape" : "data_offsets");
   p->i++;
   return 0;
 }
 
 /* The whole header: one object of tensors and an optional __metadata__. */
-static int jheader(jp *p, ck_index *ix) {
-  char b[16];
-  if (expect(p, '{')) return -1;
-  ws(p);
-  if (at(p, '}')) {
+static int jheader(json_parser *p, ck_index *ix) {
+  char b[JSON_FOUND_BYTES];
+  if (json_expect(p, '{')) return -1;
+  json_ws(p);
+  if (json_at(p, '}')) {
     p->i++;
   } else {
     for (;;) {
       char *name;
       size_t len;
-      if (jstring(p, &name, &len)) return -1;
-      if (expect(p, ':')) {
+      if (json_string(p, &name, &len)) return -1;
+      if (json_expect(p, ':')) {
         free(name);
         return -1;
       }
       if (key_is(name, len, "__metadata__")) {
         free(name);
-        if (jskip(p, 1)) return -1;
+        if (json_skip(p, 1)) return -1;
       } else {
         if (ix->n == ix->cap) {
           size_t cap = ix->cap ? 2 * ix->cap : 16;
           ck_entry *grown = realloc(ix->e, cap * sizeof *grown);
           if (!grown) {
             free(name);
-            return jfail(p, "out of memory");
+            return json_fail(p, "out of memory");
           }
           ix->e = grown;
           ix->cap = cap;
@@ -571,20 +267,20 @@ static int jheader(jp *p, ck_index *ix) {
         e->name_len = len;
         if (jtensor(p, e)) return -1;
       }
-      ws(p);
-      if (at(p, ',')) {
+      json_ws(p);
+      if (json_at(p, ',')) {
         p->i++;
         continue;
       }
-      if (at(p, '}')) {
+      if (json_at(p, '}')) {
         p->i++;
         break;
       }
-      return jfail(p, "expected ',' or '}', found %s", found(p, b, sizeof b));
+      return json_fail(p, "expected ',' or '}', found %s", json_found(p, b, sizeof b));
     }
   }
-  ws(p);
-  if (p->i != p->n) return jfail(p, "%s after the end of the header object", found(p, b, sizeof b));
+  json_ws(p);
+  if (p->i != p->n) return json_fail(p, "%s after the end of the header object", json_found(p, b, sizeof b));
   return 0;
 }
 
@@ -745,11 +441,11 @@ static int restore(const char *label, FILE *f, int n, kiln_variable *const *vars
                           label, (unsigned long long)hlen, (unsigned long long)size - 8);
   if (!(*header = malloc(hlen ? hlen : 1))) return kiln_set_error("%s: out of memory", who);
   if (read_at(f, 8, *header, hlen)) return kiln_set_error("%s: %s: read error", who, label);
-  jp p = {.s = *header, .n = hlen};
+  json_parser p = {.s = *header, .n = hlen, .what = "header", .base = 8};
   size_t bad;
-  if (!utf8_valid(*header, hlen, &bad)) {
+  if (!json_utf8_valid(*header, hlen, &bad)) {
     p.i = bad;
-    jfail(&p, "not UTF-8");
+    json_fail(&p, "not UTF-8");
   } else {
     jheader(&p, ix);
   }
@@ -837,66 +533,6 @@ int kiln_checkpoint_restore(const char *path, int n, kiln_variable *const *vars)
 /* ---- save ---- */
 
 typedef struct {
-  char *s;
-  size_t n, cap;
-  bool oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n) {
-  if (b->oom) return;
-  if (b->n + n + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->n + n + 1) cap *= 2;
-    char *grown = realloc(b->s, cap);
-    if (!grown) {
-      b->oom = true;
-      return;
-    }
-    b->s = grown;
-    b->cap = cap;
-  }
-  memcpy(b->s + b->n, s, n);
-  b->n += n;
-  b->s[b->n] = '\0';
-}
-
-static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-static void sb_u64(sbuf *b, uint64_t v) {
-  char tmp[24];
-  sb_put(b, tmp, (size_t)snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)v));
-}
-
-/* A JSON string, escaped as serde_json (the reference) escapes it. */
-static void sb_json_string(sbuf *b, const char *s) {
-  sb_put(b, "\"", 1);
-  for (; *s; s++) {
-    unsigned char c = (unsigned char)*s;
-    const char *esc = NULL;
-    char u[8];
-    switch (c) {
-    case '"': esc = "\\\""; break;
-    case '\\': esc = "\\\\"; break;
-    case '\b': esc = "\\b"; break;
-    case '\f': esc = "\\f"; break;
-    case '\n': esc = "\\n"; break;
-    case '\r': esc = "\\r"; break;
-    case '\t': esc = "\\t"; break;
-    default:
-      if (c < 0x20) {
-        snprintf(u, sizeof u, "\\u%04x", c);
-        esc = u;
-      }
-    }
-    if (esc)
-      sb_str(b, esc);
-    else
-      sb_put(b, (const char *)&c, 1);
-  }
-  sb_put(b, "\"", 1);
-}
-
-typedef struct {
   const char *name;
   kiln_tensor *value;
   int index; /* in vars */
@@ -917,57 +553,45 @@ static int save_item_by_layout(const void *a, const void *b) {
   return strcmp(x->name, y->name);
 }
 
-static int write_all(int fd, const void *p, size_t n) {
-  const uint8_t *q = p;
-  while (n) {
-    ssize_t w = write(fd, q, n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return -1;
-    q += w;
-    n -= (size_t)w;
-  }
-  return 0;
-}
-
 /* The data of one tensor, little-endian whatever the host. */
 static int write_tensor(int fd, const kiln_tensor *t) {
   const uint8_t *data = kiln_tensor_data(t);
   size_t bytes = tensor_bytes(t), elem = kiln_dtype_size(kiln_tensor_dtype(t));
-  if (host_little_endian() || elem == 1) return write_all(fd, data, bytes);
+  if (host_little_endian() || elem == 1) return files_write_all(fd, data, bytes);
   uint8_t chunk[1 << 16];
   for (size_t off = 0; off < bytes; off += sizeof chunk) {
     size_t k = bytes - off < sizeof chunk ? bytes - off : sizeof chunk;
     memcpy(chunk, data + off, k);
     swap_bytes(chunk, k, elem);
-    if (write_all(fd, chunk, k)) return -1;
+    if (files_write_all(fd, chunk, k)) return -1;
   }
   return 0;
 }
 
 /* The header and the items' values, in items' order. */
-static int build_header(save_item *items, int n, sbuf *h) {
+static int build_header(save_item *items, int n, json_buf *h) {
   uint64_t offset = 0;
-  sb_str(h, "{");
+  json_buf_str(h, "{");
   for (int i = 0; i < n; i++) {
     const kiln_tensor *t = items[i].value;
-    if (i) sb_str(h, ",");
-    sb_json_string(h, items[i].name);
-    sb_str(h, ":{\"dtype\":\"");
-    sb_str(h, st_dtypes[st_index(kiln_tensor_dtype(t))].name);
-    sb_str(h, "\",\"shape\":[");
+    if (i) json_buf_str(h, ",");
+    json_buf_quoted(h, items[i].name);
+    json_buf_str(h, ":{\"dtype\":\"");
+    json_buf_str(h, st_dtypes[st_index(kiln_tensor_dtype(t))].name);
+    json_buf_str(h, "\",\"shape\":[");
     for (int k = 0; k < kiln_tensor_rank(t); k++) {
-      if (k) sb_str(h, ",");
-      sb_u64(h, (uint64_t)kiln_tensor_shape(t)[k]);
+      if (k) json_buf_str(h, ",");
+      json_buf_u64(h, (uint64_t)kiln_tensor_shape(t)[k]);
     }
-    sb_str(h, "],\"data_offsets\":[");
-    sb_u64(h, offset);
-    sb_str(h, ",");
+    json_buf_str(h, "],\"data_offsets\":[");
+    json_buf_u64(h, offset);
+    json_buf_str(h, ",");
     offset += tensor_bytes(t);
-    sb_u64(h, offset);
-    sb_str(h, "]}");
+    json_buf_u64(h, offset);
+    json_buf_str(h, "]}");
   }
-  sb_str(h, "}");
-  while (h->n % 8) sb_str(h, " "); /* the data starts 8-aligned, as the reference pads */
+  json_buf_str(h, "}");
+  while (h->n % 8) json_buf_str(h, " "); /* the data starts 8-aligned, as the reference pads */
   return h->oom ? kiln_set_error("checkpoint_save: out of memory") : 0;
 }
 
@@ -994,7 +618,7 @@ static int save(const char *path, int n, kiln_variable *const *vars, save_item *
   for (int i = 0; i < n; i++) {
     const char *name = kiln_variable_name(vars[i]);
     size_t bad;
-    if (!utf8_valid((const uint8_t *)name, strlen(name), &bad))
+    if (!json_utf8_valid((const uint8_t *)name, strlen(name), &bad))
       return kiln_set_error("%s: the name of vars[%d] is not UTF-8", who, i);
     if (strcmp(name, "__metadata__") == 0)
       return kiln_set_error("%s: vars[%d] is named '__metadata__', which the format reserves", who, i);
@@ -1022,7 +646,7 @@ static int save(const char *path, int n, kiln_variable *const *vars, save_item *
     }
   qsort(items, (size_t)n, sizeof *items, save_item_by_layout);
 
-  sbuf h = {0};
+  json_buf h = {0};
   if (build_header(items, n, &h)) {
     free(h.s);
     return -1;
@@ -1048,7 +672,7 @@ static int save(const char *path, int n, kiln_variable *const *vars, save_item *
   }
   uint8_t len8[8];
   for (int k = 0; k < 8; k++) len8[k] = (uint8_t)((uint64_t)h.n >> (8 * k));
-  int ok = write_all(fd, len8, 8) == 0 && write_all(fd, h.s, h.n) == 0;
+  int ok = files_write_all(fd, len8, 8) == 0 && files_write_all(fd, h.s, h.n) == 0;
   for (int i = 0; ok && i < n; i++) ok = write_tensor(fd, items[i].value) == 0;
   ok = ok && fsync(fd) == 0;
   int e = errno;

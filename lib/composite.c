@@ -346,19 +346,22 @@ static int check_labels(const char *op, const kiln_tensor *labels, int64_t class
 
 /* check_labels at each call of a staged function: a host call that passes
  * the labels on (so that the gather after it waits for it) and fails as the
- * eager op does, naming this op and the label. user is the class count. On
- * a GPU the host step copies the labels to the host and back. */
-static int check_labels_host(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
-  (void)n_in, (void)n_out;
-  if (check_labels("sparse_softmax_cross_entropy", in[0], (int64_t)(intptr_t)user)) return -1;
+ * eager op does, naming this op and the label. The class count comes as the
+ * shape of an empty [0, classes] tensor, not as user data, so that the call
+ * is named and saved like any other (host_names.c). On a GPU the host step
+ * copies the labels to the host and back. */
+int composite_check_labels_host(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  (void)user, (void)n_out;
+  if (n_in != 2 || in[1]->rank != 2) return kiln_set_error("sparse_softmax_cross_entropy: bad label check");
+  if (check_labels("sparse_softmax_cross_entropy", in[0], in[1]->shape[1])) return -1;
   return (out[0] = kiln_identity(in[0])) ? 0 : -1;
 }
 
 static kiln_tensor *staged_label_check(kiln_tensor *labels, int64_t classes) {
   kiln_spec spec = {(kiln_dtype)labels->dtype, labels->rank, {0}};
   for (int d = 0; d < labels->rank; d++) spec.shape[d] = labels->shape[d];
-  kiln_tensor *checked = NULL;
-  if (kiln_host_call(check_labels_host, (void *)(intptr_t)classes, 1, &labels, 1, &spec, &checked)) return NULL;
+  kiln_tensor *checked = NULL, *in[2] = {labels, kiln_zeros(KILN_BOOL, 2, (const int64_t[]){0, classes})};
+  if (!in[1] || kiln_host_call(composite_check_labels_host, NULL, 2, in, 1, &spec, &checked)) return NULL;
   return checked;
 }
 

@@ -3,6 +3,7 @@
  * for the disk caches of code we execute, checkpoints and KILN_DUMP. */
 #include "files.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdatomic.h>
@@ -47,21 +48,109 @@ static uint64_t mix64(uint64_t k) {
   return k;
 }
 
-int files_open_temp(const char *path, char *tmp, size_t n, mode_t mode) {
+/* "<path>.<tag>-<pid>-<random>" into tmp; -1 (ENAMETOOLONG) if it does not fit */
+static int temp_name(const char *path, const char *tag, char *tmp, size_t n) {
   static _Atomic uint64_t counter;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t r = mix64((uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32) ^ atomic_fetch_add(&counter, 1));
+  int k = snprintf(tmp, n, "%s.%s-%ld-%016llx", path, tag, (long)getpid(), (unsigned long long)r);
+  if (k < 0 || (size_t)k >= n) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  return 0;
+}
+
+int files_open_temp(const char *path, char *tmp, size_t n, mode_t mode) {
   for (int tries = 0; tries < 100; tries++) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t r = mix64((uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32) ^ atomic_fetch_add(&counter, 1));
-    int k = snprintf(tmp, n, "%s.tmp-%ld-%016llx", path, (long)getpid(), (unsigned long long)r);
-    if (k < 0 || (size_t)k >= n) {
-      errno = ENAMETOOLONG;
-      return -1;
-    }
+    if (temp_name(path, "tmp", tmp, n)) return -1;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
     if (fd >= 0 || errno != EEXIST) return fd;
   }
   return -1;
+}
+
+int files_make_temp_dir(const char *path, const char *tag, char *tmp, size_t n, mode_t mode) {
+  for (int tries = 0; tries < 100; tries++) {
+    if (temp_name(path, tag, tmp, n)) return -1;
+    if (!mkdir(tmp, mode)) return 0;
+    if (errno != EEXIST) return -1;
+  }
+  return -1;
+}
+
+int files_write_all(int fd, const void *p, size_t n) {
+  const uint8_t *q = p;
+  while (n) {
+    ssize_t w = write(fd, q, n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return -1;
+    q += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+int files_write_new(const char *path, const void *p, size_t n, mode_t mode) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+  if (fd < 0) return -1;
+  int ok = !files_write_all(fd, p, n) && !fsync(fd);
+  int e = errno;
+  if (close(fd) && ok) ok = 0, e = errno;
+  if (!ok) {
+    unlink(path);
+    errno = e;
+  }
+  return ok ? 0 : -1;
+}
+
+char *files_read_regular(const char *path, int64_t max_bytes, size_t *size, const char **why) {
+  int64_t n;
+  int fd = files_open_regular(path, max_bytes, 0, &n, why);
+  if (fd < 0) return NULL;
+  char *buf = malloc((size_t)n + 1);
+  size_t got = 0;
+  while (buf && got < (size_t)n) {
+    ssize_t r = read(fd, buf + got, (size_t)n - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    got += (size_t)r;
+  }
+  int e = buf ? EIO : ENOMEM;
+  close(fd);
+  if (!buf || got != (size_t)n) {
+    free(buf);
+    *why = buf ? "cannot be read" : "too large to hold in memory";
+    errno = e;
+    return NULL;
+  }
+  buf[n] = '\0';
+  *size = (size_t)n;
+  return buf;
+}
+
+char *files_join(const char *dir, const char *name) {
+  size_t n = strlen(dir) + strlen(name) + 2;
+  char *p = malloc(n);
+  if (p) snprintf(p, n, "%s/%s", dir, name);
+  return p;
+}
+
+int files_remove_dir(const char *path) {
+  DIR *d = opendir(path);
+  if (!d) return -1;
+  struct dirent *e;
+  int rc = 0;
+  while ((e = readdir(d))) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    char *p = files_join(path, e->d_name);
+    if (!p || unlink(p)) rc = -1;
+    free(p);
+  }
+  closedir(d);
+  if (rmdir(path)) rc = -1;
+  return rc;
 }
 
 int files_open_regular(const char *path, int64_t max_bytes, int own, int64_t *size, const char **why) {

@@ -20,6 +20,24 @@ int files_mkdirs(const char *path, mode_t mode);
  * atomically. The descriptor, or -1 with errno set. */
 int files_open_temp(const char *path, char *tmp, size_t n, mode_t mode);
 
+/* Creates a new directory "<path>.<tag>-<pid>-<random>" beside path with
+ * mode (less the umask), its name into tmp (n bytes): a save writes there
+ * and renames it into place. 0, or -1 with errno set. */
+int files_make_temp_dir(const char *path, const char *tag, char *tmp, size_t n, mode_t mode);
+/* Writes all n bytes to fd (retrying short writes). 0, or -1 with errno set. */
+int files_write_all(int fd, const void *p, size_t n);
+/* Creates path (which must not exist; never through a link), writes p and
+ * syncs it. 0, or -1 with errno set (and no file left). */
+int files_write_new(const char *path, const void *p, size_t n, mode_t mode);
+/* The bytes of path, a regular file of at most max_bytes (as
+ * files_open_regular, any owner), malloc'd with a NUL after them, the count
+ * in *size; NULL with errno set and *why saying what is wrong. */
+char *files_read_regular(const char *path, int64_t max_bytes, size_t *size, const char **why);
+/* "dir/name", malloc'd; NULL on out of memory. */
+char *files_join(const char *dir, const char *name);
+/* Removes the files of directory path (not directories) and then path. 0 / -1. */
+int files_remove_dir(const char *path);
+
 /* Opens path for reading only if it is a regular file (not a link: O_NOFOLLOW;
  * never blocking on a FIFO or device: O_NONBLOCK, then fstat) owned by this
  * user (when own) and of at most max_bytes. The descriptor with its size in

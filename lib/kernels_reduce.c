@@ -494,6 +494,7 @@ REDUCE_KERNEL(min_i32)
 REDUCE_KERNEL(min_i64)
 
 KILN_CONSTRUCTOR static void register_kernels(void) {
+#ifndef KILN_RT_BUILD /* libkiln_rt's helpers run argmax alone: compiled code does the reductions */
 #define REG(OP, name)                                      \
   dispatch_register(OP, 0, KILN_F32, reduce_##name##_f32); \
   dispatch_register(OP, 0, KILN_F64, reduce_##name##_f64); \
@@ -504,6 +505,7 @@ KILN_CONSTRUCTOR static void register_kernels(void) {
   REG(OP_REDUCE_MAX, max)
   REG(OP_REDUCE_MIN, min)
 #undef REG
+#endif
   dispatch_register(OP_ARGMAX, 0, KILN_F32, argmax_f32);
   dispatch_register(OP_ARGMAX, 0, KILN_F64, argmax_f64);
   dispatch_register(OP_ARGMAX, 0, KILN_I32, argmax_i32);

@@ -179,9 +179,10 @@ static kiln_dtype compute_dtype(kiln_dtype dt) {
   return dt == KILN_F16 || dt == KILN_BF16 ? KILN_F32 : dt;
 }
 
-static kiln_variable *slot_var(const kiln_variable *var, const kiln_tensor *value, const char *suffix) {
-  char name[256];
-  snprintf(name, sizeof name, "%s/%s", kiln_variable_name(var), suffix);
+/* "<optimizer>/<slot>/<variable>" (kiln_optimizer_variables) */
+static kiln_variable *slot_var(const kiln_variable *var, const kiln_tensor *value, const char *slot_name) {
+  char name[512];
+  snprintf(name, sizeof name, "%s/%s", slot_name, kiln_variable_name(var));
   kiln_tensor *z = kiln_zeros(compute_dtype(kiln_tensor_dtype(value)), kiln_tensor_rank(value),
                               kiln_tensor_shape(value));
   kiln_variable *v = kiln_variable_new(z, name); /* z belongs to the caller's scope */
@@ -195,8 +196,9 @@ static slot *slot_get(kiln_optimizer *o, kiln_variable *var, const kiln_tensor *
   slot *s = slot_find(o, id);
   if (s) return s;
   kiln_variable *m = NULL, *v = NULL;
-  if (o->kind != OPT_SGD && !(m = slot_var(var, value, "m"))) return NULL;
-  if (o->kind == OPT_ADAM && !(v = slot_var(var, value, "v"))) goto fail;
+  if (o->kind != OPT_SGD && !(m = slot_var(var, value, o->kind == OPT_ADAM ? "adam/m" : "momentum/velocity")))
+    return NULL;
+  if (o->kind == OPT_ADAM && !(v = slot_var(var, value, "adam/v"))) goto fail;
   if (2 * (o->count + 1) > o->cap && slots_grow(o)) goto fail;
   if (variable_link(var, o, opt_drop)) goto fail;
   uint64_t i = home(o, id);
@@ -351,4 +353,58 @@ int kiln_optimizer_apply(kiln_optimizer *o, int n, kiln_variable *const *vars, k
   kiln_scope_pop();
   tape_resume(saved);
   return rc;
+}
+
+/* ---- the state as variables ---- */
+
+int kiln_optimizer_build(kiln_optimizer *o, int n, kiln_variable *const *vars) {
+  const char *who = "optimizer_build";
+  if (!o) return kiln_set_error("%s: optimizer is NULL", who);
+  if (n < 0) return kiln_set_error("%s: n = %d is negative", who, n);
+  if (n > 0 && !vars) return kiln_set_error("%s: vars is NULL", who);
+  for (int i = 0; i < n; i++)
+    if (!vars[i]) return kiln_set_error("%s: vars[%d] is NULL", who, i);
+  if (o->kind == OPT_SGD) return 0;
+  int rc = 0;
+  kiln_scope_push(); /* the slots' initial zeros */
+  variable_links_lock();
+  for (int i = 0; i < n && !rc; i++)
+    if (!slot_get(o, vars[i], variable_type(vars[i]))) rc = -1;
+  variable_links_unlock();
+  kiln_scope_pop();
+  return rc;
+}
+
+static int by_name(const void *a, const void *b) {
+  kiln_variable *x = *(kiln_variable *const *)a, *y = *(kiln_variable *const *)b;
+  int c = strcmp(kiln_variable_name(x), kiln_variable_name(y));
+  if (c) return c;
+  return variable_id(x) < variable_id(y) ? -1 : variable_id(x) > variable_id(y);
+}
+
+int kiln_optimizer_variables(kiln_optimizer *o, int max, kiln_variable **out) {
+  const char *who = "optimizer_variables";
+  if (!o) return kiln_set_error("%s: optimizer is NULL", who);
+  if (max < 0) return kiln_set_error("%s: max = %d is negative", who, max);
+  if (max > 0 && !out) return kiln_set_error("%s: out is NULL", who);
+  variable_links_lock(); /* the table, which a variable's free may change */
+  int64_t n = o->step ? 1 : 0;
+  for (int64_t i = 0; i < o->cap; i++)
+    if (o->slots[i].id) n += (o->slots[i].m != NULL) + (o->slots[i].v != NULL);
+  kiln_variable **all = n > INT32_MAX ? NULL : malloc((size_t)n * sizeof *all + 1);
+  if (all) {
+    int64_t k = 0;
+    if (o->step) all[k++] = o->step;
+    for (int64_t i = 0; i < o->cap; i++) {
+      if (!o->slots[i].id) continue;
+      if (o->slots[i].m) all[k++] = o->slots[i].m;
+      if (o->slots[i].v) all[k++] = o->slots[i].v;
+    }
+  }
+  variable_links_unlock();
+  if (!all) return kiln_set_error("%s: out of memory", who);
+  qsort(all, (size_t)n, sizeof *all, by_name);
+  if (max > 0) memcpy(out, all, (size_t)(n < max ? n : max) * sizeof *all);
+  free(all);
+  return (int)n;
 }

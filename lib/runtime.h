@@ -123,6 +123,19 @@ uint64_t rng_reserve(uint64_t blocks, uint64_t *seed);
 /* One Philox-4x32-10 block. */
 void philox4x32(uint64_t seed, uint64_t counter, uint32_t out[4]);
 
+/* ---- the library's own host callbacks (host_names.c) ----
+ * Staged composites may embed a host call of libkiln (the label check of
+ * sparse_softmax_cross_entropy). They carry no user data and are named
+ * "kiln.<what>" in IR text, so that a parsed or loaded trace binds them
+ * again; user callbacks are named by their symbol (dladdr, dlsym). */
+/* the callback named name, or NULL */
+kiln_host_fn host_builtin_fn(const char *name);
+/* fn's name, or NULL when it is not one of the library's */
+const char *host_builtin_name(kiln_host_fn fn);
+/* composite.c: the staged label check (in: labels, and a [0, classes] tensor
+ * that gives the class count by its shape; out: the labels) */
+int composite_check_labels_host(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out);
+
 /* ---- threads (threadpool.c) ---- */
 /* Calls fn(ctx, begin, end) over [0, n) in chunks of at least grain,
  * on the pool and the calling thread; serial when n <= grain, when the

@@ -2,8 +2,10 @@
 # fuzz.sh — builds a libFuzzer target (tests/fuzz/<target>_fuzz.c) with clang,
 # AddressSanitizer and UBSan, outside the CMake build (which uses gcc and
 # never needs clang), seeds it and runs it.
-#   scripts/fuzz.sh checkpoint|kir [SECONDS] [libFuzzer flags...]   default 180 s
-# checkpoint: the safetensors reader; kir: the .kir parser and verifier.
+#   scripts/fuzz.sh checkpoint|kir|saved [SECONDS] [libFuzzer flags...]   default 180 s
+# checkpoint: the safetensors reader; kir: the .kir parser and verifier;
+# saved: kiln_function_load (a saved directory packed into one input; its
+# corpus is kept in tests/fuzz/saved/, which seeds it).
 # Work and corpus in build-fuzz-<target>/ (FUZZ_DIR to change); a crash leaves
 # its input there as crash-*, which `build-fuzz-<target>/<target>_fuzz FILE`
 # replays. The harnesses abort() on a broken invariant: that is how libFuzzer
@@ -16,7 +18,8 @@ target=${1:-}
 case "$target" in
   checkpoint) dict=tests/fuzz/safetensors.dict ;;
   kir) dict=tests/fuzz/kir.dict ;;
-  *) echo "usage: scripts/fuzz.sh checkpoint|kir [SECONDS] [libFuzzer flags...]" >&2; exit 2 ;;
+  saved) dict=tests/fuzz/saved.dict ;;
+  *) echo "usage: scripts/fuzz.sh checkpoint|kir|saved [SECONDS] [libFuzzer flags...]" >&2; exit 2 ;;
 esac
 shift
 seconds=${1:-180}
@@ -37,27 +40,34 @@ out=${FUZZ_DIR:-build-fuzz-$target}
 mkdir -p "$out/obj" "$out/corpus" "$out/seeds"
 read -r -a ffi_cflags <<<"$(pkg-config --cflags libffi)"
 read -r -a ffi_libs <<<"$(pkg-config --libs libffi)"
-flags=(-std=c11 -O1 -g -D_GNU_SOURCE -Iinclude -Ilib -Iir -Ijit -Ipasses "${ffi_cflags[@]}"
+llvm_config=${LLVM_CONFIG:-llvm-config-19}
+llvm_inc=$("$llvm_config" --includedir)
+llvm_lib=$("$llvm_config" --libdir)
+flags=(-std=c11 -O1 -g -D_GNU_SOURCE -Iinclude -Ilib -Iir -Ijit -Ipasses -Ibackends -isystem "$llvm_inc" "${ffi_cflags[@]}"
        -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined)
 
 echo "fuzz.sh: building $target with $cc"
-srcs=(lib/*.c ir/*.c jit/*.c passes/*.c)
+srcs=(lib/*.c ir/*.c jit/*.c passes/*.c backends/*/*.c)
 stale() { # stale SRC OBJ: the object is missing or older than its source or any header
   local f
   [ -f "$2" ] || return 0
-  for f in "$1" lib/*.h ir/*.h jit/*.h passes/*.h include/kiln.h ir/ops.def; do [ "$f" -nt "$2" ] && return 0; done
+  for f in "$1" lib/*.h ir/*.h jit/*.h passes/*.h backends/*/*.h include/kiln.h ir/ops.def; do [ "$f" -nt "$2" ] && return 0; done
   return 1
 }
 objs=()
 pids=()
 for src in "${srcs[@]}"; do
-  o="$out/obj/$(dirname "$src")_$(basename "${src%.c}").o"
+  d=$(dirname "$src")
+  o="$out/obj/${d//\//_}_$(basename "${src%.c}").o"
   objs+=("$o")
-  if stale "$src" "$o"; then "$cc" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$src" -o "$o" & pids+=($!); fi
+  if stale "$src" "$o"; then
+    "$cc" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$src" -o "$o" & pids+=($!)
+    if [ "${#pids[@]}" -ge "${FUZZ_JOBS:-2}" ]; then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
+  fi
 done
 for p in "${pids[@]}"; do wait "$p"; done
 "$cc" "${flags[@]}" -fsanitize=fuzzer "tests/fuzz/${target}_fuzz.c" "${objs[@]}" \
-  -o "$out/${target}_fuzz" -lm -lpthread -ldl "${ffi_libs[@]}"
+  -o "$out/${target}_fuzz" -lm -lpthread -ldl "${ffi_libs[@]}" -L"$llvm_lib" -lLLVM -Wl,-rpath,"$llvm_lib"
 
 # seeds: valid safetensors files whose tensors match the harness's variables
 seed() { # seed NAME HEADER DATA (DATA as printf escapes)
@@ -87,7 +97,9 @@ checkpoint_seeds() {
   seed empty.st '{}' ''
 }
 
-if [ "$target" = kir ]; then
+if [ "$target" = saved ]; then
+  cp tests/fuzz/saved/* "$out/seeds/"
+elif [ "$target" = kir ]; then
   # seeds: the FileCheck tests (valid and malformed)
   for f in tests/ir/*.kir tests/ir/bad/*.kir; do cp "$f" "$out/seeds/$(basename "$(dirname "$f")")_$(basename "$f")"; done
 else
@@ -95,5 +107,7 @@ else
 fi
 
 echo "fuzz.sh: running $out/${target}_fuzz for ${seconds}s"
-"$out/${target}_fuzz" -max_total_time="$seconds" -max_len=4096 -dict="$dict" -print_final_stats=1 \
+max_len=4096
+[ "$target" = saved ] && max_len=16384 # a packed directory
+"$out/${target}_fuzz" -max_total_time="$seconds" -max_len="$max_len" -dict="$dict" -print_final_stats=1 \
   -artifact_prefix="$out/" "$@" "$out/corpus" "$out/seeds"

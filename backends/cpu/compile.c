@@ -25,7 +25,7 @@
 
 #include "cpu/compile.h"
 
-static void build_free(cpu_build *cb) {
+void cpu_build_free(cpu_build *cb) {
   plan_free(&cb->pl);
   cpu_chains_free(cb->chains);
   free(cb->slot_ptr);
@@ -136,55 +136,85 @@ static int load_cached(cpu_program *p, const cpu_build *cb, LLVMOrcLLJITRef jit,
   return rc;
 }
 
-/* ---- compiling ---- */
-
 cpu_program *cpu_compile(const ir_func *f) { return cpu_compile_with(f, NULL); }
 
-cpu_program *cpu_compile_with(const ir_func *f, const cpu_options *opt) {
-  cpu_options none = {0}, env;
+/* ---- the build (also kiln-aot's, aot.c) ---- */
+
+/* opt, or a copy of it in *env with what KILN_CPU_CHAINS=0 asks (no row
+ * chains, chain.c, for comparisons) */
+static const cpu_options *cpu_options_env(const cpu_options *opt, cpu_options *env) {
+  static const cpu_options none = {0};
   if (!opt) opt = &none;
-  /* KILN_CPU_CHAINS=0: no row chains (chain.c), for comparisons */
   const char *chains = getenv("KILN_CPU_CHAINS");
   if (chains && !strcmp(chains, "0") && !opt->no_chains) {
-    env = *opt;
-    env.no_chains = true;
-    opt = &env;
+    *env = *opt;
+    env->no_chains = true;
+    opt = env;
   }
-  if (!f) {
-    kiln_set_error("cpu: no function");
-    return NULL;
-  }
+  return opt;
+}
+
+int cpu_build_start(cpu_build *cb, const ir_func *f, const cpu_options *opt) {
+  memset(cb, 0, sizeof *cb);
+  if (!f) return kiln_set_error("cpu: no function");
   if (ir_verify(f)) {
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", kiln_last_error());
-    kiln_set_error("cpu: %s", msg);
-    return NULL;
+    return kiln_set_error("cpu: %s", msg);
   }
-  LLVMOrcLLJITRef jit = cpu_jit_get();
-  if (!jit) return NULL;
-  double t0 = cpu_now_ms();
-  cpu_program *p = calloc(1, sizeof *p);
-  if (!p) {
-    kiln_set_error("cpu: out of memory");
-    return NULL;
-  }
-  cpu_build cb = {.f = f, .p = p, .scan_loops = opt->scan_loops, .scan_kernels = opt->scan_kernels,
-                  .no_chains = opt->no_chains};
-  char *meta = NULL, dir[4096];
-  uint8_t key[16];
+  cpu_program *p = cb->p = calloc(1, sizeof *p);
+  if (!p) return cpu_oom();
+  cb->f = f, cb->scan_loops = opt->scan_loops, cb->scan_kernels = opt->scan_kernels, cb->no_chains = opt->no_chains;
   p->name = malloc(strlen(f->name) + 1);
   p->param_types = malloc(((size_t)f->n_params + 1) * sizeof *p->param_types);
   p->result_types = malloc(((size_t)f->n_results + 1) * sizeof *p->result_types);
-  if (!p->name || !p->param_types || !p->result_types) {
-    kiln_set_error("cpu: out of memory");
-    goto fail;
-  }
+  if (!p->name || !p->param_types || !p->result_types) return cpu_oom();
   strcpy(p->name, f->name);
   p->n_params = f->n_params;
   p->n_results = f->n_results;
   for (int i = 0; i < f->n_params; i++) p->param_types[i] = f->types[i];
   for (int r = 0; r < f->n_results; r++) p->result_types[r] = f->types[f->results[r]];
-  if (cpu_plan(&cb)) goto fail;
+  return cpu_plan(cb);
+}
+
+int cpu_build_module(cpu_build *cb, const cpu_options *opt, const char *triple, const char *layout,
+                     const char *entry_name, LLVMContextRef *ctx_out, LLVMModuleRef *mod_out) {
+  LLVMContextRef ctx = LLVMContextCreate(); /* a context of its own: programs compile in parallel */
+  LLVMModuleRef mod = LLVMModuleCreateWithNameInContext(cb->f->name, ctx);
+  LLVMSetTarget(mod, triple);
+  LLVMSetDataLayout(mod, layout);
+  cb->x86 = !strncmp(triple, "x86_64", 6);
+  llvm_emit_init(&cb->e, ctx, mod);
+  cb->e.contract = !opt->no_contract;
+  cb->e.const_data = cpu_const_data;
+  cb->e.user = cb;
+  int rc = cpu_emit_program(cb, entry_name);
+  llvm_emit_dispose(&cb->e); /* the builders, before what they built */
+  if (cb->eb) LLVMDisposeBuilder(cb->eb);
+  cb->eb = NULL;
+  if (rc) {
+    LLVMDisposeModule(mod);
+    LLVMContextDispose(ctx);
+    return -1;
+  }
+  *ctx_out = ctx, *mod_out = mod;
+  return 0;
+}
+
+/* ---- compiling ---- */
+
+cpu_program *cpu_compile_with(const ir_func *f, const cpu_options *opt) {
+  cpu_options env;
+  opt = cpu_options_env(opt, &env);
+  LLVMOrcLLJITRef jit = f ? cpu_jit_get() : NULL;
+  if (f && !jit) return NULL;
+  double t0 = cpu_now_ms();
+  cpu_build cb;
+  char *meta = NULL, dir[4096];
+  uint8_t key[16];
+  int started = cpu_build_start(&cb, f, opt);
+  cpu_program *p = cb.p;
+  if (started) goto fail;
 
   /* the disk cache: the plan is cheap and always made; LLVM is skipped */
   bool cache = cpu_cache_dir(dir, sizeof dir);
@@ -196,31 +226,15 @@ cpu_program *cpu_compile_with(const ir_func *f, const cpu_options *opt) {
     if (p->from_cache) goto done;
   }
 
-  LLVMContextRef ctx = LLVMContextCreate(); /* a context of its own: programs compile in parallel */
-  LLVMModuleRef mod = LLVMModuleCreateWithNameInContext(f->name, ctx);
-  LLVMSetTarget(mod, LLVMOrcLLJITGetTripleString(jit));
-  LLVMSetDataLayout(mod, LLVMOrcLLJITGetDataLayoutStr(jit));
-  cb.x86 = !strncmp(LLVMOrcLLJITGetTripleString(jit), "x86_64", 6);
-  llvm_emit_init(&cb.e, ctx, mod);
-  cb.e.contract = !opt->no_contract;
-  cb.e.const_data = cpu_const_data;
-  cb.e.user = &cb;
-  int erc = cpu_emit_program(&cb, "kiln_entry");
-  int n_groups = cb.pl.n_kernels;
-  int64_t max_work = cb.max_work;
+  LLVMContextRef ctx;
+  LLVMModuleRef mod;
+  int erc = cpu_build_module(&cb, opt, LLVMOrcLLJITGetTripleString(jit), LLVMOrcLLJITGetDataLayoutStr(jit),
+                             "kiln_entry", &ctx, &mod);
   size_t info_len = 0;
   int32_t *info = !erc && cache ? kernel_info(&cb, &info_len) : NULL;
-  llvm_emit_dispose(&cb.e); /* the builders, before what they built */
-  if (cb.eb) LLVMDisposeBuilder(cb.eb);
-  cb.eb = NULL;
   LLVMMemoryBufferRef obj[2];
   int n_obj = 0;
-  if (erc) {
-    LLVMDisposeModule(mod);
-    LLVMContextDispose(ctx);
-  } else {
-    erc = cpu_optimize(p, ctx, mod, n_groups, max_work, opt->parts, obj, &n_obj);
-  }
+  if (!erc) erc = cpu_optimize(p, ctx, mod, cb.pl.n_kernels, cb.max_work, opt->parts, false, obj, &n_obj);
   if (erc) {
     free(info);
     goto fail;
@@ -253,11 +267,11 @@ done:
   p->compile_ms = cpu_now_ms() - t0;
   if (cpu_cache_log() && cache)
     fprintf(stderr, "kiln: cache: @%s: %s, %.1f ms\n", f->name, p->from_cache ? "hit" : "miss", p->compile_ms);
-  build_free(&cb);
+  cpu_build_free(&cb);
   free(meta);
   return p;
 fail:
-  build_free(&cb);
+  cpu_build_free(&cb);
   free(meta);
   cpu_program_free(p);
   return NULL;

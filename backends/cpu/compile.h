@@ -60,6 +60,18 @@ typedef struct {
   cpu_reuse reuse;
 } cpu_build;
 
+/* ---- compile.c: the build, shared by cpu_compile and kiln-aot (aot.c) ---- */
+/* A new program (cb->p: name, parameter and result types) for f, planned
+ * under opt. 0, or -1 with the error set (cb->p, when made, is the
+ * caller's to free; cpu_build_free frees the rest). */
+int cpu_build_start(cpu_build *cb, const ir_func *f, const cpu_options *opt);
+/* The planned build's module for triple and layout: every kernel and the
+ * entry function entry_name, which runs the plan's steps. 0 with *ctx and
+ * *mod the caller's, or -1 with the error set. */
+int cpu_build_module(cpu_build *cb, const cpu_options *opt, const char *triple, const char *layout,
+                     const char *entry_name, LLVMContextRef *ctx, LLVMModuleRef *mod);
+void cpu_build_free(cpu_build *cb);
+
 /* What the entry needs to know about an emitted kernel. */
 typedef struct {
   LLVMValueRef fn, task;
@@ -154,10 +166,11 @@ unsigned cpu_const_align(const kiln_tensor *t);
 
 /* ---- parts.c ---- */
 /* The object code of mod (which this disposes, with ctx): one object, or
- * two from two threads. p's bitcode and timings are set. 0, or -1 with the
- * error set. */
+ * two from two threads. p's bitcode and timings are set. aot: one object
+ * for kiln-aot, for the module's triple (cpu_aot_machine). 0, or -1 with
+ * the error set. */
 int cpu_optimize(cpu_program *p, LLVMContextRef ctx, LLVMModuleRef mod, int n_groups, int64_t max_work,
-                 int parts_wanted, LLVMMemoryBufferRef obj[2], int *n_obj);
+                 int parts_wanted, bool aot, LLVMMemoryBufferRef obj[2], int *n_obj);
 
 /* ---- jit.c ---- */
 /* The process-wide LLJIT, started once; NULL with the error set. */
@@ -166,6 +179,9 @@ LLVMOrcLLJITRef cpu_jit_get(void);
  * with the reason in cpu_jit_error() (not in the thread's error: it runs
  * on any thread). */
 LLVMTargetMachineRef cpu_host_machine(void);
+/* The same for kiln-aot's objects: for triple (its --target), the default
+ * code model. NULL with the reason in cpu_jit_error(). */
+LLVMTargetMachineRef cpu_aot_machine(const char *triple);
 const char *cpu_jit_error(void);
 /* the host's CPU name and features, as the code is compiled for them */
 const char *cpu_host_cpu(void);

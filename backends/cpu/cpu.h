@@ -73,6 +73,19 @@ KILN_EXPORT bool cpu_program_from_cache(const cpu_program *p);
 /* The modules its code was compiled as, on as many threads (1 or 2). */
 KILN_EXPORT int cpu_program_parts(const cpu_program *p);
 
+/* ---- ahead-of-time objects (aot.c), for kiln-aot ---- */
+typedef struct cpu_aot_spec {
+  const char *name;   /* a C identifier: the object exports int <name>_run(inputs, outputs) */
+  const char *triple; /* the object's target triple; NULL: the host's (the CPU is the JIT's: KILN_CPU) */
+  int n_in;           /* the function's first parameters, which <name>_run takes */
+  const kiln_tensor *const *data; /* the values of the others, embedded in the object */
+} cpu_aot_spec;
+/* f compiled as a relocatable object that links with libkiln_rt alone
+ * (rt/rt.h): *obj (malloc'd, *len bytes), and the arena each call takes.
+ * Host calls are refused. 0, or -1 with "cpu: ..." in the error. */
+KILN_EXPORT int cpu_aot_object(const ir_func *f, const cpu_aot_spec *spec, void **obj, size_t *len,
+                               size_t *arena_bytes);
+
 /* ---- shared by compile.c and run.c ---- */
 
 /* What the generated code passes back to the runtime: the error flag that

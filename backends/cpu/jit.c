@@ -35,20 +35,25 @@ void cpu_error_text(LLVMErrorRef err, char *buf, size_t n) {
   LLVMDisposeErrorMessage(m);
 }
 
-static LLVMTargetMachineRef host_machine(void) {
+/* A target machine for the JIT's CPU and features, for triple (NULL: the
+ * host's); for kiln-aot's objects (aot) the default code model, the small
+ * one, where the JIT's is the large one. */
+static LLVMTargetMachineRef machine_for(const char *for_triple, bool aot) {
   LLVMTargetRef target;
-  char *triple = LLVMGetDefaultTargetTriple(), *msg = NULL;
+  char *triple = for_triple ? LLVMCreateMessage(for_triple) : LLVMGetDefaultTargetTriple(), *msg = NULL;
   LLVMTargetMachineRef tm = NULL;
   if (LLVMGetTargetFromTriple(triple, &target, &msg)) {
     snprintf(jit_error, sizeof jit_error, "no target for %s: %s", triple, msg ? msg : "");
   } else {
     tm = LLVMCreateTargetMachine(target, triple, host_cpu, host_features, LLVMCodeGenLevelAggressive, LLVMRelocPIC,
-                                 LLVMCodeModelJITDefault);
+                                 aot ? LLVMCodeModelDefault : LLVMCodeModelJITDefault);
   }
   if (msg) LLVMDisposeMessage(msg);
   LLVMDisposeMessage(triple);
   return tm;
 }
+
+static LLVMTargetMachineRef host_machine(void) { return machine_for(NULL, false); }
 
 /* Whether the machine's code for one small function (@p, in LLVM IR text)
  * holds `needle` (an AT&T mnemonic or register): how the features of a CPU
@@ -184,6 +189,7 @@ void cpu_jit_forget(void *lib) {
 }
 
 LLVMTargetMachineRef cpu_host_machine(void) { return host_machine(); }
+LLVMTargetMachineRef cpu_aot_machine(const char *triple) { return machine_for(triple, true); }
 const char *cpu_jit_error(void) { return jit_error; }
 const char *cpu_host_cpu(void) { return host_cpu; }
 const char *cpu_host_features(void) { return host_features; }

@@ -38,6 +38,7 @@ typedef struct {
   LLVMModuleRef mod;
   const char *pipeline;
   bool unroll;
+  bool aot; /* cpu_optimize's */
   LLVMMemoryBufferRef bc, obj;
   double opt_ms, codegen_ms;
   char err[512];
@@ -91,7 +92,7 @@ static void prefetches(LLVMModuleRef mod) {
 
 static void *compile_part(void *arg) {
   part *pt = arg;
-  LLVMTargetMachineRef tm = cpu_host_machine();
+  LLVMTargetMachineRef tm = pt->aot ? cpu_aot_machine(LLVMGetTarget(pt->mod)) : cpu_host_machine();
   if (!tm) {
     snprintf(pt->err, sizeof pt->err, "%s", cpu_jit_error());
     return NULL;
@@ -267,7 +268,7 @@ static LLVMValueRef *functions(LLVMModuleRef mod, int *n) {
  * two from two threads. p's bitcode and timings are set. 0, or -1 with the
  * error set. */
 int cpu_optimize(cpu_program *p, LLVMContextRef ctx, LLVMModuleRef mod, int n_groups, int64_t max_work,
-                 int parts_wanted, LLVMMemoryBufferRef obj[2], int *n_obj) {
+                 int parts_wanted, bool aot, LLVMMemoryBufferRef obj[2], int *n_obj) {
   const char *pipeline = max_work < SMALL_WORK ? "default<O1>" : "default<O3>";
   bool unroll = max_work >= UNROLL_WORK;
   *n_obj = 0;
@@ -280,12 +281,12 @@ int cpu_optimize(cpu_program *p, LLVMContextRef ctx, LLVMModuleRef mod, int n_gr
     return -1;
   }
   LLVMDisposeMessage(msg);
-  part parts[2] = {{.mod = mod, .pipeline = pipeline, .unroll = unroll},
-                   {.pipeline = pipeline, .unroll = unroll}};
+  part parts[2] = {{.mod = mod, .pipeline = pipeline, .unroll = unroll, .aot = aot},
+                   {.pipeline = pipeline, .unroll = unroll, .aot = aot}};
   LLVMContextRef ctx2 = NULL;
   int n = 1;
-  bool auto_split = !parts_wanted && kiln_num_threads() >= 2 && max_work >= SPLIT_MIN_WORK;
-  uint8_t *side = auto_split || parts_wanted == 2 ? calloc((size_t)n_groups + 1, 1) : NULL;
+  bool auto_split = !aot && !parts_wanted && kiln_num_threads() >= 2 && max_work >= SPLIT_MIN_WORK;
+  uint8_t *side = auto_split || (!aot && parts_wanted == 2) ? calloc((size_t)n_groups + 1, 1) : NULL;
   if (side && plan_split(mod, n_groups, side, auto_split ? SPLIT_MIN_INSTRS : 0)) { /* the copy, then each keeps its share */
     LLVMMemoryBufferRef bc = LLVMWriteBitcodeToMemoryBuffer(mod);
     ctx2 = LLVMContextCreate();

@@ -7,8 +7,7 @@
 #include <stdlib.h>
 
 #include "cpu/cpu.h"
-#include "conv.h"
-#include "matmul.h"
+#include "raw_call.h"
 
 static int arg_error(const cpu_program *p, int i, const kiln_tensor *t) {
   char want[256], have[256] = "NULL";
@@ -127,17 +126,6 @@ int cpu_run_donating(cpu_program *p, kiln_tensor *const *args, kiln_tensor **res
 
 /* ---- helpers called by generated code ---- */
 
-/* a header for a raw buffer of type t: what a kernel reads of a tensor */
-static void header(kiln_tensor *h, const op_type *t, void *data) {
-  memset(h, 0, sizeof *h);
-  atomic_init(&h->refs, 1);
-  h->dtype = (uint8_t)t->dtype;
-  h->rank = (int8_t)t->rank;
-  h->size = 1;
-  for (int k = 0; k < t->rank; k++) h->size *= h->shape[k] = t->shape[k];
-  h->data = data;
-}
-
 /* A C callback: its inputs are copied into real tensors (it may keep
  * them), its outputs checked as the interpreter does and copied out. */
 static int run_host(const cpu_helper *h, void **bufs) {
@@ -188,43 +176,8 @@ static int run_host(const cpu_helper *h, void **bufs) {
 int cpu_rt_helper(cpu_call *call, int32_t index, void **bufs) {
   const cpu_helper *h = &call->prog->helpers[index];
   if (kiln_ops[h->op].kind == OPK_HOST) return run_host(h, bufs);
-  enum { SMALL = 8 };
-  kiln_tensor small_h[SMALL], *small_in[SMALL], out;
-  kiln_tensor *hdr = h->n_in <= SMALL ? small_h : malloc((size_t)h->n_in * sizeof *hdr);
-  kiln_tensor **in = h->n_in <= SMALL ? small_in : malloc((size_t)h->n_in * sizeof *in);
-  if (!hdr || !in) {
-    if (hdr != small_h) free(hdr);
-    if (in != small_in) free(in);
-    return kiln_set_error("%s: out of memory", kiln_ops[h->op].api);
-  }
-  for (int k = 0; k < h->n_in; k++) {
-    header(&hdr[k], &h->in_types[k], bufs[h->n_out + k]);
-    in[k] = &hdr[k];
-  }
-  header(&out, &h->out_types[0], bufs[0]);
-  op_attrs a = h->attrs;
-  if (kiln_ops[h->op].kind == OPK_RANDOM && a.stateful) /* this call's block of the global stream */
-    a.counter = rng_reserve(((uint64_t)out.size + 1) / 2, &a.seed);
-  kernel_fn fn = kiln_kernels[h->op][0][dispatch_key(h->op, h->n_in, in, h->out_types[0].dtype)];
-  int rc;
-  if (h->trans_a || h->trans_b) {
-    rc = matmul_trans(in[0], in[1], h->trans_a, h->trans_b, &out);
-  } else if (h->epilogue && h->op == OP_CONV2D) {
-    in[2]->shape[0] = in[2]->size, in[2]->rank = 1; /* the bias: [o] or [1, 1, 1, o] */
-    rc = h->n_in == 4 ? conv2d_epilogue_residual(in[0], in[1], in[2], (gemm_epilogue)h->epilogue, in[3], &a, &out)
-                      : conv2d_epilogue(in[0], in[1], in[2], (gemm_epilogue)h->epilogue, &a, &out);
-  } else if (h->epilogue) {
-    rc = matmul_epilogue(in[0], in[1], in[2], (gemm_epilogue)h->epilogue, &out);
-  } else if (!fn) {
-    rc = kiln_set_error("%s: no CPU kernel for %s", kiln_ops[h->op].api,
-                        kiln_dtype_name(dispatch_key(h->op, h->n_in, in, h->out_types[0].dtype)));
-  } else {
-    op_call c = {h->op, &a, h->n_in, in, &out};
-    rc = fn(&c);
-  }
-  if (hdr != small_h) free(hdr);
-  if (in != small_in) free(in);
-  return rc;
+  raw_call c = {h->op, &h->attrs, h->n_in, h->n_out, h->in_types, h->out_types, h->epilogue, h->trans_a, h->trans_b};
+  return raw_call_run(&c, bufs);
 }
 
 void cpu_rt_kernel_fail(cpu_call *call, int32_t kernel) {
