@@ -5,12 +5,14 @@
  * -shared, dlopen'd into this process: NAME_run). Blocks of calls of each
  * alternate so that both see the same machine; medians of the per-call
  * time of each block. Both compute the same bits (checked here too).
+ * Then libkiln_rt.so's size, stripped.
  *   bench_aot [--batch B] [--calls N] [--blocks K] */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, mkdtemp */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "bench_util.h"
 #include "mlp_model.h"
@@ -98,6 +100,14 @@ int main(int argc, char **argv) {
   bench_figure(key, mj, "us");
   snprintf(key, sizeof key, "aot.b%lld.aot", (long long)batch);
   bench_figure(key, ma, "us");
+  /* the runtime's size, as shipped: stripped */
+  snprintf(cmd, sizeof cmd, "strip -o %s/rt.so %s/libkiln_rt.so", dir, KILN_RT_DIR);
+  snprintf(path, sizeof path, "%s/rt.so", dir);
+  struct stat st;
+  if (!sh(cmd) && !stat(path, &st)) {
+    printf("libkiln_rt.so: %.1f KB stripped (goal <= 300 KB)\n", st.st_size / 1024.0);
+    bench_figure("aot.rt_stripped_kb", st.st_size / 1024.0, "KB");
+  }
   free(out[0]);
   kiln_function_free(g);
   kiln_function_free(f);

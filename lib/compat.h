@@ -50,6 +50,14 @@
 #define KILN_HOT_AVX512
 #define KILN_HAVE_AVX512() 0
 #endif
+/* KILN_TILE on a C micro-kernel: its MR x NR accumulators become registers
+ * only when its tile loops unroll whole, which gcc does at -O3. libkiln_rt
+ * (KILN_RT_BUILD) is built -O2 for size, and its micro-kernels -O3 by this. */
+#if defined(KILN_RT_BUILD) && defined(__GNUC__) && !defined(__clang__)
+#define KILN_TILE __attribute__((optimize("O3")))
+#else
+#define KILN_TILE
+#endif
 /* Whether fmaf/fma are a fused multiply-add in hardware wherever a hot
  * kernel runs them: so with FMA at compile time, on aarch64, and in the
  * multiversioned build (the x86-64-v3 and v4 clones inline them as one

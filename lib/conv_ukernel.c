@@ -39,11 +39,11 @@
         c[i * ldc + j] = v;                                                                                \
       }                                                                                                    \
   }
-CONV_UKERNEL(float, f32, FMA_F32, MR_F32, NR_F32, KILN_HOT)
-CONV_UKERNEL(double, f64, FMA_F64, MR_F64, NR_F64, KILN_HOT)
+CONV_UKERNEL(float, f32, FMA_F32, MR_F32, NR_F32, KILN_HOT KILN_TILE)
+CONV_UKERNEL(double, f64, FMA_F64, MR_F64, NR_F64, KILN_HOT KILN_TILE)
 #if KILN_MULTIVERSION
-CONV_UKERNEL(float, z_f32, FMA_F32, MR_Z_F32, NR_Z_F32, KILN_HOT_AVX512)
-CONV_UKERNEL(double, z_f64, FMA_F64, MR_Z_F64, NR_Z_F64, KILN_HOT_AVX512)
+CONV_UKERNEL(float, z_f32, FMA_F32, MR_Z_F32, NR_Z_F32, KILN_HOT_AVX512 KILN_TILE)
+CONV_UKERNEL(double, z_f64, FMA_F64, MR_Z_F64, NR_Z_F64, KILN_HOT_AVX512 KILN_TILE)
 #endif
 
 static _Atomic(conv_provider_fn) conv_provider;
@@ -95,11 +95,11 @@ conv_ukernel matmul_conv_ukernel(kiln_dtype dt, gemm_epilogue epi, int64_t lda, 
       for (int64_t j = 0; j < nr; j++)                                                                    \
         c[i * ldc + j] = flags & GEMM_ACCUMULATE ? c[i * ldc + j] + acc[i][j] : acc[i][j];                \
   }
-WGRAD_UKERNEL(float, f32, FMA_F32, MR_F32, NR_F32, KILN_HOT)
-WGRAD_UKERNEL(double, f64, FMA_F64, MR_F64, NR_F64, KILN_HOT)
+WGRAD_UKERNEL(float, f32, FMA_F32, MR_F32, NR_F32, KILN_HOT KILN_TILE)
+WGRAD_UKERNEL(double, f64, FMA_F64, MR_F64, NR_F64, KILN_HOT KILN_TILE)
 #if KILN_MULTIVERSION
-WGRAD_UKERNEL(float, z_f32, FMA_F32, MR_Z_F32, NR_Z_F32, KILN_HOT_AVX512)
-WGRAD_UKERNEL(double, z_f64, FMA_F64, MR_Z_F64, NR_Z_F64, KILN_HOT_AVX512)
+WGRAD_UKERNEL(float, z_f32, FMA_F32, MR_Z_F32, NR_Z_F32, KILN_HOT_AVX512 KILN_TILE)
+WGRAD_UKERNEL(double, z_f64, FMA_F64, MR_Z_F64, NR_Z_F64, KILN_HOT_AVX512 KILN_TILE)
 #endif
 
 static _Atomic(wgrad_provider_fn) wgrad_provider;

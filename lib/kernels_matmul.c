@@ -275,11 +275,11 @@ EPILOGUE(double, f64, tanh)
 
 #define KILN_f32_DT KILN_F32
 #define KILN_f64_DT KILN_F64
-GEMM_UKERNEL(float, f32, f32, FMA_F32, MR_F32, NR_F32, KILN_HOT)
-GEMM_UKERNEL(double, f64, f64, FMA_F64, MR_F64, NR_F64, KILN_HOT)
+GEMM_UKERNEL(float, f32, f32, FMA_F32, MR_F32, NR_F32, KILN_HOT KILN_TILE)
+GEMM_UKERNEL(double, f64, f64, FMA_F64, MR_F64, NR_F64, KILN_HOT KILN_TILE)
 #if KILN_MULTIVERSION
-GEMM_UKERNEL(float, z_f32, f32, FMA_F32, MR_Z_F32, NR_Z_F32, KILN_HOT_AVX512)
-GEMM_UKERNEL(double, z_f64, f64, FMA_F64, MR_Z_F64, NR_Z_F64, KILN_HOT_AVX512)
+GEMM_UKERNEL(float, z_f32, f32, FMA_F32, MR_Z_F32, NR_Z_F32, KILN_HOT_AVX512 KILN_TILE)
+GEMM_UKERNEL(double, z_f64, f64, FMA_F64, MR_Z_F64, NR_Z_F64, KILN_HOT_AVX512 KILN_TILE)
 static gemm_ukernel c_ukernel_f32(void) {
   return KILN_HAVE_AVX512() ? (gemm_ukernel){ukernel_z_f32, MR_Z_F32, NR_Z_F32}
                             : (gemm_ukernel){ukernel_f32, MR_F32, NR_F32};

@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 #include <kiln.h>
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -106,13 +108,14 @@ std::string driver(const std::string &name, int n_in, int n_out) {
 
 std::string aot_cmd(const std::string &args) { return std::string(KILN_AOT_TOOL) + " " + args; }
 
-// kiln-aot on trace 0 of dir's function name, then the driver linked
+// kiln-aot on trace 0 of dir's function name (with flags), then the driver linked
 // with the shared libkiln_rt (exe) and with the static one (exe_static).
 // False (with a failure) where a step fails.
-bool build(const TempDir &t, const std::string &dir, const std::string &name, int n_in, int n_out) {
+bool build(const TempDir &t, const std::string &dir, const std::string &name, int n_in, int n_out,
+           const std::string &flags = "") {
   std::string out;
   int rc = sh(aot_cmd(dir + " --function " + name + " --trace 0 -o " + t.file(name + ".o") + " --header " +
-                      t.file(name + ".h")), &out);
+                      t.file(name + ".h") + flags), &out);
   EXPECT_EQ(rc, 0) << out;
   if (rc) return false;
   write_file(t.file("main.c"), driver(name, n_in, n_out));
@@ -184,6 +187,57 @@ TEST(Aot, MlpGivesTheJitsBitsInAFreshProcess) {
   ASSERT_EQ(sh("ldd " + t.file("exe_static"), &libs), 0) << libs;
   EXPECT_THAT(libs, Not(HasSubstr("kiln")));
   EXPECT_THAT(libs, Not(HasSubstr("LLVM")));
+}
+
+// An object for another x86-64 level (--cpu) runs where the CPU has it and
+// gives the JIT's answers: the same bits where the level fuses
+// multiply-adds as the host does, within rounding where it does not.
+TEST(Aot, ObjectsForOtherCpuLevelsRun) {
+  if (!have("cc")) GTEST_SKIP() << "no C compiler (cc) to link the object with";
+  Scoped s;
+  Owned own;
+  kiln_random_seed(12);
+  const int64_t batch = 33, in_dim = 70, hidden = 40, classes = 10;
+  kiln_variable *v[4] = {own.var(kiln_random_normal(KILN_F32, 2, V64{in_dim, hidden}.data()), "w1"),
+                         own.var(kiln_random_normal(KILN_F32, 1, V64{hidden}.data()), "b1"),
+                         own.var(kiln_random_normal(KILN_F32, 2, V64{hidden, classes}.data()), "w2"),
+                         own.var(kiln_random_normal(KILN_F32, 1, V64{classes}.data()), "b2")};
+  kiln_function *f = kiln_function_new("mlp", mlp_body, v, 1, 2);
+  kiln_tensor *x = kiln_random_normal(KILN_F32, 2, V64{batch, in_dim}.data()), *want[2];
+  ASSERT_EQ(kiln_function_call(f, &x, want), 0) << kiln_last_error();
+  TempDir saved;
+  std::string dir = saved.file("saved");
+  ASSERT_EQ(kiln_function_save(f, dir.c_str()), 0) << kiln_last_error();
+  kiln_function_free(f);
+  std::string logits = data_of(want[0]);
+  std::vector<float> expect(logits.size() / sizeof(float));
+  memcpy(expect.data(), logits.data(), logits.size());
+  int ran = 0;
+  for (const char *cpu : {"x86-64", "x86-64-v2", "x86-64-v3"}) {
+    bool runs = !strcmp(cpu, "x86-64") || (!strcmp(cpu, "x86-64-v2") && __builtin_cpu_supports("sse4.2")) ||
+                (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"));
+    if (!runs) continue;
+    TempDir t;
+    ASSERT_TRUE(build(t, dir, "mlp", 1, 2, std::string(" --cpu=") + cpu)) << cpu;
+    std::string out;
+    if (have("objdump")) {  // the level's registers, none wider
+      ASSERT_EQ(sh("objdump -d " + t.file("mlp.o"), &out), 0) << out;
+      EXPECT_THAT(out, Not(HasSubstr("%zmm"))) << cpu;
+      if (strcmp(cpu, "x86-64-v3")) {
+        EXPECT_THAT(out, Not(HasSubstr("%ymm"))) << cpu;
+      }
+    }
+    write_file(t.file("in.bin"), data_of(x));
+    ASSERT_EQ(sh(t.file("exe") + " " + t.file("in.bin") + " " + t.file("out.bin"), &out), 0) << cpu << ": " << out;
+    std::string got = read_file(t.file("out.bin"));
+    ASSERT_EQ(got.size(), logits.size() + data_of(want[1]).size()) << cpu;
+    std::vector<float> y(expect.size());
+    memcpy(y.data(), got.data(), logits.size());
+    for (size_t i = 0; i < y.size(); i++)
+      ASSERT_NEAR(y[i], expect[i], 1e-4 * (1 + std::fabs(expect[i]))) << cpu << ": logit " << i;
+    ran++;
+  }
+  EXPECT_GE(ran, 1);
 }
 
 kiln_tensor *table;  // gather_body's captured constant
