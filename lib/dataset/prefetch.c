@@ -8,6 +8,7 @@
  * lock wakes it from a full ring, and it finishes the element it is making
  * (upstream is never left mid-call), then is joined. */
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -38,6 +39,11 @@ static void *produce(void *arg) {
   kiln_dataset *ds = &p->base;
   int a = ds->arity;
   bool pushed = strcmp(p->device, "cpu:0") && !kiln_device_push(p->device);
+#ifdef SCHED_BATCH
+  /* Linux: a woken producer does not preempt the consumer (the step it
+   * should hide behind); it runs on idle time, as a background job */
+  pthread_setschedparam(pthread_self(), SCHED_BATCH, &(struct sched_param){0});
+#endif
   ds_part *tmp = ds->up->scratch; /* upstream's own next slot: unused while it is ours */
   pthread_mutex_lock(&p->mu);
   while (!p->stop) {
