@@ -127,6 +127,31 @@ int fails_on_three(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) 
   return out[0] ? 0 : -1;
 }
 
+// ds maps range(5) through fails_on_three: 0 1 2, the error (its message on
+// this thread, no other call leaving one), 4, the end, and the end again
+void expect_three_fails(kiln_dataset *ds) {
+  std::vector<int> rcs;
+  VD got;
+  kiln_tensor *out;
+  for (;;) {
+    kiln_scope_push();
+    kiln_clear_error();
+    int rc = kiln_dataset_next(ds, 1, &out);
+    rcs.push_back(rc);
+    if (rc == 1) got.push_back(kiln_tensor_item(out));
+    if (rc == -1) {
+      EXPECT_STREQ(kiln_last_error(), "kiln_dataset_next: map: element 3: @fails_on_three: three is not allowed");
+    } else {
+      EXPECT_STREQ(kiln_last_error(), "");
+    }
+    kiln_scope_pop();
+    if (rc == 0) break;
+  }
+  EXPECT_EQ(rcs, (std::vector<int>{1, 1, 1, -1, 1, 0}));
+  EXPECT_EQ(got, (VD{0, 1, 2, 4}));
+  EXPECT_EQ(kiln_dataset_next(ds, 1, &out), 0);
+}
+
 struct Fn {
   kiln_function *f;
   Fn(const char *name, kiln_body_fn body, int n_in, int n_out, bool eager = false)
@@ -416,21 +441,7 @@ TEST(Dataset, MapErrorsNameTheFunction) {
   // an error on one element: the others come through
   Fn g("fails_on_three", fails_on_three, 1, 1, true);
   ds = kiln_dataset_map(range(5), g.f);
-  VD got;
-  std::vector<int> rcs;
-  for (;;) {
-    kiln_scope_push();
-    int rc = kiln_dataset_next(ds, 1, &out);
-    rcs.push_back(rc);
-    if (rc == 1) got.push_back(kiln_tensor_item(out));
-    if (rc == -1) {
-      EXPECT_STREQ(kiln_last_error(), "kiln_dataset_next: map: element 3: @fails_on_three: three is not allowed");
-    }
-    kiln_scope_pop();
-    if (rc == 0) break;
-  }
-  EXPECT_EQ(rcs, (std::vector<int>{1, 1, 1, -1, 1, 0}));
-  EXPECT_EQ(got, (VD{0, 1, 2, 4}));
+  expect_three_fails(ds);
   kiln_dataset_free(ds);
 }
 
@@ -505,27 +516,7 @@ TEST(DatasetPrefetch, ErrorsComeThroughInOrder) {
   Scoped s;
   Fn f("fails_on_three", fails_on_three, 1, 1, true);
   kiln_dataset *ds = kiln_dataset_prefetch(kiln_dataset_map(range(5), f.f), 2);
-  std::vector<int> rcs;
-  VD got;
-  for (;;) {
-    kiln_scope_push();
-    kiln_tensor *out;
-    kiln_clear_error();
-    int rc = kiln_dataset_next(ds, 1, &out);
-    rcs.push_back(rc);
-    if (rc == 1) got.push_back(kiln_tensor_item(out));
-    if (rc == -1) {
-      EXPECT_STREQ(kiln_last_error(), "kiln_dataset_next: map: element 3: @fails_on_three: three is not allowed");
-    } else {
-      EXPECT_STREQ(kiln_last_error(), "");
-    }
-    kiln_scope_pop();
-    if (rc == 0) break;
-  }
-  EXPECT_EQ(rcs, (std::vector<int>{1, 1, 1, -1, 1, 0}));
-  EXPECT_EQ(got, (VD{0, 1, 2, 4}));
-  kiln_tensor *out;
-  EXPECT_EQ(kiln_dataset_next(ds, 1, &out), 0);
+  expect_three_fails(ds);
   kiln_dataset_free(ds);
 }
 
