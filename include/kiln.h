@@ -747,14 +747,18 @@ kiln_dataset *kiln_dataset_repeat(kiln_dataset *, int64_t count);
    its n_out outputs, at least one, are the new element). f stays the
    caller's: free it after the chain. A failing call makes next return -1
    with an error naming f and the element ("kiln_dataset_next: map: element
-   3: @f: ..."); the next call goes on with the following element. */
+   3: @f: ..."); the next call goes on with the following element. f runs
+   on the thread that pulls the element: next's caller, or a prefetch's
+   thread downstream. */
 kiln_dataset *kiln_dataset_map(kiln_dataset *, kiln_function *f);
 /* A background thread, started by the first next, runs the input ahead into
    a queue of depth elements (1 <= depth <= 2^20); next takes from it in
    order, blocking while it is empty. Errors and the end come through in
-   order, with their messages. Under a device scope, the thread uses the one
-   next was first called in. Freeing (or a repeat's restart) stops and joins
-   the thread, even while it waits on a full queue. */
+   order, with their messages. The thread uses the device scope next was
+   first called in, and on Linux runs as SCHED_BATCH (waking, it does not
+   preempt the caller's work it should hide behind). Freeing (or a repeat's
+   restart) stops and joins the thread, even while it waits on a full
+   queue. */
 kiln_dataset *kiln_dataset_prefetch(kiln_dataset *, int depth);
 /* The next element into out[0..arity) (new tensors, owned as in section 1),
    the other slots of out[0..n) NULL. 1: an element; 0: the end (again on

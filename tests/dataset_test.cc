@@ -178,6 +178,10 @@ TEST(Dataset, FromTensorsSlicesAxisZero) {
   kiln_tensor *ts[2] = {f32({3, 2}, {0, 1, 10, 11, 20, 21}), i64({3}, {7, 8, 9})};
   kiln_dataset *ds = kiln_dataset_from_tensors(2, ts);
   ASSERT_NE(ds, nullptr) << kiln_last_error();
+  kiln_tensor *one = ts[0];
+  EXPECT_EQ(kiln_dataset_next(ds, 1, &one), -1); // too few slots: an error, nothing taken
+  EXPECT_THAT(kiln_last_error(), StartsWith("kiln_dataset_next: out has 1 slots, the elements have 2 tensors"));
+  EXPECT_EQ(one, nullptr);
   for (int i = 0; i < 3; i++) {
     kiln_tensor *out[3] = {nullptr, nullptr, ts[0]};
     ASSERT_EQ(kiln_dataset_next(ds, 3, out), 1) << kiln_last_error();

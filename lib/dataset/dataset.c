@@ -76,9 +76,9 @@ int kiln_dataset_next(kiln_dataset *ds, int n, kiln_tensor **out) {
   const char *who = "kiln_dataset_next";
   if (!ds) return kiln_has_error() ? -1 : kiln_set_error("%s: dataset is NULL", who);
   if (!out) return kiln_set_error("%s: out is NULL", who);
+  for (int i = 0; i < n; i++) out[i] = NULL;
   if (n < ds->arity)
     return kiln_set_error("%s: out has %d slots, the elements have %d tensors", who, n, ds->arity);
-  for (int i = 0; i < n; i++) out[i] = NULL;
   int rc = ds_next(ds, ds->scratch);
   if (rc != 1) return rc;
   for (int i = 0; i < ds->arity; i++) {
