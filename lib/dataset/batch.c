@@ -80,7 +80,7 @@ static void batch_reset(kiln_dataset *ds) { ds->up->ops->reset(ds->up); }
 
 static void batch_release(kiln_dataset *ds) { free(((batch *)ds)->parts); }
 
-static const ds_ops batch_ops = {"batch", batch_next, batch_reset, batch_release};
+static const ds_ops batch_ops = {batch_next, batch_reset, batch_release};
 
 kiln_dataset *kiln_dataset_batch(kiln_dataset *up, int64_t batch_size, bool drop_remainder) {
   const char *who_new = "kiln_dataset_batch";

@@ -20,7 +20,6 @@ typedef struct {
 } ds_part;
 
 typedef struct ds_ops {
-  const char *name; /* "shuffle", ...: errors raised in next say which stage */
   /* The next element into out[0..arity): 1, 0 at the end (and on every
    * later call until a reset), -1 with the error set (the stage goes on
    * with the following element at the next call). */

@@ -56,7 +56,7 @@ static void map_release(kiln_dataset *ds) {
   free(((map *)ds)->res);
 }
 
-static const ds_ops map_ops = {"map", map_next, map_reset, map_release};
+static const ds_ops map_ops = {map_next, map_reset, map_release};
 
 kiln_dataset *kiln_dataset_map(kiln_dataset *up, kiln_function *f) {
   const char *who = "kiln_dataset_map";

@@ -3,10 +3,10 @@
  * Results come in upstream's order, errors included (each carries its
  * message across: kiln_last_error is per thread) and the end last.
  *
- * The thread starts at the first next and runs until the end (or an error
- * of its own starting); a reset or free stops it: the flag `stop` under the
- * lock wakes it from a full ring, and it finishes the element it is making
- * (upstream is never left mid-call), then is joined. */
+ * The thread starts at the first next and runs until upstream's end; a
+ * reset or free stops it sooner: the flag `stop` under the lock wakes it
+ * from a full ring, and it finishes the element it is making (upstream is
+ * never left mid-call), then is joined. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -15,8 +15,8 @@
 #include "dataset.h"
 
 typedef struct {
-  int rc;         /* 1 an element, 0 the end, -1 an error */
-  char *error;    /* rc -1: the message (malloc'd) */
+  int rc;      /* 1 an element, 0 the end, -1 an error */
+  char *error; /* rc -1: the message (malloc'd) */
 } slot;
 
 typedef struct {
@@ -52,9 +52,8 @@ static void *produce(void *arg) {
     pthread_mutex_unlock(&p->mu);
     kiln_clear_error();
     int rc = ds_next(ds->up, tmp);
-    char *error = NULL;
-    if (rc < 0 && !(error = strdup(kiln_last_error()[0] ? kiln_last_error() : "kiln_dataset_next: failed")))
-      error = NULL; /* out of memory: the consumer says so itself */
+    /* NULL for an error when out of memory: the consumer says so itself */
+    char *error = rc < 0 ? strdup(kiln_last_error()[0] ? kiln_last_error() : "kiln_dataset_next: failed") : NULL;
     pthread_mutex_lock(&p->mu);
     if (p->stop) { /* nobody will take it */
       if (rc == 1) parts_release(a, tmp);
@@ -143,7 +142,7 @@ static void prefetch_release(kiln_dataset *ds) {
   free(p->parts);
 }
 
-static const ds_ops prefetch_ops = {"prefetch", prefetch_next, prefetch_reset, prefetch_release};
+static const ds_ops prefetch_ops = {prefetch_next, prefetch_reset, prefetch_release};
 
 kiln_dataset *kiln_dataset_prefetch(kiln_dataset *up, int depth) {
   const char *who = "kiln_dataset_prefetch";

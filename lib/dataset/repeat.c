@@ -39,7 +39,7 @@ static void repeat_reset(kiln_dataset *ds) {
 
 static void repeat_release(kiln_dataset *ds) { (void)ds; }
 
-static const ds_ops repeat_ops = {"repeat", repeat_next, repeat_reset, repeat_release};
+static const ds_ops repeat_ops = {repeat_next, repeat_reset, repeat_release};
 
 kiln_dataset *kiln_dataset_repeat(kiln_dataset *up, int64_t count) {
   const char *who = "kiln_dataset_repeat";

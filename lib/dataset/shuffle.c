@@ -102,7 +102,7 @@ static void shuffle_release(kiln_dataset *ds) {
   free(s->buf);
 }
 
-static const ds_ops shuffle_ops = {"shuffle", shuffle_next, shuffle_reset, shuffle_release};
+static const ds_ops shuffle_ops = {shuffle_next, shuffle_reset, shuffle_release};
 
 kiln_dataset *kiln_dataset_shuffle(kiln_dataset *up, int64_t buffer_size, uint64_t seed) {
   const char *who = "kiln_dataset_shuffle";

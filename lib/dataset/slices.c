@@ -27,7 +27,7 @@ static void slices_release(kiln_dataset *ds) {
   free(s->src);
 }
 
-static const ds_ops slices_ops = {"from_tensors", slices_next, slices_reset, slices_release};
+static const ds_ops slices_ops = {slices_next, slices_reset, slices_release};
 
 kiln_dataset *kiln_dataset_from_tensors(int n, kiln_tensor *const *ts) {
   const char *who = "kiln_dataset_from_tensors";
