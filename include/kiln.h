@@ -708,6 +708,66 @@ int          kiln_moments(kiln_tensor *x, int naxes, const int *axes, bool keepd
    staged calls included; rate in [0, 1), 0 = the identity */
 kiln_tensor *kiln_dropout(kiln_tensor *x, double rate);  /* new mask every call, staged too */
 
+/* ---- datasets (API.md §13) ----
+ * Input pipelines as tf.data's: a chain of stages pulled one element at a
+ * time by kiln_dataset_next. An element is a tuple of tensors (its arity):
+ * from_tensors gives n, map its function's outputs, the others keep their
+ * input's. Each transform takes over its input chain when it succeeds
+ * (freeing the last stage frees them all); given NULL it returns NULL and
+ * keeps the error, and when it fails for another reason the caller still
+ * owns the input. A dataset is the input of one stage at most, and one
+ * thread at a time calls next on a chain (prefetch's own thread aside).
+ * Errors from next begin with "kiln_dataset_next: STAGE:". */
+typedef struct kiln_dataset kiln_dataset;
+/* Element i is row i of each of the n tensors (axis 0 removed); all must
+   have rank >= 1 and the same dim 0. Keeps its own references (a copy on
+   the host of a GPU tensor). NULL: n <= 0, a NULL or symbolic tensor, a
+   scalar, dims 0 that differ. */
+kiln_dataset *kiln_dataset_from_tensors(int n, kiln_tensor *const *ts);
+/* tf.data's shuffle: a buffer filled with the next buffer_size elements;
+   each element given is one drawn uniformly from the buffer, whose slot the
+   next upstream element takes. buffer_size >= the data's count makes every
+   order equally likely; 1 keeps the order. Draws are Philox-4x32-10 keyed
+   by seed: the same seed gives the same orders. Epochs: each time a repeat
+   downstream restarts the shuffle (shuffle placed before repeat), it draws
+   a new order (tf.data's reshuffle_each_iteration), the same per seed and
+   epoch number; placed after repeat it shuffles one long stream across the
+   epochs' boundaries. buffer_size >= 1 (a huge one grows as it fills). */
+kiln_dataset *kiln_dataset_shuffle(kiln_dataset *, int64_t buffer_size, uint64_t seed);
+/* batch_size consecutive elements, each tensor stacked along a new axis 0;
+   the last, shorter batch is given unless drop_remainder. An element whose
+   tensor j differs from the batch's first in dtype or shape makes next fail
+   (naming both); an upstream error drops the batch being gathered.
+   batch_size >= 1. */
+kiln_dataset *kiln_dataset_batch(kiln_dataset *, int64_t batch_size, bool drop_remainder);
+/* The input count times over (-1 = forever; 0 = nothing), restarting it at
+   each end. An input that ends without giving an element ends the repeat. */
+kiln_dataset *kiln_dataset_repeat(kiln_dataset *, int64_t count);
+/* Each element's tensors through the staged function f (n_in = the arity;
+   its n_out outputs, at least one, are the new element). f stays the
+   caller's: free it after the chain. A failing call makes next return -1
+   with an error naming f and the element ("kiln_dataset_next: map: element
+   3: @f: ..."); the next call goes on with the following element. f runs
+   on the thread that pulls the element: next's caller, or a prefetch's
+   thread downstream. */
+kiln_dataset *kiln_dataset_map(kiln_dataset *, kiln_function *f);
+/* A background thread, started by the first next, runs the input ahead into
+   a queue of depth elements (1 <= depth <= 2^20); next takes from it in
+   order, blocking while it is empty. Errors and the end come through in
+   order, with their messages. The thread uses the device scope next was
+   first called in, and on Linux runs as SCHED_BATCH (waking, it does not
+   preempt the caller's work it should hide behind). Freeing (or a repeat's
+   restart) stops and joins the thread, even while it waits on a full
+   queue. */
+kiln_dataset *kiln_dataset_prefetch(kiln_dataset *, int depth);
+/* The next element into out[0..arity) (new tensors, owned as in section 1),
+   the other slots of out[0..n) NULL. 1: an element; 0: the end (again on
+   every later call); -1: an error (all of out NULL), as when n < the
+   arity. */
+int kiln_dataset_next(kiln_dataset *, int n, kiln_tensor **out);
+/* Frees the dataset and the chain it was built from; NULL is fine. */
+void kiln_dataset_free(kiln_dataset *);
+
 /* ------------------------------------------------------------------------
  * Debugging and tests
  * ---------------------------------------------------------------------- */

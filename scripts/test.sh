@@ -250,11 +250,11 @@ fi
 # ---------------------------------------------------------------------------
 section "ThreadSanitizer build (build-tsan/): the threaded tests"
 # Only the test binary, and only the tests that share variables, functions
-# and optimizers between threads: measured on 2 cores shared with other jobs
+# and optimizers between threads (and datasets' prefetch threads): measured on 2 cores shared with other jobs
 # (load 10-16), a fresh build 22 min and the tests 60 s; an idle machine
 # takes a fraction of that. Any report fails the stage (halt_on_error); tests/tsan.supp lists
 # the benign reports of code TSan cannot see into, each with its reason.
-tsan_filter='Threads*:Staging.Concurrent*:TraceCache.Concurrent*'
+tsan_filter='Threads*:Staging.Concurrent*:TraceCache.Concurrent*:DatasetPrefetch.*'
 if configure build-tsan -DKILN_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_NATIVE=ON &&
    cmake --build build-tsan --target kiln_tests; then
   section "threaded tests under ThreadSanitizer (build-tsan/)"

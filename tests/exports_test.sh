@@ -15,7 +15,7 @@ if [ -n "$bad" ]; then
   exit 1
 fi
 rc=0
-for want in kiln_add kiln_matmul kiln_function_new kiln_function_ir kiln_version kiln_last_error; do
+for want in kiln_add kiln_matmul kiln_function_new kiln_function_ir kiln_version kiln_last_error kiln_dataset_next; do
   grep -qx "$want" <<<"$syms" || { echo "missing export: $want" >&2; rc=1; }
 done
 for internal in ir_parse cpu_compile matmul_epilogue dispatch_register; do
