@@ -137,23 +137,33 @@ int mlp_body(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   return 0;
 }
 
-TEST(Aot, MlpGivesTheJitsBitsInAFreshProcess) {
-  if (!have("cc")) GTEST_SKIP() << "no C compiler (cc) to link the object with";
-  Scoped s;
-  Owned own;
-  TempDir t;
-  kiln_random_seed(11);
-  // big enough for the blocked matmul's packed paths (64^3 multiply-adds and more)
-  const int64_t batch = 64, in_dim = 784, hidden = 256, classes = 10;
+// mlp_body's function over random [batch, in_dim] inputs and weights of
+// hidden units and 10 classes (owned by own), called once (*x, want[2])
+// and saved to dir.
+void saved_mlp(Owned &own, uint64_t seed, int64_t batch, int64_t in_dim, int64_t hidden, const std::string &dir,
+               kiln_tensor **x, kiln_tensor **want) {
+  kiln_random_seed(seed);
+  const int64_t classes = 10;
   kiln_variable *v[4] = {own.var(kiln_random_normal(KILN_F32, 2, V64{in_dim, hidden}.data()), "w1"),
                          own.var(kiln_random_normal(KILN_F32, 1, V64{hidden}.data()), "b1"),
                          own.var(kiln_random_normal(KILN_F32, 2, V64{hidden, classes}.data()), "w2"),
                          own.var(kiln_random_normal(KILN_F32, 1, V64{classes}.data()), "b2")};
   kiln_function *f = kiln_function_new("mlp", mlp_body, v, 1, 2);
-  kiln_tensor *x = kiln_random_normal(KILN_F32, 2, V64{batch, in_dim}.data()), *want[2];
-  ASSERT_EQ(kiln_function_call(f, &x, want), 0) << kiln_last_error();
-  std::string dir = t.file("saved");
+  *x = kiln_random_normal(KILN_F32, 2, V64{batch, in_dim}.data());
+  ASSERT_EQ(kiln_function_call(f, x, want), 0) << kiln_last_error();
   ASSERT_EQ(kiln_function_save(f, dir.c_str()), 0) << kiln_last_error();
+  kiln_function_free(f);
+}
+
+TEST(Aot, MlpGivesTheJitsBitsInAFreshProcess) {
+  if (!have("cc")) GTEST_SKIP() << "no C compiler (cc) to link the object with";
+  Scoped s;
+  Owned own;
+  TempDir t;
+  // big enough for the blocked matmul's packed paths (64^3 multiply-adds and more)
+  std::string dir = t.file("saved");
+  kiln_tensor *x, *want[2];
+  ASSERT_NO_FATAL_FAILURE(saved_mlp(own, 11, 64, 784, 256, dir, &x, want));
   kiln_function *g = kiln_function_load(dir.c_str());
   ASSERT_NE(g, nullptr) << kiln_last_error();
   kiln_tensor *jit[2];
@@ -161,7 +171,6 @@ TEST(Aot, MlpGivesTheJitsBitsInAFreshProcess) {
   std::string expect = data_of(jit[0]) + data_of(jit[1]);
   ASSERT_EQ(expect, data_of(want[0]) + data_of(want[1]));  // the loaded function is the original
   kiln_function_free(g);
-  kiln_function_free(f);
 
   ASSERT_TRUE(build(t, dir, "mlp", 1, 2));
   std::string header = read_file(t.file("mlp.h"));
@@ -196,19 +205,10 @@ TEST(Aot, ObjectsForOtherCpuLevelsRun) {
   if (!have("cc")) GTEST_SKIP() << "no C compiler (cc) to link the object with";
   Scoped s;
   Owned own;
-  kiln_random_seed(12);
-  const int64_t batch = 33, in_dim = 70, hidden = 40, classes = 10;
-  kiln_variable *v[4] = {own.var(kiln_random_normal(KILN_F32, 2, V64{in_dim, hidden}.data()), "w1"),
-                         own.var(kiln_random_normal(KILN_F32, 1, V64{hidden}.data()), "b1"),
-                         own.var(kiln_random_normal(KILN_F32, 2, V64{hidden, classes}.data()), "w2"),
-                         own.var(kiln_random_normal(KILN_F32, 1, V64{classes}.data()), "b2")};
-  kiln_function *f = kiln_function_new("mlp", mlp_body, v, 1, 2);
-  kiln_tensor *x = kiln_random_normal(KILN_F32, 2, V64{batch, in_dim}.data()), *want[2];
-  ASSERT_EQ(kiln_function_call(f, &x, want), 0) << kiln_last_error();
   TempDir saved;
   std::string dir = saved.file("saved");
-  ASSERT_EQ(kiln_function_save(f, dir.c_str()), 0) << kiln_last_error();
-  kiln_function_free(f);
+  kiln_tensor *x, *want[2];
+  ASSERT_NO_FATAL_FAILURE(saved_mlp(own, 12, 33, 70, 40, dir, &x, want));
   std::string logits = data_of(want[0]);
   std::vector<float> expect(logits.size() / sizeof(float));
   memcpy(expect.data(), logits.data(), logits.size());
