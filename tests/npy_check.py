@@ -49,7 +49,8 @@ def write(d):
                     a = values(rng, code, shape)
                     stored = a.astype(a.dtype.newbyteorder(order)) if a.dtype.itemsize > 1 else a
                     if fortran:
-                        stored = np.asfortranarray(stored)
+                        stored = np.asfortranarray(stored)  # a 0-d array becomes 1-d
+                        a = a.reshape(stored.shape)
                     name = "n%d" % k
                     k += 1
                     with open(os.path.join(d, name + ".npy"), "wb") as f:
@@ -59,7 +60,7 @@ def write(d):
                     expect = np.ascontiguousarray(a.astype(KILN[kiln]))
                     with open(os.path.join(d, name + ".raw"), "wb") as f:
                         f.write(expect.tobytes())
-                    dims = ",".join(str(x) for x in shape) or "-"
+                    dims = ",".join(str(x) for x in a.shape) or "-"
                     lines.append("%s %s %s\n" % (name, kiln, dims))
     with open(os.path.join(d, "manifest.txt"), "w") as f:
         f.writelines(lines)

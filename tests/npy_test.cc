@@ -63,11 +63,16 @@ std::string raw_of(const kiln_tensor *t) {
   return s;
 }
 
-// Random bytes valid for dt (bool: 0 or 1; floats: any bits, NaNs included).
-std::string random_bytes(kiln_dtype dt, int64_t n, std::mt19937_64 &rng) {
-  std::string s((size_t)n * kiln_dtype_size(dt), '\0');
-  for (auto &c : s) c = (char)(dt == KILN_BOOL ? rng() & 1 : rng() & 0xff);
-  return s;
+// A tensor of random bytes valid for dt (bool: 0 or 1; floats: any bits,
+// NaNs included), its bytes into *bytes.
+kiln_tensor *random_tensor(kiln_dtype dt, const V64 &shape, std::mt19937_64 &rng, std::string *bytes) {
+  int64_t n = 1;
+  for (int64_t x : shape) n *= x;
+  bytes->assign((size_t)n * kiln_dtype_size(dt), '\0');
+  for (auto &c : *bytes) c = (char)(dt == KILN_BOOL ? rng() & 1 : rng() & 0xff);
+  kiln_tensor *t = kiln_tensor_new(dt, (int)shape.size(), shape.data(), bytes->data());
+  EXPECT_NE(t, nullptr) << kiln_last_error();
+  return t;
 }
 
 kiln_tensor *load_file(const IoTempDir &d, const std::string &name, const std::string &bytes) {
@@ -87,11 +92,8 @@ TEST(Npy, RoundTripEveryDtypeAndShape) {
   const std::vector<V64> shapes = {{}, {0}, {1}, {5}, {2, 3}, {3, 0, 2}, {2, 1, 3, 2}, {1, 1, 1, 1, 1, 1, 1, 2}};
   for (kiln_dtype dt : {KILN_F32, KILN_F64, KILN_I32, KILN_I64, KILN_BOOL, KILN_F16}) {
     for (const V64 &shape : shapes) {
-      int64_t n = 1;
-      for (int64_t x : shape) n *= x;
-      std::string bytes = random_bytes(dt, n, rng);
-      kiln_tensor *t = kiln_tensor_new(dt, (int)shape.size(), shape.data(), bytes.data());
-      ASSERT_NE(t, nullptr) << kiln_last_error();
+      std::string bytes;
+      kiln_tensor *t = random_tensor(dt, shape, rng, &bytes);
       std::string path = d.file("t.npy");
       ASSERT_EQ(kiln_save_npy(path.c_str(), t), 0) << kiln_last_error();
       std::string file = get_file(path);
@@ -403,10 +405,8 @@ TEST(Npy, KilnWritesNumPyReads) {
   int k = 0;
   for (kiln_dtype dt : {KILN_F32, KILN_F64, KILN_I32, KILN_I64, KILN_BOOL, KILN_F16}) {
     for (const V64 &shape : shapes) {
-      int64_t n = 1;
-      for (int64_t x : shape) n *= x;
-      std::string bytes = random_bytes(dt, n, rng);
-      kiln_tensor *t = kiln_tensor_new(dt, (int)shape.size(), shape.data(), bytes.data());
+      std::string bytes;
+      kiln_tensor *t = random_tensor(dt, shape, rng, &bytes);
       std::string name = "k" + std::to_string(k++);
       ASSERT_EQ(kiln_save_npy(d.file(name + ".npy").c_str(), t), 0) << kiln_last_error();
       put_file(d.file(name + ".raw"), bytes);
