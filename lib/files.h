@@ -1,7 +1,8 @@
 /* files.h — careful file handling shared by the writers of files that must
  * not be confused or hijacked: the disk caches of compiled code
  * (backends/cpu/cache.c, which the PTX cache also goes through),
- * checkpoints (checkpoint.c) and KILN_DUMP (jit/loc.c). Internal. */
+ * checkpoints (checkpoint.c), .npy files (npy.c), TensorBoard summaries
+ * (summary.c) and KILN_DUMP (jit/loc.c). Internal. */
 #ifndef KILN_FILES_H
 #define KILN_FILES_H
 
