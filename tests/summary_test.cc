@@ -18,7 +18,6 @@
 #include <cstring>
 #include <map>
 #include <random>
-#include <regex>
 #include <set>
 #include <string>
 #include <thread>
@@ -240,11 +239,14 @@ TEST(Summary, FileNameAndFirstRecord) {
   ASSERT_EQ(names.size(), 1u);
   char host[256] = "";
   gethostname(host, sizeof host);
-  std::smatch m;
-  ASSERT_TRUE(std::regex_match(names[0], m, std::regex("events\\.out\\.tfevents\\.([0-9]{10})\\.(.*)")))
-      << names[0];
-  EXPECT_EQ(m[2].str(), host);
-  long long secs = std::stoll(m[1].str());
+  // events.out.tfevents.<10 digits>.<host>
+  const std::string prefix = "events.out.tfevents.";
+  ASSERT_EQ(names[0].compare(0, prefix.size(), prefix), 0) << names[0];
+  std::string secs_str = names[0].substr(prefix.size(), 10);
+  ASSERT_EQ(secs_str.find_first_not_of("0123456789"), std::string::npos) << names[0];
+  ASSERT_EQ(secs_str.size(), 10u) << names[0];
+  EXPECT_EQ(names[0].substr(prefix.size() + 10), std::string(".") + host);
+  long long secs = std::stoll(secs_str);
   EXPECT_GE(secs, (long long)t0);
   EXPECT_LE(secs, (long long)t1);
   auto recs = read_records(logdir + "/" + names[0]);
