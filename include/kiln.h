@@ -769,6 +769,76 @@ int kiln_dataset_next(kiln_dataset *, int n, kiln_tensor **out);
 void kiln_dataset_free(kiln_dataset *);
 
 /* ------------------------------------------------------------------------
+ * 13 (files, metrics, summaries). NumPy files, running metrics and
+ * TensorBoard event files (API.md §13).
+ * ---------------------------------------------------------------------- */
+
+/* ---- .npy files ---- */
+/* The tensor in a NumPy .npy file (format 1.0, 2.0 or 3.0), owned as any
+   op's result. Little- or big-endian; Fortran-order files are transposed
+   into Kiln's row-major order. dtypes: f2 f4 f8 -> f16 f32 f64, i4 i8 ->
+   i32 i64, b1 -> bool (any nonzero byte is true); narrower and unsigned
+   integers widen to the Kiln integer that holds all their values: i1 i2 u1
+   u2 -> i32, u4 u8 -> i64 (a u8 value over INT64_MAX is an error). NULL with
+   the error set ("load_npy: <path>: ..."): no such file, not a .npy file, a
+   header over 64 KiB, a dtype Kiln cannot hold (complex, strings, objects,
+   records), more than KILN_MAX_RANK dimensions, data shorter or longer than
+   the shape says. */
+kiln_tensor *kiln_load_npy(const char *path);
+/* Writes t (from any device) to path as NumPy writes it: format 1.0,
+   little-endian, row-major, the data 64-byte aligned. Atomic: a temporary
+   file beside path renamed over it, so a failed save leaves path as it was.
+   bf16 has no NumPy dtype and is refused (kiln_cast it to f32: exact).
+   0 / -1 ("save_npy: <path>: ..."; path a directory, a link or a device;
+   an unwritable directory; a symbolic tensor). */
+int          kiln_save_npy(const char *path, const kiln_tensor *t);
+
+/* ---- metrics ---- */
+/* Running means over a loop (tf.keras.metrics). Sums are kept in double. */
+typedef struct kiln_metric kiln_metric;
+/* The mean of every element of every tensor given (a batch of n elements
+   weighs n; any dtype). */
+kiln_metric *kiln_metric_mean_new(void);
+/* The fraction of examples whose predicted class equals the label's.
+   update(labels, predictions): labels [n] i32/i64 class ids or [n, c]
+   one-hot (argmax); predictions [n] i32/i64 class ids or [n, c] logits or
+   probabilities of any numeric dtype (argmax: the first largest; a row
+   holding a NaN predicts no class and counts as wrong). */
+kiln_metric *kiln_metric_accuracy_new(void);
+/* Adds a batch: a mean takes a (b must be NULL), accuracy takes labels a and
+   predictions b. 0 / -1 ("metric_update: ..."; a NULL tensor keeps the
+   first error) with the metric unchanged. */
+int    kiln_metric_update(kiln_metric *, kiln_tensor *a, kiln_tensor *b);
+/* The mean so far; NaN when nothing was added since the creation or reset. */
+double kiln_metric_result(const kiln_metric *);
+void   kiln_metric_reset(kiln_metric *);   /* forgets everything added */
+void   kiln_metric_free(kiln_metric *);    /* NULL is fine */
+
+/* ---- TensorBoard summaries ---- */
+/* A writer of logdir/events.out.tfevents.<unix seconds>.<hostname> (with
+   ".<pid>.<k>" added when another writer took that name in that second),
+   logdir created with its parents. Records are TFRecords (masked CRC-32C)
+   of Event protobufs; the first holds file_version "brain.Event:2". Calls
+   on one writer may come from any threads. NULL with the error set
+   ("summary_writer_new: <logdir>: ...") when logdir cannot be created or
+   written. */
+typedef struct kiln_summary_writer kiln_summary_writer;
+kiln_summary_writer *kiln_summary_writer_new(const char *logdir);
+/* A Summary value tag = value (stored as a float: simple_value) at step.
+   The tag is non-empty UTF-8 ("loss", "train/accuracy"). 0 / -1. */
+int  kiln_summary_scalar(kiln_summary_writer *, const char *tag, double value, int64_t step);
+/* A histogram of values' elements (any dtype, any device) as TensorFlow's
+   tf.summary.histogram (v1) writes it: HistogramProto with min, max, num,
+   sum, sum_squares, and TensorFlow's default bucket edges (0, then +-1e-12
+   growing by 10% to 1e20, then +-DBL_MAX; bucket i counts
+   [edge[i-1], edge[i])), runs of empty buckets merged into one. A NaN or
+   infinity is an error, as in TensorFlow. 0 / -1. */
+int  kiln_summary_histogram(kiln_summary_writer *, const char *tag, kiln_tensor *values, int64_t step);
+/* Writes buffered records to the file (TensorBoard sees them then). 0 / -1. */
+int  kiln_summary_flush(kiln_summary_writer *);
+void kiln_summary_writer_free(kiln_summary_writer *); /* flushes and closes; NULL is fine */
+
+/* ------------------------------------------------------------------------
  * Debugging and tests
  * ---------------------------------------------------------------------- */
 

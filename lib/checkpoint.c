@@ -46,24 +46,6 @@ static int st_index(kiln_dtype dt) {
   return 0; /* unreachable: every kiln dtype is in the table */
 }
 
-static bool host_little_endian(void) {
-  const uint16_t one = 1;
-  uint8_t b;
-  memcpy(&b, &one, 1);
-  return b == 1;
-}
-
-/* Reverses each elem-byte element of p in place (big-endian hosts only). */
-static void swap_bytes(void *p, size_t bytes, size_t elem) {
-  uint8_t *q = p;
-  for (size_t i = 0; elem > 1 && i + elem <= bytes; i += elem)
-    for (size_t a = i, b = i + elem - 1; a < b; a++, b--) {
-      uint8_t t = q[a];
-      q[a] = q[b];
-      q[b] = t;
-    }
-}
-
 static const char *errno_str(int e) {
   /* strerror is thread-safe in glibc for valid errno values; kept in one place */
   return strerror(e);
@@ -464,7 +446,7 @@ static int restore(const char *label, FILE *f, int n, kiln_variable *const *vars
     if (read_at(f, 8 + hlen + e->begin, t->data, tensor_bytes(t)))
       return kiln_set_error("%s: %s: cannot read the data of '%s' (was the file truncated?)", who, label,
                             kiln_variable_name(vars[i]));
-    if (!host_little_endian()) swap_bytes(t->data, tensor_bytes(t), kiln_dtype_sizes[dt]);
+    if (!files_host_little_endian()) files_swap_bytes(t->data, tensor_bytes(t), kiln_dtype_sizes[dt]);
     if (dt == KILN_BOOL) { /* kiln's bool is 0 or 1 */
       uint8_t *q = t->data;
       for (int64_t k = 0; k < t->size; k++) q[k] = q[k] != 0;
@@ -555,17 +537,7 @@ static int save_item_by_layout(const void *a, const void *b) {
 
 /* The data of one tensor, little-endian whatever the host. */
 static int write_tensor(int fd, const kiln_tensor *t) {
-  const uint8_t *data = kiln_tensor_data(t);
-  size_t bytes = tensor_bytes(t), elem = kiln_dtype_size(kiln_tensor_dtype(t));
-  if (host_little_endian() || elem == 1) return files_write_all(fd, data, bytes);
-  uint8_t chunk[1 << 16];
-  for (size_t off = 0; off < bytes; off += sizeof chunk) {
-    size_t k = bytes - off < sizeof chunk ? bytes - off : sizeof chunk;
-    memcpy(chunk, data + off, k);
-    swap_bytes(chunk, k, elem);
-    if (files_write_all(fd, chunk, k)) return -1;
-  }
-  return 0;
+  return files_write_le(fd, kiln_tensor_data(t), tensor_bytes(t), kiln_dtype_size(kiln_tensor_dtype(t)));
 }
 
 /* The header and the items' values, in items' order. */
@@ -595,21 +567,21 @@ static int build_header(save_item *items, int n, json_buf *h) {
   return h->oom ? kiln_set_error("checkpoint_save: out of memory") : 0;
 }
 
-/* What lstat says path is, when it is something a save must not replace:
- * a save renames a new file over path, which would swap a device, a FIFO
- * or a link (run as root, /dev/null) for a regular file. NULL when path is
- * a regular file or absent. */
-static const char *not_regular(const char *path) {
-  struct stat st;
-  if (lstat(path, &st)) return NULL; /* absent (or unreachable: creating the file says why) */
-  if (S_ISREG(st.st_mode)) return NULL;
-  return S_ISDIR(st.st_mode)    ? "a directory"
-         : S_ISLNK(st.st_mode)  ? "a symbolic link"
-         : S_ISFIFO(st.st_mode) ? "a FIFO"
-         : S_ISCHR(st.st_mode)  ? "a character device"
-         : S_ISBLK(st.st_mode)  ? "a block device"
-         : S_ISSOCK(st.st_mode) ? "a socket"
-                                : "not a file";
+/* The whole file: header length, header, the items' data. */
+typedef struct {
+  const json_buf *h;
+  const save_item *items;
+  int n;
+} save_file;
+
+static int write_file(int fd, void *ctx) {
+  const save_file *f = ctx;
+  uint8_t len8[8];
+  for (int k = 0; k < 8; k++) len8[k] = (uint8_t)((uint64_t)f->h->n >> (8 * k));
+  if (files_write_all(fd, len8, 8) || files_write_all(fd, f->h->s, f->h->n)) return -1;
+  for (int i = 0; i < f->n; i++)
+    if (write_tensor(fd, f->items[i].value)) return -1;
+  return 0;
 }
 
 static int save(const char *path, int n, kiln_variable *const *vars, save_item *items) {
@@ -651,46 +623,20 @@ static int save(const char *path, int n, kiln_variable *const *vars, save_item *
     free(h.s);
     return -1;
   }
-  const char *kind = not_regular(path);
+  const char *kind = files_not_regular(path);
   if (kind) {
     free(h.s);
     return kiln_set_error("%s: %s is not a regular file (%s); a save replaces only a regular file", who,
                           path, kind);
   }
-  size_t tmp_n = strlen(path) + 64;
-  char *tmp = malloc(tmp_n);
-  if (!tmp) {
-    free(h.s);
-    return kiln_set_error("%s: out of memory", who);
-  }
-  int fd = files_open_temp(path, tmp, tmp_n, 0666);
-  if (fd < 0) {
-    int e = errno;
-    free(h.s);
-    free(tmp);
-    return kiln_set_error("%s: %s: cannot create a file there: %s", who, path, errno_str(e));
-  }
-  uint8_t len8[8];
-  for (int k = 0; k < 8; k++) len8[k] = (uint8_t)((uint64_t)h.n >> (8 * k));
-  int ok = files_write_all(fd, len8, 8) == 0 && files_write_all(fd, h.s, h.n) == 0;
-  for (int i = 0; ok && i < n; i++) ok = write_tensor(fd, items[i].value) == 0;
-  ok = ok && fsync(fd) == 0;
+  save_file file = {&h, items, n};
+  const char *stage;
+  int rc = files_replace(path, 0666, write_file, &file, &stage);
   int e = errno;
-  if (close(fd) && ok) {
-    ok = 0;
-    e = errno;
-  }
-  if (ok && rename(tmp, path)) {
-    ok = 0;
-    e = errno;
-  }
   free(h.s);
-  if (!ok) {
-    unlink(tmp);
-    free(tmp);
-    return kiln_set_error("%s: %s: cannot write: %s", who, path, errno_str(e));
-  }
-  free(tmp);
+  if (rc && !strcmp(stage, "create"))
+    return kiln_set_error("%s: %s: cannot create a file there: %s", who, path, errno_str(e));
+  if (rc) return kiln_set_error("%s: %s: cannot write: %s", who, path, errno_str(e));
   return 0;
 }
 

@@ -100,6 +100,17 @@ kiln_tensor *tensor_to_device(const char *op, const kiln_tensor *t, int device) 
   return c;
 }
 
+const kiln_tensor *tensor_on_host(const char *op, const kiln_tensor *t, kiln_tensor **copy) {
+  *copy = NULL;
+  if (t->flags & TF_SYMBOLIC) {
+    kiln_set_error("%s: the tensor is symbolic (being traced) and has no value; call this outside the "
+                   "staged function", op);
+    return NULL;
+  }
+  if (t->device == 0) return t;
+  return *copy = tensor_to_device(op, t, 0);
+}
+
 int device_read(const char *op, const kiln_tensor *t, void *dst, size_t bytes) {
   if (!bytes) return 0;
   if (t->device == 0) {

@@ -92,6 +92,92 @@ int files_write_all(int fd, const void *p, size_t n) {
   return 0;
 }
 
+int files_read_all(int fd, void *p, size_t n) {
+  uint8_t *q = p;
+  while (n) {
+    ssize_t r = read(fd, q, n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return -1;
+    if (r == 0) {
+      errno = EIO;
+      return -1;
+    }
+    q += r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+
+int files_replace(const char *path, mode_t mode, int (*write)(int fd, void *ctx), void *ctx,
+                  const char **stage) {
+  *stage = "create";
+  size_t tmp_n = strlen(path) + 64;
+  char *tmp = malloc(tmp_n);
+  if (!tmp) {
+    errno = ENOMEM;
+    return -1;
+  }
+  int fd = files_open_temp(path, tmp, tmp_n, mode);
+  if (fd < 0) {
+    int e = errno;
+    free(tmp);
+    errno = e;
+    return -1;
+  }
+  *stage = "write";
+  int ok = write(fd, ctx) == 0 && fsync(fd) == 0;
+  int e = errno;
+  if (close(fd) && ok) ok = 0, e = errno;
+  if (ok && rename(tmp, path)) ok = 0, e = errno;
+  if (!ok) unlink(tmp);
+  free(tmp);
+  errno = e;
+  return ok ? 0 : -1;
+}
+
+const char *files_not_regular(const char *path) {
+  struct stat st;
+  if (lstat(path, &st)) return NULL; /* absent (or unreachable: creating the file says why) */
+  if (S_ISREG(st.st_mode)) return NULL;
+  return S_ISDIR(st.st_mode)    ? "a directory"
+         : S_ISLNK(st.st_mode)  ? "a symbolic link"
+         : S_ISFIFO(st.st_mode) ? "a FIFO"
+         : S_ISCHR(st.st_mode)  ? "a character device"
+         : S_ISBLK(st.st_mode)  ? "a block device"
+         : S_ISSOCK(st.st_mode) ? "a socket"
+                                : "not a file";
+}
+
+int files_host_little_endian(void) {
+  const uint16_t one = 1;
+  uint8_t b;
+  memcpy(&b, &one, 1);
+  return b == 1;
+}
+
+void files_swap_bytes(void *p, size_t bytes, size_t elem) {
+  uint8_t *q = p;
+  for (size_t i = 0; elem > 1 && i + elem <= bytes; i += elem)
+    for (size_t a = i, b = i + elem - 1; a < b; a++, b--) {
+      uint8_t t = q[a];
+      q[a] = q[b];
+      q[b] = t;
+    }
+}
+
+int files_write_le(int fd, const void *data, size_t bytes, size_t elem) {
+  if (files_host_little_endian() || elem == 1) return files_write_all(fd, data, bytes);
+  uint8_t chunk[1 << 16];
+  const uint8_t *d = data;
+  for (size_t off = 0; off < bytes; off += sizeof chunk) {
+    size_t k = bytes - off < sizeof chunk ? bytes - off : sizeof chunk;
+    memcpy(chunk, d + off, k);
+    files_swap_bytes(chunk, k, elem);
+    if (files_write_all(fd, chunk, k)) return -1;
+  }
+  return 0;
+}
+
 int files_write_new(const char *path, const void *p, size_t n, mode_t mode) {
   int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
   if (fd < 0) return -1;

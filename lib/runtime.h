@@ -108,6 +108,10 @@ void device_free(int device, void *p, int32_t cls);
 kiln_tensor *tensor_alloc_device(const char *op, kiln_dtype dt, int rank, const int64_t *shape, int device);
 /* A copy of t's value on device, owned by the caller (not in a scope). */
 kiln_tensor *tensor_to_device(const char *op, const kiln_tensor *t, int device);
+/* t's value on the host: t itself, or a copy from its GPU (into *copy, for
+ * the caller to release; NULL otherwise). NULL with "op: ..." set when t
+ * is symbolic (being traced: it has no value). */
+const kiln_tensor *tensor_on_host(const char *op, const kiln_tensor *t, kiln_tensor **copy);
 /* Copies the first bytes of t's data (any device) to host dst. 0 / -1. */
 int device_read(const char *op, const kiln_tensor *t, void *dst, size_t bytes);
 
