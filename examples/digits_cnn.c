@@ -1,11 +1,18 @@
 /* digits_cnn.c — a small convolutional network on scikit-learn's digits set
  * (1437 training and 360 test images of 8x8 pixels, examples/data/), trained
  * with its whole training step staged: forward pass, tape gradient and Adam
- * update traced into one compiled function. It prints the test accuracy
- * (and fails below 98%), checkpoints the weights, restores them into fresh
- * variables and checks that the restored model scores the same.
+ * update traced into one compiled function. An input pipeline feeds it
+ * (the training set shuffled each epoch, in batches, prepared by a
+ * background thread while the step runs); metrics keep the mean loss and
+ * the test accuracy, printed each epoch and written for TensorBoard. It
+ * prints the test accuracy (and fails below 98%), checkpoints the weights,
+ * restores them into fresh variables and checks that the restored model
+ * scores the same.
  *
- *   ./build/digits_cnn [CHECKPOINT]     (default: a file under $TMPDIR or /tmp)
+ *   ./build/digits_cnn [CHECKPOINT [LOGDIR]]
+ *     CHECKPOINT: default a file under $TMPDIR or /tmp
+ *     LOGDIR: the summaries' folder, default runs/digits_cnn
+ *             (tensorboard --logdir runs)
  *
  * The data folder is $KILN_DIGITS_DATA, else the source tree's examples/data. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, mkstemp */
@@ -50,31 +57,40 @@ static int predict(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln
   return out[0] ? 0 : -1;
 }
 
-/* The fraction of images whose arg-max logit is their label (-1 on error). */
+/* The fraction of images whose arg-max logit is their label, by the
+ * accuracy metric (-1 on error). */
 static double accuracy(digits_model *m, kiln_tensor *images, kiln_tensor *labels) {
   kiln_function *f = kiln_function_new("digits_predict", predict, m, 1, 1);
+  kiln_metric *hits = kiln_metric_accuracy_new();
   double acc = -1;
   kiln_scope_push();
   kiln_tensor *logits = NULL;
-  if (f && kiln_function_call(f, &images, &logits) == 0) {
-    kiln_tensor *hits = kiln_cast(kiln_equal(kiln_argmax(logits, 1), labels), KILN_F64);
-    kiln_tensor *mean = kiln_reduce_mean(hits, 0, NULL, false);
-    if (mean) acc = kiln_tensor_item(mean);
-  }
+  if (f && hits && kiln_function_call(f, &images, &logits) == 0 && kiln_metric_update(hits, labels, logits) == 0)
+    acc = kiln_metric_result(hits);
   kiln_scope_pop();
+  kiln_metric_free(hits);
   kiln_function_free(f);
   return acc;
 }
 
-/* A permutation of 0..n-1 from a small LCG (the same every run). */
-static void shuffle(int64_t *idx, int64_t n, uint64_t *state) {
-  for (int64_t i = n - 1; i > 0; i--) {
-    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
-    int64_t j = (int64_t)((*state >> 33) % (uint64_t)(i + 1));
-    int64_t tmp = idx[i];
-    idx[i] = idx[j];
-    idx[j] = tmp;
-  }
+/* next, the stage just built on d; where it failed, d is freed (a stage
+ * takes over its input only when it succeeds) and NULL returned, Kiln's
+ * error saying why. */
+static kiln_dataset *then(kiln_dataset *d, kiln_dataset *next) {
+  if (!next) kiln_dataset_free(d);
+  return next;
+}
+
+/* The training pairs, shuffled anew each epoch, in batches of BATCH (the
+ * last partial batch of each epoch dropped: one shape, one trace), for
+ * EPOCHS epochs, two batches ahead on a background thread; NULL on error. */
+static kiln_dataset *pipeline(kiln_tensor *images, kiln_tensor *labels) {
+  kiln_tensor *const pairs[2] = {images, labels};
+  kiln_dataset *d = kiln_dataset_from_tensors(2, pairs);
+  d = then(d, kiln_dataset_shuffle(d, kiln_tensor_shape(images)[0], 2026));
+  d = then(d, kiln_dataset_batch(d, BATCH, true));
+  d = then(d, kiln_dataset_repeat(d, EPOCHS));
+  return then(d, kiln_dataset_prefetch(d, 2));
 }
 
 static double now_ms(void) {
@@ -88,51 +104,55 @@ static int fail(const char *what) {
   return 1;
 }
 
-static int run(const char *checkpoint) {
+static int run(const char *checkpoint, const char *logdir) {
   kiln_tensor *train_x = NULL, *train_y = NULL, *test_x = NULL, *test_y = NULL;
   if (digits_load(NULL, "train", &train_x, &train_y) || digits_load(NULL, "test", &test_x, &test_y))
     return fail("loading the data (scripts/make_digits.py writes it)");
   const int64_t n_train = kiln_tensor_shape(train_x)[0];
-  printf("digits: %lld training and %lld test images of 8x8, from %s\n", (long long)n_train,
-         (long long)kiln_tensor_shape(test_x)[0], digits_data_dir());
+  printf("digits: %lld training and %lld test images of 8x8, from %s; summaries in %s\n", (long long)n_train,
+         (long long)kiln_tensor_shape(test_x)[0], digits_data_dir(), logdir);
 
   kiln_random_seed(1);
   digits_model m = {{0}};
   trainer t = {&m, digits_optimizer_new()};
   kiln_function *step = kiln_function_new("digits_train_step", train_step, &t, 2, 1);
-  int64_t *idx = malloc((size_t)n_train * sizeof *idx);
-  if (digits_model_init(&m) || !t.opt || !step || !idx) {
-    free(idx);
-    return fail("setting up");
-  }
-  for (int64_t i = 0; i < n_train; i++) idx[i] = i;
+  kiln_dataset *data = pipeline(train_x, train_y);
+  kiln_metric *mean_loss = kiln_metric_mean_new();
+  kiln_summary_writer *log = kiln_summary_writer_new(logdir);
+  int rc = digits_model_init(&m) || !t.opt || !step || !data || !mean_loss || !log ? -1 : 0;
 
-  /* EPOCHS passes over the shuffled training set in batches of BATCH (the
-   * last partial batch of each epoch is dropped: one shape, one trace) */
-  uint64_t rng = 2026;
+  /* EPOCHS passes of steps_per_epoch batches, the step's first call
+   * (trace, passes and compile) timed apart */
   const int64_t steps_per_epoch = n_train / BATCH;
-  double first_ms = 0, steps_ms = 0, loss = 0;
-  int rc = 0;
+  double first_ms = 0, steps_ms = 0;
   for (int epoch = 0; epoch < EPOCHS && !rc; epoch++) {
-    shuffle(idx, n_train, &rng);
-    double sum = 0;
+    double epoch_ms = 0;
     for (int64_t s = 0; s < steps_per_epoch && !rc; s++) {
       kiln_scope_push();
-      kiln_tensor *batch_idx = kiln_tensor_new(KILN_I64, KILN_SHAPE(BATCH), idx + s * BATCH);
-      kiln_tensor *in[2] = {kiln_gather(train_x, batch_idx, 0), kiln_gather(train_y, batch_idx, 0)};
-      kiln_tensor *l = NULL;
+      kiln_tensor *in[2], *l = NULL;
+      int got = kiln_dataset_next(data, 2, in);
       double t0 = now_ms();
-      rc = in[0] && in[1] ? kiln_function_call(step, in, &l) : -1;
+      rc = got == 1 ? kiln_function_call(step, in, &l) : -1;
       double ms = now_ms() - t0;
-      if (epoch == 0 && s == 0) first_ms = ms; /* trace, passes and compile */
-      else steps_ms += ms;
-      if (!rc) sum += kiln_tensor_item(l);
+      if (got == 0) kiln_fail("digits_cnn: the pipeline ended early");
+      if (epoch == 0 && s == 0) first_ms = ms;
+      else steps_ms += ms, epoch_ms += ms;
+      if (!rc) rc = kiln_metric_update(mean_loss, l, NULL);
       kiln_scope_pop();
     }
-    loss = sum / (double)steps_per_epoch;
-    if (!rc && (epoch % 5 == 0 || epoch == EPOCHS - 1)) printf("  epoch %2d: mean loss %.4f\n", epoch + 1, loss);
+    double acc = rc ? -1 : accuracy(&m, test_x, test_y), loss = kiln_metric_result(mean_loss);
+    if (acc < 0) rc = -1;
+    if (!rc) rc = kiln_summary_scalar(log, "loss", loss, epoch + 1) || kiln_summary_scalar(log, "test_accuracy", acc, epoch + 1) ||
+                  kiln_summary_histogram(log, "dense/w", kiln_variable_read(m.v[4]), epoch + 1);
+    if (!rc)
+      printf("  epoch %2d/%d: mean loss %.4f, test accuracy %.2f%%, %.2f ms per step\n", epoch + 1, EPOCHS, loss,
+             100 * acc, epoch_ms / (double)(steps_per_epoch - (epoch == 0)));
+    kiln_metric_reset(mean_loss);
   }
-  free(idx);
+  if (!rc) rc = kiln_summary_flush(log);
+  kiln_summary_writer_free(log);
+  kiln_metric_free(mean_loss);
+  kiln_dataset_free(data);
   if (rc) return fail("training");
 
   const int total_steps = EPOCHS * (int)steps_per_epoch;
@@ -180,12 +200,12 @@ static int run(const char *checkpoint) {
 }
 
 int main(int argc, char **argv) {
-  if (argc > 2) {
-    fprintf(stderr, "usage: %s [CHECKPOINT]\n", argv[0]);
+  if (argc > 3) {
+    fprintf(stderr, "usage: %s [CHECKPOINT [LOGDIR]]\n", argv[0]);
     return 2;
   }
   char tmp[4096] = "";
-  const char *checkpoint = argc == 2 ? argv[1] : NULL;
+  const char *checkpoint = argc >= 2 ? argv[1] : NULL, *logdir = argc == 3 ? argv[2] : "runs/digits_cnn";
   if (!checkpoint) {
     const char *dir = getenv("TMPDIR");
     snprintf(tmp, sizeof tmp, "%s/digits_cnn_XXXXXX", dir && *dir ? dir : "/tmp");
@@ -198,7 +218,7 @@ int main(int argc, char **argv) {
     checkpoint = tmp;
   }
   kiln_scope_push();
-  int rc = run(checkpoint);
+  int rc = run(checkpoint, logdir);
   kiln_scope_pop();
   if (*tmp) remove(tmp);
   if (!rc && kiln_debug_live_tensors() != 0) {

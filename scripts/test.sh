@@ -202,9 +202,13 @@ if [ $release_ok -eq 1 ]; then
   section "examples (build/)"
   check "build/hello" ./build/hello
   check "build/tour" ./build/tour
-  # trains a convnet on examples/data/ (>= 98% test accuracy or it fails);
-  # its checkpoint goes to a temporary file
-  check "build/digits_cnn" ./build/digits_cnn
+  # the guide's first loop and a convnet on examples/data/ (>= 98% test
+  # accuracy or it fails), both fed by datasets; their checkpoint and
+  # TensorBoard summaries go to a temporary folder
+  runs=$(mktemp -d)
+  check "build/linear_regression" ./build/linear_regression 300 "$runs/linear_regression"
+  check "build/digits_cnn" ./build/digits_cnn "$runs/digits_cnn.ckpt" "$runs/digits_cnn"
+  rm -rf "$runs"
 
   section "install smoke test"
   work=$(mktemp -d)
