@@ -15,8 +15,11 @@ packages=(cmake ninja-build llvm-19-dev llvm-19-tools libffi-dev libgtest-dev li
 # python3-sklearn regenerates examples/data/ (scripts/make_digits.py: the
 # files are checked in) and python3-torchvision is the ResNet-50 bench's peer.
 # mlir-19-tools (mlir-opt-19, mlir-cpu-runner-19) verifies and runs the MLIR
-# export (tests/mlir_test.cc).
-optional=(python3-torch python3-numpy gcc-aarch64-linux-gnu python3-sklearn python3-torchvision mlir-19-tools)
+# export (tests/mlir_test.cc). libopenmpi-dev and openmpi-bin (Open MPI and
+# its mpirun) carry the distribution API across processes (API.md §12; the
+# dist.np* tests); without them the world is one process.
+optional=(python3-torch python3-numpy gcc-aarch64-linux-gnu python3-sklearn python3-torchvision mlir-19-tools
+          libopenmpi-dev openmpi-bin)
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "setup.sh: no dpkg here (not Debian?); install these by hand: ${packages[*]}" >&2
