@@ -62,8 +62,9 @@ int dist_agree(const char *who, const dist_header *h, bool ok);
  * KILN_DIST_TIMEOUT_S for the other ranks; an expired wait breaks the world
  * (MPI cannot take back a collective half done): every later call fails.
  * 0 / -1. */
-/* buf[0, count) in place: the reduction over ranks, the same bytes on every rank */
-int dist_allreduce(const char *who, void *buf, int64_t count, kiln_dtype dt, dist_op op);
+/* buf[0, count) = the reduction over ranks of send[0, count), the same bytes
+ * on every rank; send == buf reduces in place */
+int dist_allreduce(const char *who, const void *send, void *buf, int64_t count, kiln_dtype dt, dist_op op);
 /* recv = the ranks' send blocks of `bytes` each, in rank order */
 int dist_allgather(const char *who, const void *send, void *recv, size_t bytes);
 /* send holds size blocks of count elements; recv gets block `rank` reduced over ranks */

@@ -130,16 +130,19 @@ static int move_all_reduce(call *c) {
   kiln_tensor *t = c->host;
   kiln_dtype dt = (kiln_dtype)t->dtype, wire = dist_wire_dtype(dt, (dist_op)c->op);
   int64_t n = t->size;
-  void *buf = c->out->data;
-  if (wire != dt && !(buf = malloc((size_t)n * kiln_dtype_sizes[wire] + 1)))
-    return kiln_set_error("%s: out of memory", c->who);
-  dist_convert(dt, t->data, wire, buf, n);
-  int rc = dist_allreduce(c->who, buf, n, wire, c->op == DIST_MEAN ? DIST_SUM : (dist_op)c->op);
-  if (!rc && c->op == DIST_MEAN) dist_divide(wire, buf, n, dist_world_size());
-  if (buf != c->out->data) {
-    if (!rc) dist_convert(wire, buf, dt, c->out->data, n);
-    free(buf);
+  dist_op op = c->op == DIST_MEAN ? DIST_SUM : (dist_op)c->op;
+  if (wire == dt) { /* straight from t into the result */
+    int rc = dist_allreduce(c->who, t->data, c->out->data, n, wire, op);
+    if (!rc && c->op == DIST_MEAN) dist_divide(wire, c->out->data, n, dist_world_size());
+    return rc;
   }
+  void *buf = malloc((size_t)n * kiln_dtype_sizes[wire] + 1);
+  if (!buf) return kiln_set_error("%s: out of memory", c->who);
+  dist_convert(dt, t->data, wire, buf, n);
+  int rc = dist_allreduce(c->who, buf, buf, n, wire, op);
+  if (!rc && c->op == DIST_MEAN) dist_divide(wire, buf, n, dist_world_size());
+  if (!rc) dist_convert(wire, buf, dt, c->out->data, n);
+  free(buf);
   return rc;
 }
 

@@ -57,7 +57,7 @@ static int average_bucket(const char *who, kiln_tensor *const *grads, kiln_tenso
     at += (size_t)g->size * ws;
     count += g->size;
   }
-  if (dist_allreduce(who, buf, count, wire, DIST_SUM)) return -1;
+  if (dist_allreduce(who, buf, buf, count, wire, DIST_SUM)) return -1;
   dist_divide(wire, buf, count, dist_world_size());
   at = 0;
   for (int i = first; i < last; i++) {

@@ -84,9 +84,9 @@ static int join_locked(const char *who) {
   world.rank = 0;
   world.size = 1;
 #endif
-  world.state = DIST_IN;
   world.broken = false;
   world.seq = 0;
+  __atomic_store_n(&world.state, DIST_IN, __ATOMIC_RELEASE);
   return 0;
 }
 
@@ -111,9 +111,9 @@ void kiln_dist_finalize(void) {
     /* a broken world's communicator has a collective pending for good */
     if (!world.broken) MPI_Comm_free(&world.comm);
     if (world.owns_mpi) MPI_Finalize();
-    world.state = world.owns_mpi ? DIST_DONE : DIST_OUT;
+    __atomic_store_n(&world.state, world.owns_mpi ? DIST_DONE : DIST_OUT, __ATOMIC_RELEASE);
 #else
-    world.state = DIST_OUT;
+    __atomic_store_n(&world.state, DIST_OUT, __ATOMIC_RELEASE);
 #endif
     world.rank = 0;
     world.size = 1;
@@ -298,16 +298,16 @@ static int count_fits(const char *who, int64_t count) {
                         (long long)count);
 }
 
-/* buf in place; every rank ends with the bytes one rank computed for each
- * element: for floats the reduction is done once per element (reduce-scatter,
- * then each rank's part gathered) unless it is a sum of two ranks, which is
- * commutative and so the same bits on both */
-static int allreduce_piece(const char *who, char *buf, int count, kiln_dtype dt, dist_op op) {
+/* send -> buf (send == buf: in place); every rank ends with the bytes one
+ * rank computed for each element: for floats the reduction is done once per
+ * element (reduce-scatter, then each rank's part gathered) unless it is a
+ * sum of two ranks, which is commutative and so the same bits on both */
+static int allreduce_piece(const char *who, const char *send, char *buf, int count, kiln_dtype dt, dist_op op) {
   MPI_Datatype type = mpi_type(dt);
   MPI_Request req;
   int rc;
   if (!dtype_is_float(dt) || (op == DIST_SUM && world.size == 2)) {
-    rc = MPI_Iallreduce(MPI_IN_PLACE, buf, count, type, mpi_op(op), world.comm, &req);
+    rc = MPI_Iallreduce(send == buf ? MPI_IN_PLACE : send, buf, count, type, mpi_op(op), world.comm, &req);
     return rc != MPI_SUCCESS ? mpi_fail(who, rc) : wait_for(who, &req);
   }
   int n = world.size, *counts = malloc(2 * (size_t)n * sizeof *counts), *displs = counts + n;
@@ -323,7 +323,7 @@ static int allreduce_piece(const char *who, char *buf, int count, kiln_dtype dt,
     free(counts);
     return kiln_set_error("%s: out of memory", who);
   }
-  rc = MPI_Ireduce_scatter(buf, mine, counts, type, mpi_op(op), world.comm, &req);
+  rc = MPI_Ireduce_scatter(send, mine, counts, type, mpi_op(op), world.comm, &req);
   int err = rc != MPI_SUCCESS ? mpi_fail(who, rc) : wait_for(who, &req);
   if (!err) {
     memcpy(buf + (size_t)displs[world.rank] * esize, mine, (size_t)counts[world.rank] * esize);
@@ -336,18 +336,23 @@ static int allreduce_piece(const char *who, char *buf, int count, kiln_dtype dt,
 }
 #endif
 
-int dist_allreduce(const char *who, void *buf, int64_t count, kiln_dtype dt, dist_op op) {
+int dist_allreduce(const char *who, const void *send, void *buf, int64_t count, kiln_dtype dt, dist_op op) {
   if (check_world(who)) return -1;
-  if (world.size == 1 || count == 0) return 0;
+  if (world.size == 1) {
+    if (count && send != buf) memcpy(buf, send, (size_t)count * kiln_dtype_sizes[dt]);
+    return 0;
+  }
+  if (count == 0) return 0;
 #ifdef KILN_HAVE_MPI
   size_t esize = kiln_dtype_sizes[dt];
   for (int64_t at = 0; at < count; at += CHUNK) {
     int piece = (int)(count - at < CHUNK ? count - at : CHUNK);
-    if (allreduce_piece(who, (char *)buf + (size_t)at * esize, piece, dt, op)) return -1;
+    if (allreduce_piece(who, (const char *)send + (size_t)at * esize, (char *)buf + (size_t)at * esize, piece, dt, op))
+      return -1;
   }
   return 0;
 #else
-  (void)buf, (void)dt, (void)op;
+  (void)op;
   return -1;
 #endif
 }

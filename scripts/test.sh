@@ -205,6 +205,9 @@ if [ $release_ok -eq 1 ]; then
   # trains a convnet on examples/data/ (>= 98% test accuracy or it fails);
   # its checkpoint goes to a temporary file
   check "build/digits_cnn" ./build/digits_cnn
+  # data-parallel training in a world of one (ctest runs it on 2 processes
+  # where MPI is installed: example.data_parallel.np2)
+  check "build/data_parallel" ./build/data_parallel
 
   section "install smoke test"
   work=$(mktemp -d)
