@@ -38,19 +38,6 @@ int dist_world_rank(void) { return world.rank; }
 int dist_world_size(void) { return world.size; }
 KILN_EXPORT double dist_wait_seconds(void) { return world.waited; }
 
-static const char *const kind_names[] = {
-    [DIST_ALL_REDUCE] = "all_reduce",
-    [DIST_ALL_GATHER] = "all_gather",
-    [DIST_REDUCE_SCATTER] = "reduce_scatter",
-    [DIST_BROADCAST] = "broadcast_from",
-    [DIST_AVERAGE_GRADIENTS] = "dist_average_gradients",
-    [DIST_SYNC_VARIABLES] = "dist_sync_variables",
-};
-
-static const char *kind_name(int64_t k) {
-  return k >= DIST_ALL_REDUCE && k <= DIST_SYNC_VARIABLES ? kind_names[k] : "?";
-}
-
 #ifdef KILN_HAVE_MPI
 static int mpi_fail(const char *who, int rc) {
   char msg[MPI_MAX_ERROR_STRING];
@@ -204,6 +191,20 @@ static void pack_header(const dist_header *h, bool ok, int64_t *f) {
   f[H_DIGEST] = (int64_t)h->digest;
 }
 
+#ifdef KILN_HAVE_MPI
+static const char *const kind_names[] = {
+    [DIST_ALL_REDUCE] = "all_reduce",
+    [DIST_ALL_GATHER] = "all_gather",
+    [DIST_REDUCE_SCATTER] = "reduce_scatter",
+    [DIST_BROADCAST] = "broadcast_from",
+    [DIST_AVERAGE_GRADIENTS] = "dist_average_gradients",
+    [DIST_SYNC_VARIABLES] = "dist_sync_variables",
+};
+
+static const char *kind_name(int64_t k) {
+  return k >= DIST_ALL_REDUCE && k <= DIST_SYNC_VARIABLES ? kind_names[k] : "?";
+}
+
 /* The error for headers all[rank * H_FIELDS ...] that do not agree, the
  * same words on every rank but for who. */
 static int mismatch(const char *who, const int64_t *all, int size, bool ok) {
@@ -246,6 +247,7 @@ static int mismatch(const char *who, const int64_t *all, int size, bool ok) {
   }
   return kiln_set_error("%s: the ranks' headers disagree", who); /* unreachable: some field differed */
 }
+#endif
 
 int dist_agree(const char *who, const dist_header *h, bool ok) {
   if (check_world(who)) return -1;
