@@ -839,6 +839,90 @@ int  kiln_summary_flush(kiln_summary_writer *);
 void kiln_summary_writer_free(kiln_summary_writer *); /* flushes and closes; NULL is fine */
 
 /* ------------------------------------------------------------------------
+ * 12. Distribution (API.md §12)
+ *
+ * Processes started by an MPI launcher (mpirun -np 4 ./train) form a world;
+ * without a launcher, or in a Kiln built without MPI, the world is this one
+ * process and every collective below is an identity (a new tensor equal to
+ * t). Kiln talks over its own duplicate of MPI_COMM_WORLD, so the program's
+ * own MPI traffic never mixes with it.
+ *
+ * Joining: kiln_dist_init joins explicitly; the first collective, rank or
+ * size call joins implicitly (so a collective never runs in a world of one
+ * by mistake). Kiln initializes MPI with MPI_Init_thread (asking for
+ * MPI_THREAD_MULTIPLE) unless the program already has; a process's Kiln
+ * collectives run one at a time whatever thread level MPI granted.
+ *
+ * Collectives: every process calls them in the same order with the same
+ * dtype, shape, op, axis or root. Before any data moves the ranks compare
+ * what each asked for; a mismatch fails on every rank with the same error
+ * ("all_reduce: rank 1 has shape (3,) where rank 0 has (4,)") and the world
+ * stays usable. A call one rank gets wrong (a NULL input, a bad op) fails
+ * there with its own error and on the others naming that rank. A rank that
+ * never comes to a collective fails the others after KILN_DIST_TIMEOUT_S
+ * seconds (default 60, 0 = wait forever); MPI cannot take back a collective
+ * half done, so after a timeout every later collective of that process
+ * fails. Results are bit-identical on every rank: float reductions are
+ * computed once per element (a reduce-scatter whose parts are then
+ * gathered; the sum of two ranks is commutative and reduces in place), and
+ * f16/bf16 reduce in f32 and round once. The ops run eagerly and under
+ * tapes (staging them is not built yet: a staged function that calls one
+ * fails). Tensors on a GPU travel through host memory.
+ * ---------------------------------------------------------------------- */
+
+/* Joins the world (initializing MPI if the program has not). Every process
+   calls it, or its first collective, together. 0 / -1. */
+int  kiln_dist_init(void);
+/* This process's rank in [0, size), and the world's size; -1 when joining
+   fails. */
+int  kiln_dist_rank(void);
+int  kiln_dist_size(void);
+/* Leaves the world, finalizing MPI if Kiln initialized it (then the process
+   cannot join again: MPI starts once). A program that initialized MPI
+   itself finalizes it itself, after this. Safe to call twice. */
+void kiln_dist_finalize(void);
+
+/* op: "sum", "mean", "max" or "min", elementwise over the ranks' t, the
+   result on every rank. Integer "mean" truncates toward zero (i32 sums in
+   i64 first); bool takes "max" (or) and "min" (and). Gradient: the world's
+   loss is the sum of every rank's loss, so sum's adjoint is all_reduce(sum),
+   mean's is all_reduce(mean), and max's and min's go to the elements equal
+   to the result, shared equally between the ranks that tie (as
+   kiln_reduce_max). Every rank must take the gradient through the same
+   collectives. */
+kiln_tensor *kiln_all_reduce(kiln_tensor *t, const char *op);
+/* The ranks' t concatenated along axis (negative from the end) in rank
+   order; rank >= 1. Gradient: reduce_scatter(sum) of the result's gradient. */
+kiln_tensor *kiln_all_gather(kiln_tensor *t, int axis);
+/* t split along axis into size equal blocks (an error when size does not
+   divide it); rank r gets block r reduced with op over the ranks. Gradient:
+   sum's is all_gather, mean's all_gather / size, max's and min's as in
+   kiln_all_reduce. */
+kiln_tensor *kiln_reduce_scatter(kiln_tensor *t, int axis, const char *op);
+/* root's t on every rank (root in [0, size)). Gradient: the sum of the
+   ranks' gradients on root, zeros elsewhere. */
+kiln_tensor *kiln_broadcast_from(kiln_tensor *t, int root);
+
+/* Serves this process's devices to rank 0 (remote devices, task:K/cpu:0).
+   Not built yet: returns -1, "dist_serve: remote devices are not built
+   yet ...". */
+int kiln_dist_serve(void);
+
+/* Averages grads[0, n) across the world in place: grads[i] becomes the
+   mean of every rank's grads[i] (a new tensor, owned as any result; the old
+   one is released when no scope is open, so the caller keeps exactly one
+   reference, and otherwise left to its scope). NULL entries stay NULL and
+   must be NULL on every rank. Float dtypes only. Tensors are packed by
+   wire dtype (f16/bf16 as f32) into fusion buffers of at most
+   KILN_DIST_FUSION_BYTES (default 64 MiB; a larger tensor goes alone), one
+   all-reduce each. In a world of one nothing changes. 0 / -1 (grads
+   unchanged). */
+int kiln_dist_average_gradients(int n, kiln_tensor **grads);
+/* Assigns root's value of each of vars to every rank's (same names
+   are not needed: the order, dtypes and shapes must match). 0 / -1. */
+int kiln_dist_sync_variables(int n, kiln_variable *const *vars, int root);
+
+/* ------------------------------------------------------------------------
  * Debugging and tests
  * ---------------------------------------------------------------------- */
 

@@ -78,6 +78,8 @@ int shape_check(const char *op, int rank, const int64_t *shape, int64_t *size);
 kiln_tensor *tensor_alloc(const char *op, kiln_dtype dt, int rank, const int64_t *shape);
 /* A header sharing base's data with another shape of the same size. */
 kiln_tensor *tensor_view(kiln_tensor *base, int rank, const int64_t *shape);
+/* Has this thread a scope open (so that new tensors belong to it)? */
+bool scope_is_open(void);
 /* Hands a caller-owned tensor to the innermost scope (if any); returns t. */
 kiln_tensor *scope_own(kiln_tensor *t);
 static inline size_t tensor_bytes(const kiln_tensor *t) {

@@ -196,6 +196,8 @@ void kiln_scope_pop(void) {
   s->len = mark;
 }
 
+bool scope_is_open(void) { return scopes.depth > 0; }
+
 kiln_tensor *scope_own(kiln_tensor *t) {
   scope_stack *s = &scopes;
   if (!t || s->depth == 0) return t;

@@ -17,9 +17,12 @@ packages=(cmake ninja-build llvm-19-dev llvm-19-tools libffi-dev libgtest-dev li
 # mlir-19-tools (mlir-opt-19, mlir-cpu-runner-19) verifies and runs the MLIR
 # export (tests/mlir_test.cc). python3-numpy also reads and writes the .npy
 # files of tests/npy_test.cc; protobuf-compiler (protoc) and python3-protobuf
-# parse the TensorBoard event files of tests/summary_test.cc.
+# parse the TensorBoard event files of tests/summary_test.cc. libopenmpi-dev
+# and openmpi-bin (Open MPI and its mpirun) carry the distribution API across
+# processes (API.md §12; the dist.np* tests); without them the world is one
+# process.
 optional=(python3-torch python3-numpy gcc-aarch64-linux-gnu python3-sklearn python3-torchvision mlir-19-tools
-          protobuf-compiler python3-protobuf)
+          protobuf-compiler python3-protobuf libopenmpi-dev openmpi-bin)
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "setup.sh: no dpkg here (not Debian?); install these by hand: ${packages[*]}" >&2

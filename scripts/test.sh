@@ -209,6 +209,9 @@ if [ $release_ok -eq 1 ]; then
   check "build/linear_regression" ./build/linear_regression 300 "$runs/linear_regression"
   check "build/digits_cnn" ./build/digits_cnn "$runs/digits_cnn.ckpt" "$runs/digits_cnn"
   rm -rf "$runs"
+  # data-parallel training in a world of one (ctest runs it on 2 processes
+  # where MPI is installed: example.data_parallel.np2)
+  check "build/data_parallel" ./build/data_parallel
 
   section "install smoke test"
   work=$(mktemp -d)

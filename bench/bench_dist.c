@@ -1,0 +1,135 @@
+/* bench_dist.c — distribution (API.md §12) on this machine:
+ *
+ *   mpirun --oversubscribe -np 2 ./bench_dist     (and ./bench_dist: one process)
+ *
+ * 1. all-reduce bus bandwidth, 2(n-1)/n * bytes / time, of kiln_all_reduce
+ *    ("sum", f32) for 4 KB to 64 MB beside a plain MPI_Allreduce loop in
+ *    the same run, alternating, so both see the same noise: the median of
+ *    the iterations, each timed on rank 0 between barriers;
+ * 2. the data-parallel MLP step (784-256-10, batch 64 per rank, SGD,
+ *    kiln_dist_average_gradients): median step time, and the share of it
+ *    the ranks spend waiting in collectives (dist_wait_seconds). */
+#define _POSIX_C_SOURCE 200809L
+#include <kiln.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../examples/data_parallel_model.h"
+#include "bench_util.h"
+
+#ifdef KILN_HAVE_MPI
+#include <mpi.h>
+#endif
+
+double dist_wait_seconds(void); /* lib/dist_mpi.c (kiln_internal) */
+
+static int rank, size;
+
+#ifdef KILN_HAVE_MPI
+static void bandwidth(void) {
+  if (rank == 0)
+    printf("all-reduce (sum, f32) on %d processes: bus bandwidth 2(n-1)/n * bytes / time, median\n"
+           "  %9s %12s %12s %7s\n",
+           size, "bytes", "Kiln GB/s", "MPI GB/s", "ratio");
+  for (size_t bytes = 4096; bytes <= ((size_t)64 << 20); bytes *= 4) {
+    int64_t n = (int64_t)(bytes / 4);
+    int iters = bytes <= (1 << 20) ? 100 : bytes <= (16 << 20) ? 20 : 8;
+    float *buf = malloc(bytes);
+    for (int64_t i = 0; i < n; i++) buf[i] = (float)(i % 7);
+    kiln_tensor *t = kiln_tensor_new(KILN_F32, 1, &n, buf);
+    double *tk = malloc(sizeof(double) * (size_t)iters), *tm = malloc(sizeof(double) * (size_t)iters);
+    for (int it = -2; it < iters; it++) { /* two warm-up rounds */
+      MPI_Barrier(MPI_COMM_WORLD);
+      double t0 = now_s();
+      kiln_tensor *y = kiln_all_reduce(t, "sum");
+      double t1 = now_s();
+      if (!y) {
+        fprintf(stderr, "bench_dist: %s\n", kiln_last_error());
+        exit(1);
+      }
+      kiln_release(y);
+      MPI_Barrier(MPI_COMM_WORLD);
+      double t2 = now_s();
+      MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      double t3 = now_s();
+      if (it >= 0) tk[it] = t1 - t0, tm[it] = t3 - t2;
+    }
+    double bus = 2.0 * (size - 1) / size * (double)bytes;
+    double k = median(tk, iters), m = median(tm, iters);
+    if (rank == 0) {
+      printf("  %9zu %12.3f %12.3f %7.2f\n", bytes, bus / k * 1e-9, bus / m * 1e-9, m / k);
+      char key[64];
+      snprintf(key, sizeof key, "dist.allreduce.np%d.%zu.ratio", size, bytes);
+      bench_figure(key, m / k, "x");
+    }
+    kiln_release(t);
+    free(buf);
+    free(tk);
+    free(tm);
+  }
+}
+#endif
+
+static void training(void) {
+  enum { BATCH = 64, IN = 784, HIDDEN = 256, WARMUP = 5, STEPS = 60 };
+  kiln_random_seed(42);
+  dp_mlp m;
+  kiln_optimizer *sgd = kiln_sgd_new(0.05);
+  if (dp_mlp_init(&m, IN, HIDDEN) || !sgd) {
+    fprintf(stderr, "bench_dist: %s\n", kiln_last_error());
+    exit(1);
+  }
+  kiln_random_seed(100 + (uint64_t)rank); /* each rank its own shard */
+  kiln_tensor *x = kiln_random_normal(KILN_F32, KILN_SHAPE(BATCH, IN));
+  kiln_tensor *y = kiln_cast(kiln_mul(kiln_random_uniform(KILN_F32, KILN_SHAPE(BATCH), 0, 1),
+                                      kiln_scalar(KILN_F32, 9.99)), KILN_I64);
+  double t[STEPS], waited = 0, total = 0;
+  for (int s = -WARMUP; s < STEPS; s++) {
+    kiln_scope_push();
+    double w0 = dist_wait_seconds(), t0 = now_s();
+    kiln_tensor *loss;
+    if (dp_mlp_step(&m, sgd, x, y, true, &loss)) {
+      fprintf(stderr, "bench_dist: %s\n", kiln_last_error());
+      exit(1);
+    }
+    double dt = now_s() - t0;
+    if (s >= 0) t[s] = dt, total += dt, waited += dist_wait_seconds() - w0;
+    kiln_scope_pop();
+  }
+  double med = median(t, STEPS);
+  /* the ranks' largest share: a rank that waits for a slower one waits in the collective */
+  double share = total > 0 ? waited / total : 0, worst = share;
+  kiln_tensor *st = kiln_scalar(KILN_F64, share), *mx = kiln_all_reduce(st, "max");
+  if (mx) worst = kiln_tensor_item(mx);
+  kiln_release(st), kiln_release(mx);
+  if (rank == 0) {
+    printf("data-parallel MLP %d-%d-10, batch %d per rank, SGD + average_gradients, %d process%s:\n"
+           "  %.3f ms/step (median of %d), %.1f%% of the step in collectives (the most of any rank)\n",
+           IN, HIDDEN, BATCH, size, size == 1 ? "" : "es", med * 1e3, STEPS, 100 * worst);
+    char key[64];
+    snprintf(key, sizeof key, "dist.mlp_step.np%d", size);
+    bench_figure(key, med * 1e3, "ms");
+  }
+  kiln_release(x), kiln_release(y);
+  dp_mlp_free(&m);
+  kiln_optimizer_free(sgd);
+}
+
+int main(void) {
+  if (kiln_dist_init()) {
+    fprintf(stderr, "bench_dist: %s\n", kiln_last_error());
+    return 1;
+  }
+  rank = kiln_dist_rank();
+  size = kiln_dist_size();
+#ifdef KILN_HAVE_MPI
+  if (size > 1) bandwidth();
+#else
+  printf("bench_dist: Kiln was built without MPI (libopenmpi-dev openmpi-bin): a world of one process\n");
+#endif
+  training();
+  kiln_dist_finalize();
+  return 0;
+}
