@@ -20,6 +20,7 @@
 
 #include "ir.h"
 #include "ir_gen.h"
+#include "may_jump.h"
 #include "mlir/mlir.h"
 #include "test_util.h"
 
@@ -514,105 +515,12 @@ TEST(Mlir, RandomProgramsVerifyInMlirOpt) {
 // ---- running random programs through MLIR's own pipeline ----
 
 // Which values may differ from the interpreter by more than rounding when
-// MLIR computes them: libm's exp, log, tanh (Kiln has its own), other
-// summation orders (dot, float sums, convolutions) make a float inexact; a
-// compare, floor, ceil, sign, mod, argmax or conversion to an integer of an
-// inexact value may jump, and so may everything computed from it. Regions
-// are followed with their operands' flags (loops to a fixed point); a loop
-// whose condition may jump may run another number of times.
-struct Flags {
-  std::vector<bool> inexact, jumped;
-};
-
-void region_flags(const ir_func *g, const std::vector<bool> &x, const std::vector<bool> &j, Flags *out);
-
-void instr_flags(const ir_func *f, const ir_instr &in, Flags &fl) {
-  bool x = false, j = false;
-  std::vector<bool> ix, ij;
-  for (int k = 0; k < in.n_in; k++) {
-    x = x || fl.inexact[(size_t)in.in[k]], j = j || fl.jumped[(size_t)in.in[k]];
-    ix.push_back(fl.inexact[(size_t)in.in[k]]), ij.push_back(fl.jumped[(size_t)in.in[k]]);
-  }
-  kiln_dtype dt = in.n_in ? f->types[in.in[0]].dtype : f->types[in.out].dtype;
-  bool flt = dt == KILN_F32 || dt == KILN_F64;
-  std::vector<bool> rx((size_t)in.n_out, false), rj((size_t)in.n_out, false);
-  switch (ir_op_info(in.op)->kind) {
-    case OPK_CONTROL: {
-      Flags r;
-      const ir_func *g = in.attrs.callee, *h = in.attrs.callee2;
-      if (in.op == OP_COND) {
-        std::vector<bool> px(ix.begin() + 1, ix.end()), pj(ij.begin() + 1, ij.end());
-        Flags a, b;
-        region_flags(g, px, pj, &a);
-        region_flags(h, px, pj, &b);
-        for (int k = 0; k < in.n_out; k++)
-          rx[(size_t)k] = a.inexact[(size_t)k] || b.inexact[(size_t)k],
-          rj[(size_t)k] = a.jumped[(size_t)k] || b.jumped[(size_t)k] || ij[0] || ix[0];
-      } else {  // while, scan: the carried state to a fixed point
-        int ns = in.attrs.n_state;
-        for (int it = 0; it < 8; it++) {
-          bool changed = false;
-          region_flags(in.op == OP_WHILE ? h : g, ix, ij, &r);
-          for (int k = 0; k < ns; k++) {
-            bool nx = ix[(size_t)k] || r.inexact[(size_t)k], nj = ij[(size_t)k] || r.jumped[(size_t)k];
-            changed = changed || nx != ix[(size_t)k] || nj != ij[(size_t)k];
-            ix[(size_t)k] = nx, ij[(size_t)k] = nj;
-          }
-          if (!changed) break;
-        }
-        bool trips = false;  // a while whose condition may jump
-        if (in.op == OP_WHILE) {
-          Flags c;
-          region_flags(g, ix, ij, &c);
-          trips = c.jumped[0] || c.inexact[0];
-        } else {
-          region_flags(g, ix, ij, &r);
-        }
-        for (int k = 0; k < in.n_out; k++) {
-          bool carried = k < ns;
-          rx[(size_t)k] = carried ? ix[(size_t)k] : r.inexact[(size_t)k];
-          rj[(size_t)k] = (carried ? ij[(size_t)k] : r.jumped[(size_t)k]) || trips;
-        }
-      }
-      break;
-    }
-    case OPK_CALL: {
-      Flags r;
-      region_flags(in.attrs.callee, ix, ij, &r);
-      rx = r.inexact, rj = r.jumped;
-      break;
-    }
-    default:
-      switch (in.op) {
-        case OP_FLOOR: case OP_CEIL: case OP_SIGN: case OP_MOD: case OP_ARGMAX: case OP_EQ: case OP_NE:
-        case OP_LT: case OP_LE: case OP_GT: case OP_GE: j = j || x; break;
-        case OP_CONVERT: {
-          kiln_dtype to = f->types[in.out].dtype;
-          if (to != KILN_F32 && to != KILN_F64) j = j || x;
-          break;
-        }
-        case OP_DOT: case OP_REDUCE_SUM: case OP_REDUCE_PROD: case OP_SIN: case OP_COS: case OP_POW: case OP_LOG1P:
-        case OP_EXP: case OP_LOG: case OP_TANH: case OP_SIGMOID:
-          x = x || flt;
-          break;
-        default:
-          if (ir_op_info(in.op)->kind == OPK_WINDOW) x = x || flt;
-          break;
-      }
-      rx.assign((size_t)in.n_out, x), rj.assign((size_t)in.n_out, j);
-  }
-  for (int k = 0; k < in.n_out; k++)
-    fl.inexact[(size_t)in.out + k] = rx[(size_t)k], fl.jumped[(size_t)in.out + k] = rj[(size_t)k];
-}
-
-// g's results' flags given its parameters'
-void region_flags(const ir_func *g, const std::vector<bool> &x, const std::vector<bool> &j, Flags *out) {
-  Flags fl{std::vector<bool>((size_t)g->n_values, false), std::vector<bool>((size_t)g->n_values, false)};
-  for (int i = 0; i < g->n_params && i < (int)x.size(); i++) fl.inexact[(size_t)i] = x[(size_t)i], fl.jumped[(size_t)i] = j[(size_t)i];
-  for (int i = 0; i < g->n_instrs; i++) instr_flags(g, g->instrs[i], fl);
-  out->inexact.clear(), out->jumped.clear();
-  for (int r = 0; r < g->n_results; r++)
-    out->inexact.push_back(fl.inexact[(size_t)g->results[r]]), out->jumped.push_back(fl.jumped[(size_t)g->results[r]]);
+// MLIR computes them: libm's exp, log, tanh and sigmoid (Kiln has its own)
+// and convolutions' summation order too; regions followed (may_jump.h).
+JumpRules mlir_jump_rules() {
+  JumpRules r;
+  r.libm = r.windows = true;
+  return r;
 }
 
 const char *elem(kiln_dtype dt) {
@@ -751,8 +659,9 @@ struct Runnable {
       return;
     }
     for (auto *t : want) kiln_retain(t);
-    Flags fl;
-    region_flags(f, std::vector<bool>((size_t)f->n_params, false), std::vector<bool>((size_t)f->n_params, false), &fl);
+    JumpFlags fl;  // of f's results
+    std::vector<bool> exact((size_t)f->n_params, false);
+    region_jump_flags(f, exact, exact, mlir_jump_rules(), &fl);
     jumped = fl.jumped;
     // every function renamed after the seed, so that programs share a module
     for (int i = 0; i < m->n_funcs; i++) {
