@@ -246,9 +246,11 @@ int dist_run_into(const char *who, dist_kind kind, int op, int64_t arg, int worl
   int size = dist_world_size();
   call c = {.who = who, .kind = kind, .op = -1, .arg = arg, .in = in, .host = in, .out = out};
   bool ok = check_args(&c, op >= 0 ? dist_op_name((dist_op)op) : NULL, size) == 0;
-  if (ok && world != size)
-    ok = kiln_set_error("%s: staged for a world of %d process%s, run in a world of %d", who, world,
-                        world == 1 ? "" : "es", size) == 0;
+  if (ok && world != size) {
+    kiln_set_error("%s: staged for a world of %d process%s, run in a world of %d", who, world, world == 1 ? "" : "es",
+                   size);
+    ok = false;
+  }
   dist_header h;
   dist_describe(&h, kind, c.op, ok ? in : NULL, c.arg);
   dist_lock();

@@ -12,6 +12,7 @@
 
 #include "../test_util.h"
 #include "../../examples/data_parallel_model.h"
+#include "cpu/cpu.h"
 #include "ir.h"
 #include "passes.h"
 
@@ -346,6 +347,33 @@ TEST_F(Staged, PassesKeepEveryCollective) {
   EXPECT_EQ(ir_parse(t.c_str(), "rs.kir"), nullptr);
   EXPECT_NE(std::string(kiln_last_error()).find("not divisible"), std::string::npos) << kiln_last_error();
   kiln_clear_error();
+}
+
+// IR staged for another world fails on every rank, before any data moves;
+// ahead-of-time compilation refuses a collective, naming it
+TEST_F(Staged, WrongWorldAndAheadOfTimeFailClearly) {
+  std::string text = "func @f(%x: f32[4]) -> (f32[4]) {\n  %a = all_reduce %x {reduce=sum, world=" +
+                     std::to_string(size_() + 1) + "} : f32[4]\n  return %a\n}\n";
+  ir_module *m = ir_parse(text.c_str(), "world.kir");
+  ASSERT_NE(m, nullptr) << kiln_last_error();
+  ir_func *f = ir_module_find(m, "f");
+  kiln_tensor *x = f32({4}, {1, 2, 3, 4}), *out = nullptr;
+  EXPECT_EQ(ir_interpret(f, &x, &out), -1);
+  std::string want = "all_reduce: staged for a world of " + std::to_string(size_() + 1) + " processes, run in a world of " +
+                     std::to_string(size_());
+  EXPECT_NE(std::string(kiln_last_error()).find(want), std::string::npos) << kiln_last_error();
+  kiln_clear_error();
+  cpu_aot_spec spec = {"f", nullptr, 1, nullptr};
+  void *obj = nullptr;
+  size_t len = 0, arena = 0;
+  EXPECT_EQ(cpu_aot_object(f, &spec, &obj, &len, &arena), -1);
+  EXPECT_NE(std::string(kiln_last_error()).find("cpu: @f: all_reduce cannot be compiled ahead of time"), std::string::npos)
+      << kiln_last_error();
+  kiln_clear_error();
+  free(obj);
+  ir_module_free(m);
+  // and the world goes on
+  EXPECT_EQ(values(kiln_all_reduce(x, "max")), (VD{1, 2, 3, 4}));
 }
 
 // %a, %b, %s (scalar) and %i (i32) are independent: a, b and s merge, i is
