@@ -23,6 +23,9 @@ int ir_elem_from_text(kiln_dtype dt, const char *tok, size_t len, void *data, in
 int ir_check_control(const ir_module *m, op_id op, const op_attrs *a, int n, const op_type *in, int *n_out,
                      op_type **out);
 
+/* the spelling of attrs.reduce (a dist_op) in .kir text */
+static const char *const ir_reduce_names[4] = {"sum", "mean", "max", "min"};
+
 /* a growable string */
 typedef struct ir_buf {
   char *s;

@@ -417,6 +417,14 @@ static int parse_attrs(parser *ps, op_id op, op_attrs *a) {
       } else if (IS("groups")) {
         if (parse_int(ps, INT32_MIN, INT32_MAX, "groups", &x)) return -1;
         a->groups = (int)x;
+      } else if (IS("reduce")) {
+        int r = 0;
+        while (r < 4 && !keyword(ps, ir_reduce_names[r])) r++;
+        if (r == 4) return fail_at(ps, at, "bad attribute: reduce must be sum, mean, max or min");
+        a->reduce = r;
+      } else if (IS("root") || IS("world")) {
+        if (parse_int(ps, IS("world") ? 1 : 0, INT32_MAX, IS("world") ? "world size" : "rank", &x)) return -1;
+        *(IS("world") ? &a->world : &a->root) = (int)x;
       } else if (IS("reverse")) {
         if (keyword(ps, "true"))
           a->reverse = true;

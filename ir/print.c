@@ -164,6 +164,12 @@ static void put_attrs(ir_buf *b, op_id op, const op_attrs *a) {
       put_int_list(b, 2, a->window);
     else if (IS("groups"))
       ir_buf_printf(b, "%d", a->groups);
+    else if (IS("reduce"))
+      ir_buf_printf(b, "%s", a->reduce >= 0 && a->reduce < 4 ? ir_reduce_names[a->reduce] : "?");
+    else if (IS("root"))
+      ir_buf_printf(b, "%d", a->root);
+    else if (IS("world"))
+      ir_buf_printf(b, "%d", a->world);
 #undef IS
     p = e ? e + 1 : p + n;
   }

@@ -8,7 +8,7 @@
 #ifndef KILN_DIST_H
 #define KILN_DIST_H
 
-#include "runtime.h"
+#include "ops.h"
 
 typedef enum { DIST_SUM, DIST_MEAN, DIST_MAX, DIST_MIN } dist_op;
 typedef enum {
@@ -89,8 +89,27 @@ kiln_tensor *dist_host(const char *who, kiln_tensor *t);
 /* Fills h with t's type. */
 void dist_describe(dist_header *h, dist_kind kind, int op, const kiln_tensor *t, int64_t arg);
 
+/* One collective of host tensor in into out, allocated with its result
+ * type: the checks, the header exchange and the data movement of the eager
+ * call, for a staged instruction (op: a dist_op or -1; world: the size it
+ * was staged for, which must be this world's). 0 / -1. */
+int dist_run_into(const char *who, dist_kind kind, int op, int64_t arg, int world, kiln_tensor *in,
+                  kiln_tensor *out);
+
+/* ---- staged collectives (dist_staged.c) ---- */
+/* kiln_all_reduce ... on a symbolic tensor while tracing: the IR
+ * instruction (op_apply), whose CPU kernel is dist_run_into. */
+kiln_tensor *dist_stage(const char *who, dist_kind kind, const char *op, int64_t arg, kiln_tensor *t);
+/* the collective an instruction runs, 0 for other ops */
+dist_kind dist_kind_of(op_id op);
+
 /* ---- gradients (dist_gradients.c) ---- */
 /* Records out = the collective (kind, op, arg) of in on the active tapes. 0 / -1. */
 int dist_record(dist_kind kind, dist_op op, int64_t arg, kiln_tensor *in, kiln_tensor *out);
+
+/* The gradient rule (kiln_grads) of the collective instructions, as
+ * dist_record's nodes: staged bodies and replays record them by op. */
+struct grad_args;
+int dist_grad_rule(const struct grad_args *g);
 
 #endif

@@ -90,8 +90,6 @@ typedef struct {
 static int check_args(call *c, const char *op, int size) {
   kiln_tensor *t = c->in;
   if (!t) return kiln_has_error() ? -1 : kiln_set_error("%s: t is NULL", c->who);
-  if (t->flags & TF_SYMBOLIC)
-    return kiln_set_error("%s: collectives run eagerly only; a staged function cannot call them yet", c->who);
   if (c->kind == DIST_ALL_REDUCE || c->kind == DIST_REDUCE_SCATTER) {
     if ((c->op = dist_op_parse(c->who, op)) < 0) return -1;
     if (t->dtype == KILN_BOOL && (c->op == DIST_SUM || c->op == DIST_MEAN))
@@ -194,7 +192,7 @@ done:
 
 static int move_broadcast(call *c) {
   size_t bytes = tensor_bytes(c->host);
-  if (bytes) memcpy(c->out->data, c->host->data, bytes);
+  if (bytes && c->out->data != c->host->data) memcpy(c->out->data, c->host->data, bytes);
   return dist_broadcast(c->who, c->out->data, bytes, (int)c->arg);
 }
 
@@ -205,7 +203,7 @@ static int move(call *c) {
   int size = dist_world_size();
   if (c->kind == DIST_ALL_GATHER) shape[c->arg] *= size;
   if (c->kind == DIST_REDUCE_SCATTER) shape[c->arg] /= size;
-  if (!(c->out = tensor_alloc(c->who, (kiln_dtype)t->dtype, t->rank, shape))) return -1;
+  if (!c->out && !(c->out = tensor_alloc(c->who, (kiln_dtype)t->dtype, t->rank, shape))) return -1;
   switch (c->kind) {
   case DIST_ALL_REDUCE: return move_all_reduce(c);
   case DIST_ALL_GATHER: return move_all_gather(c);
@@ -218,6 +216,7 @@ static int move(call *c) {
  * one rank's bad call fails the others at once instead of leaving them
  * waiting for it. */
 static kiln_tensor *collective(const char *who, dist_kind kind, const char *op, int64_t arg, kiln_tensor *t) {
+  if (t && (t->flags & TF_SYMBOLIC)) return dist_stage(who, kind, op, arg, t); /* an IR instruction */
   if (dist_join(who)) return NULL;
   call c = {.who = who, .kind = kind, .op = -1, .arg = arg, .in = t};
   bool ok = check_args(&c, op, dist_world_size()) == 0;
@@ -239,6 +238,26 @@ static kiln_tensor *collective(const char *who, dist_kind kind, const char *op, 
     return NULL;
   }
   return scope_own(c.out);
+}
+
+int dist_run_into(const char *who, dist_kind kind, int op, int64_t arg, int world, kiln_tensor *in,
+                  kiln_tensor *out) {
+  if (dist_join(who)) return -1;
+  int size = dist_world_size();
+  call c = {.who = who, .kind = kind, .op = -1, .arg = arg, .in = in, .host = in, .out = out};
+  bool ok = check_args(&c, op >= 0 ? dist_op_name((dist_op)op) : NULL, size) == 0;
+  if (ok && world != size) {
+    kiln_set_error("%s: staged for a world of %d process%s, run in a world of %d", who, world, world == 1 ? "" : "es",
+                   size);
+    ok = false;
+  }
+  dist_header h;
+  dist_describe(&h, kind, c.op, ok ? in : NULL, c.arg);
+  dist_lock();
+  int rc = dist_agree(who, &h, ok);
+  if (!rc) rc = move(&c);
+  dist_unlock();
+  return rc;
 }
 
 kiln_tensor *kiln_all_reduce(kiln_tensor *t, const char *op) {

@@ -88,3 +88,14 @@ int dist_record(dist_kind kind, dist_op op, int64_t arg, kiln_tensor *in, kiln_t
   node_release(c); /* the tapes' nodes hold their own references */
   return rc;
 }
+
+int dist_grad_rule(const grad_args *g) {
+  const op_attrs *a = g->attrs;
+  dist_kind kind = dist_kind_of(g->op);
+  collective_node c = {.kind = kind, .op = (dist_op)-1, .arg = a->axis};
+  if (kind == DIST_ALL_REDUCE || kind == DIST_REDUCE_SCATTER) c.op = (dist_op)a->reduce;
+  if (kind == DIST_BROADCAST) c.arg = a->root;
+  if (!g->need[0]) return 0;
+  kiln_tensor *x = g->in[0];
+  return gradient(&c, 1, &x, g->out, g->dout, &g->dx[0]);
+}

@@ -3,6 +3,7 @@
  * is itself made of ordinary, recordable, traceable ops. A rule gets
  * out = op(in) and dout, and writes dx[i] with in[i]'s shape (NULL = none). */
 #include "autodiff.h"
+#include "dist.h"
 
 #define X(i) (g->in[i])
 #define DOUT (g->dout)
@@ -365,6 +366,10 @@ const grad_fn kiln_grads[OP_COUNT] = {
     [OP_DOT] = g_dot,
     [OP_GATHER] = g_gather,
     [OP_SCATTER_ADD] = g_scatter_add,
+    [OP_ALL_REDUCE] = dist_grad_rule,
+    [OP_ALL_GATHER] = dist_grad_rule,
+    [OP_REDUCE_SCATTER] = dist_grad_rule,
+    [OP_BROADCAST_FROM] = dist_grad_rule,
     [OP_CONV2D] = g_conv2d,
     [OP_CONV2D_BP_INPUT] = g_conv2d_bp_input,
     [OP_CONV2D_BP_FILTER] = g_conv2d_bp_filter,

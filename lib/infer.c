@@ -446,3 +446,36 @@ int infer_avg_pool2d_grad(op_id op, const op_attrs *a, int n, const op_type *in,
   *out = x;
   return 0;
 }
+
+/* ---- collectives (API.md §12): the type each rank's result has in a world
+ * of a->world processes ---- */
+
+int infer_collective(op_id op, const op_attrs *a, int n, const op_type *in, op_type *out) {
+  (void)n;
+  static const char *const reduce_names[] = {"sum", "mean", "max", "min"};
+  if (a->world < 1) return kiln_set_error("%s: world size %d (need at least 1 process)", API(op), a->world);
+  bool reduces = op == OP_ALL_REDUCE || op == OP_REDUCE_SCATTER;
+  if (reduces && (a->reduce < 0 || a->reduce > 3))
+    return kiln_set_error("%s: reduce %d is not sum, mean, max or min", API(op), a->reduce);
+  if (reduces && in[0].dtype == KILN_BOOL && a->reduce <= 1)
+    return kiln_set_error("%s: \"%s\" of a bool tensor (cast it to a number first; \"max\" and \"min\" are or "
+                          "and and)", API(op), reduce_names[a->reduce]);
+  *out = in[0];
+  if (op == OP_BROADCAST_FROM && (a->root < 0 || a->root >= a->world))
+    return kiln_set_error("%s: root %d is not a rank of this world of %d process%s", API(op), a->root, a->world,
+                          a->world == 1 ? "" : "es");
+  if (op != OP_ALL_GATHER && op != OP_REDUCE_SCATTER) return 0;
+  if (a->axis < 0 || a->axis >= in[0].rank)
+    return kiln_set_error("%s: axis %d is out of range for rank %d", API(op), a->axis, in[0].rank);
+  int64_t *d = &out->shape[a->axis];
+  if (op == OP_ALL_GATHER) {
+    if (*d > INT64_MAX / a->world) return kiln_set_error("%s: the gathered axis overflows", API(op));
+    *d *= a->world;
+  } else if (*d % a->world) {
+    return kiln_set_error("%s: axis %d of length %lld is not divisible into %d equal blocks", API(op), a->axis,
+                          (long long)*d, a->world);
+  } else {
+    *d /= a->world;
+  }
+  return 0;
+}

@@ -30,6 +30,8 @@ typedef enum {
   OPK_CALL,    /* IR only: runs attrs.callee, a function of the module (call, fusion); n results */
   OPK_HOST,    /* IR only: a C callback (attrs.host); never folded, CSE'd or removed */
   OPK_CONTROL, /* IR only: cond, while, scan: run the regions attrs.callee / callee2 */
+  OPK_COLLECTIVE, /* talks to the world's other processes (API.md §12): never folded, CSE'd, removed,
+                   * duplicated, hoisted or reordered with another collective */
 } op_kind;
 
 /* dtype masks, by kiln_dtype bit */
@@ -70,6 +72,10 @@ typedef struct op_attrs {
   int padding[4];                /* top, bottom, left, right */
   int groups;                    /* conv: input and output channels split into this many groups */
   int window[2];                 /* pooling: rows, columns */
+  /* collectives (API.md §12) */
+  int reduce;                    /* all_reduce, reduce_scatter: a dist_op (sum, mean, max, min) */
+  int root;                      /* broadcast_from: the rank whose value everyone gets */
+  int world;                     /* the world size the instruction was traced for (result shapes depend on it) */
 } op_attrs;
 
 /* The static type of a value: what inference computes. */

@@ -33,6 +33,9 @@ static const pass_info registry[] = {
     {"foldbn", kiln_pass_foldbn,
      "fold a per-channel affine map after a conv2d or dot (an inference batch norm) into its weights; changes "
      "rounding, so only in the inference pipeline"},
+    {"combine", kiln_pass_combine,
+     "merge all_reduces of one reduction and dtype, none reading another's result, into one all_reduce over one "
+     "buffer (<= 64 MB; XLA's AllReduceCombiner); collectives keep their order"},
     {"fuse", kiln_pass_fuse,
      "group instructions into kernels (loop, reduction, dot epilogue, sibling fusion), inside loop "
      "bodies too; control flow itself is never fused"},

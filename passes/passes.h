@@ -35,6 +35,7 @@ KILN_EXPORT int kiln_pass_fold(ir_func *f);     /* fold.c: evaluates constant in
 KILN_EXPORT int kiln_pass_cse(ir_func *f);      /* cse.c: merges identical pure instructions */
 KILN_EXPORT int kiln_pass_dce(ir_func *f);      /* dce.c: removes what no result needs */
 KILN_EXPORT int kiln_pass_licm(ir_func *f);     /* licm.c: hoists loop-invariant work out of loop bodies */
+KILN_EXPORT int kiln_pass_combine(ir_func *f); /* combine.c: merges independent all_reduces into one buffer */
 KILN_EXPORT int kiln_pass_fuse(ir_func *f);     /* fuse.c: groups instructions into kernels (fusion) */
 KILN_EXPORT int kiln_pass_buffers(ir_func *f);  /* buffers.c: plans the temporaries in one arena */
 KILN_EXPORT int kiln_pass_foldbn(ir_func *f);   /* foldbn.c: folds a per-channel affine (inference batch norm) into
@@ -71,11 +72,11 @@ KILN_EXPORT int pass_run_pipeline(ir_func *f, const char *pipeline, pass_report 
 KILN_EXPORT int pass_run_pipeline_with(const pass_info *table, int n, ir_func *f, const char *pipeline,
                                        pass_report *report, pass_observer obs, void *ctx);
 
-#define PASS_DEFAULT_PIPELINE "inline,simplify,fold,licm,cse,dce,fuse,buffers"
+#define PASS_DEFAULT_PIPELINE "inline,simplify,fold,licm,cse,dce,combine,fuse,buffers"
 /* The pipeline of a function optimized for inference
  * (kiln_function_set_optimize_for_inference): the default one with
  * foldbn, which changes rounding, and the clean-up after it. */
-#define PASS_INFERENCE_PIPELINE "inline,simplify,fold,licm,cse,dce,foldbn,fold,cse,dce,fuse,buffers"
+#define PASS_INFERENCE_PIPELINE "inline,simplify,fold,licm,cse,dce,foldbn,fold,cse,dce,combine,fuse,buffers"
 
 #ifdef __cplusplus
 }

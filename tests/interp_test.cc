@@ -335,7 +335,7 @@ TEST(Interp, EveryOpMatchesEager) {
   int compared = 0;
   for (int op = 0; op < OP_COUNT; op++) {
     const op_info *info = ir_op_info((op_id)op);
-    if (info->kind == OPK_CALL || info->kind == OPK_HOST || info->kind == OPK_CONTROL) continue; // no eager form (staging_test, control_test)
+    if (info->kind == OPK_CALL || info->kind == OPK_COLLECTIVE || info->kind == OPK_HOST || info->kind == OPK_CONTROL) continue; // no eager form (staging_test, control_test, dist/staged_test)
     for (int dt = 0; dt < KILN_DTYPE_COUNT; dt++) {
       if (!(info->dtypes & (1u << dt))) continue;
       Scope s;
@@ -398,7 +398,7 @@ static void every_op_staged_matches_eager(bool interpreted) {
   int compared = 0;
   for (int op = 0; op < OP_COUNT; op++) {
     const op_info *info = ir_op_info((op_id)op);
-    if (info->kind == OPK_CALL || info->kind == OPK_HOST || info->kind == OPK_CONTROL || info->kind == OPK_CONST ||
+    if (info->kind == OPK_CALL || info->kind == OPK_COLLECTIVE || info->kind == OPK_HOST || info->kind == OPK_CONTROL || info->kind == OPK_CONST ||
         info->kind == OPK_RANDOM)
       continue; // no eager form, or draws from the stream (staging_test covers them)
     for (int dt = 0; dt < KILN_DTYPE_COUNT; dt++) {

@@ -101,7 +101,7 @@ TEST(Loc, DumpWritesOneFilePerStage) {
       EXPECT_THAT(traced, HasSubstr(loc_of(g_exp_line)));
       EXPECT_EQ(read_all(p + "01.inline.kir").empty(), false);
       int steps = 0;
-      for (const char *pass : {"inline", "simplify", "fold", "licm", "cse", "dce", "fuse", "buffers"}) {
+      for (const char *pass : {"inline", "simplify", "fold", "licm", "cse", "dce", "combine", "fuse", "buffers"}) {
         std::string name = p + (steps + 1 < 10 ? "0" : "") + std::to_string(steps + 1) + "." + pass + ".kir";
         if (access(name.c_str(), F_OK) != 0) break;
         unlink(name.c_str());

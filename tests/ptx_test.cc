@@ -329,7 +329,7 @@ TEST(Ptx, EveryOpEveryDtypeAssembles) {
   int checked = 0;
   for (int op = 0; op < OP_COUNT; op++) {
     const op_info *info = ir_op_info((op_id)op);
-    if (info->kind == OPK_CALL || info->kind == OPK_HOST || info->kind == OPK_CONTROL || info->kind == OPK_CONST)
+    if (info->kind == OPK_CALL || info->kind == OPK_COLLECTIVE || info->kind == OPK_HOST || info->kind == OPK_CONTROL || info->kind == OPK_CONST)
       continue;  // below (control flow)
     for (int dt = 0; dt < KILN_DTYPE_COUNT; dt++) {
       if (!(info->dtypes & (1u << dt))) continue;

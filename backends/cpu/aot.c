@@ -216,6 +216,10 @@ int cpu_aot_object(const ir_func *f, const cpu_aot_spec *spec, void **obj, size_
     if (kiln_ops[p->helpers[h].op].kind == OPK_HOST)
       rc = kiln_set_error("cpu: @%s: host_call @%s cannot be compiled ahead of time (its callback is C code of the "
                           "process that traced it)", f->name, p->helpers[h].host_name);
+  for (int h = 0; !rc && h < p->n_helpers; h++)
+    if (kiln_ops[p->helpers[h].op].kind == OPK_COLLECTIVE)
+      rc = kiln_set_error("cpu: @%s: %s cannot be compiled ahead of time (a collective runs on Kiln's MPI runtime)",
+                          f->name, kiln_ops[p->helpers[h].op].api);
   const char *triple = spec->triple ? spec->triple : LLVMOrcLLJITGetTripleString(jit);
   LLVMTargetMachineRef tm = rc ? NULL : cpu_aot_machine(triple);
   if (!rc && !tm) rc = kiln_set_error("cpu: @%s: %s", f->name, cpu_jit_error());

@@ -106,6 +106,7 @@ static plan_as place(const ir_func *f, const ir_instr *in) {
   op_kind kind = kiln_ops[in->op].kind;
   if (llvm_op_fusible(in->op) || llvm_dot_inline(f, in)) return PLAN_AS_KERNEL;
   if (kind == OPK_DOT || kind == OPK_INDEX || kind == OPK_WINDOW || kind == OPK_RANDOM || kind == OPK_SOURCE || kind == OPK_HOST ||
+      kind == OPK_COLLECTIVE ||
       in->op == OP_CONCAT || in->op == OP_ARGMAX)
     return PLAN_AS_CALL;
   return PLAN_AS_UNSUPPORTED;

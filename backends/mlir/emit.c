@@ -379,6 +379,8 @@ static int emit_instr(emit_ctx *c, mlir_scope *s, const ir_instr *in) {
     return mlir_fail(e, s, in, "random ops cannot be exported to MLIR (Kiln's Philox stream has no MLIR op)");
   case OPK_HOST:
     return mlir_fail(e, s, in, "@%s is a C callback, which MLIR cannot call", in->attrs.host ? in->attrs.host->name : "?");
+  case OPK_COLLECTIVE:
+    return mlir_fail(e, s, in, "a collective cannot be exported to MLIR (it runs on Kiln's MPI runtime)");
   }
   return mlir_fail(e, s, in, "no MLIR form");
 }
