@@ -8,6 +8,10 @@
  * printing it or moving it asks the worker for its bytes, and releasing it
  * queues a free that travels with the next request.
  *
+ * A staged call under a remote scope sends the trace's .kir text the first
+ * time that worker runs it (keyed by traced_fn.remote_key), then only its
+ * arguments; the worker parses, optimizes and compiles its copy.
+ *
  * Every process runs the same Kiln build: op_attrs travels as bytes (its
  * pointers, which only IR-only ops use, cleared), and the announcement
  * carries the op table's size and op_attrs' so a mismatch is refused. */
@@ -19,9 +23,10 @@
 
 #include "dist.h"
 #include "ops.h"
+#include "../jit/jit.h"
 
 enum { TAG_HELLO = 1, TAG_REQ, TAG_REP };
-enum { R_OP = 1, R_PUT, R_GET, R_LIVE, R_STALL, R_STOP };
+enum { R_OP = 1, R_PUT, R_GET, R_LIVE, R_STALL, R_STOP, R_CALL };
 enum { REP_OK, REP_ERROR, REP_ACK };
 enum { HELLO_MAGIC = 0x4b524d31 /* "KRM1" */ };
 
@@ -170,6 +175,22 @@ static void held_clear(void) {
   held.n = held.cap = 0;
 }
 
+/* The staged functions rank 0 has sent, by key. */
+typedef struct {
+  uint64_t key;
+  traced_fn fn;
+} program;
+static struct {
+  program *p;
+  size_t n, cap;
+} programs;
+
+static void programs_clear(void) {
+  for (size_t i = 0; i < programs.n; i++) traced_fn_free(&programs.p[i].fn);
+  free(programs.p);
+  memset(&programs, 0, sizeof programs);
+}
+
 /* The worker's device `dev` (0 = cpu:0, g + 1 = gpu:g) as a scope name. */
 static int push_local(const char *who, int64_t dev) {
   const char *name = dev >= 0 && dev < kiln_device_count() ? kiln_device_name((int)dev) : NULL;
@@ -182,6 +203,8 @@ static op_id op_named(const char *name) {
     if (!strcmp(kiln_ops[i].name, name)) return (op_id)i;
   return OP_COUNT;
 }
+
+static int get_args(const char *who, rbuf *in, int64_t n, kiln_tensor **args, bool *own);
 
 /* R_OP: device, op name, attrs, inputs -> handle and type */
 static int serve_op(rbuf *in, wbuf *out) {
@@ -199,15 +222,8 @@ static int serve_op(rbuf *in, wbuf *out) {
   if (in->bad || n < 0 || n > 1 << 20) return kiln_set_error("%s: malformed inputs", kiln_ops[op].api);
   kiln_tensor **args = calloc((size_t)n + 1, sizeof *args);
   bool *own = calloc((size_t)n + 1, sizeof *own);
-  int rc = args && own ? 0 : kiln_set_error("%s: out of memory", kiln_ops[op].api);
-  for (int64_t i = 0; !rc && i < n; i++) {
-    if (get_i64(in)) { /* host data */
-      own[i] = (args[i] = get_host(kiln_ops[op].api, in)) != NULL;
-      if (!args[i]) rc = -1;
-    } else if (!(args[i] = held_get((uint64_t)get_i64(in)))) {
-      rc = kiln_set_error("%s: input %lld is not a tensor this worker holds", kiln_ops[op].api, (long long)i);
-    }
-  }
+  int rc = args && own ? get_args(kiln_ops[op].api, in, n, args, own)
+                       : kiln_set_error("%s: out of memory", kiln_ops[op].api);
   kiln_tensor *r = NULL;
   if (!rc && !(rc = push_local(kiln_ops[op].api, dev))) {
     r = op_apply(op, &attrs, (int)n, args);
@@ -266,6 +282,102 @@ static int serve_get(rbuf *in, wbuf *out) {
   return rc;
 }
 
+/* Reads n arguments, handles or host data, into args (own[i]: a host copy
+ * to release). 0 / -1. */
+static int get_args(const char *who, rbuf *in, int64_t n, kiln_tensor **args, bool *own) {
+  for (int64_t i = 0; i < n; i++) {
+    if (get_i64(in)) { /* host data */
+      if (!(args[i] = get_host(who, in))) return -1;
+      own[i] = true;
+    } else if (!(args[i] = held_get((uint64_t)get_i64(in)))) {
+      return kiln_set_error("%s: input %lld is not a tensor this worker holds", who, (long long)i);
+    }
+  }
+  return 0;
+}
+
+/* The program of key: parsed from the text that comes with its first call. */
+static traced_fn *program_get(rbuf *in, uint64_t key) {
+  char name[256];
+  int64_t has_text = get_i64(in);
+  get_str(in, name, sizeof name);
+  int64_t len = get_i64(in);
+  const char *text = len >= 0 ? take(in, (size_t)len) : NULL;
+  for (size_t i = 0; i < programs.n; i++)
+    if (programs.p[i].key == key) return &programs.p[i].fn;
+  if (!has_text || !text) {
+    kiln_set_error("function_call: @%s: this worker has no program %llu", name, (unsigned long long)key);
+    return NULL;
+  }
+  if (programs.n == programs.cap) {
+    size_t cap = programs.cap ? 2 * programs.cap : 16;
+    program *p = realloc(programs.p, cap * sizeof *p);
+    if (!p) {
+      kiln_set_error("function_call: out of memory");
+      return NULL;
+    }
+    programs.p = p;
+    programs.cap = cap;
+  }
+  char *copy = malloc((size_t)len + 1);
+  if (!copy) {
+    kiln_set_error("function_call: out of memory");
+    return NULL;
+  }
+  memcpy(copy, text, (size_t)len);
+  copy[len] = '\0';
+  traced_fn fn;
+  memset(&fn, 0, sizeof fn);
+  fn.module = ir_parse(copy, name);
+  free(copy);
+  fn.func = fn.module ? ir_module_find(fn.module, name) : NULL;
+  if (!fn.func || jit_prepare(&fn, name)) {
+    if (fn.module && !fn.func) kiln_set_error("function_call: @%s: not in the text sent", name);
+    traced_fn_free(&fn);
+    return NULL;
+  }
+  programs.p[programs.n] = (program){key, fn};
+  return &programs.p[programs.n++].fn;
+}
+
+/* R_CALL: key, device, [text], arguments -> each result's handle and type */
+static int serve_call(rbuf *in, wbuf *out) {
+  uint64_t key = (uint64_t)get_i64(in);
+  int64_t dev = get_i64(in);
+  traced_fn *fn = program_get(in, key);
+  if (!fn) return -1;
+  const char *name = fn->func->name;
+  int64_t n = get_i64(in);
+  int np = fn->opt_func->n_params, nr = fn->opt_func->n_results;
+  if (in->bad || n != np) return kiln_set_error("function_call: @%s: %lld arguments for %d parameters", name,
+                                                (long long)n, np);
+  kiln_tensor **args = calloc((size_t)(np + nr) + 1, sizeof *args), **res = args + np;
+  bool *own = calloc((size_t)np + 1, sizeof *own);
+  int rc = args && own ? get_args("function_call", in, n, args, own) : kiln_set_error("function_call: out of memory");
+  if (!rc && !(rc = push_local("function_call", dev))) {
+    kiln_scope_push(); /* the results, until held */
+    rc = jit_exec(fn, args, res);
+    for (int k = 0; !rc && k < nr; k++) kiln_retain(res[k]);
+    kiln_scope_pop();
+    kiln_device_pop();
+  }
+  for (int k = 0; !rc && k < nr; k++) {
+    uint64_t h = hold(res[k]);
+    if (!h) {
+      for (int j = k; j < nr; j++) kiln_release(res[j]);
+      rc = kiln_set_error("function_call: out of memory");
+      break;
+    }
+    put_i64(out, (int64_t)h);
+    put_type(out, res[k]);
+  }
+  for (int i = 0; args && i < np; i++)
+    if (own[i]) kiln_release(args[i]);
+  free(args);
+  free(own);
+  return rc;
+}
+
 /* One request: [kind][frees][body]; the reply, [status][body or message],
  * into out. Returns the kind (R_STOP ends the loop). */
 static int64_t serve_one(const char *msg, size_t bytes, wbuf *out) {
@@ -280,7 +392,8 @@ static int64_t serve_one(const char *msg, size_t bytes, wbuf *out) {
   case R_OP: rc = serve_op(&in, &body); break;
   case R_PUT: rc = serve_put(&in, &body); break;
   case R_GET: rc = serve_get(&in, &body); break;
-  case R_LIVE: put_i64(&body, held.live); break;
+  case R_CALL: rc = serve_call(&in, &body); break;
+  case R_LIVE: put_i64(&body, held.live), put_i64(&body, (int64_t)programs.n); break;
   case R_STALL: { /* tests only: a worker that hangs */
     double s = 0;
     const void *p = take(&in, sizeof s);
@@ -325,6 +438,7 @@ int kiln_dist_serve(void) {
     free(out.p);
     if (kind == R_STOP) {
       held_clear();
+      programs_clear();
       held.stopped = true;
       return rc;
     }
@@ -344,6 +458,8 @@ typedef struct {
   int64_t gpus;
   uint64_t *frees; /* handles released here, not yet freed there */
   size_t n_free, cap_free;
+  uint64_t *sent; /* the keys of the staged functions it has */
+  size_t n_sent, cap_sent;
 } worker;
 
 static struct {
@@ -609,6 +725,25 @@ int remote_read(const char *who, const kiln_tensor *t, void *dst, size_t bytes) 
   return 0;
 }
 
+/* An argument for device: its handle where it lives there, else its value
+ * sent from the host. 0 / -1. */
+static int put_arg(const char *who, wbuf *b, const kiln_tensor *t, int device) {
+  if (t->device == device) {
+    put_i64(b, 0);
+    put_i64(b, (int64_t)(uintptr_t)t->data_block);
+    return 0;
+  }
+  kiln_tensor *h = device_is_remote(t->device) ? remote_copy(who, t, 0) : NULL, *copy = NULL;
+  const kiln_tensor *host = h ? h : device_is_remote(t->device) ? NULL : tensor_on_host(who, t, &copy);
+  if (host) {
+    put_i64(b, 1);
+    put_host(b, host);
+  }
+  kiln_release(h);
+  kiln_release(copy);
+  return host ? 0 : -1;
+}
+
 kiln_tensor *remote_apply(op_id op, const op_attrs *attrs, int n, kiln_tensor *const *in, const op_type *ty,
                           int device) {
   const char *who = kiln_ops[op].api;
@@ -621,23 +756,7 @@ kiln_tensor *remote_apply(op_id op, const op_attrs *attrs, int n, kiln_tensor *c
   put(&b, &a, sizeof a);
   put_i64(&b, n);
   int rc = 0;
-  for (int i = 0; i < n && !rc; i++) {
-    if (in[i]->device == device) { /* already there */
-      put_i64(&b, 0);
-      put_i64(&b, (int64_t)(uintptr_t)in[i]->data_block);
-      continue;
-    }
-    kiln_tensor *h = device_is_remote(in[i]->device) ? remote_copy(who, in[i], 0) : NULL, *copy = NULL;
-    const kiln_tensor *host = h ? h : device_is_remote(in[i]->device) ? NULL : tensor_on_host(who, in[i], &copy);
-    if (!host) {
-      rc = -1;
-    } else {
-      put_i64(&b, 1);
-      put_host(&b, host);
-    }
-    kiln_release(h);
-    kiln_release(copy);
-  }
+  for (int i = 0; i < n && !rc; i++) rc = put_arg(who, &b, in[i], device);
   kiln_tensor *out = NULL;
   rbuf rep;
   dist_lock();
@@ -658,6 +777,77 @@ kiln_tensor *remote_apply(op_id op, const op_attrs *attrs, int n, kiln_tensor *c
   return out;
 }
 
+static _Atomic int64_t texts_sent; /* the staged functions' texts sent, for tests */
+
+/* Has worker w run the program of key? (the keys sent to it, locked) */
+static bool sent_before(worker *w, uint64_t key) {
+  for (size_t i = 0; i < w->n_sent; i++)
+    if (w->sent[i] == key) return true;
+  return false;
+}
+
+static void mark_sent(worker *w, uint64_t key) {
+  if (w->n_sent == w->cap_sent) {
+    size_t cap = w->cap_sent ? 2 * w->cap_sent : 16;
+    uint64_t *p = realloc(w->sent, cap * sizeof *p);
+    if (!p) return; /* sent again next time */
+    w->sent = p;
+    w->cap_sent = cap;
+  }
+  w->sent[w->n_sent++] = key;
+}
+
+int remote_call(traced_fn *fn, int device, kiln_tensor *const *args, kiln_tensor **res) {
+  static _Atomic uint64_t next_key = 1;
+  const char *who = "function_call", *name = fn->func->name;
+  int np = fn->func->n_params, nr = fn->func->n_results;
+  uint64_t key = __atomic_load_n(&fn->remote_key, __ATOMIC_ACQUIRE);
+  if (!key) { /* first sent now: concurrent first calls agree on one key */
+    uint64_t mine = next_key++, none = 0;
+    key = __atomic_compare_exchange_n(&fn->remote_key, &none, mine, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)
+              ? mine
+              : none;
+  }
+  dist_lock();
+  worker *w = &client.w[client.dev[device].task];
+  bool with_text = !sent_before(w, key);
+  dist_unlock();
+  char *text = with_text ? ir_print_module(fn->module) : NULL;
+  if (with_text && !text) return kiln_set_error("%s: @%s: out of memory", who, name);
+  wbuf b = {0};
+  put_i64(&b, (int64_t)key);
+  put_i64(&b, client.dev[device].local);
+  put_i64(&b, with_text);
+  put_str(&b, name);
+  put_i64(&b, text ? (int64_t)strlen(text) : 0);
+  if (text) put(&b, text, strlen(text));
+  free(text);
+  put_i64(&b, np);
+  int rc = 0;
+  for (int i = 0; i < np && !rc; i++) rc = put_arg(who, &b, args[i], device);
+  rbuf rep;
+  dist_lock();
+  if (!rc) rc = request(who, device, R_CALL, &b, &rep);
+  if (!rc) {
+    if (with_text) mark_sent(w, key), texts_sent++;
+    for (int k = 0; k < nr; k++) {
+      uint64_t handle = (uint64_t)get_i64(&rep);
+      op_type ty;
+      if (get_type(&rep, &ty)) {
+        res[k] = NULL;
+        rc = kiln_set_error("%s: @%s: %s sent a malformed reply", who, name, kiln_device_name(device));
+      } else {
+        res[k] = scope_own(remote_tensor(who, &ty, device, handle));
+        if (!res[k]) rc = -1;
+      }
+    }
+    free((void *)rep.p);
+  }
+  dist_unlock();
+  free(b.p);
+  return rc;
+}
+
 /* ---- for tests (kiln_internal) ---- */
 
 static int debug_device(const char *who, const char *name) {
@@ -666,17 +856,26 @@ static int debug_device(const char *who, const char *name) {
   return d;
 }
 
-/* The tensors the worker behind `name` holds (its pending frees done first); -1 + error. */
-KILN_EXPORT int64_t dist_remote_live(const char *name) {
-  int d = debug_device("dist_remote_live", name);
+/* The tensors (programs: the staged functions) the worker behind `name`
+ * holds, its pending frees done first; -1 + error. */
+static int64_t worker_count(const char *who, const char *name, bool programs) {
+  int d = debug_device(who, name);
   if (d < 0) return -1;
   dist_lock();
   rbuf rep;
-  int64_t live = request("dist_remote_live", d, R_LIVE, NULL, &rep) ? -1 : get_i64(&rep);
+  int64_t live = -1, progs = -1;
+  if (!request(who, d, R_LIVE, NULL, &rep)) {
+    live = get_i64(&rep), progs = get_i64(&rep);
+    free((void *)rep.p);
+  }
   dist_unlock();
-  if (live >= 0) free((void *)rep.p);
-  return live;
+  return programs ? progs : live;
 }
+KILN_EXPORT int64_t dist_remote_live(const char *name) { return worker_count("dist_remote_live", name, false); }
+KILN_EXPORT int64_t dist_remote_programs(const char *name) {
+  return worker_count("dist_remote_programs", name, true);
+}
+KILN_EXPORT int64_t dist_remote_texts_sent(void) { return texts_sent; }
 
 /* Makes the worker behind `name` sleep `seconds` before its reply: a hung
  * worker, as the next request sees it. 0 / -1 (the timeout's error). */
@@ -744,6 +943,9 @@ int dist_remote_finish(void) {
     free(client.w[r].frees);
     client.w[r].frees = NULL;
     client.w[r].n_free = client.w[r].cap_free = 0;
+    free(client.w[r].sent);
+    client.w[r].sent = NULL;
+    client.w[r].n_sent = client.w[r].cap_sent = 0;
     client.w[r].lost = true;
   }
   snprintf(client.why, sizeof client.why, "kiln_dist_finalize ended the workers");

@@ -18,6 +18,8 @@ using namespace kiln_test;
 extern "C" {
 int64_t dist_remote_live(const char *name);
 int dist_remote_stall(const char *name, double seconds);
+int64_t dist_remote_programs(const char *name);
+int64_t dist_remote_texts_sent(void);
 }
 
 namespace {
@@ -257,6 +259,110 @@ TEST(Remote, WorkerErrorsNameTheOp) {
   EXPECT_TRUE(same_bits(kiln_to_device(ok, "cpu:0"), kiln_gather(params, i64({2}, {1, 2}), 0)));
   EXPECT_EQ(dist_remote_live("cpu:0"), -1);
   EXPECT_TRUE(starts_with(kiln_last_error(), "dist_remote_live: 'cpu:0' is not a remote device")) << kiln_last_error();
+}
+
+// One SGD step of a two-layer MLP with its backward pass written out:
+// in x, y (one-hot), w1, b1, w2, b2; out loss and the four new parameters.
+int mlp_step(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *x = in[0], *y = in[1], *w1 = in[2], *b1 = in[3], *w2 = in[4], *b2 = in[5];
+  int ax0[] = {0}, ax1[] = {1};
+  kiln_tensor *h = kiln_relu(kiln_add(kiln_matmul(x, w1), b1));
+  kiln_tensor *logits = kiln_add(kiln_matmul(h, w2), b2);
+  double n = (double)kiln_tensor_shape(x)[0];
+  kiln_tensor *nll = kiln_neg(kiln_reduce_sum(kiln_mul(y, kiln_log_softmax(logits, 1)), 1, ax1, false));
+  out[0] = kiln_reduce_mean(nll, 0, nullptr, false);
+  kiln_tensor *dlogits = kiln_div(kiln_sub(kiln_softmax(logits, 1), y), kiln_scalar(KILN_F32, n));
+  kiln_tensor *dw2 = kiln_matmul(kiln_transpose(h, 2, nullptr), dlogits);
+  kiln_tensor *db2 = kiln_reduce_sum(dlogits, 1, ax0, false);
+  kiln_tensor *dh = kiln_mul(kiln_matmul(dlogits, kiln_transpose(w2, 2, nullptr)),
+                             kiln_cast(kiln_greater(h, kiln_scalar(KILN_F32, 0)), KILN_F32));
+  kiln_tensor *dw1 = kiln_matmul(kiln_transpose(x, 2, nullptr), dh);
+  kiln_tensor *db1 = kiln_reduce_sum(dh, 1, ax0, false);
+  kiln_tensor *lr = kiln_scalar(KILN_F32, 0.1);
+  out[1] = kiln_sub(w1, kiln_mul(lr, dw1));
+  out[2] = kiln_sub(b1, kiln_mul(lr, db1));
+  out[3] = kiln_sub(w2, kiln_mul(lr, dw2));
+  out[4] = kiln_sub(b2, kiln_mul(lr, db2));
+  return 0;
+}
+
+// Three steps here and three on device (parameters staying there between
+// steps): the same losses and parameters, bit for bit.
+TEST(Remote, StagedMlpStepsEqualLocal) {
+  NEED_WORKERS();
+  Scoped s;
+  kiln_function *f = kiln_function_new("mlp_step", mlp_step, nullptr, 6, 5);
+  ASSERT_NE(f, nullptr) << kiln_last_error();
+  kiln_tensor *x = data({8, 4}, 0.3);
+  int64_t labels_shape[] = {8};
+  kiln_tensor *labels = kiln_tensor_new(KILN_I32, 1, labels_shape, std::vector<int32_t>{0, 1, 2, 1, 0, 2, 2, 1}.data());
+  kiln_tensor *y = kiln_one_hot(labels, 3, KILN_F32);
+  kiln_tensor *init[4] = {data({4, 16}, 1.0), data({16}, 2.0), data({16, 3}, 3.0), data({3}, 4.0)};
+  std::vector<double> local_loss, remote_loss;
+  kiln_tensor *local[4], *remote[4];
+  for (int p = 0; p < 4; p++) local[p] = init[p];
+  for (int step = 0; step < 3; step++) {
+    kiln_tensor *in[6] = {x, y, local[0], local[1], local[2], local[3]}, *out[5];
+    ASSERT_EQ(kiln_function_call(f, in, out), 0) << kiln_last_error();
+    local_loss.push_back(kiln_tensor_item(out[0]));
+    for (int p = 0; p < 4; p++) local[p] = out[p + 1];
+  }
+  for (const char *dev : {kTask1, kTask2}) {
+    SCOPED_TRACE(dev);
+    int64_t texts = dist_remote_texts_sent(), programs = dist_remote_programs(dev);
+    ASSERT_EQ(kiln_device_push(dev), 0);
+    for (int p = 0; p < 4; p++) remote[p] = init[p]; // host values, sent with the first call
+    remote_loss.clear();
+    for (int step = 0; step < 3; step++) {
+      kiln_tensor *in[6] = {x, y, remote[0], remote[1], remote[2], remote[3]}, *out[5];
+      ASSERT_EQ(kiln_function_call(f, in, out), 0) << kiln_last_error();
+      for (int k = 0; k < 5; k++) EXPECT_STREQ(kiln_tensor_device(out[k]), dev);
+      remote_loss.push_back(kiln_tensor_item(out[0]));
+      for (int p = 0; p < 4; p++) remote[p] = out[p + 1];
+    }
+    kiln_device_pop();
+    EXPECT_EQ(remote_loss, local_loss);
+    for (int p = 0; p < 4; p++) EXPECT_TRUE(same_bits(kiln_to_device(remote[p], "cpu:0"), local[p])) << "param " << p;
+    // the trace traveled once to this worker (two signatures: host, then
+    // remote parameters, are two traces at most), then only tensors
+    EXPECT_LE(dist_remote_texts_sent() - texts, 2);
+    EXPECT_GE(dist_remote_texts_sent() - texts, 1);
+    EXPECT_EQ(dist_remote_programs(dev) - programs, dist_remote_texts_sent() - texts);
+  }
+  // again on task:1 with its parameters there (a signature task:1 has
+  // seen): nothing new travels
+  for (int p = 0; p < 4; p++) remote[p] = kiln_to_device(remote[p], kTask1);
+  int64_t texts = dist_remote_texts_sent();
+  ASSERT_EQ(kiln_device_push(kTask1), 0);
+  kiln_tensor *in[6] = {x, y, remote[0], remote[1], remote[2], remote[3]}, *out[5];
+  EXPECT_EQ(kiln_function_call(f, in, out), 0) << kiln_last_error();
+  kiln_device_pop();
+  EXPECT_EQ(dist_remote_texts_sent(), texts);
+  EXPECT_STREQ(kiln_tensor_device(out[1]), kTask1);
+  kiln_function_free(f);
+}
+
+int gather_body(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  out[0] = kiln_gather(in[0], in[1], 0);
+  return out[0] ? 0 : -1;
+}
+
+TEST(Remote, StagedErrorsComeBack) {
+  NEED_WORKERS();
+  Scoped s;
+  kiln_function *f = kiln_function_new("pick", gather_body, nullptr, 2, 1);
+  kiln_tensor *in[2] = {data({3, 2}, 0), i64({2}, {0, 9})}, *out[1] = {nullptr};
+  ASSERT_EQ(kiln_device_push(kTask2), 0);
+  EXPECT_EQ(kiln_function_call(f, in, out), -1);
+  std::string e = kiln_last_error();
+  EXPECT_TRUE(starts_with(e, "@pick: gather:")) << e;
+  EXPECT_NE(e.find("(on task:2/cpu:0)"), std::string::npos) << e;
+  in[1] = i64({2}, {2, 1});
+  EXPECT_EQ(kiln_function_call(f, in, out), 0) << kiln_last_error();
+  kiln_device_pop();
+  ASSERT_NE(out[0], nullptr);
+  EXPECT_TRUE(same_bits(kiln_to_device(out[0], "cpu:0"), kiln_gather(in[0], in[1], 0)));
+  kiln_function_free(f);
 }
 
 // Its own ctest entry: task:1 is unusable afterwards.
