@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "dist.h"
+#include "json.h"
 #include "ops.h"
 #include "../jit/jit.h"
 
@@ -32,27 +33,10 @@ enum { HELLO_MAGIC = 0x4b524d31 /* "KRM1" */ };
 
 /* ---- byte buffers ---- */
 
-typedef struct {
-  char *p;
-  size_t n, cap;
-  bool oom;
-} wbuf;
-
+/* a growing message (json_buf is binary-safe) */
+typedef json_buf wbuf;
 static void put(wbuf *b, const void *src, size_t n) {
-  if (b->oom) return;
-  if (b->n + n > b->cap) {
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->n + n) cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (!p) {
-      b->oom = true;
-      return;
-    }
-    b->p = p;
-    b->cap = cap;
-  }
-  if (n) memcpy(b->p + b->n, src, n);
-  b->n += n;
+  if (n) json_buf_put(b, src, n);
 }
 static void put_i64(wbuf *b, int64_t v) { put(b, &v, sizeof v); }
 static void put_str(wbuf *b, const char *s) {
@@ -410,9 +394,9 @@ static int64_t serve_one(const char *msg, size_t bytes, wbuf *out) {
     put_str(out, kiln_has_error() ? kiln_last_error() : "dist_serve: failed");
   } else {
     put_i64(out, status);
-    put(out, body.p, body.n);
+    put(out, body.s, body.n);
   }
-  free(body.p);
+  free(body.s);
   return kind;
 }
 
@@ -434,8 +418,8 @@ int kiln_dist_serve(void) {
     int64_t kind = serve_one(msg, bytes, &out);
     free(msg);
     int rc = out.oom ? kiln_set_error("%s: out of memory for a reply", who)
-                     : dist_send(who, 0, TAG_REP, out.p, out.n);
-    free(out.p);
+                     : dist_send(who, 0, TAG_REP, out.s, out.n);
+    free(out.s);
     if (kind == R_STOP) {
       held_clear();
       programs_clear();
@@ -597,13 +581,13 @@ static int request(const char *who, int device, int kind, const wbuf *body, rbuf
   put(&m, w->frees, w->n_free * sizeof *w->frees);
   size_t sent_frees = w->n_free;
   pthread_mutex_unlock(&free_mutex);
-  if (body) put(&m, body->p, body->n);
+  if (body) put(&m, body->s, body->n);
   if (m.oom || (body && body->oom)) {
-    free(m.p);
+    free(m.s);
     return kiln_set_error("%s: out of memory", who);
   }
-  int rc = dist_send(who, task, TAG_REQ, m.p, m.n);
-  free(m.p);
+  int rc = dist_send(who, task, TAG_REQ, m.s, m.n);
+  free(m.s);
   if (!rc) { /* the frees went: later ones stay queued */
     pthread_mutex_lock(&free_mutex);
     memmove(w->frees, w->frees + sent_frees, (w->n_free - sent_frees) * sizeof *w->frees);
@@ -662,7 +646,7 @@ static kiln_tensor *fetch_locked(const char *who, const kiln_tensor *t) {
   put_i64(&b, (int64_t)(uintptr_t)t->data_block);
   rbuf rep;
   int rc = request(who, t->device, R_GET, &b, &rep);
-  free(b.p);
+  free(b.s);
   if (rc) return NULL;
   kiln_tensor *h = tensor_alloc(who, (kiln_dtype)t->dtype, t->rank, t->shape);
   const void *data = h ? take(&rep, tensor_bytes(h)) : NULL;
@@ -683,7 +667,7 @@ static kiln_tensor *send_locked(const char *who, const kiln_tensor *h, int devic
   put_host(&b, h);
   rbuf rep;
   int rc = request(who, device, R_PUT, &b, &rep);
-  free(b.p);
+  free(b.s);
   if (rc) return NULL;
   uint64_t handle = (uint64_t)get_i64(&rep);
   free((void *)rep.p);
@@ -773,7 +757,7 @@ kiln_tensor *remote_apply(op_id op, const op_attrs *attrs, int n, kiln_tensor *c
     free((void *)rep.p);
   }
   dist_unlock();
-  free(b.p);
+  free(b.s);
   return out;
 }
 
@@ -844,7 +828,7 @@ int remote_call(traced_fn *fn, int device, kiln_tensor *const *args, kiln_tensor
     free((void *)rep.p);
   }
   dist_unlock();
-  free(b.p);
+  free(b.s);
   return rc;
 }
 
@@ -888,7 +872,7 @@ KILN_EXPORT int dist_remote_stall(const char *name, double seconds) {
   rbuf rep;
   int rc = request("dist_remote_stall", d, R_STALL, &b, &rep);
   dist_unlock();
-  free(b.p);
+  free(b.s);
   if (!rc) free((void *)rep.p);
   return rc;
 }
@@ -913,8 +897,8 @@ int dist_remote_finish(void) {
     int64_t ack[2] = {REP_ACK, 0}; /* served nothing */
     put(&out, ack, sizeof ack);
     free(msg);
-    rc = dist_send(who, 0, TAG_REP, out.p, out.n);
-    free(out.p);
+    rc = dist_send(who, 0, TAG_REP, out.s, out.n);
+    free(out.s);
     return rc;
   }
   if (client_ready()) return -1;
