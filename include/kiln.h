@@ -654,7 +654,9 @@ int kiln_function_variables(kiln_function *f, int max, kiln_variable **out);
  * ---------------------------------------------------------------------- */
 
 int kiln_device_count(void);
-const char *kiln_device_name(int i);           /* "cpu:0" first; NULL if out of range */
+/* "cpu:0" first, the GPUs, then on rank 0 the remote devices ("task:1/cpu:0":
+   kiln_dist_serve); NULL if out of range */
+const char *kiln_device_name(int i);
 int kiln_device_push(const char *name);        /* ops run there until the pop; -1 if unknown */
 void kiln_device_pop(void);                    /* no-op when nothing was pushed */
 const char *kiln_device_current(void);         /* innermost device scope, "cpu:0" by default */
@@ -903,9 +905,34 @@ kiln_tensor *kiln_reduce_scatter(kiln_tensor *t, int axis, const char *op);
    ranks' gradients on root, zeros elsewhere. */
 kiln_tensor *kiln_broadcast_from(kiln_tensor *t, int root);
 
-/* Serves this process's devices to rank 0 (remote devices, task:K/cpu:0).
-   Not built yet: returns -1, "dist_serve: remote devices are not built
-   yet ...". */
+/* Serves this process's devices to rank 0 (remote devices, the TF Eager
+   paper's §4.5) until rank 0 calls kiln_dist_finalize: then returns 0 (call
+   kiln_dist_finalize here too). Ranks >= 1 only; -1 on rank 0, in a world
+   of one process, or when rank 0 stops answering.
+   How rank 0 learns who serves: kiln_dist_serve announces this rank's
+   devices to rank 0 as it starts. On rank 0 they are listed after the local
+   devices as "task:K/cpu:0" and "task:K/gpu:G" (K this rank) once their
+   announcement has arrived (kiln_device_count takes those that have);
+   naming one (kiln_device_push, kiln_to_device) waits for rank K's
+   announcement up to KILN_DIST_TIMEOUT_S, and is an unknown device, saying
+   why, in a world of one process or for a rank that does not serve.
+   Under kiln_device_push("task:K/cpu:0") each op runs on rank K with its
+   eager dispatcher and staged calls run there compiled by its JIT (the
+   trace's .kir text travels once per worker, then only tensors); results
+   stay there (kiln_tensor_device says where, kiln_tensor_data is NULL)
+   until kiln_tensor_read, kiln_tensor_item or kiln_to_device brings them
+   back; inputs from elsewhere are sent. Releasing a remote tensor frees it
+   there (with the next request). An error there comes back as the op's
+   message and " (on task:K/cpu:0)". A worker that does not answer within
+   KILN_DIST_TIMEOUT_S fails that request, and its devices stay unusable.
+   Every process must run the same Kiln build (checked at the
+   announcement); constructors (kiln_zeros, kiln_tensor_new ...) make host
+   tensors; random draws in a staged call use the worker's generator; a
+   serving rank takes part in no collective. Between rank 0's
+   kiln_dist_finalize and the others', every rank that does not serve waits
+   for rank 0's word (up to KILN_DIST_TIMEOUT_S), so that no message is
+   left behind. tools/kiln-worker is this call as a program:
+   mpirun -np 1 ./train : -np 2 kiln-worker. */
 int kiln_dist_serve(void);
 
 /* Averages grads[0, n) across the world in place: grads[i] becomes the

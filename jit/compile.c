@@ -65,6 +65,7 @@ static int compile_gpu(traced_fn *fn, const char *name, int trace_no, int step, 
 int jit_compile(traced_fn *fn, const char *name, int trace_no, int step) {
   backend_choice choice = backend_env();
   if (choice == BACKEND_INTERP) return 0;
+  if (device_is_remote(device_current())) return 0; /* the worker compiles its copy (dist_remote.c) */
   if (device_current() != 0) return compile_gpu(fn, name, trace_no, step, choice);
   fn->cpu = cpu_compile(fn->opt_func);
   if (!fn->cpu) {

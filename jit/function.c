@@ -937,7 +937,9 @@ static int run_trace(const cached_trace *c, int n_in, kiln_tensor *const *in, ki
     }
   }
   kiln_scope_push(); /* the results, until they are handed out */
-  rc = jit_exec_donating(fn, args, res, donate);
+  int dev = device_current();
+  rc = KILN_UNLIKELY(device_is_remote(dev)) ? remote_call((traced_fn *)fn, dev, args, res)
+                                            : jit_exec_donating(fn, args, res, donate);
   if (donate != small_d) free(donate);
   int n_out = nr - fn->n_writes;
   if (!rc) {
@@ -1038,6 +1040,14 @@ static int optimize(kiln_function *f, traced_fn *fn, int trace_no) {
   int step, dump_no;
   if (optimize_only(f, fn, trace_no, &step, &dump_no)) return -1;
   return jit_compile(fn, f->name, dump_no, step);
+}
+
+int jit_prepare(traced_fn *fn, const char *name) {
+  kiln_function f;
+  memset(&f, 0, sizeof f);
+  f.name = (char *)name;
+  atomic_init(&f.inference, false);
+  return optimize(&f, fn, -1);
 }
 
 /* The cache entry for in's signature (and the call's static arguments),

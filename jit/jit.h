@@ -73,6 +73,7 @@ typedef struct traced_fn {
   struct cuda_program *cuda; /* opt_func compiled for the GPU of a trace's device scope (compile.c), or NULL */
   double compile_ms;
   void **pcs;   /* per instruction: the user's call that made it, or NULL */
+  uint64_t remote_key; /* its name on remote devices' workers (dist_remote.c); 0 until first sent */
   ir_loc *locs; /* pcs resolved (loc.c), on first print; files malloc'd */
 } traced_fn;
 
@@ -183,6 +184,14 @@ int jit_exec_donating(const traced_fn *fn, kiln_tensor *const *args, kiln_tensor
 char *jit_stage_text(traced_fn *fn, const char *name, const char *stage);
 /* fn's traced IR as MLIR (backends/mlir); malloc'd, NULL with the error set. */
 char *jit_mlir_text(traced_fn *fn, const char *name);
+
+/* A trace parsed from text elsewhere (a remote device's worker): optimized
+ * and compiled as a new trace of a function named name is. 0 / -1. */
+int jit_prepare(traced_fn *fn, const char *name);
+/* A call of fn on remote device `device` (lib/dist_remote.c): the trace's
+ * text travels once per worker, then only the arguments; results as
+ * jit_exec's, on that device. 0 / -1. */
+int remote_call(traced_fn *fn, int device, kiln_tensor *const *args, kiln_tensor **res);
 
 /* The optimized IR of f's trace (function.c), for benchmarks and tests;
  * NULL with the error set. Lives as long as f. */

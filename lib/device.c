@@ -1,6 +1,7 @@
 /* device.c — the device list (cpu:0 first, then the GPUs a registered
- * backend finds at first use), the per-thread device-scope stack of API.md
- * §7, and copies of tensors between devices. */
+ * backend finds at first use, then on rank 0 the remote devices other ranks
+ * serve), the per-thread device-scope stack of API.md §7, and copies of
+ * tensors between devices. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,8 +10,10 @@
 
 static const device_backend *gpu_backend;
 static pthread_once_t devices_once = PTHREAD_ONCE_INIT;
-static int n_devices = 1;
-static char device_names[KILN_MAX_DEVICES][12] = {"cpu:0"};
+static int n_devices = 1; /* local: cpu:0 and the GPUs */
+static _Atomic int n_remote;
+static pthread_mutex_t add_mutex = PTHREAD_MUTEX_INITIALIZER;
+static char device_names[KILN_MAX_DEVICES][24] = {"cpu:0"};
 
 enum { DEVICE_STACK = 64 };
 static _Thread_local int device_stack[DEVICE_STACK];
@@ -34,14 +37,34 @@ static int devices_ready(void) {
   return n_devices;
 }
 
-int kiln_device_count(void) { return devices_ready(); }
+int device_add(const char *name) {
+  int local = devices_ready();
+  pthread_mutex_lock(&add_mutex);
+  int d = local + n_remote;
+  if (d < KILN_MAX_DEVICES) {
+    snprintf(device_names[d], sizeof device_names[0], "%s", name);
+    n_remote++; /* after the name: a reader that sees the count sees the name */
+  }
+  pthread_mutex_unlock(&add_mutex);
+  return d < KILN_MAX_DEVICES ? d : -1;
+}
+
+bool device_is_remote(int device) { return device > 0 && device >= devices_ready() && device < KILN_MAX_DEVICES; }
+
+int kiln_device_count(void) {
+  remote_refresh();
+  return devices_ready() + n_remote;
+}
 
 /* cpu:0 is known without asking the backend: CPU-only work never loads a driver */
-const char *kiln_device_name(int i) { return i == 0 || (i > 0 && i < devices_ready()) ? device_names[i] : NULL; }
+const char *kiln_device_name(int i) {
+  return i == 0 || (i > 0 && i < devices_ready() + n_remote) ? device_names[i] : NULL;
+}
 
 int device_find(const char *name) {
   if (!name) return -1;
   if (strcmp(name, "cpu:0") == 0 || strcmp(name, "cpu") == 0) return 0;
+  if (strncmp(name, "task:", 5) == 0) return remote_find(name);
   int n = devices_ready();
   for (int i = 1; i < n; i++)
     if (strcmp(name, device_names[i]) == 0) return i;
@@ -52,9 +75,11 @@ int device_find(const char *name) {
 static int unknown_device(const char *op, const char *name) {
   char list[256] = "";
   size_t used = 0;
-  int n = devices_ready();
-  for (int i = 0; i < n && used < sizeof list; i++)
+  int n = devices_ready(), all = n + n_remote;
+  for (int i = 0; i < all && used < sizeof list; i++)
     used += (size_t)snprintf(list + used, sizeof list - used, i ? ", %s" : "%s", device_names[i]);
+  if (name && strncmp(name, "task:", 5) == 0)
+    return kiln_set_error("%s: unknown device '%s' (devices: %s): %s", op, name, list, remote_why());
   const char *why = n == 1 && gpu_backend ? gpu_backend->status() : "";
   return kiln_set_error("%s: unknown device '%s' (devices: %s%s%s)", op, name ? name : "(null)", list,
                         *why ? "; no GPU: " : "", why);
@@ -85,9 +110,15 @@ void *device_alloc(const char *op, int device, size_t bytes, int32_t *cls) {
   return gpu_backend->alloc(op, device - 1, bytes, cls);
 }
 
-void device_free(int device, void *p, int32_t cls) { gpu_backend->free(device - 1, p, cls); }
+void device_free(int device, void *p, int32_t cls) {
+  if (device_is_remote(device))
+    remote_free(device, p);
+  else
+    gpu_backend->free(device - 1, p, cls);
+}
 
 kiln_tensor *tensor_to_device(const char *op, const kiln_tensor *t, int device) {
+  if (device_is_remote(device) || device_is_remote(t->device)) return remote_copy(op, t, device);
   kiln_tensor *c = tensor_alloc_device(op, (kiln_dtype)t->dtype, t->rank, t->shape, device);
   size_t bytes = c ? tensor_bytes(c) : 0;
   if (!c || !bytes) return c;
@@ -117,6 +148,7 @@ int device_read(const char *op, const kiln_tensor *t, void *dst, size_t bytes) {
     memcpy(dst, t->data, bytes);
     return 0;
   }
+  if (device_is_remote(t->device)) return remote_read(op, t, dst, bytes);
   return gpu_backend->copy(op, -1, dst, t->device - 1, t->data, bytes);
 }
 

@@ -75,6 +75,23 @@ int dist_broadcast(const char *who, void *buf, size_t bytes, int root);
  * process started (the benchmarks' share of time communicating) */
 double dist_wait_seconds(void);
 
+/* ---- point to point (dist_mpi.c), for remote devices (dist_remote.c) ----
+ * Byte messages on a communicator of their own, outside dist_lock's
+ * collectives. */
+/* KILN_DIST_TIMEOUT_S, or 60 */
+double dist_timeout(void);
+/* Sends bytes to rank `to`; -1 when it takes no message within the timeout. */
+int dist_send(const char *who, int to, int tag, const void *buf, size_t bytes);
+/* One message of tag from rank `from` (-1: any) into malloc'd *buf (the
+ * caller frees it), waiting at most `wait` seconds (0: forever, < 0: not at all). 0 got
+ * one, 1 none came (no error set), -1 error. */
+int dist_recv(const char *who, int from, int tag, double wait, void **buf, size_t *bytes, int *source);
+/* kiln_dist_finalize's part for remote devices, under dist_lock: rank 0
+ * stops every other rank's server (and hears every rank that serves none),
+ * the others wait for rank 0's word. -1 when some rank did not answer: the
+ * communicator may still hold its messages. */
+int dist_remote_finish(void);
+
 /* ---- tensors on the wire (dist_collectives.c) ---- */
 /* The dtype a tensor travels and reduces in: f16 and bf16 as f32, and i32
  * as i64 for "mean" (the sum of the ranks must not overflow). */

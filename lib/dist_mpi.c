@@ -26,6 +26,7 @@ static struct {
   double waited;    /* seconds in wait_for */
 #ifdef KILN_HAVE_MPI
   MPI_Comm comm;    /* Kiln's own duplicate of MPI_COMM_WORLD: the user's traffic never matches ours */
+  MPI_Comm remote;  /* another, for remote devices' messages: they never mix with collectives */
   bool owns_mpi;    /* Kiln initialized MPI, so Kiln finalizes it */
 #endif
 } world = {.size = 1};
@@ -63,7 +64,9 @@ static int join_locked(const char *who) {
     world.owns_mpi = true;
   }
   if ((rc = MPI_Comm_dup(MPI_COMM_WORLD, &world.comm)) != MPI_SUCCESS) return mpi_fail(who, rc);
+  if ((rc = MPI_Comm_dup(MPI_COMM_WORLD, &world.remote)) != MPI_SUCCESS) return mpi_fail(who, rc);
   MPI_Comm_set_errhandler(world.comm, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(world.remote, MPI_ERRORS_RETURN);
   MPI_Comm_rank(world.comm, &world.rank);
   MPI_Comm_size(world.comm, &world.size);
 #else
@@ -95,8 +98,11 @@ void kiln_dist_finalize(void) {
   dist_lock();
   if (world.state == DIST_IN) {
 #ifdef KILN_HAVE_MPI
+    /* rank 0 ends the servers, the others hear it: no message is left unmatched */
+    bool remote_ok = dist_remote_finish() == 0;
     /* a broken world's communicator has a collective pending for good */
     if (!world.broken) MPI_Comm_free(&world.comm);
+    if (remote_ok) MPI_Comm_free(&world.remote);
     if (world.owns_mpi) MPI_Finalize();
     __atomic_store_n(&world.state, world.owns_mpi ? DIST_DONE : DIST_OUT, __ATOMIC_RELEASE);
 #else
@@ -405,5 +411,104 @@ int dist_broadcast(const char *who, void *buf, size_t bytes, int root) {
 #else
   (void)buf, (void)root;
   return -1;
+#endif
+}
+
+/* ---- point to point (remote devices) ----
+ * On the world's second communicator, so that requests and replies never
+ * match a collective's messages. An expired wait here breaks nothing: the
+ * caller decides what the peer's silence means. */
+
+#ifdef KILN_HAVE_MPI
+/* Polls test(ctx, &done) until done or `limit` seconds (0: forever, < 0: once);
+ * 1 when it expired, 0 done, -1 MPI failed. Paces itself as wait_for does. */
+static int poll_until(const char *who, int (*test)(void *ctx, int *done), void *ctx, double limit) {
+  double start = now_seconds();
+  for (long spin = 0;; spin++) {
+    int done = 0, rc = test(ctx, &done);
+    if (rc != MPI_SUCCESS) return mpi_fail(who, rc);
+    if (done) return 0;
+    if (limit < 0) return 1;
+    if (spin % 64) continue;
+    double elapsed = now_seconds() - start;
+    if (limit > 0 && elapsed > limit) return 1;
+    if (elapsed > 0.01) {
+      nanosleep(&(struct timespec){0, elapsed > 1 ? 1000000 : 50000}, NULL);
+    } else if (elapsed > 1e-4) {
+      sched_yield();
+    }
+  }
+}
+
+static int test_request(void *ctx, int *done) { return MPI_Test(ctx, done, MPI_STATUS_IGNORE); }
+
+typedef struct {
+  int from, tag;
+  MPI_Message msg;
+  MPI_Status status;
+} probe_ctx;
+
+static int test_probe(void *ctx, int *done) {
+  probe_ctx *p = ctx;
+  return MPI_Improbe(p->from, p->tag, world.remote, done, &p->msg, &p->status);
+}
+#endif
+
+double dist_timeout(void) {
+#ifdef KILN_HAVE_MPI
+  return timeout_seconds();
+#else
+  return 60.0;
+#endif
+}
+
+int dist_send(const char *who, int to, int tag, const void *buf, size_t bytes) {
+  if (world.state != DIST_IN) return kiln_set_error("%s: this process is not in the world", who);
+#ifdef KILN_HAVE_MPI
+  if (count_fits(who, (int64_t)bytes)) return -1;
+  MPI_Request req;
+  int rc = MPI_Isend(buf, (int)bytes, MPI_BYTE, to, tag, world.remote, &req);
+  if (rc != MPI_SUCCESS) return mpi_fail(who, rc);
+  double limit = timeout_seconds();
+  int r = poll_until(who, test_request, &req, limit);
+  if (r == 1) {
+    MPI_Request_free(&req); /* completes, or not, on its own */
+    return kiln_set_error("%s: rank %d took no message for %g s (KILN_DIST_TIMEOUT_S): it died or hangs", who,
+                          to, limit);
+  }
+  return r;
+#else
+  (void)to, (void)tag, (void)buf, (void)bytes;
+  return kiln_set_error("%s: Kiln was built without MPI: a world of one process", who);
+#endif
+}
+
+int dist_recv(const char *who, int from, int tag, double wait, void **buf, size_t *bytes, int *source) {
+  *buf = NULL;
+  *bytes = 0;
+  if (world.state != DIST_IN) return kiln_set_error("%s: this process is not in the world", who);
+#ifdef KILN_HAVE_MPI
+  probe_ctx p = {.from = from < 0 ? MPI_ANY_SOURCE : from, .tag = tag};
+  int r = poll_until(who, test_probe, &p, wait);
+  if (r) return r;
+  int count = 0;
+  MPI_Get_count(&p.status, MPI_BYTE, &count);
+  char *b = malloc((size_t)count + 1);
+  if (!b) {
+    MPI_Mrecv(NULL, 0, MPI_BYTE, &p.msg, MPI_STATUS_IGNORE); /* a truncation error, but matched */
+    return kiln_set_error("%s: out of memory for a message of %d bytes", who, count);
+  }
+  int rc = MPI_Mrecv(b, count, MPI_BYTE, &p.msg, MPI_STATUS_IGNORE);
+  if (rc != MPI_SUCCESS) {
+    free(b);
+    return mpi_fail(who, rc);
+  }
+  *buf = b;
+  *bytes = (size_t)count;
+  if (source) *source = p.status.MPI_SOURCE;
+  return 0;
+#else
+  (void)from, (void)tag, (void)wait, (void)source;
+  return kiln_set_error("%s: Kiln was built without MPI: a world of one process", who);
 #endif
 }

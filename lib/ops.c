@@ -40,6 +40,7 @@ int axis_normalize(const char *op, int axis, int rank, int *out) {
 static kiln_tensor *apply_on_device(op_id op, const op_attrs *attrs, int n, kiln_tensor *const *in,
                                     const op_type *ty, kiln_dtype key, int device) {
   const op_info *info = &kiln_ops[op];
+  if (device_is_remote(device)) return remote_apply(op, attrs, n, in, ty, device);
   kernel_fn kernel = kiln_kernels[op][device][key];
   if (info->kind != OPK_VIEW && !kernel) { /* before copying anything */
     kiln_set_error("%s: no kernel for %s on %s%s", info->api, kiln_dtype_name(key), kiln_device_name(device),

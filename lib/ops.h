@@ -156,6 +156,10 @@ static inline kiln_tensor *op_apply2(op_id op, const op_attrs *a, kiln_tensor *x
   kiln_tensor *in[2] = {x, y};
   return op_apply(op, a, 2, in);
 }
+/* op_apply on a remote device (dist_remote.c): the op runs on the worker,
+ * inputs from elsewhere sent as host data; the result of type ty stays there. */
+kiln_tensor *remote_apply(op_id op, const op_attrs *attrs, int n, kiln_tensor *const *in, const op_type *ty,
+                          int device);
 /* Normalises axis into [0, rank) or fails naming op; returns 0 / -1. */
 int axis_normalize(const char *op, int axis, int rank, int *out);
 

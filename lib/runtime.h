@@ -117,6 +117,25 @@ const kiln_tensor *tensor_on_host(const char *op, const kiln_tensor *t, kiln_ten
 /* Copies the first bytes of t's data (any device) to host dst. 0 / -1. */
 int device_read(const char *op, const kiln_tensor *t, void *dst, size_t bytes);
 
+/* ---- remote devices (device.c, dist_remote.c) ----
+ * On rank 0, the devices other ranks serve (task:K/cpu:0, task:K/gpu:G)
+ * come after the local ones in the device list. A tensor there has no data
+ * here: its data_block is the worker's handle, never dereferenced; the
+ * functions above send it to these. */
+/* Appends a device to the list; its index, or -1 when the list is full. */
+int device_add(const char *name);
+bool device_is_remote(int device);
+/* dist_remote.c: the index of "task:K/...", waiting for K's announcement
+ * up to KILN_DIST_TIMEOUT_S; -1 (no error set) with remote_why() saying why */
+int remote_find(const char *name);
+const char *remote_why(void);
+/* takes the announcements that have arrived, without waiting */
+void remote_refresh(void);
+void remote_free(int device, void *handle);
+/* a copy of t on device where t or device is remote, owned by the caller */
+kiln_tensor *remote_copy(const char *op, const kiln_tensor *t, int device);
+int remote_read(const char *op, const kiln_tensor *t, void *dst, size_t bytes);
+
 /* ---- random numbers (random.c) ----
  * Philox-4x32-10 keyed by the 64-bit seed; block c gives four 32-bit words.
  * Element i of a draw that starts at counter c0 uses block c0 + i/2: words
