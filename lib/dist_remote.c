@@ -593,7 +593,7 @@ static int request(const char *who, int device, int kind, const wbuf *body, rbuf
   }
   int rc = dist_send(who, task, TAG_REQ, m.s, m.n);
   free(m.s);
-  if (!rc) { /* the frees went: later ones stay queued */
+  if (!rc && sent_frees) { /* the frees went: later ones stay queued */
     pthread_mutex_lock(&free_mutex);
     memmove(w->frees, w->frees + sent_frees, (w->n_free - sent_frees) * sizeof *w->frees);
     w->n_free -= sent_frees;
