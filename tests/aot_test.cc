@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "io_util.h"
 #include "test_util.h"
 
 using ::testing::HasSubstr;
@@ -26,20 +27,8 @@ namespace {
 namespace fs = std::filesystem;
 using namespace kiln_test;
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = ::testing::TempDir() + "kiln_aot_XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    EXPECT_NE(mkdtemp(buf.data()), nullptr);
-    path = buf.data();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string &name) const { return path + "/" + name; }
+struct TempDir : kiln_io_test::IoTempDir {
+  TempDir() : IoTempDir("kiln_aot") {}
 };
 
 std::string read_file(const std::string &path) {

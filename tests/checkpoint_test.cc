@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "io_util.h"
 #include "test_util.h"
 
 using ::testing::HasSubstr;
@@ -33,25 +34,8 @@ namespace fs = std::filesystem;
 using namespace kiln_test;
 
 // A fresh directory, removed with everything in it at the end.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = ::testing::TempDir() + "kiln_ckpt_XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    EXPECT_NE(mkdtemp(buf.data()), nullptr);
-    path = buf.data();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string &name) const { return path + "/" + name; }
-  std::vector<std::string> entries() const {
-    std::vector<std::string> out;
-    for (auto &e : fs::directory_iterator(path)) out.push_back(e.path().filename().string());
-    return out;
-  }
+struct TempDir : kiln_io_test::IoTempDir {
+  TempDir() : IoTempDir("kiln_ckpt") {}
 };
 
 void write_file(const std::string &path, const std::string &bytes) {

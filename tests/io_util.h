@@ -1,5 +1,6 @@
 // io_util.h — helpers shared by the file-format tests of API.md §13
-// (npy_test.cc, summary_test.cc): a temporary directory, whole-file reads
+// (npy_test.cc, summary_test.cc; the temporary directory also for
+// checkpoint_test.cc, saved_test.cc and aot_test.cc): a temporary directory, whole-file reads
 // and writes, and running a Python checker beside this source.
 #ifndef KILN_TESTS_IO_UTIL_H
 #define KILN_TESTS_IO_UTIL_H

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "ir.h"
+#include "io_util.h"
 #include "test_util.h"
 
 using ::testing::HasSubstr;
@@ -39,20 +40,8 @@ namespace {
 namespace fs = std::filesystem;
 using namespace kiln_test;
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = ::testing::TempDir() + "kiln_saved_XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    EXPECT_NE(mkdtemp(buf.data()), nullptr);
-    path = buf.data();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string &name) const { return path + "/" + name; }
+struct TempDir : kiln_io_test::IoTempDir {
+  TempDir() : IoTempDir("kiln_saved") {}
 };
 
 std::string read_file(const std::string &path) {
