@@ -27,6 +27,12 @@ double dist_wait_seconds(void); /* lib/dist_mpi.c (kiln_internal) */
 
 static int rank, size;
 
+/* Kiln's error, and this rank's exit (mpirun then ends the others) */
+static void fail(void) {
+  fprintf(stderr, "bench_dist: rank %d: %s\n", rank, kiln_last_error());
+  exit(1);
+}
+
 #ifdef KILN_HAVE_MPI
 static void bandwidth(void) {
   if (rank == 0)
@@ -45,10 +51,7 @@ static void bandwidth(void) {
       double t0 = now_s();
       kiln_tensor *y = kiln_all_reduce(t, "sum");
       double t1 = now_s();
-      if (!y) {
-        fprintf(stderr, "bench_dist: %s\n", kiln_last_error());
-        exit(1);
-      }
+      if (!y) fail();
       kiln_release(y);
       MPI_Barrier(MPI_COMM_WORLD);
       double t2 = now_s();
@@ -77,10 +80,7 @@ static void training(void) {
   kiln_random_seed(42);
   dp_mlp m;
   kiln_optimizer *sgd = kiln_sgd_new(0.05);
-  if (dp_mlp_init(&m, IN, HIDDEN) || !sgd) {
-    fprintf(stderr, "bench_dist: %s\n", kiln_last_error());
-    exit(1);
-  }
+  if (dp_mlp_init(&m, IN, HIDDEN) || !sgd) fail();
   kiln_random_seed(100 + (uint64_t)rank); /* each rank its own shard */
   kiln_tensor *x = kiln_random_normal(KILN_F32, KILN_SHAPE(BATCH, IN));
   kiln_tensor *y = kiln_cast(kiln_mul(kiln_random_uniform(KILN_F32, KILN_SHAPE(BATCH), 0, 1),
@@ -90,10 +90,7 @@ static void training(void) {
     kiln_scope_push();
     double w0 = dist_wait_seconds(), t0 = now_s();
     kiln_tensor *loss;
-    if (dp_mlp_step(&m, sgd, x, y, true, &loss)) {
-      fprintf(stderr, "bench_dist: %s\n", kiln_last_error());
-      exit(1);
-    }
+    if (dp_mlp_step(&m, sgd, x, y, true, &loss)) fail();
     double dt = now_s() - t0;
     if (s >= 0) t[s] = dt, total += dt, waited += dist_wait_seconds() - w0;
     kiln_scope_pop();
