@@ -131,11 +131,15 @@ static bool same_callees(const ir_instr *x, const ir_instr *y, int depth) {
   return true;
 }
 
+/* Two draws, host calls or collectives are never the same, even alike:
+ * each has its own effect. */
+static bool has_effect(op_kind k) { return k == OPK_RANDOM || k == OPK_HOST || k == OPK_COLLECTIVE; }
+
 bool pass_same_instr(const ir_func *fx, const ir_instr *x, const ir_func *fy, const ir_instr *y,
                      const ir_value *in_y) {
   if (x->op != y->op || (unsigned)x->op >= OP_COUNT || x->n_in != y->n_in || x->n_out != y->n_out) return false;
   op_kind k = kiln_ops[x->op].kind;
-  if (k == OPK_RANDOM || k == OPK_HOST || k == OPK_COLLECTIVE) return false;
+  if (has_effect(k)) return false;
   if (!pass_same_attrs(pass_attr_fields(x->op), &x->attrs, &y->attrs)) return false;
   for (int i = 0; i < x->n_in; i++)
     if (in_y[i] != y->in[i]) return false;
@@ -160,7 +164,7 @@ static bool same_func(const ir_func *a, const ir_func *b, int depth) {
         x->out != y->out)
       return false;
     op_kind k = kiln_ops[x->op].kind;
-    if (k == OPK_RANDOM || k == OPK_HOST || k == OPK_COLLECTIVE) return false;
+    if (has_effect(k)) return false;
     if (!pass_same_attrs(pass_attr_fields(x->op), &x->attrs, &y->attrs)) return false;
     if (x->n_in && memcmp(x->in, y->in, (size_t)x->n_in * sizeof *x->in)) return false;
     for (int r = 0; r < x->n_out; r++)
