@@ -297,6 +297,21 @@ int dist_agree(const char *who, const dist_header *h, bool ok) {
 /* ---- data movement ---- */
 
 #ifdef KILN_HAVE_MPI
+/* The payload of a collective moves with MPI's blocking calls: by then the
+ * header exchange (dist_agree, bounded by KILN_DIST_TIMEOUT_S) has shown
+ * every rank here with the same call, so nothing is left to wait for but
+ * the data, and Open MPI's blocking collectives (coll/tuned) move large
+ * buffers about twice as fast as its non-blocking ones (coll/libnbc): an
+ * MPI_Iallreduce polled with MPI_Test made kiln_all_reduce 0.52x a plain
+ * MPI_Allreduce at 16 MB on 2 processes. A rank that dies mid-payload
+ * brings the job down through mpirun, as it would any MPI program. */
+static double payload_start(void) { return now_seconds(); }
+
+static int payload_done(const char *who, int rc, double start) {
+  world.waited += now_seconds() - start;
+  return rc != MPI_SUCCESS ? mpi_fail(who, rc) : 0;
+}
+
 /* MPI counts are ints: larger buffers go in pieces */
 enum { CHUNK = 1 << 28 };
 
@@ -312,12 +327,10 @@ static int count_fits(const char *who, int64_t count) {
  * sum of two ranks, which is commutative and so the same bits on both */
 static int allreduce_piece(const char *who, const char *send, char *buf, int count, kiln_dtype dt, dist_op op) {
   MPI_Datatype type = mpi_type(dt);
-  MPI_Request req;
-  int rc;
-  if (!dtype_is_float(dt) || (op == DIST_SUM && world.size == 2)) {
-    rc = MPI_Iallreduce(send == buf ? MPI_IN_PLACE : send, buf, count, type, mpi_op(op), world.comm, &req);
-    return rc != MPI_SUCCESS ? mpi_fail(who, rc) : wait_for(who, &req);
-  }
+  double start = payload_start();
+  if (!dtype_is_float(dt) || (op == DIST_SUM && world.size == 2))
+    return payload_done(who, MPI_Allreduce(send == buf ? MPI_IN_PLACE : send, buf, count, type, mpi_op(op), world.comm),
+                        start);
   int n = world.size, *counts = malloc(2 * (size_t)n * sizeof *counts), *displs = counts + n;
   size_t esize = kiln_dtype_sizes[dt];
   if (!counts) return kiln_set_error("%s: out of memory", who);
@@ -331,12 +344,12 @@ static int allreduce_piece(const char *who, const char *send, char *buf, int cou
     free(counts);
     return kiln_set_error("%s: out of memory", who);
   }
-  rc = MPI_Ireduce_scatter(send, mine, counts, type, mpi_op(op), world.comm, &req);
-  int err = rc != MPI_SUCCESS ? mpi_fail(who, rc) : wait_for(who, &req);
+  int err = payload_done(who, MPI_Reduce_scatter(send, mine, counts, type, mpi_op(op), world.comm), start);
   if (!err) {
     memcpy(buf + (size_t)displs[world.rank] * esize, mine, (size_t)counts[world.rank] * esize);
-    rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, type, world.comm, &req);
-    err = rc != MPI_SUCCESS ? mpi_fail(who, rc) : wait_for(who, &req);
+    start = payload_start();
+    err = payload_done(
+        who, MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, type, world.comm), start);
   }
   free(mine);
   free(counts);
@@ -374,9 +387,8 @@ int dist_allgather(const char *who, const void *send, void *recv, size_t bytes) 
   if (bytes == 0) return 0;
 #ifdef KILN_HAVE_MPI
   if (count_fits(who, (int64_t)bytes)) return -1;
-  MPI_Request req;
-  int rc = MPI_Iallgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, world.comm, &req);
-  return rc != MPI_SUCCESS ? mpi_fail(who, rc) : wait_for(who, &req);
+  double start = payload_start();
+  return payload_done(who, MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, world.comm), start);
 #else
   return -1;
 #endif
@@ -391,9 +403,9 @@ int dist_reduce_scatter(const char *who, const void *send, void *recv, int64_t c
   if (count == 0) return 0;
 #ifdef KILN_HAVE_MPI
   if (count_fits(who, count)) return -1;
-  MPI_Request req;
-  int rc = MPI_Ireduce_scatter_block(send, recv, (int)count, mpi_type(dt), mpi_op(op), world.comm, &req);
-  return rc != MPI_SUCCESS ? mpi_fail(who, rc) : wait_for(who, &req);
+  double start = payload_start();
+  return payload_done(
+      who, MPI_Reduce_scatter_block(send, recv, (int)count, mpi_type(dt), mpi_op(op), world.comm), start);
 #else
   (void)op;
   return -1;
@@ -405,9 +417,8 @@ int dist_broadcast(const char *who, void *buf, size_t bytes, int root) {
   if (world.size == 1 || bytes == 0) return 0;
 #ifdef KILN_HAVE_MPI
   if (count_fits(who, (int64_t)bytes)) return -1;
-  MPI_Request req;
-  int rc = MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, world.comm, &req);
-  return rc != MPI_SUCCESS ? mpi_fail(who, rc) : wait_for(who, &req);
+  double start = payload_start();
+  return payload_done(who, MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, world.comm), start);
 #else
   (void)buf, (void)root;
   return -1;
