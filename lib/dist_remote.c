@@ -10,7 +10,10 @@
  *
  * A staged call under a remote scope sends the trace's .kir text the first
  * time that worker runs it (keyed by traced_fn.remote_key), then only its
- * arguments; the worker parses, optimizes and compiles its copy.
+ * arguments; the worker parses, optimizes and compiles its copy. The
+ * trace's captured tensors (constants it closed over, the same for every
+ * call) travel with the text and stay with the worker's copy: later calls
+ * name them instead of sending their bytes again.
  *
  * Every process runs the same Kiln build: op_attrs travels as bytes (its
  * pointers, which only IR-only ops use, cleared), and the announcement
@@ -159,18 +162,29 @@ static void held_clear(void) {
   held.n = held.cap = 0;
 }
 
-/* The staged functions rank 0 has sent, by key. */
+/* How an argument travels (put_arg, remote_call; get_args): */
+enum { ARG_HANDLE, ARG_HOST, ARG_KEEP /* host data the program keeps */, ARG_KEPT /* what it kept */ };
+
+/* The staged functions rank 0 has sent, by key; kept[i]: the value of
+ * parameter i when it is one of the trace's captured tensors (or NULL). */
 typedef struct {
   uint64_t key;
   traced_fn fn;
+  kiln_tensor **kept;
 } program;
 static struct {
   program *p;
   size_t n, cap;
 } programs;
 
+static void program_free(program *p) {
+  for (int i = 0; p->kept && i < p->fn.func->n_params; i++) kiln_release(p->kept[i]);
+  free(p->kept);
+  traced_fn_free(&p->fn);
+}
+
 static void programs_clear(void) {
-  for (size_t i = 0; i < programs.n; i++) traced_fn_free(&programs.p[i].fn);
+  for (size_t i = 0; i < programs.n; i++) program_free(&programs.p[i]);
   free(programs.p);
   memset(&programs, 0, sizeof programs);
 }
@@ -188,7 +202,7 @@ static op_id op_named(const char *name) {
   return OP_COUNT;
 }
 
-static int get_args(const char *who, rbuf *in, int64_t n, kiln_tensor **args, bool *own);
+static int get_args(const char *who, rbuf *in, int64_t n, kiln_tensor **args, bool *own, program *p);
 
 /* R_OP: device, op name, attrs, inputs -> handle and type */
 static int serve_op(rbuf *in, wbuf *out) {
@@ -206,7 +220,7 @@ static int serve_op(rbuf *in, wbuf *out) {
   if (in->bad || n < 0 || n > 1 << 20) return kiln_set_error("%s: malformed inputs", kiln_ops[op].api);
   kiln_tensor **args = calloc((size_t)n + 1, sizeof *args);
   bool *own = calloc((size_t)n + 1, sizeof *own);
-  int rc = args && own ? get_args(kiln_ops[op].api, in, n, args, own)
+  int rc = args && own ? get_args(kiln_ops[op].api, in, n, args, own, NULL)
                        : kiln_set_error("%s: out of memory", kiln_ops[op].api);
   kiln_tensor *r = NULL;
   if (!rc && !(rc = push_local(kiln_ops[op].api, dev))) {
@@ -267,13 +281,23 @@ static int serve_get(rbuf *in, wbuf *out) {
 }
 
 /* Reads n arguments, handles or host data, into args (own[i]: a host copy
- * to release). 0 / -1. */
-static int get_args(const char *who, rbuf *in, int64_t n, kiln_tensor **args, bool *own) {
+ * to release); a staged call's (p non-NULL) may be kept by or taken from
+ * its program. 0 / -1. */
+static int get_args(const char *who, rbuf *in, int64_t n, kiln_tensor **args, bool *own, program *p) {
   for (int64_t i = 0; i < n; i++) {
-    if (get_i64(in)) { /* host data */
+    int64_t how = get_i64(in);
+    if (how == ARG_HOST || (how == ARG_KEEP && p)) {
       if (!(args[i] = get_host(who, in))) return -1;
       own[i] = true;
-    } else if (!(args[i] = held_get((uint64_t)get_i64(in)))) {
+      if (how == ARG_KEEP) {
+        kiln_release(p->kept[i]);
+        p->kept[i] = kiln_retain(args[i]);
+      }
+    } else if (how == ARG_KEPT && p) {
+      if (!(args[i] = p->kept[i]))
+        return kiln_set_error("%s: @%s: input %lld was never sent to this worker", who, p->fn.func->name,
+                              (long long)i);
+    } else if (how != ARG_HANDLE || !(args[i] = held_get((uint64_t)get_i64(in)))) {
       return kiln_set_error("%s: input %lld is not a tensor this worker holds", who, (long long)i);
     }
   }
@@ -281,14 +305,14 @@ static int get_args(const char *who, rbuf *in, int64_t n, kiln_tensor **args, bo
 }
 
 /* The program of key: parsed from the text that comes with its first call. */
-static traced_fn *program_get(rbuf *in, uint64_t key) {
+static program *program_get(rbuf *in, uint64_t key) {
   char name[256];
   int64_t has_text = get_i64(in);
   get_str(in, name, sizeof name);
   int64_t len = get_i64(in);
   const char *text = len >= 0 ? take(in, (size_t)len) : NULL;
   for (size_t i = 0; i < programs.n; i++)
-    if (programs.p[i].key == key) return &programs.p[i].fn;
+    if (programs.p[i].key == key) return &programs.p[i];
   if (!has_text || !text) {
     kiln_set_error("function_call: @%s: this worker has no program %llu", name, (unsigned long long)key);
     return NULL;
@@ -315,21 +339,25 @@ static traced_fn *program_get(rbuf *in, uint64_t key) {
   fn.module = ir_parse(copy, name);
   free(copy);
   fn.func = fn.module ? ir_module_find(fn.module, name) : NULL;
-  if (!fn.func || jit_prepare(&fn, name)) {
+  kiln_tensor **kept = fn.func ? calloc((size_t)fn.func->n_params + 1, sizeof *kept) : NULL;
+  if (!fn.func || !kept || jit_prepare(&fn, name)) {
     if (fn.module && !fn.func) kiln_set_error("function_call: @%s: not in the text sent", name);
+    else if (fn.func && !kept) kiln_set_error("function_call: out of memory");
+    free(kept);
     traced_fn_free(&fn);
     return NULL;
   }
-  programs.p[programs.n] = (program){key, fn};
-  return &programs.p[programs.n++].fn;
+  programs.p[programs.n] = (program){key, fn, kept};
+  return &programs.p[programs.n++];
 }
 
 /* R_CALL: key, device, [text], arguments -> each result's handle and type */
 static int serve_call(rbuf *in, wbuf *out) {
   uint64_t key = (uint64_t)get_i64(in);
   int64_t dev = get_i64(in);
-  traced_fn *fn = program_get(in, key);
-  if (!fn) return -1;
+  program *prog = program_get(in, key);
+  if (!prog) return -1;
+  traced_fn *fn = &prog->fn;
   const char *name = fn->func->name;
   int64_t n = get_i64(in);
   int np = fn->opt_func->n_params, nr = fn->opt_func->n_results;
@@ -337,7 +365,8 @@ static int serve_call(rbuf *in, wbuf *out) {
                                                 (long long)n, np);
   kiln_tensor **args = calloc((size_t)(np + nr) + 1, sizeof *args), **res = args + np;
   bool *own = calloc((size_t)np + 1, sizeof *own);
-  int rc = args && own ? get_args("function_call", in, n, args, own) : kiln_set_error("function_call: out of memory");
+  int rc =
+      args && own ? get_args("function_call", in, n, args, own, prog) : kiln_set_error("function_call: out of memory");
   if (!rc && !(rc = push_local("function_call", dev))) {
     kiln_scope_push(); /* the results, until held */
     rc = jit_exec(fn, args, res);
@@ -716,16 +745,16 @@ int remote_read(const char *who, const kiln_tensor *t, void *dst, size_t bytes) 
 
 /* An argument for device: its handle where it lives there, else its value
  * sent from the host. 0 / -1. */
-static int put_arg(const char *who, wbuf *b, const kiln_tensor *t, int device) {
+static int put_arg(const char *who, wbuf *b, const kiln_tensor *t, int device, int how) {
   if (t->device == device) {
-    put_i64(b, 0);
+    put_i64(b, ARG_HANDLE);
     put_i64(b, (int64_t)(uintptr_t)t->data_block);
     return 0;
   }
   kiln_tensor *h = device_is_remote(t->device) ? remote_copy(who, t, 0) : NULL, *copy = NULL;
   const kiln_tensor *host = h ? h : device_is_remote(t->device) ? NULL : tensor_on_host(who, t, &copy);
   if (host) {
-    put_i64(b, 1);
+    put_i64(b, how);
     put_host(b, host);
   }
   kiln_release(h);
@@ -745,7 +774,7 @@ kiln_tensor *remote_apply(op_id op, const op_attrs *attrs, int n, kiln_tensor *c
   put(&b, &a, sizeof a);
   put_i64(&b, n);
   int rc = 0;
-  for (int i = 0; i < n && !rc; i++) rc = put_arg(who, &b, in[i], device);
+  for (int i = 0; i < n && !rc; i++) rc = put_arg(who, &b, in[i], device, ARG_HOST);
   kiln_tensor *out = NULL;
   rbuf rep;
   dist_lock();
@@ -766,7 +795,7 @@ kiln_tensor *remote_apply(op_id op, const op_attrs *attrs, int n, kiln_tensor *c
   return out;
 }
 
-static _Atomic int64_t texts_sent; /* the staged functions' texts sent, for tests */
+static _Atomic int64_t texts_sent, caps_sent; /* the staged functions' texts and captures sent, for tests */
 
 /* Has worker w run the program of key? (the keys sent to it, locked) */
 static bool sent_before(worker *w, uint64_t key) {
@@ -812,13 +841,26 @@ int remote_call(traced_fn *fn, int device, kiln_tensor *const *args, kiln_tensor
   if (text) put(&b, text, strlen(text));
   free(text);
   put_i64(&b, np);
-  int rc = 0;
-  for (int i = 0; i < np && !rc; i++) rc = put_arg(who, &b, args[i], device);
+  int rc = 0, first_cap = np - fn->n_residuals - fn->n_vars - fn->n_caps, keeps = 0;
+  for (int i = 0; i < np && !rc; i++) {
+    bool cap = i >= first_cap && i - first_cap < fn->n_caps && args[i] == fn->caps[i - first_cap] &&
+               args[i]->device != device;
+    if (cap && !with_text) { /* the worker kept it with the text */
+      put_i64(&b, ARG_KEPT);
+      continue;
+    }
+    keeps += cap;
+    rc = put_arg(who, &b, args[i], device, cap ? ARG_KEEP : ARG_HOST);
+  }
   rbuf rep;
   dist_lock();
   if (!rc) rc = request(who, device, R_CALL, &b, &rep);
   if (!rc) {
-    if (with_text) mark_sent(w, key), texts_sent++;
+    if (with_text) {
+      mark_sent(w, key);
+      texts_sent++;
+      caps_sent += keeps;
+    }
     for (int k = 0; k < nr; k++) {
       uint64_t handle = (uint64_t)get_i64(&rep);
       op_type ty;
@@ -865,6 +907,7 @@ KILN_EXPORT int64_t dist_remote_programs(const char *name) {
   return worker_count("dist_remote_programs", name, true);
 }
 KILN_EXPORT int64_t dist_remote_texts_sent(void) { return texts_sent; }
+KILN_EXPORT int64_t dist_remote_caps_sent(void) { return caps_sent; }
 
 /* Makes the worker behind `name` sleep `seconds` before its reply: a hung
  * worker, as the next request sees it. 0 / -1 (the timeout's error). */

@@ -20,6 +20,7 @@ int64_t dist_remote_live(const char *name);
 int dist_remote_stall(const char *name, double seconds);
 int64_t dist_remote_programs(const char *name);
 int64_t dist_remote_texts_sent(void);
+int64_t dist_remote_caps_sent(void);
 }
 
 namespace {
@@ -362,6 +363,39 @@ TEST(Remote, StagedErrorsComeBack) {
   kiln_device_pop();
   ASSERT_NE(out[0], nullptr);
   EXPECT_TRUE(same_bits(kiln_to_device(out[0], "cpu:0"), kiln_gather(in[0], in[1], 0)));
+  kiln_function_free(f);
+}
+
+// x @ w + b for a w and b the body closes over: captured constants of the trace
+int affine_body(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *const *wb = static_cast<kiln_tensor *const *>(user);
+  out[0] = kiln_add(kiln_matmul(in[0], wb[0]), wb[1]);
+  return 0;
+}
+
+// The trace's captured constants travel with its text, once per worker:
+// later calls name them (the same bits as local, and nothing resent).
+TEST(Remote, StagedCapturedConstantsTravelOnce) {
+  NEED_WORKERS();
+  Scoped s;
+  kiln_tensor *wb[2] = {data({64, 48}, 5.0), data({48}, 6.0)};
+  kiln_function *f = kiln_function_new("affine", affine_body, wb, 1, 1);
+  ASSERT_NE(f, nullptr) << kiln_last_error();
+  for (const char *dev : {kTask1, kTask2}) {
+    SCOPED_TRACE(dev);
+    int64_t texts = dist_remote_texts_sent(), caps = dist_remote_caps_sent();
+    for (int call = 0; call < 4; call++) {
+      kiln_tensor *x = data({8, 64}, 0.1 * call), *local = nullptr, *remote = nullptr;
+      ASSERT_EQ(kiln_function_call(f, &x, &local), 0) << kiln_last_error();
+      ASSERT_EQ(kiln_device_push(dev), 0);
+      ASSERT_EQ(kiln_function_call(f, &x, &remote), 0) << kiln_last_error();
+      kiln_device_pop();
+      EXPECT_STREQ(kiln_tensor_device(remote), dev);
+      EXPECT_TRUE(same_bits(kiln_to_device(remote, "cpu:0"), local)) << "call " << call;
+    }
+    EXPECT_EQ(dist_remote_texts_sent() - texts, 1);
+    EXPECT_EQ(dist_remote_caps_sent() - caps, 2); // w and b, with the text only
+  }
   kiln_function_free(f);
 }
 
