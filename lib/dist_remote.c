@@ -20,6 +20,7 @@
  * carries the op table's size and op_attrs' so a mismatch is refused. */
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -407,10 +408,11 @@ static int64_t serve_one(const char *msg, size_t bytes, wbuf *out) {
   case R_GET: rc = serve_get(&in, &body); break;
   case R_CALL: rc = serve_call(&in, &body); break;
   case R_LIVE: put_i64(&body, held.live), put_i64(&body, (int64_t)programs.n); break;
-  case R_STALL: { /* tests only: a worker that hangs */
+  case R_STALL: { /* tests only: a worker that hangs (seconds > 0) or dies at once (< 0) */
     double s = 0;
     const void *p = take(&in, sizeof s);
     if (p) memcpy(&s, p, sizeof s);
+    if (s < 0) raise(SIGKILL);
     if (s > 0 && s < 3600) nanosleep(&(struct timespec){(time_t)s, (long)((s - floor(s)) * 1e9)}, NULL);
     break;
   }

@@ -430,6 +430,38 @@ TEST(RemoteFault, HungWorkerTimesOut) {
 
 } // namespace
 
+// Its own ctest entry (remote.np3_killed, under mpirun --enable-recovery
+// so that the others outlive it): task:1's process is killed mid-run. The
+// request it took fails after KILN_DIST_TIMEOUT_S, every later op there
+// fails at once naming the op, and task:2 still serves.
+TEST(RemoteKilled, KilledWorkerFailsTheNextOpClearly) {
+  NEED_WORKERS();
+  Scoped s;
+  kiln_tensor *x = data({4, 4}, 1.0);
+  ASSERT_EQ(kiln_device_push(kTask1), 0) << kiln_last_error();
+  kiln_tensor *y = kiln_add(x, x); // task:1 works, and holds y
+  kiln_device_pop();
+  ASSERT_NE(y, nullptr) << kiln_last_error();
+  setenv("KILN_DIST_TIMEOUT_S", "2", 1); // also bounds finalize's wait for task:1's goodbye
+  EXPECT_EQ(dist_remote_stall(kTask1, -1), -1); // SIGKILL there: no answer
+  std::string e = kiln_last_error();
+  EXPECT_NE(e.find("task:1/cpu:0 did not answer within 2 s (KILN_DIST_TIMEOUT_S): the worker died"),
+            std::string::npos)
+      << e;
+  ASSERT_EQ(kiln_device_push(kTask1), 0) << kiln_last_error();
+  EXPECT_EQ(kiln_mul(x, x), nullptr);
+  e = kiln_last_error();
+  EXPECT_TRUE(starts_with(e, "mul: task:1/cpu:0 is unusable")) << e;
+  kiln_device_pop();
+  EXPECT_EQ(kiln_to_device(y, "cpu:0"), nullptr); // what it held is gone with it
+  EXPECT_TRUE(starts_with(kiln_last_error(), "to_device: task:1/cpu:0 is unusable")) << kiln_last_error();
+  ASSERT_EQ(kiln_device_push(kTask2), 0) << kiln_last_error();
+  kiln_tensor *z = kiln_add(x, x);
+  kiln_device_pop();
+  ASSERT_NE(z, nullptr) << kiln_last_error();
+  EXPECT_TRUE(same_bits(kiln_to_device(z, "cpu:0"), kiln_add(x, x)));
+}
+
 int main(int argc, char **argv) {
   ::testing::InitGoogleTest(&argc, argv);
   if (kiln_dist_init()) {
