@@ -29,7 +29,7 @@ optional=(python3-torch python3-numpy gcc-aarch64-linux-gnu python3-sklearn pyth
 # With both MPIs installed, Debian's alternatives (mpi, mpirun and
 # mpi-<triplet>) must keep pointing at Open MPI: the main build's FindMPI
 # takes mpicc and mpirun. Auto mode does (priority 50 against MPICH's 40);
-# this also undoes a manual switch. Needs root; otherwise it only warns.
+# this also undoes a manual switch. Needs root (or sudo); otherwise it warns.
 openmpi_default() {
   command -v update-alternatives >/dev/null 2>&1 || return 0
   local triplet name want
@@ -42,13 +42,10 @@ openmpi_default() {
     esac
     [ -e "$want" ] || continue
     [ "$(update-alternatives --query "$name" 2>/dev/null | awk '$1 == "Value:" { print $2 }')" = "$want" ] && continue
-    if [ "$(id -u)" -eq 0 ]; then
-      update-alternatives --set "$name" "$want"
-    elif command -v sudo >/dev/null 2>&1; then
-      sudo update-alternatives --set "$name" "$want"
-    else
-      echo "setup.sh: the $name alternative is not Open MPI's ($want), and there is no root or sudo to set it" >&2
-    fi
+    local as=()
+    [ "$(id -u)" -eq 0 ] || as=(sudo -n)
+    "${as[@]}" update-alternatives --set "$name" "$want" ||
+      echo "setup.sh: the $name alternative is not Open MPI's ($want) and could not be set" >&2
   done
 }
 
