@@ -30,6 +30,7 @@ optional=(python3-torch python3-numpy gcc-aarch64-linux-gnu python3-sklearn pyth
 # mpi-<triplet>) must keep pointing at Open MPI: the main build's FindMPI
 # takes mpicc and mpirun. Auto mode does (priority 50 against MPICH's 40);
 # this also undoes a manual switch. Needs root (or sudo); otherwise it warns.
+alt_value() { update-alternatives --query "$1" 2>/dev/null | awk '$1 == "Value:" { print $2 }'; }
 openmpi_default() {
   command -v update-alternatives >/dev/null 2>&1 || return 0
   local triplet name want
@@ -41,9 +42,12 @@ openmpi_default() {
       *) want=/usr/lib/$triplet/openmpi/include ;;
     esac
     [ -e "$want" ] || continue
-    [ "$(update-alternatives --query "$name" 2>/dev/null | awk '$1 == "Value:" { print $2 }')" = "$want" ] && continue
+    [ "$(alt_value "$name")" = "$want" ] && continue
     local as=()
     [ "$(id -u)" -eq 0 ] || as=(sudo -n)
+    # back to auto mode where that picks Open MPI (it does: priority 50 > 40)
+    "${as[@]}" update-alternatives --auto "$name" 2>/dev/null || true
+    [ "$(alt_value "$name")" = "$want" ] && continue
     "${as[@]}" update-alternatives --set "$name" "$want" ||
       echo "setup.sh: the $name alternative is not Open MPI's ($want) and could not be set" >&2
   done
