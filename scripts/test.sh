@@ -46,13 +46,14 @@ configure() {
   cmake -S . -B "$dir" "${gen[@]}" "$@"
 }
 
-# run_ctest DIR: runs the suite and adds its counts to the totals. A suite
-# that could not run at all (or exits non-zero with no failed test) counts
-# as one failure.
+# run_ctest DIR [CTEST ARGS...]: runs the suite (or the tests the arguments
+# select) and adds its counts to the totals. A suite that could not run at
+# all (or exits non-zero with no failed test) counts as one failure.
 run_ctest() {
   local dir=$1 log
+  shift
   log=$(mktemp)
-  ctest --test-dir "$dir" --output-on-failure -j2 --no-tests=error --timeout 900 2>&1 | tee "$log"
+  ctest --test-dir "$dir" --output-on-failure -j2 --no-tests=error --timeout 900 "$@" 2>&1 | tee "$log"
   local rc=${PIPESTATUS[0]}
   local line
   line=$(grep -Eo '[0-9]+ tests? failed out of [0-9]+' "$log" | tail -n 1)
@@ -233,6 +234,21 @@ if [ $release_ok -eq 1 ]; then
     cat "$work/install.log"
     fail "cmake --install build --prefix <tmp>"
   fi
+fi
+
+# ---------------------------------------------------------------------------
+section "MPICH build (build-mpich/): the distribution layer on the second MPI"
+# Only what the distribution tests run (the library, the dist and remote
+# test binaries, kiln-worker, data_parallel, bench_dist), built on MPICH by
+# its own wrappers (KILN_MPI_FLAVOR=mpich) whatever mpicc points at; then
+# the dist.* and remote.* ctests and data_parallel on 2 processes.
+if ! command -v mpicc.mpich >/dev/null 2>&1 || ! command -v mpiexec.mpich >/dev/null 2>&1; then
+  echo "skipped: MPICH is not installed (libmpich-dev mpich; scripts/setup.sh installs them)"
+elif configure build-mpich -DCMAKE_BUILD_TYPE=Release -DKILN_MPI_FLAVOR=mpich &&
+     cmake --build build-mpich --target kiln_dist_tests kiln_remote_tests kiln-worker data_parallel bench_dist; then
+  run_ctest build-mpich -R '^(dist|remote|example\.data_parallel)\.'
+else
+  fail "MPICH build"
 fi
 
 # ---------------------------------------------------------------------------
