@@ -176,8 +176,7 @@ static void overlap(void) {
   if (rank == 0) {
     double med[4];
     for (int row = 0; row < 4; row++) med[row] = median(t[row], STEPS) * 1e3;
-    printf("overlap: staged all_reduce of 4 MB f32 + %d independent %dx%d matmuls, %d process%s (median of %d):
-"
+    printf("overlap: staged all_reduce of 4 MB f32 + %d independent %dx%d matmuls, %d process%s (median of %d):\n"
            "  all_reduce alone %.2f ms, matmuls alone %.2f ms; both: overlapped %.2f ms, one after the other "
            "%.2f ms (%.2fx)\n",
            MATMULS, OV_N, OV_N, size, size == 1 ? "" : "es", STEPS, med[0], med[1], med[2], med[3],
