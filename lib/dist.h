@@ -134,8 +134,10 @@ bool dist_async_enabled(void);
 void dist_async_drain(void);
 /* Joins the communication thread (kiln_dist_finalize; a later start makes another). */
 void dist_async_finish(void);
-/* whether MPI lets threads other than the one that started it call it, one
- * at a time (MPI_THREAD_SERIALIZED or more; always without MPI) */
+/* whether MPI lets any thread call it at any time (MPI_THREAD_MULTIPLE;
+ * always without MPI). Less, the communication thread is not used: remote
+ * devices' messages (dist_send, dist_recv) do not all pass dist_lock, so
+ * only the caller's thread may call MPI. */
 bool dist_threads_ok(void);
 
 /* ---- staged collectives (dist_staged.c) ---- */

@@ -7,9 +7,10 @@
  * blocking ones; dist_mpi.c). The thread is made at the first start and
  * joined at kiln_dist_finalize or exit. Any other use of the world waits
  * for the queue to empty first (dist_lock), so an eager collective issued
- * while a staged one is in flight comes after it. Where MPI allows one
- * thread at a time only to call it, or KILN_DIST_OVERLAP=0, a start runs
- * the collective at once on the caller's thread. */
+ * while a staged one is in flight comes after it. Where MPI does not let
+ * every thread call it at any time (below MPI_THREAD_MULTIPLE: remote
+ * devices' messages do not all pass dist_lock), or KILN_DIST_OVERLAP=0, a
+ * start runs the collective at once on the caller's thread. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -97,7 +97,7 @@ int dist_join(const char *who) {
 
 bool dist_threads_ok(void) {
 #ifdef KILN_HAVE_MPI
-  return world.level >= MPI_THREAD_SERIALIZED;
+  return world.level >= MPI_THREAD_MULTIPLE;
 #else
   return true;
 #endif
