@@ -113,10 +113,41 @@ void dist_describe(dist_header *h, dist_kind kind, int op, const kiln_tensor *t,
 int dist_run_into(const char *who, dist_kind kind, int op, int64_t arg, int world, kiln_tensor *in,
                   kiln_tensor *out);
 
+/* ---- staged collectives started now, waited for later (dist_async.c) ----
+ * A start queues dist_run_into for the process's communication thread,
+ * which runs the queue in order, and returns its job (*job; NULL when it
+ * ran at once: KILN_DIST_OVERLAP=0, or MPI lets one thread at a time only
+ * call it; then its rc is the start's). in and out are headers over
+ * buffers that must stay untouched until the wait. */
+typedef struct dist_job dist_job;
+int dist_async_start(const char *who, dist_kind kind, int op, int64_t arg, int world, const kiln_tensor *in,
+                     const kiln_tensor *out, dist_job **job);
+/* Waits for job (NULL: nothing) and frees it: its rc; with keep_error a
+ * failure's message (beginning with the op's name) becomes this thread's
+ * error. */
+int dist_async_wait(dist_job *job, bool keep_error);
+/* whether starts queue now (KILN_DIST_OVERLAP is not "0", and the thread level allows) */
+bool dist_async_enabled(void);
+/* Waits until every started job has finished (nothing on the communication
+ * thread itself): dist_lock's first step, so the world's other users come
+ * after the collectives already started. */
+void dist_async_drain(void);
+/* Joins the communication thread (kiln_dist_finalize; a later start makes another). */
+void dist_async_finish(void);
+/* whether MPI lets any thread call it at any time (MPI_THREAD_MULTIPLE;
+ * always without MPI). Less, the communication thread is not used: remote
+ * devices' messages (dist_send, dist_recv) do not all pass dist_lock, so
+ * only the caller's thread may call MPI. */
+bool dist_threads_ok(void);
+
 /* ---- staged collectives (dist_staged.c) ---- */
 /* kiln_all_reduce ... on a symbolic tensor while tracing: the IR
  * instruction (op_apply), whose CPU kernel is dist_run_into. */
 kiln_tensor *dist_stage(const char *who, dist_kind kind, const char *op, int64_t arg, kiln_tensor *t);
+/* The collective instruction op (attrs a) of buffer in (of in_type) into
+ * out (of out_type) started (dist_async_start): compiled code's start. */
+int dist_staged_start(op_id op, const op_attrs *a, const op_type *in_type, const op_type *out_type, void *in,
+                      void *out, dist_job **job);
 /* the collective an instruction runs, 0 for other ops */
 dist_kind dist_kind_of(op_id op);
 

@@ -28,11 +28,15 @@ static struct {
   MPI_Comm comm;    /* Kiln's own duplicate of MPI_COMM_WORLD: the user's traffic never matches ours */
   MPI_Comm remote;  /* another, for remote devices' messages: they never mix with collectives */
   bool owns_mpi;    /* Kiln initialized MPI, so Kiln finalizes it */
+  int level;        /* the thread level MPI granted */
 #endif
 } world = {.size = 1};
 
 static pthread_mutex_t world_mutex = PTHREAD_MUTEX_INITIALIZER;
-void dist_lock(void) { pthread_mutex_lock(&world_mutex); }
+void dist_lock(void) {
+  dist_async_drain(); /* after the staged collectives already started */
+  pthread_mutex_lock(&world_mutex);
+}
 void dist_unlock(void) { pthread_mutex_unlock(&world_mutex); }
 
 int dist_world_rank(void) { return world.rank; }
@@ -62,7 +66,10 @@ static int join_locked(const char *who) {
   if (!inited) {
     if ((rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided)) != MPI_SUCCESS) return mpi_fail(who, rc);
     world.owns_mpi = true;
+  } else {
+    MPI_Query_thread(&provided);
   }
+  world.level = provided;
   if ((rc = MPI_Comm_dup(MPI_COMM_WORLD, &world.comm)) != MPI_SUCCESS) return mpi_fail(who, rc);
   if ((rc = MPI_Comm_dup(MPI_COMM_WORLD, &world.remote)) != MPI_SUCCESS) return mpi_fail(who, rc);
   MPI_Comm_set_errhandler(world.comm, MPI_ERRORS_RETURN);
@@ -88,6 +95,14 @@ int dist_join(const char *who) {
   return rc;
 }
 
+bool dist_threads_ok(void) {
+#ifdef KILN_HAVE_MPI
+  return world.level >= MPI_THREAD_MULTIPLE;
+#else
+  return true;
+#endif
+}
+
 int kiln_dist_init(void) { return dist_join("dist_init"); }
 
 int kiln_dist_rank(void) { return dist_join("dist_rank") ? -1 : world.rank; }
@@ -95,6 +110,7 @@ int kiln_dist_rank(void) { return dist_join("dist_rank") ? -1 : world.rank; }
 int kiln_dist_size(void) { return dist_join("dist_size") ? -1 : world.size; }
 
 void kiln_dist_finalize(void) {
+  dist_async_finish();
   dist_lock();
   if (world.state == DIST_IN) {
 #ifdef KILN_HAVE_MPI

@@ -6,6 +6,7 @@
  * movement (dist_run_into) on the instruction's buffers. Their gradient
  * rule is the eager adjoint (dist_gradients.c). */
 #include "dist.h"
+#include "raw_call.h"
 
 dist_kind dist_kind_of(op_id op) {
   switch (op) {
@@ -52,6 +53,17 @@ static int collective_kernel(const op_call *c) {
   int op = kind == DIST_ALL_REDUCE || kind == DIST_REDUCE_SCATTER ? a->reduce : -1;
   int64_t arg = kind == DIST_BROADCAST ? a->root : a->axis;
   return dist_run_into(kiln_ops[c->op].api, kind, op, arg, a->world, c->in[0], c->out);
+}
+
+int dist_staged_start(op_id op, const op_attrs *a, const op_type *in_type, const op_type *out_type, void *in,
+                      void *out, dist_job **job) {
+  kiln_tensor hin, hout;
+  raw_call_header(&hin, in_type, in);
+  raw_call_header(&hout, out_type, out);
+  dist_kind kind = dist_kind_of(op);
+  int rop = kind == DIST_ALL_REDUCE || kind == DIST_REDUCE_SCATTER ? a->reduce : -1;
+  int64_t arg = kind == DIST_BROADCAST ? a->root : a->axis;
+  return dist_async_start(kiln_ops[op].api, kind, rop, arg, a->world, &hin, &hout, job);
 }
 
 KILN_CONSTRUCTOR static void register_kernels(void) {

@@ -9,7 +9,7 @@
 #include "raw_call.h"
 
 /* a header for a raw buffer of type t: what a kernel reads of a tensor */
-static void header(kiln_tensor *h, const op_type *t, void *data) {
+void raw_call_header(kiln_tensor *h, const op_type *t, void *data) {
   memset(h, 0, sizeof *h);
   atomic_init(&h->refs, 1);
   h->dtype = (uint8_t)t->dtype;
@@ -30,10 +30,10 @@ int raw_call_run(const raw_call *c, void **bufs) {
     return kiln_set_error("%s: out of memory", kiln_ops[c->op].api);
   }
   for (int k = 0; k < c->n_in; k++) {
-    header(&hdr[k], &c->in_types[k], bufs[c->n_out + k]);
+    raw_call_header(&hdr[k], &c->in_types[k], bufs[c->n_out + k]);
     in[k] = &hdr[k];
   }
-  header(&out, c->out_type, bufs[0]);
+  raw_call_header(&out, c->out_type, bufs[0]);
   op_attrs a = *c->attrs;
   if (kiln_ops[c->op].kind == OPK_RANDOM && a.stateful) /* this call's block of the global stream */
     a.counter = rng_reserve(((uint64_t)out.size + 1) / 2, &a.seed);

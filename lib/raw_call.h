@@ -23,6 +23,9 @@ typedef struct raw_call {
   bool trans_a, trans_b;   /* a dot's operands as they lay before transposes (matmul_trans) */
 } raw_call;
 
+/* a header for a raw buffer of type t: what a kernel reads of a tensor */
+void raw_call_header(kiln_tensor *h, const op_type *t, void *data);
+
 /* Runs c with bufs = {outputs..., inputs...}. 0, or -1 with the error set (an
  * index out of range, out of memory). */
 KILN_EXPORT int raw_call_run(const raw_call *c, void **bufs);

@@ -107,6 +107,7 @@ KILN_EXPORT void kiln_rt_parallel_for(int64_t n, int64_t grain, void (*fn)(void 
 }
 
 KILN_EXPORT int32_t kiln_rt_helper(kiln_rt_call *call, int32_t index, void **bufs) {
+  if (index < 0) return 0; /* a collective's wait (the JIT's overlap.c): this runtime has none in flight */
   const kiln_rt_helper_rec *h = &call->prog->helpers[index];
   const op_type *types = h->types;
   raw_call c = {(op_id)h->op, h->attrs, h->n_in, h->n_out, types, types + h->n_in, h->epilogue,

@@ -101,6 +101,9 @@ int cpu_oom(void);
 int cpu_plan(cpu_build *cb);
 /* each result's donor (cpu_program_donor), from the plan */
 int cpu_plan_donors(cpu_build *cb);
+/* overlap.c: each collective's call step a start, and its wait placed
+ * before the first later step of its list that needs it (PLAN_STEP_WAIT) */
+int cpu_plan_overlap(cpu_build *cb);
 
 /* ---- kernel.c ---- */
 /* Emits group g as the function kernel<id> and its task; ki says how the

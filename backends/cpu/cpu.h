@@ -72,6 +72,9 @@ KILN_EXPORT double cpu_program_compile_ms(const cpu_program *p);
 KILN_EXPORT bool cpu_program_from_cache(const cpu_program *p);
 /* The modules its code was compiled as, on as many threads (1 or 2). */
 KILN_EXPORT int cpu_program_parts(const cpu_program *p);
+/* Steps of the plan that run while a staged collective started before
+ * them is in flight (overlap.c; the tests' view of the overlap planned). */
+KILN_EXPORT int cpu_program_overlapped(const cpu_program *p);
 
 /* ---- ahead-of-time objects (aot.c), for kiln-aot ---- */
 typedef struct cpu_aot_spec {
@@ -95,6 +98,7 @@ typedef struct cpu_call {
   int32_t err;
   int32_t failed_kernel;
   const cpu_program *prog;
+  struct dist_job **jobs; /* per helper: its collective in flight (overlap.c), or NULL */
 } cpu_call;
 
 /* An op run by a runtime helper: an eager kernel over the raw buffers (dot,
@@ -140,6 +144,7 @@ struct cpu_program {
   int *donor;            /* per result: cpu_program_donor */
   int n_kernels;
   int n_chains; /* of n_kernels, row chains */
+  int n_overlapped; /* cpu_program_overlapped */
   size_t arena_bytes;
   size_t arena_unpacked_bytes; /* plan.arena_unpacked: before slots shared bytes by liveness */
   /* the arena of a finished call, kept for the next (taken and put back

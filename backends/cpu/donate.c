@@ -18,7 +18,7 @@ static bool same_type(const op_type *a, const op_type *b) { return a->dtype == b
 /* whether a step reads slot s, or can fail (a control step: assumed) */
 static bool step_reads(const plan *pl, const plan_step *st, int s) {
   if (st->kind >= PLAN_STEP_COND) return true;
-  if (st->kind == PLAN_STEP_CALL) {
+  if (st->kind == PLAN_STEP_CALL || st->kind == PLAN_STEP_WAIT) {
     for (int k = 0; k < st->n_slots; k++)
       if (st->slots[k] == s) return true;
     return false;
@@ -31,7 +31,7 @@ static bool step_reads(const plan *pl, const plan_step *st, int s) {
 }
 
 static bool step_can_fail(const plan *pl, const plan_step *st) {
-  if (st->kind == PLAN_STEP_CALL || st->kind >= PLAN_STEP_COND) return true;
+  if (st->kind == PLAN_STEP_CALL || st->kind == PLAN_STEP_WAIT || st->kind >= PLAN_STEP_COND) return true;
   if (st->kind == PLAN_STEP_COPY) return false;
   const plan_kernel *g = &pl->kernels[st->index]; /* integer division checks its divisors */
   for (int i = 0; i < g->f->n_instrs; i++) {

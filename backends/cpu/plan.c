@@ -192,7 +192,7 @@ int cpu_plan(cpu_build *cb) {
   cb->policy = cpu_policy;
   if (cb->scan_loops) cb->policy.scan_one_kernel = NULL;
   else if (cb->scan_kernels) cb->policy.scan_one_kernel = cpu_scan_one_kernel_any;
-  if (plan_build(pl, cb->f, &cb->policy)) return -1;
+  if (plan_build(pl, cb->f, &cb->policy) || cpu_plan_overlap(cb)) return -1;
   p->arena_bytes = pl->arena_bytes;
   p->arena_unpacked_bytes = pl->arena_unpacked;
   cb->max_bufs = max_bufs(pl, pl->steps, pl->n_steps);

@@ -1,7 +1,8 @@
 /* program.c — the entry function of a compiled program: a pointer to each
  * slot computed up front, then the plan's steps in order: each kernel
  * called on this thread or over the pool, each runtime helper through
- * kiln_rt_helper, each copy into a result's buffer, returning -1 after a
+ * kiln_rt_helper (a collective's start, and its wait later: a negative
+ * index), each copy into a result's buffer, returning -1 after a
  * step that failed. Constants are read through the symbols kiln_const<i>. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -184,6 +185,10 @@ int cpu_emit_steps(cpu_build *cb, const plan_step *steps, int n) {
         LLVMBuildStore(b, cb->slot_ptr[st->slots[k]], LLVMBuildGEP2(b, e->t_ptr, cb->ctx_array, &ix, 1, ""));
       }
       LLVMValueRef ha[3] = {cb->call_arg, llvm_i32(e, st->index), cb->ctx_array};
+      LLVMValueRef rc = LLVMBuildCall2(b, cb->ty_helper, cb->fn_helper, ha, 3, "");
+      cpu_emit_bail(cb, LLVMBuildICmp(b, LLVMIntNE, rc, llvm_i32(e, 0), ""), -1);
+    } else if (st->kind == PLAN_STEP_WAIT) { /* kiln_rt_helper(call, -1 - h, bufs): the wait of h's collective */
+      LLVMValueRef ha[3] = {cb->call_arg, llvm_i32(e, -1 - st->index), cb->ctx_array};
       LLVMValueRef rc = LLVMBuildCall2(b, cb->ty_helper, cb->fn_helper, ha, 3, "");
       cpu_emit_bail(cb, LLVMBuildICmp(b, LLVMIntNE, rc, llvm_i32(e, 0), ""), -1);
     } else if (st->kind == PLAN_STEP_COPY && st->bytes > 0) { /* a result computed elsewhere, into its buffer */

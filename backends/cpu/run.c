@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "cpu/cpu.h"
+#include "dist.h"
 #include "raw_call.h"
 
 static int arg_error(const cpu_program *p, int i, const kiln_tensor *t) {
@@ -38,6 +39,12 @@ static bool poison_buffers(void) {
     atomic_store_explicit(&state, s, memory_order_relaxed);
   }
   return s == 2;
+}
+
+static bool has_collectives(const cpu_program *p) {
+  for (int h = 0; h < p->n_helpers; h++)
+    if (kiln_ops[p->helpers[h].op].kind == OPK_COLLECTIVE) return true;
+  return false;
 }
 
 int cpu_run(cpu_program *p, kiln_tensor *const *args, kiln_tensor **results) {
@@ -94,11 +101,21 @@ int cpu_run_donating(cpu_program *p, kiln_tensor *const *args, kiln_tensor **res
     }
   }
   if (!rc && poison && arena != none) memset(arena, 0xff, p->arena_bytes);
+  dist_job *small_j[SMALL], **jobs = NULL; /* per helper: its collective in flight */
+  if (!rc && has_collectives(p)) {
+    jobs = p->n_helpers <= SMALL ? small_j : malloc((size_t)p->n_helpers * sizeof *jobs);
+    if (!jobs) rc = kiln_set_error("cpu: out of memory");
+    for (int h = 0; jobs && h < p->n_helpers; h++) jobs[h] = NULL;
+  }
   if (!rc) {
-    cpu_call call = {0, -1, p};
+    cpu_call call = {0, -1, p, jobs};
     rc = p->entry(pp, rp, arena, &call);
     if (rc && !kiln_has_error()) kiln_set_error("cpu: @%s failed", p->name);
   }
+  /* a step that failed leaves the collectives it passed in flight: they end
+   * before their buffers go (the failure's message stays) */
+  for (int h = 0; jobs && h < p->n_helpers; h++) dist_async_wait(jobs[h], false);
+  if (jobs != small_j) free(jobs);
   if (arena && arena != none) { /* kept for the next call, unless another call's already is */
     void *empty = NULL;
     __atomic_store_n(&p->arena_cls, cls, __ATOMIC_RELAXED);
@@ -174,8 +191,16 @@ static int run_host(const cpu_helper *h, void **bufs) {
 }
 
 int cpu_rt_helper(cpu_call *call, int32_t index, void **bufs) {
+  if (index < 0) { /* the wait of helper -1 - index's collective (overlap.c) */
+    dist_job **job = &call->jobs[-1 - index];
+    int rc = dist_async_wait(*job, true);
+    *job = NULL;
+    return rc;
+  }
   const cpu_helper *h = &call->prog->helpers[index];
   if (kiln_ops[h->op].kind == OPK_HOST) return run_host(h, bufs);
+  if (kiln_ops[h->op].kind == OPK_COLLECTIVE) /* started; waited for by a later step */
+    return dist_staged_start(h->op, &h->attrs, h->in_types, h->out_types, bufs[1], bufs[0], &call->jobs[index]);
   raw_call c = {h->op, &h->attrs, h->n_in, h->n_out, h->in_types, h->out_types, h->epilogue, h->trans_a, h->trans_b};
   return raw_call_run(&c, bufs);
 }

@@ -71,6 +71,10 @@ enum {
   PLAN_STEP_KERNEL, /* kernels[index] */
   PLAN_STEP_CALL,   /* calls[index] over slots: its outputs, then its inputs */
   PLAN_STEP_COPY,   /* bytes from slots[1] into slots[0] (a result computed elsewhere) */
+  /* The CPU backend's overlap pass (backends/cpu/overlap.c): the call step
+   * of calls[index] earlier in the same list started a collective, which
+   * this step waits for; slots are the call's (its outputs, then inputs) */
+  PLAN_STEP_WAIT,
   /* Control flow: nested step lists (sub[0], sub[1], of n_sub[0], n_sub[1]
    * steps) over this plan's slots and kernels: buffers are planned once
    * for the whole function, loop bodies included, as XLA's WhileThunk holds
