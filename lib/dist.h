@@ -139,6 +139,9 @@ void dist_async_finish(void);
  * devices' messages (dist_send, dist_recv) do not all pass dist_lock, so
  * only the caller's thread may call MPI. */
 bool dist_threads_ok(void);
+/* The processes of the world on this machine, this one included (1 before
+ * joining or without MPI). */
+int dist_local_size(void);
 
 /* ---- staged collectives (dist_staged.c) ---- */
 /* kiln_all_reduce ... on a symbolic tensor while tracing: the IR

@@ -9,11 +9,12 @@
  * for the queue to empty first (dist_lock), so an eager collective issued
  * while a staged one is in flight comes after it. Where MPI does not let
  * every thread call it at any time (below MPI_THREAD_MULTIPLE: remote
- * devices' messages do not all pass dist_lock), or KILN_DIST_OVERLAP=0, a
- * start runs the collective at once on the caller's thread. */
+ * devices' messages do not all pass dist_lock), or where overlap is off
+ * (overlap_on), a start runs the collective at once on the caller's thread. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "dist.h"
 
@@ -63,10 +64,17 @@ static void *worker(void *arg) {
   return NULL;
 }
 
-/* KILN_DIST_OVERLAP: "0" runs every start at once (read at each start) */
+/* KILN_DIST_OVERLAP (read at each start): "0" runs every start at once,
+ * "1" overlaps. Unset: overlap where each of this machine's processes can
+ * have a core for its communication thread beside its pool's threads.
+ * Without one the shared-memory collective is CPU work time-sliced with
+ * the kernels it was to hide behind: 0.64x the step without overlap on 2
+ * processes on 2 cores (bench/README.md). */
 static bool overlap_on(void) {
   const char *s = getenv("KILN_DIST_OVERLAP");
-  return !(s && !strcmp(s, "0"));
+  if (s && *s) return strcmp(s, "0") != 0;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  return cores > 0 && cores >= (long)dist_local_size() * (kiln_num_threads() + 1);
 }
 
 bool dist_async_enabled(void) { return overlap_on() && dist_threads_ok(); }

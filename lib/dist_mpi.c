@@ -21,6 +21,7 @@ enum { DIST_OUT, DIST_IN, DIST_DONE }; /* world.state */
 static struct {
   int state;
   int rank, size;
+  int local_size;   /* the processes of this world on this machine (this one included) */
   bool broken;      /* a wait expired: a collective is half done for good */
   int64_t seq;      /* collectives this process has begun in the world */
   double waited;    /* seconds in wait_for */
@@ -30,7 +31,7 @@ static struct {
   bool owns_mpi;    /* Kiln initialized MPI, so Kiln finalizes it */
   int level;        /* the thread level MPI granted */
 #endif
-} world = {.size = 1};
+} world = {.size = 1, .local_size = 1};
 
 static pthread_mutex_t world_mutex = PTHREAD_MUTEX_INITIALIZER;
 void dist_lock(void) {
@@ -76,6 +77,12 @@ static int join_locked(const char *who) {
   MPI_Comm_set_errhandler(world.remote, MPI_ERRORS_RETURN);
   MPI_Comm_rank(world.comm, &world.rank);
   MPI_Comm_size(world.comm, &world.size);
+  MPI_Comm node;
+  world.local_size = world.size; /* if MPI cannot tell: all of them here, the careful guess */
+  if (MPI_Comm_split_type(world.comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+    MPI_Comm_size(node, &world.local_size);
+    MPI_Comm_free(&node);
+  }
 #else
   (void)who;
   world.rank = 0;
@@ -94,6 +101,8 @@ int dist_join(const char *who) {
   dist_unlock();
   return rc;
 }
+
+int dist_local_size(void) { return world.local_size; }
 
 bool dist_threads_ok(void) {
 #ifdef KILN_HAVE_MPI
