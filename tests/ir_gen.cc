@@ -278,6 +278,21 @@ struct Gen {
         return true;
       }
       case OP_ARGMAX: *r = {0, (double)std::max<int64_t>(T(0).shape[a.axis] - 1, 0)}; return true;
+      // collectives: a sum of world values each in x's range (they differ
+      // between ranks), a mean within x's (an integer one truncated), the
+      // rest x's own values moved
+      case OP_ALL_REDUCE:
+      case OP_REDUCE_SCATTER:
+        if (a.reduce == 0) { /* DIST_SUM */
+          double w = (double)std::max(a.world, 1);
+          *r = {std::min(x.lo, w * x.lo), std::max(x.hi, w * x.hi)};
+        } else {
+          *r = {std::floor(x.lo), std::ceil(x.hi)};
+          if (is_float(out.dtype)) *r = x;
+        }
+        return true;
+      case OP_ALL_GATHER:
+      case OP_BROADCAST_FROM: *r = x; return true;
       case OP_DOT: {
         double k = (double)T(0).shape[T(0).rank - 1];
         Range p = times(x, R(1));
@@ -807,6 +822,46 @@ struct Gen {
     if (c >= 0.2 && a.naxes == 0 && r > 0) a.axes[a.naxes++] = rng.below(r);
     a.keepdims = rng.chance(0.4);
     return emit(rng.of(ops), a, {x}) >= 0;
+  }
+
+  // a collective over opt.world processes (IR_GEN_COLLECTIVE): often an
+  // all_reduce, so that a program has several for the combiner to merge
+  bool gen_collective(ir_value want) {
+    int world = std::max(opt.world, 1);
+    op_attrs a{};
+    a.world = world;
+    int kind = rng.below(10);
+    ir_value x = want >= 0 ? want : pick([&](ir_value v) { return is_num(dtype(v)) || dtype(v) == KILN_BOOL; });
+    if (x < 0) return false;
+    bool num = is_num(dtype(x));
+    if (kind < 5 || (kind < 8 && rank(x) == 0)) {  // all_reduce
+      static const int reductions[] = {0, 0, 1, 2, 3};  // DIST_SUM, MEAN, MAX, MIN
+      a.reduce = num ? reductions[rng.below(5)] : 2 + rng.below(2);
+      return emit(OP_ALL_REDUCE, a, {x}) >= 0;
+    }
+    if (kind < 6) {  // all_gather
+      a.axis = rng.below(rank(x));
+      return emit(OP_ALL_GATHER, a, {x}) >= 0;
+    }
+    if (kind < 8) {  // reduce_scatter along an axis the world divides
+      std::vector<int> axes;
+      for (int i = 0; i < rank(x); i++)
+        if (type(x).shape[i] % world == 0) axes.push_back(i);
+      if (axes.empty()) {  // make one: x broadcast along a new leading axis of the world's size
+        op_attrs b{};
+        b.rank = rank(x) + 1;
+        b.shape[0] = world;
+        for (int i = 0; i < rank(x) && i + 1 < KILN_MAX_RANK; i++) b.shape[i + 1] = type(x).shape[i];
+        if (b.rank > kMaxRank || !room(2) || (x = emit(OP_BROADCAST, b, {x})) < 0) return false;
+        axes.push_back(0);
+      }
+      a.axis = rng.of(axes);
+      static const int reductions[] = {0, 0, 1, 2, 3};
+      a.reduce = num ? reductions[rng.below(5)] : 2 + rng.below(2);
+      return emit(OP_REDUCE_SCATTER, a, {x}) >= 0;
+    }
+    a.root = rng.below(world);  // broadcast_from
+    return emit(OP_BROADCAST_FROM, a, {x}) >= 0;
   }
 
   bool gen_argmax(ir_value want) {
@@ -1591,6 +1646,7 @@ struct Gen {
         {IR_GEN_REPEAT, 5, &Gen::gen_repeat},        {IR_GEN_IDIOM, 12, &Gen::gen_idiom},
         {IR_GEN_CONTROL, 12, &Gen::gen_control},      {IR_GEN_WINDOW, 30, &Gen::gen_window},
         {IR_GEN_DENSE, 12, &Gen::gen_dense},         {IR_GEN_NARROW, 40, &Gen::gen_narrow},
+        {IR_GEN_COLLECTIVE, 24, &Gen::gen_collective},
     };
     int total = 0;
     for (const Kind &k : kinds)
@@ -1760,6 +1816,7 @@ extern "C" ir_gen_options ir_gen_default_options(void) {
   o.dtypes = DT_BIT(KILN_F32) | DT_BIT(KILN_F64) | DT_BIT(KILN_I32) | DT_BIT(KILN_I64) | DT_BIT(KILN_BOOL);
   o.kinds = IR_GEN_ALL;
   o.special_floats = 0;
+  o.world = 1;
   return o;
 }
 
@@ -1768,7 +1825,9 @@ extern "C" ir_module *ir_gen_program(uint64_t seed, const ir_gen_options *opt) {
   unsigned compute = DT_BIT(KILN_F32) | DT_BIT(KILN_F64) | DT_BIT(KILN_I32) | DT_BIT(KILN_I64) | DT_BIT(KILN_BOOL);
   if (o.min_instrs < 0 || o.max_instrs < o.min_instrs || o.max_params < 1 || o.max_params > 8 ||
       o.max_results < 1 || o.max_results > 8 || !(o.dtypes & compute) || (o.dtypes & ~DT_ALL) ||
-      (o.kinds & ~((unsigned)IR_GEN_ALL | IR_GEN_CONTROL | IR_GEN_WINDOW | IR_GEN_DENSE | IR_GEN_NARROW)) ||
+      (o.kinds & ~((unsigned)IR_GEN_ALL | IR_GEN_CONTROL | IR_GEN_WINDOW | IR_GEN_DENSE | IR_GEN_NARROW |
+                   IR_GEN_COLLECTIVE)) ||
+      o.world < 0 ||
       (o.max_instrs > 0 && !o.kinds)) {
     kiln_fail("ir_gen_program: invalid options");
     return nullptr;

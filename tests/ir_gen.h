@@ -66,7 +66,13 @@ enum {
    * a constant [w, n] (n at most 16), maybe a bias, an activation, a value
    * of the block before added or multiplied in, or a column [rows, 1] (the
    * CPU's row chains, backends/cpu/chain.c) */
-  IR_GEN_NARROW = 1u << 23
+  IR_GEN_NARROW = 1u << 23,
+  /* not in IR_GEN_ALL either (they talk to the world's other processes):
+   * all_reduce (sum, mean, max, min), all_gather and reduce_scatter along
+   * an axis (reduce_scatter's divisible by the world), broadcast_from a
+   * root, for a world of options.world processes; sums and means stay in
+   * range for values that differ between ranks */
+  IR_GEN_COLLECTIVE = 1u << 24
 };
 
 typedef struct ir_gen_options {
@@ -81,6 +87,7 @@ typedef struct ir_gen_options {
                                  and float values are not kept in range (exp may
                                  overflow, log see negatives); integer and bool
                                  values stay in range. For NaN-aware comparisons. */
+  int world;                  /* IR_GEN_COLLECTIVE: the world's size (0 = 1) */
 } ir_gen_options;
 
 /* 5-40 instructions, 1-4 parameters, 1-3 results, f32 f64 i32 i64 bool,
