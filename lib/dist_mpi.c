@@ -329,9 +329,8 @@ int dist_agree(const char *who, const dist_header *h, bool ok) {
  * buffers about twice as fast as its non-blocking ones (coll/libnbc): an
  * MPI_Iallreduce polled with MPI_Test made kiln_all_reduce 0.52x a plain
  * MPI_Allreduce at 16 MB on 2 processes. A rank that dies mid-payload
- * brings the job down through mpirun, as it would any MPI program. */
-static double payload_start(void) { return now_seconds(); }
-
+ * brings the job down through mpirun, as it would any MPI program.
+ * payload_done: the call's rc, its time (from start) counted as waiting */
 static int payload_done(const char *who, int rc, double start) {
   world.waited += now_seconds() - start;
   return rc != MPI_SUCCESS ? mpi_fail(who, rc) : 0;
@@ -352,7 +351,7 @@ static int count_fits(const char *who, int64_t count) {
  * sum of two ranks, which is commutative and so the same bits on both */
 static int allreduce_piece(const char *who, const char *send, char *buf, int count, kiln_dtype dt, dist_op op) {
   MPI_Datatype type = mpi_type(dt);
-  double start = payload_start();
+  double start = now_seconds();
   if (!dtype_is_float(dt) || (op == DIST_SUM && world.size == 2))
     return payload_done(who, MPI_Allreduce(send == buf ? MPI_IN_PLACE : send, buf, count, type, mpi_op(op), world.comm),
                         start);
@@ -372,7 +371,7 @@ static int allreduce_piece(const char *who, const char *send, char *buf, int cou
   int err = payload_done(who, MPI_Reduce_scatter(send, mine, counts, type, mpi_op(op), world.comm), start);
   if (!err) {
     memcpy(buf + (size_t)displs[world.rank] * esize, mine, (size_t)counts[world.rank] * esize);
-    start = payload_start();
+    start = now_seconds();
     err = payload_done(
         who, MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, type, world.comm), start);
   }
@@ -412,7 +411,7 @@ int dist_allgather(const char *who, const void *send, void *recv, size_t bytes) 
   if (bytes == 0) return 0;
 #ifdef KILN_HAVE_MPI
   if (count_fits(who, (int64_t)bytes)) return -1;
-  double start = payload_start();
+  double start = now_seconds();
   return payload_done(who, MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, world.comm), start);
 #else
   return -1;
@@ -428,7 +427,7 @@ int dist_reduce_scatter(const char *who, const void *send, void *recv, int64_t c
   if (count == 0) return 0;
 #ifdef KILN_HAVE_MPI
   if (count_fits(who, count)) return -1;
-  double start = payload_start();
+  double start = now_seconds();
   return payload_done(
       who, MPI_Reduce_scatter_block(send, recv, (int)count, mpi_type(dt), mpi_op(op), world.comm), start);
 #else
@@ -442,7 +441,7 @@ int dist_broadcast(const char *who, void *buf, size_t bytes, int root) {
   if (world.size == 1 || bytes == 0) return 0;
 #ifdef KILN_HAVE_MPI
   if (count_fits(who, (int64_t)bytes)) return -1;
-  double start = payload_start();
+  double start = now_seconds();
   return payload_done(who, MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, world.comm), start);
 #else
   (void)buf, (void)root;

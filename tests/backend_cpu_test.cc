@@ -1332,17 +1332,6 @@ TEST(CpuBackend, PackedProductsReadTransposedOperandsInPlace) {
 #ifdef KILN_TEST_HAVE_IR_GEN
 // ---- random programs ----
 
-int program_count() {
-  const char *s = std::getenv("KILN_RANDOM_PROGRAMS");
-  long n = s ? std::strtol(s, nullptr, 10) : 0;
-  return n > 0 ? (int)n : 500;
-}
-
-uint64_t first_seed() {
-  const char *s = std::getenv("KILN_RANDOM_SEED");
-  return s && *s ? std::strtoull(s, nullptr, 10) : 1;
-}
-
 // Programs over integers and bools: compiled == interpreted, bit for bit.
 TEST(CpuBackend, RandomIntegerProgramsMatchExactly) {
   Scoped scope;

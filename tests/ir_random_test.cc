@@ -34,17 +34,6 @@ namespace {
 
 using namespace kiln_test;
 
-int program_count() {
-  const char *s = std::getenv("KILN_RANDOM_PROGRAMS");
-  long n = s ? std::strtol(s, nullptr, 10) : 0;
-  return n > 0 ? (int)n : 500;
-}
-
-uint64_t first_seed() {
-  const char *s = std::getenv("KILN_RANDOM_SEED");
-  return s && *s ? std::strtoull(s, nullptr, 10) : 1;
-}
-
 // A generated program and its text; frees the module.
 struct Program {
   uint64_t seed;

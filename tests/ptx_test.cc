@@ -576,12 +576,6 @@ TEST(Ptx, BadInputsAreErrors) {
   ir_module_free(m);
 }
 
-int program_count() {
-  const char *s = std::getenv("KILN_RANDOM_PROGRAMS");
-  long n = s ? std::strtol(s, nullptr, 10) : 0;
-  return n > 0 ? (int)n : 500;
-}
-
 // The random corpus, after the default pipeline (fusion groups, buffer
 // plans), every program at sm_90 and every fifth at sm_80; every seventh
 // also as traced (one kernel per op).

@@ -219,6 +219,20 @@ inline bool within_ulps(const kiln_tensor *a, const kiln_tensor *b, int64_t max_
   return true;
 }
 
+// The random-program tests' corpus: KILN_RANDOM_PROGRAMS=N programs
+// (fallback when unset), from seed KILN_RANDOM_SEED=S (default 1), so that
+// `KILN_RANDOM_SEED=S KILN_RANDOM_PROGRAMS=1` replays one failure.
+inline int program_count(int fallback = 500) {
+  const char *s = std::getenv("KILN_RANDOM_PROGRAMS");
+  long n = s ? std::strtol(s, nullptr, 10) : 0;
+  return n > 0 ? (int)n : fallback;
+}
+
+inline uint64_t first_seed() {
+  const char *s = std::getenv("KILN_RANDOM_SEED");
+  return s && *s ? std::strtoull(s, nullptr, 10) : 1;
+}
+
 // NumPy's allclose: same dtype and shape, |a - b| <= atol + rtol * |b|
 // elementwise (NaN matching NaN). For composed float expressions, where
 // last-bit differences of compiled code grow through cancellation.

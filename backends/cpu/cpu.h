@@ -145,6 +145,7 @@ struct cpu_program {
   int n_kernels;
   int n_chains; /* of n_kernels, row chains */
   int n_overlapped; /* cpu_program_overlapped */
+  bool collectives; /* a helper is a collective: calls keep a job slot per helper (run.c) */
   size_t arena_bytes;
   size_t arena_unpacked_bytes; /* plan.arena_unpacked: before slots shared bytes by liveness */
   /* the arena of a finished call, kept for the next (taken and put back

@@ -204,6 +204,7 @@ int cpu_plan(cpu_build *cb) {
   for (int c = 0; c < pl->n_calls; c++) {
     p->n_helpers++; /* freed with the program, even half made */
     if (take_helper(&p->helpers[c], &pl->calls[c])) return -1;
+    p->collectives |= kiln_ops[pl->calls[c].op].kind == OPK_COLLECTIVE;
   }
   for (int i = 0; i < pl->n_consts; i++) /* the code reads their data in place */
     if (plan_keep_const(&p->consts, &p->n_consts, pl->consts[i])) return cpu_oom();

@@ -41,12 +41,6 @@ static bool poison_buffers(void) {
   return s == 2;
 }
 
-static bool has_collectives(const cpu_program *p) {
-  for (int h = 0; h < p->n_helpers; h++)
-    if (kiln_ops[p->helpers[h].op].kind == OPK_COLLECTIVE) return true;
-  return false;
-}
-
 int cpu_run(cpu_program *p, kiln_tensor *const *args, kiln_tensor **results) {
   return cpu_run_donating(p, args, results, NULL);
 }
@@ -102,7 +96,7 @@ int cpu_run_donating(cpu_program *p, kiln_tensor *const *args, kiln_tensor **res
   }
   if (!rc && poison && arena != none) memset(arena, 0xff, p->arena_bytes);
   dist_job *small_j[SMALL], **jobs = NULL; /* per helper: its collective in flight */
-  if (!rc && has_collectives(p)) {
+  if (!rc && p->collectives) {
     jobs = p->n_helpers <= SMALL ? small_j : malloc((size_t)p->n_helpers * sizeof *jobs);
     if (!jobs) rc = kiln_set_error("cpu: out of memory");
     for (int h = 0; jobs && h < p->n_helpers; h++) jobs[h] = NULL;

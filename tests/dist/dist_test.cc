@@ -14,14 +14,12 @@
 #include <string>
 
 #include "../test_util.h"
+#include "dist_test_util.h"
 #include "../../examples/data_parallel_model.h"
 
 using namespace kiln_test;
 
 namespace {
-
-int rank_() { return kiln_dist_rank(); }
-int size_() { return kiln_dist_size(); }
 
 // the message for tests that need several processes
 #define NEED_WORLD(n)                                                                                  \

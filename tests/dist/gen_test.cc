@@ -33,18 +33,6 @@ bool is_collective(op_id op) {
   return op == OP_ALL_REDUCE || op == OP_ALL_GATHER || op == OP_REDUCE_SCATTER || op == OP_BROADCAST_FROM;
 }
 
-// KILN_RANDOM_PROGRAMS and KILN_RANDOM_SEED, as the other random-program tests read them
-int program_count() {
-  const char *s = std::getenv("KILN_RANDOM_PROGRAMS");
-  long n = s ? std::strtol(s, nullptr, 10) : 0;
-  return n > 0 ? (int)n : 500;
-}
-
-uint64_t first_seed() {
-  const char *s = std::getenv("KILN_RANDOM_SEED");
-  return s && *s ? std::strtoull(s, nullptr, 10) : 1;
-}
-
 TEST(DistRandom, ProgramsWithCollectivesCompiledEqualInterpretedOnEveryRank) {
   Scoped scope;
   int world = kiln_dist_size(), rank = kiln_dist_rank();

@@ -12,28 +12,13 @@
 #include <vector>
 
 #include "../test_util.h"
+#include "dist_test_util.h"
 #include "cpu/cpu.h"
 #include "ir.h"
 
 using namespace kiln_test;
 
 namespace {
-
-int rank_() { return kiln_dist_rank(); }
-int size_() { return kiln_dist_size(); }
-
-struct Coll {
-  const char *kind;
-  const char *op;
-  int arg;
-  kiln_tensor *run(kiln_tensor *x) const {
-    std::string k = kind;
-    if (k == "all_reduce") return kiln_all_reduce(x, op);
-    if (k == "all_gather") return kiln_all_gather(x, arg);
-    if (k == "reduce_scatter") return kiln_reduce_scatter(x, arg, op);
-    return kiln_broadcast_from(x, arg);
-  }
-};
 
 // rank r's values: exact small numbers, different per rank
 kiln_tensor *rank_input(const V64 &shape, int r, int salt) {

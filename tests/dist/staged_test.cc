@@ -11,6 +11,7 @@
 #include <string>
 
 #include "../test_util.h"
+#include "dist_test_util.h"
 #include "../../examples/data_parallel_model.h"
 #include "cpu/cpu.h"
 #include "ir.h"
@@ -19,9 +20,6 @@
 using namespace kiln_test;
 
 namespace {
-
-int rank_() { return kiln_dist_rank(); }
-int size_() { return kiln_dist_size(); }
 
 const kiln_dtype kEvery[] = {KILN_F32, KILN_F64, KILN_I32, KILN_I64, KILN_BOOL, KILN_F16, KILN_BF16};
 
@@ -36,21 +34,6 @@ kiln_tensor *rank_input(kiln_dtype dt, const V64 &shape, int r) {
   }
   return kiln_cast(from_values(KILN_F64, shape, v), dt);
 }
-
-// One collective, as a staged body calls it.
-struct Coll {
-  const char *kind; // "all_reduce", "all_gather", "reduce_scatter", "broadcast_from"
-  const char *op;   // reduction, or nullptr
-  int arg;          // axis or root
-  kiln_tensor *run(kiln_tensor *x) const {
-    std::string k = kind;
-    if (k == "all_reduce") return kiln_all_reduce(x, op);
-    if (k == "all_gather") return kiln_all_gather(x, arg);
-    if (k == "reduce_scatter") return kiln_reduce_scatter(x, arg, op);
-    return kiln_broadcast_from(x, arg);
-  }
-  std::string name() const { return std::string(kind) + (op ? std::string(" ") + op : "") + " " + std::to_string(arg); }
-};
 
 int coll_body(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   out[0] = static_cast<const Coll *>(user)->run(in[0]);
