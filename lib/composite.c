@@ -490,37 +490,34 @@ static const bn_form bn_forms[4] = {{false, false}, {true, false}, {false, true}
  * written once instead of four passes each way. */
 typedef struct {
   kiln_tensor *y;
-  const kiln_tensor *x, *p[4]; /* mean, rsqrt(variance + epsilon), scale, offset; NULL = absent */
+  const kiln_tensor *x;
+  const void *p; /* per channel: mean, rsqrt(variance + epsilon), scale, offset; C values each */
   int64_t channels;
 } bn_pass;
 
-/* p's element for channel c (p is a scalar or holds one per channel) */
-#define BN_AT(T, t, c) ((const T *)(t)->data)[(t)->size == 1 ? 0 : (c)]
+/* Each row of C channels as four per-channel vectors: the loop has no
+ * branch and vectorises. An absent scale is 1 and an absent offset -0
+ * (v * 1 and v + -0 are v, bit for bit, -0 and NaN included). */
+#define BN_ROWS(T)                                                                                 \
+  KILN_HOT static void bn_rows_##T(const bn_pass *b, int64_t r0, int64_t r1) {                   \
+    int64_t C = b->channels;                                                                     \
+    const T *KILN_RESTRICT m = b->p, *KILN_RESTRICT r = m + C, *KILN_RESTRICT s = r + C,           \
+            *KILN_RESTRICT o = s + C;                                                            \
+    for (int64_t row = r0; row < r1; row++) {                                                    \
+      const T *KILN_RESTRICT x = (const T *)b->x->data + row * C;                                \
+      T *KILN_RESTRICT y = (T *)b->y->data + row * C;                                            \
+      for (int64_t c = 0; c < C; c++) y[c] = (x[c] - m[c]) * r[c] * s[c] + o[c];                 \
+    }                                                                                            \
+  }
+BN_ROWS(float)
+BN_ROWS(double)
 
 static void bn_rows(void *ctx, int64_t r0, int64_t r1) {
   const bn_pass *b = ctx;
-  int64_t C = b->channels;
-  if (b->x->dtype == KILN_F32) {
-    const float *x = b->x->data;
-    float *y = b->y->data;
-    for (int64_t r = r0; r < r1; r++)
-      for (int64_t c = 0; c < C; c++) {
-        float v = (x[r * C + c] - BN_AT(float, b->p[0], c)) * BN_AT(float, b->p[1], c);
-        if (b->p[2]) v = v * BN_AT(float, b->p[2], c);
-        if (b->p[3]) v = v + BN_AT(float, b->p[3], c);
-        y[r * C + c] = v;
-      }
-  } else {
-    const double *x = b->x->data;
-    double *y = b->y->data;
-    for (int64_t r = r0; r < r1; r++)
-      for (int64_t c = 0; c < C; c++) {
-        double v = (x[r * C + c] - BN_AT(double, b->p[0], c)) * BN_AT(double, b->p[1], c);
-        if (b->p[2]) v = v * BN_AT(double, b->p[2], c);
-        if (b->p[3]) v = v + BN_AT(double, b->p[3], c);
-        y[r * C + c] = v;
-      }
-  }
+  if (b->x->dtype == KILN_F32)
+    bn_rows_float(b, r0, r1);
+  else
+    bn_rows_double(b, r0, r1);
 }
 
 /* p broadcasts into x's last dim only: one value, or one per channel */
@@ -533,6 +530,15 @@ static bool per_channel(const kiln_tensor *p, const kiln_tensor *x) {
   return p->rank >= 1 && p->rank <= x->rank && p->shape[p->rank - 1] == x->shape[x->rank - 1];
 }
 
+/* the k-th of the four per-channel vectors from p (NULL: the neutral
+ * value), a scalar p spread over the channels */
+#define BN_SPREAD(T)                                                                                \
+  static void bn_spread_##T(T *dst, const kiln_tensor *p, T neutral, int64_t C) {                   \
+    for (int64_t c = 0; c < C; c++) dst[c] = !p ? neutral : ((const T *)p->data)[p->size == 1 ? 0 : c]; \
+  }
+BN_SPREAD(float)
+BN_SPREAD(double)
+
 /* y as one pass, or NULL (no error) where the op-by-op path must run */
 static kiln_tensor *bn_one_pass(kiln_tensor *x, kiln_tensor *mean, kiln_tensor *ve, kiln_tensor *scale,
                                 kiln_tensor *offset) {
@@ -542,9 +548,25 @@ static kiln_tensor *bn_one_pass(kiln_tensor *x, kiln_tensor *mean, kiln_tensor *
   kiln_tensor *r = kiln_rsqrt(ve);
   kiln_tensor *y = r ? tensor_alloc("batch_norm", (kiln_dtype)x->dtype, x->rank, x->shape) : NULL;
   if (!y) return NULL;
-  bn_pass b = {y, x, {mean, r, scale, offset}, x->shape[x->rank - 1]};
-  int64_t rows = x->size / b.channels;
-  parallel_for(rows, (16384 + b.channels - 1) / b.channels, bn_rows, &b);
+  int64_t C = x->shape[x->rank - 1];
+  size_t es = kiln_dtype_sizes[x->dtype];
+  void *p = malloc(4 * (size_t)C * es);
+  if (!p) {
+    kiln_release(y);
+    kiln_set_error("batch_norm: out of memory");
+    return NULL;
+  }
+  const kiln_tensor *src[4] = {mean, r, scale, offset};
+  for (int k = 0; k < 4; k++) {
+    if (x->dtype == KILN_F32)
+      bn_spread_float((float *)p + k * C, src[k], k == 2 ? 1.0f : -0.0f, C);
+    else
+      bn_spread_double((double *)p + k * C, src[k], k == 2 ? 1.0 : -0.0, C);
+  }
+  bn_pass b = {y, x, p, C};
+  int64_t rows = x->size / C;
+  parallel_for(rows, (16384 + C - 1) / C, bn_rows, &b);
+  free(p);
   return scope_own(y);
 }
 

@@ -204,7 +204,15 @@ TEST(BatchNormGrad, OnePassForwardEqualsTheOpsBitForBit) {
         if (sh.x.size() == 4 && sh.x[3] == 5) {  // specials: NaN, infinities, a zero variance
           std::vector<double> xv = values(x);
           xv[0] = kNan, xv[1] = kInf, xv[2] = -kInf;
+          // x - m = +0, times a negative scale: -0, which no offset must keep
+          size_t at = sh.p.empty() ? 0 : 3;  // element 3's parameter (channel 3, or the scalar)
+          xv[3] = values(m)[at];
           x = from_values(dt, sh.x, xv);
+          if (sc) {
+            std::vector<double> sv = values(sc);
+            sv[at] = -std::fabs(sv[at]) - 0.5;
+            sc = from_values(dt, sh.p, sv);
+          }
           std::vector<double> vv = values(v);
           vv[0] = 0;
           v = from_values(dt, sh.p, vv);
