@@ -140,8 +140,15 @@ def bench(a):
     print(f"@ resnet.params.torch {params} parameters")
     x0 = torch.randn(a.batch, 3, 224, 224)
     labels = torch.randint(0, 1000, (a.batch,))
+    # bench_resnet runs this twice: as is, and with glibc's malloc told to
+    # keep freed memory (MALLOC_MMAP_THRESHOLD_ etc.): PyTorch's activations
+    # are mmap'd and unmapped every layer otherwise, and on some virtual
+    # machines the page faults take half its time. The "-mk" keys are the
+    # latter.
+    keep = "-mk" if os.environ.get("MALLOC_MMAP_THRESHOLD_") else ""
     for suffix, fmt in (("", torch.contiguous_format), ("-cl", torch.channels_last)):
-        layout = "channels_last" if suffix else "NCHW"
+        layout = ("channels_last" if suffix else "NCHW") + (" malloc-keep" if keep else "")
+        suffix += keep
         m = torchvision.models.resnet50().to(memory_format=fmt)
         x = x0.to(memory_format=fmt)
         for mode in a.modes.split(","):
@@ -169,7 +176,7 @@ def bench(a):
             else:
                 sys.exit(f"resnet_torch.py: unknown mode {mode}")
             ips = a.batch / statistics.median(ts)
-            print(f"torch resnet50 {mode:<5} {layout:<13} batch {a.batch}: {ips:7.2f} img/s "
+            print(f"torch resnet50 {mode:<5} {layout:<25} batch {a.batch}: {ips:7.2f} img/s "
                   f"(median of {a.runs}, {statistics.median(ts) * 1e3:.0f} ms per step)", flush=True)
             print(f"@ resnet.b{a.batch}.{mode}.torch{suffix} {ips:.6g} img/s", flush=True)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
