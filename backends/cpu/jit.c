@@ -4,14 +4,17 @@
  * as symbols, and the same for gemm.c's micro-kernels. */
 #include <llvm-c/Core.h>
 #include <llvm-c/Error.h>
+#include <llvm-c/ExecutionEngine.h>
 #include <llvm-c/IRReader.h>
 #include <llvm-c/LLJIT.h>
+#include <llvm-c/OrcEE.h>
 #include <llvm-c/Orc.h>
 #include <llvm-c/Target.h>
 #include <llvm-c/TargetMachine.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cpu/compile.h"
 
@@ -101,6 +104,18 @@ static char *probe_features(LLVMTargetMachineRef tm) {
   return strdup(f);
 }
 
+/* KILN_PERF=1: object code linked by RuntimeDyld with LLVM's perf
+ * listener, which writes a jitdump (jit-PID.dump, under $JITDUMPDIR or
+ * ~/.debug/jit) that `perf record -k 1` + `perf inject --jit` turn into
+ * named kernels in `perf report`. For profiling only. */
+static LLVMOrcObjectLayerRef perf_layer(void *ctx, LLVMOrcExecutionSessionRef es, const char *triple) {
+  (void)ctx, (void)triple;
+  LLVMOrcObjectLayerRef layer = LLVMOrcCreateRTDyldObjectLinkingLayerWithSectionMemoryManager(es);
+  LLVMJITEventListenerRef perf = LLVMCreatePerfJITEventListener();
+  if (layer && perf) LLVMOrcRTDyldObjectLinkingLayerRegisterJITEventListener(layer, perf);
+  return layer;
+}
+
 /* The target: the host CPU with its features, or the CPU that KILN_CPU
  * names (an LLVM CPU name: x86-64, x86-64-v2, skylake-avx512, ...) with
  * that CPU's own default features, not the host's: code for an older CPU,
@@ -128,6 +143,8 @@ static void jit_init(void) {
   LLVMOrcLLJITBuilderRef b = LLVMOrcCreateLLJITBuilder();
   /* the host's triple and data layout (programs arrive as object code) */
   LLVMOrcLLJITBuilderSetJITTargetMachineBuilder(b, LLVMOrcJITTargetMachineBuilderCreateFromTargetMachine(tm));
+  const char *perf = getenv("KILN_PERF");
+  if (perf && !strcmp(perf, "1")) LLVMOrcLLJITBuilderSetObjectLinkingLayerCreator(b, perf_layer, NULL);
   LLVMErrorRef err = LLVMOrcCreateLLJIT(&cpu_jit, b);
   if (err) {
     cpu_error_text(err, jit_error, sizeof jit_error);
