@@ -4,6 +4,7 @@
  * eager temporaries don't pay page faults on every op. */
 #include <pthread.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "runtime.h"
@@ -12,6 +13,7 @@ enum {
   MIN_CLASS = 7,     /* 128 bytes */
   SMALL_MAX = 16,    /* <= 64 KiB: per-thread cache */
   MAX_CLASS = 48,
+  HUGE_CLASS = 21,   /* 2 MiB: transparent huge pages */
 };
 /* bytes kept per small class and thread: a scope of a few thousand small
  * results recycles without touching malloc */
@@ -72,6 +74,20 @@ static int size_class(size_t bytes) {
   return k;
 }
 
+/* A block of 2 MiB or more is aligned to 2 MiB and asks for transparent
+ * huge pages (where THP is "madvise", as on Debian): a fresh block then
+ * faults in 2 MiB at a time instead of 4 KiB (ResNet-50's eager training
+ * faulted 6-17 thousand 4 KiB pages per step, each tens of microseconds on
+ * a virtual machine), and the kernels that stream activations miss the TLB
+ * less. Without THP the advice is ignored. */
+static void *huge_alloc(size_t size) {
+  void *p = aligned_alloc((size_t)1 << HUGE_CLASS, size);
+#ifdef MADV_HUGEPAGE
+  if (p) (void)madvise(p, size, MADV_HUGEPAGE);
+#endif
+  return p;
+}
+
 void *mem_alloc(size_t bytes, int32_t *cls) {
   int k = size_class(bytes);
   if (KILN_UNLIKELY(k > MAX_CLASS)) return NULL;
@@ -93,7 +109,8 @@ void *mem_alloc(size_t bytes, int32_t *cls) {
     pthread_mutex_unlock(&large_lock);
     if (b) return b;
   }
-  return aligned_alloc(KILN_ALIGN, (size_t)1 << k);
+  if (k < HUGE_CLASS) return aligned_alloc(KILN_ALIGN, (size_t)1 << k);
+  return huge_alloc((size_t)1 << k);
 }
 
 void mem_free(void *p, int32_t k) {
