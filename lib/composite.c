@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "autodiff.h"
+#include "bn_eager.h"
 #include "ops.h"
 #include "../jit/jit.h"
 
@@ -482,99 +483,11 @@ typedef struct {
 } bn_form;
 static const bn_form bn_forms[4] = {{false, false}, {true, false}, {false, true}, {true, true}};
 
-/* ---- batch_norm run eagerly as one pass ----
- * On the CPU, outside a trace, with per-channel (or scalar) statistics and
- * parameters of x's dtype: each element computed with the op-by-op
- * roundings, in the same order ((x - m) * r, * s, + o; no contraction: ISO
- * C), so the bits equal four elementwise ops' while x is read once and y
- * written once instead of four passes each way. */
-typedef struct {
-  kiln_tensor *y;
-  const kiln_tensor *x;
-  const void *p; /* per channel: mean, rsqrt(variance + epsilon), scale, offset; C values each */
-  int64_t channels;
-} bn_pass;
-
-/* Each row of C channels as four per-channel vectors: the loop has no
- * branch and vectorises. An absent scale is 1 and an absent offset -0
- * (v * 1 and v + -0 are v, bit for bit, -0 and NaN included). */
-#define BN_ROWS(T)                                                                                 \
-  KILN_HOT static void bn_rows_##T(const bn_pass *b, int64_t r0, int64_t r1) {                   \
-    int64_t C = b->channels;                                                                     \
-    const T *KILN_RESTRICT m = b->p, *KILN_RESTRICT r = m + C, *KILN_RESTRICT s = r + C,           \
-            *KILN_RESTRICT o = s + C;                                                            \
-    for (int64_t row = r0; row < r1; row++) {                                                    \
-      const T *KILN_RESTRICT x = (const T *)b->x->data + row * C;                                \
-      T *KILN_RESTRICT y = (T *)b->y->data + row * C;                                            \
-      for (int64_t c = 0; c < C; c++) y[c] = (x[c] - m[c]) * r[c] * s[c] + o[c];                 \
-    }                                                                                            \
-  }
-BN_ROWS(float)
-BN_ROWS(double)
-
-static void bn_rows(void *ctx, int64_t r0, int64_t r1) {
-  const bn_pass *b = ctx;
-  if (b->x->dtype == KILN_F32)
-    bn_rows_float(b, r0, r1);
-  else
-    bn_rows_double(b, r0, r1);
-}
-
-/* p broadcasts into x's last dim only: one value, or one per channel */
-static bool per_channel(const kiln_tensor *p, const kiln_tensor *x) {
-  if (!p) return true;
-  if (p->device || (p->flags & TF_SYMBOLIC) || p->dtype != x->dtype) return false;
-  if (p->size == 1) return true;
-  for (int i = 0; i + 1 < p->rank; i++)
-    if (p->shape[i] != 1) return false;
-  return p->rank >= 1 && p->rank <= x->rank && p->shape[p->rank - 1] == x->shape[x->rank - 1];
-}
-
-/* the k-th of the four per-channel vectors from p (NULL: the neutral
- * value), a scalar p spread over the channels */
-#define BN_SPREAD(T)                                                                                \
-  static void bn_spread_##T(T *dst, const kiln_tensor *p, T neutral, int64_t C) {                   \
-    for (int64_t c = 0; c < C; c++) dst[c] = !p ? neutral : ((const T *)p->data)[p->size == 1 ? 0 : c]; \
-  }
-BN_SPREAD(float)
-BN_SPREAD(double)
-
-/* y as one pass, or NULL (no error) where the op-by-op path must run */
-static kiln_tensor *bn_one_pass(kiln_tensor *x, kiln_tensor *mean, kiln_tensor *ve, kiln_tensor *scale,
-                                kiln_tensor *offset) {
-  if (trace_current || device_now || x->device || (x->flags & TF_SYMBOLIC) || x->rank < 1 || x->size < 1 ||
-      !per_channel(mean, x) || !per_channel(ve, x) || !per_channel(scale, x) || !per_channel(offset, x))
-    return NULL;
-  kiln_tensor *r = kiln_rsqrt(ve);
-  kiln_tensor *y = r ? tensor_alloc("batch_norm", (kiln_dtype)x->dtype, x->rank, x->shape) : NULL;
-  if (!y) return NULL;
-  int64_t C = x->shape[x->rank - 1];
-  size_t es = kiln_dtype_sizes[x->dtype];
-  void *p = malloc(4 * (size_t)C * es);
-  if (!p) {
-    kiln_release(y);
-    kiln_set_error("batch_norm: out of memory");
-    return NULL;
-  }
-  const kiln_tensor *src[4] = {mean, r, scale, offset};
-  for (int k = 0; k < 4; k++) {
-    if (x->dtype == KILN_F32)
-      bn_spread_float((float *)p + k * C, src[k], k == 2 ? 1.0f : -0.0f, C);
-    else
-      bn_spread_double((double *)p + k * C, src[k], k == 2 ? 1.0 : -0.0, C);
-  }
-  bn_pass b = {y, x, p, C};
-  int64_t rows = x->size / C;
-  parallel_for(rows, (16384 + C - 1) / C, bn_rows, &b);
-  free(p);
-  return scope_own(y);
-}
-
 static kiln_tensor *bn_forward(void *user, int n, kiln_tensor *const *xs) {
   const bn_form *b = user;
   (void)n;
   kiln_tensor *offset = b->offset ? xs[3] : NULL, *scale = b->scale ? xs[3 + b->offset] : NULL;
-  kiln_tensor *fast = bn_one_pass(xs[0], xs[1], xs[2], scale, offset);
+  kiln_tensor *fast = bn_eager_forward(xs[0], xs[1], xs[2], scale, offset);
   if (fast || kiln_has_error()) return fast;
   kiln_tensor *y = kiln_mul(kiln_sub(xs[0], xs[1]), kiln_rsqrt(xs[2]));
   if (scale) y = kiln_mul(y, scale);
@@ -597,13 +510,16 @@ static int bn_gradient(void *user, int n, kiln_tensor *const *xs, kiln_tensor *y
   (void)y;
   kiln_tensor *x = xs[0], *mean = xs[1], *ve = xs[2];
   kiln_tensor *offset = b->offset ? xs[3] : NULL, *scale = b->scale ? xs[3 + b->offset] : NULL;
-  kiln_tensor *r = kiln_rsqrt(ve), *xm = kiln_sub(x, mean);
+  kiln_tensor *r = kiln_rsqrt(ve), *xm = NULL;
   if (same_shape(mean, ve) && (!offset || same_shape(offset, ve)) && (!scale || same_shape(scale, ve))) {
     /* the statistics and parameters share one shape (per channel, as a
      * batch norm's do): their factors are constant along the axes summed,
      * so two sums serve every gradient, s0 = sum(dy) and s1 = sum(dy (x -
      * m)), and x's takes one pass (three full-size ops in all, was seven) */
-    kiln_tensor *s0 = grad_unbroadcast(dy, ve), *s1 = grad_unbroadcast(kiln_mul(dy, xm), ve);
+    kiln_tensor *s0, *s1;
+    int fused = bn_eager_sums(dy, x, mean, &s0, &s1); /* eagerly: one pass over dy and x */
+    if (fused < 0) return -1;
+    if (fused) xm = kiln_sub(x, mean), s0 = grad_unbroadcast(dy, ve), s1 = grad_unbroadcast(kiln_mul(dy, xm), ve);
     kiln_tensor *sr = scale ? kiln_mul(scale, r) : r;
     dxs[0] = kiln_mul(dy, sr);
     dxs[1] = kiln_neg(kiln_mul(s0, sr));
@@ -611,6 +527,7 @@ static int bn_gradient(void *user, int n, kiln_tensor *const *xs, kiln_tensor *y
     if (offset) dxs[3] = s0;
     if (scale) dxs[3 + b->offset] = kiln_mul(s1, r);
   } else { /* any shapes that broadcast into x: each sum over its own input's axes */
+    xm = kiln_sub(x, mean);
     kiln_tensor *g = scale ? kiln_mul(dy, scale) : dy, *gr = kiln_mul(g, r);
     dxs[0] = gr;
     dxs[1] = grad_unbroadcast(kiln_neg(gr), mean);
@@ -678,7 +595,9 @@ static int var_gradient(void *user, int n, kiln_tensor *const *xs, kiln_tensor *
   kiln_tensor *x = xs[0], *mean = xs[1];
   double count = (double)kiln_tensor_size(x) / (double)kiln_tensor_size(mean);
   kiln_tensor *dv = kiln_reshape(dy, mean->rank, mean->shape); /* the kept dims broadcast it */
-  dxs[0] = kiln_mul(kiln_sub(x, mean), kiln_mul(dv, kiln_scalar_like(x, 2.0 / count)));
+  kiln_tensor *k = kiln_mul(dv, kiln_scalar_like(x, 2.0 / count));
+  dxs[0] = k ? bn_eager_centered_scale(x, mean, k) : NULL; /* eagerly: one pass */
+  if (!dxs[0] && !kiln_has_error() && k) dxs[0] = kiln_mul(kiln_sub(x, mean), k);
   dxs[1] = NULL;
   return dxs[0] ? 0 : -1;
 }

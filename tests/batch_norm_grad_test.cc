@@ -4,7 +4,8 @@
 // of every input in every form (offset and scale given or not, per-channel
 // and full-shape statistics) and second derivatives through nested tapes,
 // against central differences in f64; eager against staged. And its eager
-// one-pass forward (bn_one_pass): bit for bit the four elementwise ops.
+// passes (lib/bn_eager.c): the one-pass forward bit for bit the four
+// elementwise ops, the fused backward against the staged ops.
 #include <gtest/gtest.h>
 #include <kiln.h>
 
@@ -181,6 +182,36 @@ kiln_tensor *by_ops(kiln_tensor *x, kiln_tensor *m, kiln_tensor *v, kiln_tensor 
 }
 
 }  // namespace
+
+// The eager backward's fused passes (lib/bn_eager.c: both sums in one pass
+// over dy and x, moments' x gradient in one pass) against the staged
+// gradient, which runs the public ops: shapes of one block of rows and of
+// many (split over the threads), channels not a multiple of a vector, a
+// [1,1,1,C] scale (the general path), f64 and f32 (whose blocks are added
+// in f64).
+TEST(BatchNormGrad, EagerFusedBackwardEqualsTheStagedOps) {
+  Scoped s;
+  std::mt19937_64 rng(25);
+  const V64 shapes[] = {{2, 3, 3, 5}, {8, 17, 13, 40}, {3, 9, 7, 64}, {300, 1, 1, 3}};
+  for (kiln_dtype dt : {KILN_F64, KILN_F32})
+    for (const V64 &sh : shapes) {
+      kiln_scope_push();
+      V64 ch = {sh.back()}, ch4 = {1, 1, 1, sh.back()};
+      kiln_tensor *in[4] = {random_f64(sh, rng, -2, 2), random_f64(ch, rng, -1, 1),
+                            random_f64(sh[0] == 2 ? ch4 : ch, rng, -2, 2), random_f64(sh, rng, -1, 1)};
+      for (kiln_tensor *&t : in) t = kiln_cast(t, dt);
+      kiln_tensor *want[3] = {}, *got[3] = {};
+      ASSERT_EQ(bn_grad_body(nullptr, 4, in, 3, got), 0) << kiln_last_error();
+      kiln_function *f = kiln_function_new("bn_grads", bn_grad_body, nullptr, 4, 3);
+      ASSERT_EQ(kiln_function_call(f, in, want), 0) << kiln_last_error();
+      double tol = dt == KILN_F64 ? 1e-11 : 2e-4;
+      for (int i = 0; i < 3; i++)
+        EXPECT_TRUE(allclose(got[i], want[i], tol, tol))
+            << kiln_dtype_name(dt) << " shape of " << sh.size() << " dims, last " << sh.back() << ", gradient " << i;
+      kiln_function_free(f);
+      kiln_scope_pop();
+    }
+}
 
 TEST(BatchNormGrad, OnePassForwardEqualsTheOpsBitForBit) {
   Scoped s;
