@@ -517,9 +517,13 @@ static int bn_gradient(void *user, int n, kiln_tensor *const *xs, kiln_tensor *y
      * so two sums serve every gradient, s0 = sum(dy) and s1 = sum(dy (x -
      * m)), and x's takes one pass (three full-size ops in all, was seven) */
     kiln_tensor *s0, *s1;
-    int fused = bn_eager_sums(dy, x, mean, &s0, &s1); /* eagerly: one pass over dy and x */
-    if (fused < 0) return -1;
-    if (fused) xm = kiln_sub(x, mean), s0 = grad_unbroadcast(dy, ve), s1 = grad_unbroadcast(kiln_mul(dy, xm), ve);
+    int rc = bn_eager_sums(dy, x, mean, &s0, &s1); /* eagerly: one pass over dy and x */
+    if (rc < 0) return -1;
+    if (rc > 0) { /* traced, or on a tape: the public ops */
+      xm = kiln_sub(x, mean);
+      s0 = grad_unbroadcast(dy, ve);
+      s1 = grad_unbroadcast(kiln_mul(dy, xm), ve);
+    }
     kiln_tensor *sr = scale ? kiln_mul(scale, r) : r;
     dxs[0] = kiln_mul(dy, sr);
     dxs[1] = kiln_neg(kiln_mul(s0, sr));

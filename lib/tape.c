@@ -416,41 +416,6 @@ static int gradient_setup(const char *who, kiln_tape *tape, kiln_tensor *target)
  * reads of one variable), NULL where none is connected */
 static _Thread_local kiln_tensor *seed_override; /* tape_gradient_seeded: the target's gradient */
 
-/* A non-persistent tape computes one gradient and then drops its nodes, so
- * its walk's own ops need not be recorded on it: it leaves the active list
- * for the walk (outer tapes still record them, for higher derivatives).
- * Recorded, they kept every intermediate of the backward alive until the
- * end of the walk and cost a node each. Returns where it was, or NULL. */
-static kiln_tape **detach(kiln_tape *tape) {
-  if (tape->persistent || !tape->active) return NULL;
-  kiln_tape **link = &innermost;
-  while (*link && *link != tape) link = &(*link)->outer;
-  if (!*link) return NULL;
-  *link = tape->outer;
-  tape_active_count--;
-  return link;
-}
-
-/* back in the active list, just inside the tape that was next out of it */
-static void reattach(kiln_tape *tape) {
-  kiln_tape **link = &innermost;
-  while (*link && *link != tape->outer) link = &(*link)->outer;
-  tape->outer = *link;
-  *link = tape;
-  tape_active_count++;
-}
-
-static int walk(const char *who, kiln_tape *tape, kiln_tensor *target, int n, kiln_tensor *const *flat,
-                const int *group_end, kiln_tensor **out);
-
-static int gradient(const char *who, kiln_tape *tape, kiln_tensor *target, int n,
-                    kiln_tensor *const *flat, const int *group_end, kiln_tensor **out) {
-  bool detached = detach(tape) != NULL;
-  int rc = walk(who, tape, target, n, flat, group_end, out);
-  if (detached) reattach(tape);
-  return rc;
-}
-
 static int walk(const char *who, kiln_tape *tape, kiln_tensor *target, int n, kiln_tensor *const *flat,
                 const int *group_end, kiln_tensor **out) {
   int64_t end = tape->n_nodes; /* a persistent tape's walk may record onto it */
@@ -494,6 +459,38 @@ static int walk(const char *who, kiln_tape *tape, kiln_tensor *target, int n, ki
   map_free(&useful, false, false); /* values belong to the scope */
   kiln_scope_pop();
   if (!tape->persistent) free_nodes(tape);
+  return rc;
+}
+
+/* A non-persistent tape computes one gradient and then drops its nodes, so
+ * its walk's own ops need not be recorded on it: it leaves the active list
+ * for the walk (outer tapes still record them, for higher derivatives).
+ * Recorded, they kept every intermediate of the backward alive until the
+ * end of the walk and cost a node each. */
+static bool detach(kiln_tape *tape) {
+  if (tape->persistent || !tape->active) return false;
+  kiln_tape **link = &innermost;
+  while (*link && *link != tape) link = &(*link)->outer;
+  if (!*link) return false; /* paused */
+  *link = tape->outer;
+  tape_active_count--;
+  return true;
+}
+
+/* back in the active list, just inside the tape that was next out of it */
+static void reattach(kiln_tape *tape) {
+  kiln_tape **link = &innermost;
+  while (*link && *link != tape->outer) link = &(*link)->outer;
+  tape->outer = *link;
+  *link = tape;
+  tape_active_count++;
+}
+
+static int gradient(const char *who, kiln_tape *tape, kiln_tensor *target, int n, kiln_tensor *const *flat,
+                    const int *group_end, kiln_tensor **out) {
+  bool detached = detach(tape);
+  int rc = walk(who, tape, target, n, flat, group_end, out);
+  if (detached) reattach(tape);
   return rc;
 }
 

@@ -264,6 +264,31 @@ TEST(Tape, NestedTapesSeeTheirOwnWatches) {
   kiln_tape_free(outer);
 }
 
+// A non-persistent tape leaves the active list while its gradient walks
+// (lib/tape.c: its own walk is not recorded on it) and comes back to the
+// same place: still innermost, so ending it works, and the outer tape has
+// recorded the walk for a second derivative.
+TEST(Tape, ANonPersistentTapeIsBackInPlaceAfterItsGradient) {
+  Scoped scope;
+  kiln_tensor *x = scalar(3);
+  kiln_tape *outer = kiln_tape_begin(false);
+  kiln_tape_watch(outer, x);
+  kiln_tape *inner = kiln_tape_begin(false);
+  kiln_tape_watch(inner, x);
+  kiln_tensor *y = kiln_mul(kiln_mul(x, x), x);  // x^3
+  kiln_tensor *dy = nullptr;
+  ASSERT_EQ(kiln_tape_gradient(inner, y, 1, &x, &dy), 0) << kiln_last_error();
+  EXPECT_EQ(kiln_tensor_item(dy), 27);  // 3 x^2
+  kiln_clear_error();
+  kiln_tape_end(inner);
+  EXPECT_STREQ(kiln_last_error(), "");
+  kiln_tape_end(outer);
+  EXPECT_STREQ(kiln_last_error(), "");
+  EXPECT_EQ(kiln_tensor_item(grad1(outer, dy, x)), 18);  // 6 x
+  kiln_tape_free(inner);
+  kiln_tape_free(outer);
+}
+
 TEST(Tape, EndingATapeThatIsNotInnermostFails) {
   Scoped scope;
   kiln_tensor *x = scalar(3);
