@@ -367,7 +367,7 @@ static void print_convs(const resnet_model *m, int64_t batch, double peak) {
     lf[j] += 2.0 * (double)(batch * g->hw_out * g->hw_out) * (double)(g->k * g->k * g->cin * g->cout);
   }
   printf("  the slowest conv shapes (ms per step: forward / input gradient / filter gradient, GFLOP/s of each):\n");
-  for (int r = 0; r < 8 && r < n; r++) {
+  for (int r = 0; r < n; r++) {
     int best = -1;
     double bt = -1;
     for (int j = 0; j < n; j++) {

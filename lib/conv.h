@@ -62,7 +62,8 @@ int conv_direct(const conv_shape *s, kiln_dtype dt, const void *x, const void *f
 
 /* df [kh, kw, c, o] = the gradient of the convolution s (flip unset) with
  * respect to its filter, from x [n, h, w, c] and dy [n, oh, ow, o]: image by
- * image (a zero-padded copy of one image at a time), tiles of the filter
+ * image (a zero-padded copy of one image at a time; a 1x1 filter without
+ * padding packs each block of pixels, MR channels at a time), tiles of the filter
  * summed by the filter-gradient micro-kernel (matmul.h) over the image's
  * pixels and added to df. 0, or -1 with the error set. The sums do not
  * depend on the thread count. */

@@ -1091,6 +1091,12 @@ std::vector<ConvCase> direct_cases() {
   Geo s1;
   s1.sh = 2, s1.sw = 3;
   v.push_back({"1x1 stride 2x3", {1, 9, 33, 16}, {1, 1, 16, 33}, s1});
+  // the filter gradient packs a 1x1's pixels block by block of rows (3 here)
+  // for tiles of channels, the last one partial
+  v.push_back({"1x1 over blocks of rows", {2, 40, 128, 40}, {1, 1, 40, 70}, {}});
+  Geo below;  // padding below and right only: a 1x1 that reads zeros
+  below.pad[1] = 1, below.pad[3] = 2;
+  v.push_back({"1x1 padded below and right", {1, 6, 9, 17}, {1, 1, 17, 20}, below});
   Geo big;
   big.pad[0] = big.pad[1] = big.pad[2] = big.pad[3] = 4;
   v.push_back({"padding past the window", {1, 5, 17, 3}, {3, 3, 3, 8}, big});
