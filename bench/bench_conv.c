@@ -10,7 +10,10 @@
  * runs. The PyTorch peer is bench/conv_torch.py (same layers, NCHW and
  * channels_last, forward and both gradients).
  *
- *   bench_conv [--runs R] [--batch N] [--only LAYER]
+ *   bench_conv [--runs R] [--batch N] [--only LAYER] [--shape C,O,K,S,HW]
+ *
+ * --shape measures one other layer instead: C -> O channels, a KxK filter
+ * of stride S (padding K/2) on HWxHW images (named CxO_KxK_sS_HW).
  *
  * On a shared machine, KILN_NUM_THREADS=1 against conv_torch.py --threads 1
  * is the steadier comparison (one core each; the peak is then one core's).
@@ -104,6 +107,8 @@ int main(int argc, char **argv) {
   int runs = 5;
   int64_t batch = 8;
   const char *only = NULL;
+  layer custom = {0};
+  char custom_name[160];
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--runs") && i + 1 < argc) {
       runs = atoi(argv[++i]);
@@ -111,8 +116,17 @@ int main(int argc, char **argv) {
       batch = atoll(argv[++i]);
     } else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
       only = argv[++i];
+    } else if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
+      long long v[5];
+      if (sscanf(argv[++i], "%lld,%lld,%lld,%lld,%lld", &v[0], &v[1], &v[2], &v[3], &v[4]) != 5 || v[0] < 1 ||
+          v[1] < 1 || v[2] < 1 || v[3] < 1 || v[4] < v[2]) {
+        fprintf(stderr, "bench_conv: --shape wants C,O,K,S,HW (positive, HW >= K)\n");
+        return 2;
+      }
+      snprintf(custom_name, sizeof custom_name, "%lldx%lld_%lldx%lld_s%lld_%lld", v[0], v[1], v[2], v[2], v[3], v[4]);
+      custom = (layer){custom_name, v[0], v[1], v[2], v[3], v[4]};
     } else {
-      fprintf(stderr, "usage: bench_conv [--runs R] [--batch N] [--only LAYER]\n");
+      fprintf(stderr, "usage: bench_conv [--runs R] [--batch N] [--only LAYER] [--shape C,O,K,S,HW]\n");
       return 2;
     }
   }
@@ -127,6 +141,7 @@ int main(int argc, char **argv) {
                                  {"3x3s2_128_128", 128, 128, 3, 2, 56},
                                  {"7x7s2_3_64", 3, 64, 7, 2, 224}};
   int failed = 0;
+  if (custom.name) return bench(&custom, batch, runs, peak) != 0;
   for (size_t k = 0; k < sizeof layers / sizeof layers[0]; k++)
     if (!only || !strcmp(only, layers[k].name)) failed |= bench(&layers[k], batch, runs, peak) != 0;
   return failed;
