@@ -194,19 +194,33 @@ static inline kiln_tensor *rn_relu(rn_walk *w, kiln_tensor *h) {
   return NULL;
 }
 
+/* t handed to the scope around the current one, which then closes: an
+ * eager step frees each piece's temporaries as soon as the piece is done,
+ * as PyTorch's reference counts do, so the activations it works on stay
+ * in the caches (what the tape needs for the gradient it keeps itself).
+ * Open with kiln_scope_push(). */
+static inline kiln_tensor *rn_keep(kiln_tensor *t) {
+  t = kiln_scope_escape(t);
+  kiln_scope_pop();
+  return t;
+}
+
 /* torchvision's Bottleneck: the stride on the 3x3 conv (v1.5) */
 static inline kiln_tensor *rn_bottleneck(rn_walk *w, kiln_tensor *h, int64_t cin, int64_t planes, int stride,
                                          int64_t *hw, const char *prefix) {
   char name[160];
   int64_t hw_in = *hw;
+  kiln_scope_push(); /* the block's */
+  kiln_scope_push();
   snprintf(name, sizeof name, "%s.conv1", prefix);
   kiln_tensor *t = rn_conv(w, h, 1, cin, planes, 1, hw, name);
   snprintf(name, sizeof name, "%s.bn1", prefix);
-  t = rn_relu(w, rn_bn(w, t, planes, name));
+  t = rn_keep(rn_relu(w, rn_bn(w, t, planes, name)));
+  kiln_scope_push();
   snprintf(name, sizeof name, "%s.conv2", prefix);
   t = rn_conv(w, t, 3, planes, planes, stride, hw, name);
   snprintf(name, sizeof name, "%s.bn2", prefix);
-  t = rn_relu(w, rn_bn(w, t, planes, name));
+  t = rn_keep(rn_relu(w, rn_bn(w, t, planes, name)));
   snprintf(name, sizeof name, "%s.conv3", prefix);
   t = rn_conv(w, t, 1, planes, 4 * planes, 1, hw, name);
   snprintf(name, sizeof name, "%s.bn3", prefix);
@@ -221,9 +235,9 @@ static inline kiln_tensor *rn_bottleneck(rn_walk *w, kiln_tensor *h, int64_t cin
   if (w->build) {
     w->m->add_elems += *hw * *hw * 4 * planes;
     w->m->relu_elems += *hw * *hw * 4 * planes;
-    return NULL;
+    return rn_keep(NULL);
   }
-  return kiln_relu(kiln_add(t, shortcut));
+  return rn_keep(kiln_relu(kiln_add(t, shortcut)));
 }
 
 /* the logits [n, classes] of x [n, image, image, 3] */
