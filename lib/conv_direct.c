@@ -72,11 +72,12 @@ static void direct_task(void *arg, int64_t b, int64_t e) {
   const conv_shape *s = j->s;
   int64_t mr_full = j->uk.mr, nr_full = j->uk.nr, c = s->c;
   size_t es = j->es, row_bytes = (size_t)(j->span * c) * es;
-  char *buf = malloc(row_bytes * (size_t)s->kh + 64);
-  const void **a = malloc(sizeof(void *) * (size_t)j->taps);
+  mem_scratch sb = {0}, sa = {0};
+  char *buf = mem_scratch_get(&sb, row_bytes * (size_t)s->kh + 64);
+  const void **a = mem_scratch_get(&sa, sizeof(void *) * (size_t)j->taps);
   if (!buf || !a) {
     atomic_store(&j->failed, 1);
-    free(buf), free(a);
+    mem_scratch_put(&sb), mem_scratch_put(&sa);
     return;
   }
   bool fold = s->dw == 1; /* one tap per ky */
@@ -122,7 +123,7 @@ static void direct_task(void *arg, int64_t b, int64_t e) {
                  res ? res + (size_t)j0 * es : NULL);
     }
   }
-  free(buf), free(a);
+  mem_scratch_put(&sb), mem_scratch_put(&sa);
 }
 
 int conv_direct(const conv_shape *shape, kiln_dtype dt, const void *x, const void *f, const void *bias,
@@ -156,12 +157,15 @@ int conv_direct(const conv_shape *shape, kiln_dtype dt, const void *x, const voi
   j.flags = GEMM_LAST | (res ? GEMM_RESIDUAL : 0) | (int32_t)epi << GEMM_EPI_SHIFT;
   atomic_init(&j.failed, 0);
   int64_t blocks = (s->o + j.uk.nr - 1) / j.uk.nr;
-  void *bp = malloc((size_t)(blocks * j.uk.nr * j.k) * j.es + 64);
-  void *zeros = calloc((size_t)(j.span * s->c) + 16, j.es);
+  mem_scratch sbp = {0}, sz = {0};
+  void *bp = mem_scratch_get(&sbp, (size_t)(blocks * j.uk.nr * j.k) * j.es + 64);
+  size_t zbytes = ((size_t)(j.span * s->c) + 16) * j.es;
+  void *zeros = mem_scratch_get(&sz, zbytes);
   if (!bp || !zeros) {
-    free(bp), free(zeros);
+    mem_scratch_put(&sbp), mem_scratch_put(&sz);
     return kiln_set_error("%s: out of memory", op);
   }
+  memset(zeros, 0, zbytes);
   if (dt == KILN_F32)
     pack_filter_float(s, f, j.uk.nr, bp);
   else
@@ -176,7 +180,7 @@ int conv_direct(const conv_shape *shape, kiln_dtype dt, const void *x, const voi
   int64_t unit_work = min64(s->ow, j.seg) * min64(s->o, j.group * j.uk.nr) * j.k;
   parallel_for(groups * j.pieces, unit_work >= ((int64_t)1 << 20) ? 1 : ((int64_t)1 << 20) / unit_work + 1, direct_task,
                &j);
-  free(bp), free(zeros);
+  mem_scratch_put(&sbp), mem_scratch_put(&sz);
   if (atomic_load(&j.failed)) return kiln_set_error("%s: out of memory", op);
   return 0;
 }
@@ -265,7 +269,8 @@ static void wgrad_task(void *arg, int64_t b, int64_t e) {
   const conv_shape *s = j->s;
   size_t es = j->es;
   int64_t mr_full = j->uk.mr, nr_full = j->uk.nr;
-  conv_run *run = malloc(sizeof *run * (size_t)s->oh);
+  mem_scratch sr = {0};
+  conv_run *run = mem_scratch_get(&sr, sizeof *run * (size_t)s->oh);
   if (!run) {
     atomic_store(&j->failed, 1);
     return;
@@ -290,7 +295,7 @@ static void wgrad_task(void *arg, int64_t b, int64_t e) {
     /* filter row (tap, i0 + i) is df row tap * rows + i0 + i of c * o */
     j->uk.fn(j->oy1 - j->oy0, run, s->sw * s->c, s->o, dst, s->o, mr, nr, j->flags);
   }
-  free(run);
+  mem_scratch_put(&sr);
 }
 
 int conv_direct_filter(const conv_shape *s, kiln_dtype dt, const void *x, const void *dy, void *df, const char *op) {
@@ -315,6 +320,7 @@ int conv_direct_filter(const conv_shape *s, kiln_dtype dt, const void *x, const 
    * each block's pixels for the tiles: read in place, a tile's MR channels
    * of a pixel are one piece of a longer row, too far from the next pixel's
    * for the prefetchers (1x1 256 -> 64 ran at half the 3x3's speed). */
+  mem_scratch sxp = {0}, spk = {0};
   bool pack = s->kh == 1 && s->kw == 1 && s->pt == 0 && s->pl == 0 && (s->oh - 1) * s->sh < s->h &&
               (s->ow - 1) * s->sw < s->w;
   int64_t tiles = j.taps * j.tiles_m * j.tiles_n;
@@ -323,11 +329,11 @@ int conv_direct_filter(const conv_shape *s, kiln_dtype dt, const void *x, const 
   if (block < 1) block = 1;
   if (block > s->oh) block = s->oh;
   if (pack) {
-    j.pk = malloc((size_t)(j.tiles_m * j.uk.mr * block * s->ow) * j.es);
+    j.pk = mem_scratch_get(&spk, (size_t)(j.tiles_m * j.uk.mr * block * s->ow) * j.es);
     if (!j.pk) return kiln_set_error("%s: out of memory", op);
   } else {
     /* slack: a tile's rows past the filter's read up to MR further */
-    j.xp = malloc((size_t)(j.hp * j.wp * s->c + j.uk.mr) * j.es);
+    j.xp = mem_scratch_get(&sxp, (size_t)(j.hp * j.wp * s->c + j.uk.mr) * j.es);
     if (!j.xp) return kiln_set_error("%s: out of memory", op);
     memset(j.xp + (size_t)(j.hp * j.wp * s->c) * j.es, 0, (size_t)j.uk.mr * j.es);
   }
@@ -345,7 +351,7 @@ int conv_direct_filter(const conv_shape *s, kiln_dtype dt, const void *x, const 
       parallel_for(tiles, 1, wgrad_task, &j);
     }
   }
-  free(j.xp), free(j.pk);
+  mem_scratch_put(&sxp), mem_scratch_put(&spk);
   if (atomic_load(&j.failed)) return kiln_set_error("%s: out of memory", op);
   return 0;
 }

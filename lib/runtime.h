@@ -69,6 +69,19 @@ char *shape_str(char *buf, size_t n, int rank, const int64_t *shape);
 /* ---- memory (alloc.c): size-class caching, 64-byte aligned ---- */
 void *mem_alloc(size_t bytes, int32_t *cls);
 void mem_free(void *p, int32_t cls);
+/* A kernel's temporary buffer from the same caches: a packed filter or a
+ * padded image taken and given back on every call would otherwise come
+ * from malloc, whose big blocks go back to the kernel when freed and fault
+ * in again on the next call (NULL p: nothing to give back). */
+typedef struct {
+  void *p;
+  int32_t cls;
+} mem_scratch;
+static inline void *mem_scratch_get(mem_scratch *s, size_t bytes) { return s->p = mem_alloc(bytes, &s->cls); }
+static inline void mem_scratch_put(mem_scratch *s) {
+  if (s->p) mem_free(s->p, s->cls);
+  s->p = NULL;
+}
 
 /* ---- tensors (tensor.c) ---- */
 /* Checks rank and dims (>= 0, no overflow); writes the element count. */
