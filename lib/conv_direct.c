@@ -33,6 +33,7 @@ typedef struct {
   int64_t pieces;    /* n * oh * segs */
   int64_t group;     /* column tiles (NR channels) a task takes: their packed filter fits in L2 */
   int32_t flags;
+  bool padded; /* x is a zero-padded copy: every tile reads its windows in place */
   atomic_int failed;
 } direct_job;
 
@@ -108,7 +109,7 @@ static void direct_task(void *arg, int64_t b, int64_t e) {
     const char *img = j->x + (size_t)(n * s->h * s->w * c) * es;
     for (int64_t ox0 = piece % j->segs * j->seg; ox0 < end; ox0 += mr_full) {
       int64_t mr = min64(mr_full, s->ow - ox0), ix0 = ox0 * s->sw - s->pl;
-      bool inside = mr == mr_full && ix0 >= 0 && ix0 + j->span <= s->w;
+      bool inside = j->padded || (mr == mr_full && ix0 >= 0 && ix0 + j->span <= s->w);
       for (int64_t ky = 0; ky < s->kh; ky++) {
         int64_t iy = oy * s->sh - s->pt + ky * s->dh;
         bool row_ok = iy >= 0 && iy < s->h;
@@ -143,6 +144,26 @@ static void direct_task(void *arg, int64_t b, int64_t e) {
     }
   }
   mem_scratch_put(&sb), mem_scratch_put(&sa);
+}
+
+typedef struct {
+  const char *x;
+  char *xp;
+  int64_t h, w, c, hp, wp, pt, pl;
+  size_t es;
+} prepad_job;
+
+/* rows [b, e) of the padded copy, n * hp of them */
+static void prepad_task(void *arg, int64_t b, int64_t e) {
+  const prepad_job *p = arg;
+  size_t row = (size_t)(p->wp * p->c) * p->es, run = (size_t)(p->w * p->c) * p->es;
+  for (int64_t r = b; r < e; r++) {
+    int64_t n = r / p->hp, iy = r % p->hp - p->pt;
+    char *dst = p->xp + (size_t)r * row;
+    memset(dst, 0, row);
+    if (iy >= 0 && iy < p->h)
+      memcpy(dst + (size_t)(p->pl * p->c) * p->es, p->x + (size_t)((n * p->h + iy) * p->w * p->c) * p->es, run);
+  }
 }
 
 int conv_direct(const conv_shape *shape, kiln_dtype dt, const void *x, const void *f, const void *bias,
@@ -194,10 +215,36 @@ int conv_direct(const conv_shape *shape, kiln_dtype dt, const void *x, const voi
   j.group = GROUP_BYTES / (j.k * j.uk.nr * (int64_t)j.es);
   if (j.group < 1) j.group = 1;
   int64_t groups = (blocks + j.group - 1) / j.group;
+  /* Tiles whose windows hang over the padding copy their rows first, again
+   * for each group of columns. Where most tiles do (rows of one or two
+   * tiles: 7x7 and 14x14 images) or the copies repeat (more than one
+   * group), the image is padded once instead, with room for the last
+   * tile's full span, and every tile reads in place (3x3 512 -> 512 at 7x7
+   * copied its rows 8 times). */
+  int64_t tiles_w = (s->ow + j.uk.mr - 1) / j.uk.mr * j.uk.mr;
+  int64_t need_h = (s->oh - 1) * s->sh + (s->kh - 1) * s->dh + 1, need_w = (s->ow - 1) * s->sw + (s->kw - 1) * s->dw + 1;
+  bool padding = s->pt > 0 || s->pl > 0 || need_h > s->h + s->pt || need_w > s->w + s->pl;
+  mem_scratch sxp = {0};
+  if (padding && s->pt >= 0 && s->pl >= 0 && (groups > 1 || s->ow <= 2 * j.uk.mr)) {
+    prepad_job pp = {.x = x, .h = s->h, .w = s->w, .c = s->c, .pt = s->pt, .pl = s->pl, .es = j.es};
+    pp.hp = need_h > s->h + s->pt ? need_h : s->h + s->pt;
+    pp.wp = (tiles_w - 1) * s->sw + (s->kw - 1) * s->dw + 1;
+    if (pp.wp < s->w + s->pl) pp.wp = s->w + s->pl;
+    /* slack: the last row's tiles read up to a tile's span further */
+    pp.xp = mem_scratch_get(&sxp, (size_t)((s->n * pp.hp * pp.wp + j.span) * s->c) * j.es);
+    if (!pp.xp) {
+      mem_scratch_put(&sbp), mem_scratch_put(&sz);
+      return kiln_set_error("%s: out of memory", op);
+    }
+    memset(pp.xp + (size_t)(s->n * pp.hp * pp.wp * s->c) * j.es, 0, (size_t)(j.span * s->c) * j.es);
+    parallel_for(s->n * pp.hp, 16, prepad_task, &pp);
+    s->h = pp.hp, s->w = pp.wp, s->pt = s->pl = 0;
+    j.x = pp.xp, j.padded = true;
+  }
   int64_t unit_work = min64(s->ow, j.seg) * min64(s->o, j.group * j.uk.nr) * j.k;
   parallel_for(groups * j.pieces, unit_work >= ((int64_t)1 << 20) ? 1 : ((int64_t)1 << 20) / unit_work + 1, direct_task,
                &j);
-  mem_scratch_put(&sbp), mem_scratch_put(&sz);
+  mem_scratch_put(&sbp), mem_scratch_put(&sz), mem_scratch_put(&sxp);
   if (atomic_load(&j.failed)) return kiln_set_error("%s: out of memory", op);
   return 0;
 }
