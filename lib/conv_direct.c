@@ -153,7 +153,8 @@ typedef struct {
   size_t es;
 } prepad_job;
 
-/* rows [b, e) of the padded copy, n * hp of them */
+/* rows [b, e) of the padded copy of images of h x w x c into hp x wp x c
+ * (n * hp rows for n images) */
 static void prepad_task(void *arg, int64_t b, int64_t e) {
   const prepad_job *p = arg;
   size_t row = (size_t)(p->wp * p->c) * p->es, run = (size_t)(p->w * p->c) * p->es;
@@ -283,20 +284,6 @@ typedef struct {
  * tiles of a block take turns over the same rows, which stay in L2. */
 enum { WGRAD_BLOCK_BYTES = 1 << 20 };
 
-/* padded rows [b, e) of the image */
-static void pad_task(void *arg, int64_t b, int64_t e) {
-  const wgrad_job *j = arg;
-  const conv_shape *s = j->s;
-  size_t es = j->es, row = (size_t)(j->wp * s->c) * es;
-  for (int64_t yp = b; yp < e; yp++) {
-    char *dst = j->xp + (size_t)yp * row;
-    int64_t iy = yp - s->pt;
-    memset(dst, 0, row);
-    if (iy >= 0 && iy < s->h)
-      memcpy(dst + (size_t)(s->pl * s->c) * es, j->x + (size_t)(iy * s->w * s->c) * es, (size_t)(s->w * s->c) * es);
-  }
-}
-
 /* units [b, e) of the block's rows: each pixel's channels, read once,
  * dealt out to the tiles of filter rows (MR each, zeros past the filter's) */
 #define PACK_PIXELS(T)                                                                                  \
@@ -404,7 +391,11 @@ int conv_direct_filter(const conv_shape *s, kiln_dtype dt, const void *x, const 
   for (int64_t n = 0; n < s->n && !atomic_load(&j.failed); n++) {
     j.x = (const char *)x + (size_t)(n * s->h * s->w * s->c) * j.es;
     j.dy = (const char *)dy + (size_t)(n * s->oh * s->ow * s->o) * j.es;
-    if (!pack) parallel_for(j.hp, 16, pad_task, &j);
+    if (!pack) {
+      prepad_job pp = {.x = j.x, .xp = j.xp, .h = s->h, .w = s->w, .c = s->c, .hp = j.hp, .wp = j.wp, .pt = s->pt,
+                       .pl = s->pl, .es = j.es};
+      parallel_for(j.hp, 16, prepad_task, &pp);
+    }
     for (j.oy0 = 0; j.oy0 < s->oh; j.oy0 = j.oy1) {
       j.oy1 = min64(s->oh, j.oy0 + block);
       j.flags = n > 0 || j.oy0 > 0 ? GEMM_ACCUMULATE : 0;
