@@ -259,7 +259,9 @@ int conv_direct(const conv_shape *shape, kiln_dtype dt, const void *x, const voi
  * their image and dy rows in L2), every tile of MR filter rows (kx, c) x NR
  * output channels sums, in registers, over the block's rows (one run of ow
  * pixels each: A the padded image read in place, B the rows of dy) and adds
- * the sum to df. Tiles are split over threads, blocks taken in turn: each
+ * the sum to df. A 1x1 filter without padding copies no image: each block's
+ * pixels are packed MR channels at a time instead, and a tile runs over
+ * them in one run. Tiles are split over threads, blocks taken in turn: each
  * element's sum runs over the blocks in order, whatever the thread count. */
 
 typedef struct {
