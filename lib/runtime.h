@@ -170,6 +170,9 @@ void philox4x32(uint64_t seed, uint64_t counter, uint32_t out[4]);
 kiln_host_fn host_builtin_fn(const char *name);
 /* fn's name, or NULL when it is not one of the library's */
 const char *host_builtin_name(kiln_host_fn fn);
+/* Is fn one of the library's checks, whose only effect is to fail (it
+ * writes nothing another instruction reads)? Fusion runs across them. */
+bool host_builtin_is_check(kiln_host_fn fn);
 /* composite.c: the staged label check (in: labels, and a [0, classes] tensor
  * that gives the class count by its shape; out: the labels) */
 int composite_check_labels_host(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out);

@@ -15,6 +15,7 @@
 
 #include "buffers.h"
 #include "rewrite.h"
+#include "runtime.h"
 
 enum {
   FUSE_MAX_REDUCTIONS = 2,       /* reductions in one kernel */
@@ -133,8 +134,13 @@ static bool is_expensive(op_id op) {
 static bool has_effect(const ir_instr *ins) { return pass_has_effect(ins); }
 
 /* Host calls, impure calls and impure control flow: nothing is fused across
- * them. */
-static bool is_barrier(const ir_instr *ins) { return kiln_ops[ins->op].kind != OPK_RANDOM && pass_has_effect(ins); }
+ * them. The library's checks (the label check of a staged loss) are not
+ * barriers: they change nothing a kernel reads, so the forward and backward
+ * passes around a loss still fuse. */
+static bool is_barrier(const ir_instr *ins) {
+  if (kiln_ops[ins->op].kind == OPK_HOST && ins->attrs.host && host_builtin_is_check(ins->attrs.host->fn)) return false;
+  return kiln_ops[ins->op].kind != OPK_RANDOM && pass_has_effect(ins);
+}
 
 /* A consumer that takes its producers in: they are copied for it. */
 static bool takes_producers(fz_class c) { return c == CLS_ELEM || c == CLS_MOVE || c == CLS_REDUCE; }
@@ -218,12 +224,65 @@ static int add_node(fz *z, const ir_instr *ins, const int32_t *in, int32_t out, 
   return id;
 }
 
+/* ---- cheap elementwise work computed again by its consumers ----
+ * An elementwise chain of cheap steps over one large value that is written
+ * anyway (a parameter, the result of an opaque instruction, a conv2d result
+ * read twice, so never a conv's epilogue), whose other operands are small
+ * (scalars, per-channel vectors broadcast), is copied into each kernel that
+ * reads it, as XLA duplicates cheap producers: each consumer reads the large
+ * value in its place, and the chain's result is never written. A training
+ * step's batch norm is the case: x - mean and the pre-relu output, read
+ * again by the backward, were written by the forward only to be read back. */
+enum { RECOMPUTE_MAX_DEPTH = 8 };
+
+/* Does operand v of an instruction with n result elements stand for fewer
+ * elements: a scalar or a broadcast of a smaller value? */
+static bool small_source(const ir_func *f, ir_value v, int64_t n) {
+  if (pass_elems(&f->types[v]) < n) return true;
+  const ir_instr *d = f->def[v] >= 0 ? &f->instrs[f->def[v]] : NULL;
+  return d && d->op == OP_BROADCAST && pass_elems(&f->types[d->in[0]]) < n;
+}
+
+/* depth[v]: the steps of the cheap chain value v ends, computed from one
+ * large value written anyway; 0 for that large value, -1 for anything else. */
+static int recompute_depths(const ir_func *f, int8_t *depth) {
+  int32_t *users = calloc((size_t)f->n_values + 1, sizeof *users);
+  if (!users) return kiln_set_error("fuse: out of memory");
+  for (int i = 0; i < f->n_instrs; i++)
+    for (int j = 0; j < f->instrs[i].n_in; j++)
+      if (j == 0 || f->instrs[i].in[j] != f->instrs[i].in[j - 1]) users[f->instrs[i].in[j]]++;
+  for (int v = 0; v < f->n_values; v++) depth[v] = -1;
+  for (int p = 0; p < f->n_params; p++) depth[p] = 0;
+  for (int i = 0; i < f->n_instrs; i++) {
+    const ir_instr *ins = &f->instrs[i];
+    fz_class cls = classify(f, ins);
+    if (cls == CLS_OPAQUE || (ins->op == OP_CONV2D && users[ins->out] >= 2)) {
+      for (int r = 0; r < ins->n_out; r++) depth[ins->out + r] = 0;
+      continue;
+    }
+    if (cls != CLS_ELEM || is_expensive(ins->op) || has_effect(ins)) continue;
+    int64_t n = pass_elems(&f->types[ins->out]);
+    ir_value big = -1;
+    bool ok = true;
+    for (int j = 0; j < ins->n_in && ok; j++) {
+      ir_value v = ins->in[j];
+      if (small_source(f, v, n) || v == big) continue;
+      ok = big < 0 && pass_elems(&f->types[v]) == n && depth[v] >= 0 && depth[v] < RECOMPUTE_MAX_DEPTH;
+      big = v;
+    }
+    if (ok && big >= 0) depth[ins->out] = (int8_t)(depth[big] + 1);
+  }
+  free(users);
+  return 0;
+}
+
 /* Copies the cheap producer ins (results value v) for each consumer that
  * will take it in, so that each kernel computes its own broadcast or
- * transpose instead of reading a materialized one. The original stays for
- * the others (or for the first consumer when there are no others). Runs
- * before ins's own node is made: its consumers are all made already. */
-static int copy_for_consumers(fz *z, const ir_instr *ins, int epoch) {
+ * transpose (or cheap chain, above) instead of reading a materialized one.
+ * The original stays for the others (or for the first consumer when there
+ * are no others). Runs before ins's own node is made: its consumers are all
+ * made already. */
+static int copy_for_consumers(fz *z, const ir_instr *ins, int epoch, fz_class cls) {
   int32_t v = ins->out;
   int nf = 0, n_other = z->is_result[v] ? 1 : 0;
   int32_t *fus = malloc(((size_t)z->un[v] + 1) * sizeof *fus);
@@ -249,7 +308,7 @@ static int copy_for_consumers(fz *z, const ir_instr *ins, int epoch) {
       fz_node *un = &z->nodes[u];
       for (int k = 0; k < un->n_in; k++)
         if (un->in[k] == v) un->in[k] = c;
-      if (add_node(z, ins, ins->in, c, CLS_MOVE, epoch, true) < 0 || add_user(z, c, u)) rc = -1;
+      if (add_node(z, ins, ins->in, c, cls, epoch, true) < 0 || add_user(z, c, u)) rc = -1;
     }
   }
   free(fus);
@@ -267,8 +326,10 @@ static int build(fz *z) {
   z->un = malloc((size_t)cap * sizeof *z->un);
   z->ucap = malloc((size_t)cap * sizeof *z->ucap);
   int *epoch = malloc(((size_t)f->n_instrs + 1) * sizeof *epoch);
-  if (!z->vtype || !z->is_result || !z->ul || !z->un || !z->ucap || !epoch) {
+  int8_t *depth = malloc((size_t)f->n_values + 1);
+  if (!z->vtype || !z->is_result || !z->ul || !z->un || !z->ucap || !epoch || !depth) {
     free(epoch);
+    free(depth);
     return kiln_set_error("fuse: out of memory");
   }
   z->cap_vals = cap;
@@ -285,14 +346,16 @@ static int build(fz *z) {
     if (is_barrier(&f->instrs[i])) e++;
   }
   /* consumers before producers, so a producer sees all its consumers */
-  int rc = 0;
+  int rc = recompute_depths(f, depth);
   for (int i = f->n_instrs - 1; i >= 0 && !rc; i--) {
     const ir_instr *ins = &f->instrs[i];
     fz_class cls = classify(f, ins);
-    if (cls == CLS_MOVE && copy_for_consumers(z, ins, epoch[i])) rc = -1;
+    bool copied = cls == CLS_MOVE || (cls == CLS_ELEM && depth[ins->out] > 0);
+    if (copied && copy_for_consumers(z, ins, epoch[i], cls)) rc = -1;
     if (!rc && add_node(z, ins, ins->in, ins->out, cls, epoch[i], false) < 0) rc = -1;
   }
   free(epoch);
+  free(depth);
   if (rc) return -1;
   /* creation order reversed is a topological order */
   for (int a = 0, b = z->n - 1; a < b; a++, b--) {
@@ -876,7 +939,7 @@ static int emit_plain(emitter *e, int32_t k) {
   fz *z = e->z;
   const fz_node *nd = &z->nodes[k];
   int32_t orig = nd->ins->out;
-  if (nd->cls == CLS_MOVE && e->map[orig] >= 0) { /* copies that no kernel took are one instruction again */
+  if (e->map[orig] >= 0) { /* copies that no kernel took are one instruction again */
     e->map[nd->out] = e->map[orig];
     return 0;
   }

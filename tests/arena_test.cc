@@ -132,7 +132,9 @@ TEST(Arena, RandomControlFlowProgramsCompiledUnderPoisonEqualTheInterpreter) {
 TEST(Arena, RandomConvAndDenseProgramsCompiledUnderPoisonEqualTheInterpreter) {
   Scoped s;
   Figures w = check_random(IR_GEN_WINDOW, DT_BIT(KILN_F32) | DT_BIT(KILN_F64), 80, true);
-  EXPECT_GT(w.shrunk, 2);  // few: their windows' values are the pass's
+  // few: their windows' values are the pass's, and cheap chains are computed
+  // again where they are read rather than stored (fuse.c)
+  EXPECT_GE(w.shrunk, 2);
   Figures wc = check_random(IR_GEN_WINDOW | IR_GEN_CONTROL, DT_BIT(KILN_F32) | DT_BIT(KILN_F64), 60, true);
   EXPECT_GT(wc.control, 20);
   EXPECT_GT(wc.shrunk, 5);
