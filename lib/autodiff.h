@@ -44,6 +44,15 @@ int tape_record_custom(int n, kiln_tensor *const *in, kiln_tensor *out, kiln_gra
 kiln_tensor *tape_custom_gradient(kiln_forward_fn fwd, kiln_gradient_fn grad, void *user, const tape_closure *closure,
                                   int n, kiln_tensor *const *xs);
 
+/* The inputs of the node of the only active tape whose result is out,
+ * among its last TAPE_RECENT nodes, when it applied op (OP_COUNT: the custom
+ * gradient custom): their count, *in pointing at them (the tape holds them);
+ * -1 when there is no such node, or more or fewer than one active tape. */
+enum { TAPE_RECENT = 8 };
+int tape_recent(const kiln_tensor *out, op_id op, kiln_gradient_fn custom, kiln_tensor *const **in);
+/* Is t a source of the gradient that this thread's tape walk computes
+ * (asked by a custom gradient during the walk)? */
+bool tape_walk_source(const kiln_tensor *t);
 /* ---- gradient rules (gradients.c) ----
  * A rule computes, with public ops, the gradient of each input from dout
  * (the gradient of out, with out's shape and dtype). It writes dx[i] (NULL

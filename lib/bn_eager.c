@@ -104,15 +104,15 @@ kiln_tensor *bn_eager_centered_scale(kiln_tensor *x, kiln_tensor *a, kiln_tensor
   return affine("moments", x, (const kiln_tensor *[4]){a, b, NULL, NULL});
 }
 
-/* ---- s0 = sum(dy), s1 = sum(dy (x - m)) per channel ----
+/* ---- per-channel sums: s0 = sum(dy), s1 = sum(dy (x - m)); or s0 = sum((x - m)^2) ----
  * Blocks of SUM_ROWS_ELEMS / C rows (at least one), each summed row by row
  * into its own partials; the blocks' partials then added in block order
  * (f32 in f64), so the sums are the same whatever the thread count. */
 enum { SUM_ROWS_ELEMS = 4096 };
 
 typedef struct {
-  const void *dy, *x, *m;
-  void *part; /* per block: s0 then s1, C each, of the element type */
+  const void *dy, *x, *m; /* dy NULL: the centred sum of squares */
+  void *part;             /* per block: s0 then s1, C each, of the element type */
   int64_t channels, rows, block;
   bool f32;
 } sums_pass;
@@ -126,7 +126,12 @@ typedef struct {
       for (int64_t c = 0; c < C; c++) s0[c] = 0, s1[c] = 0;                                               \
       int64_t end = (blk + 1) * p->block < p->rows ? (blk + 1) * p->block : p->rows;                      \
       for (int64_t row = blk * p->block; row < end; row++) {                                              \
-        const T *KILN_RESTRICT dy = (const T *)p->dy + row * C, *KILN_RESTRICT x = (const T *)p->x + row * C; \
+        const T *KILN_RESTRICT x = (const T *)p->x + row * C;                                             \
+        if (!p->dy) {                                                                                     \
+          for (int64_t c = 0; c < C; c++) s0[c] += (x[c] - m[c]) * (x[c] - m[c]);                         \
+          continue;                                                                                       \
+        }                                                                                                 \
+        const T *KILN_RESTRICT dy = (const T *)p->dy + row * C;                                           \
         for (int64_t c = 0; c < C; c++) {                                                                 \
           s0[c] += dy[c];                                                                                 \
           s1[c] += dy[c] * (x[c] - m[c]);                                                                 \
@@ -145,23 +150,18 @@ static void sum_rows(void *ctx, int64_t b0, int64_t b1) {
     sum_rows_double(p, b0, b1);
 }
 
-int bn_eager_sums(kiln_tensor *dy, kiln_tensor *x, kiln_tensor *mean, kiln_tensor **s0, kiln_tensor **s1) {
-  if (tape_active_count || !eager_cpu(x) || !eager_cpu(dy) || dy->dtype != x->dtype || dy->rank != x->rank ||
-      memcmp(dy->shape, x->shape, sizeof(int64_t) * (size_t)x->rank) || !per_channel(mean, x) ||
-      mean->size != x->shape[x->rank - 1])
-    return 1;
+/* The per-channel sums of x (and dy) into t0 (and t1), each scaled by
+ * `scale` (in f64, before the rounding to T). */
+static int channel_sums(const char *op, kiln_tensor *dy, kiln_tensor *x, kiln_tensor *mean, double scale,
+                        kiln_tensor *t0, kiln_tensor *t1) {
   int64_t C = mean->size, rows = x->size / C, block = SUM_ROWS_ELEMS / C > 0 ? SUM_ROWS_ELEMS / C : 1;
   int64_t blocks = (rows + block - 1) / block;
   bool f32 = x->dtype == KILN_F32;
   size_t es = kiln_dtype_sizes[x->dtype];
-  void *part = malloc((size_t)(blocks * 2 * C) * es);
-  kiln_tensor *t0 = tensor_alloc("batch_norm", (kiln_dtype)x->dtype, mean->rank, mean->shape);
-  kiln_tensor *t1 = t0 ? tensor_alloc("batch_norm", (kiln_dtype)x->dtype, mean->rank, mean->shape) : NULL;
-  if (!part || !t1) {
-    free(part), kiln_release(t0), kiln_release(t1);
-    return kiln_has_error() ? -1 : kiln_set_error("batch_norm: out of memory");
-  }
-  sums_pass p = {dy->data, x->data, mean->data, part, C, rows, block, f32};
+  mem_scratch scratch;
+  void *part = mem_scratch_get(&scratch, (size_t)(blocks * 2 * C) * es);
+  if (!part) return kiln_set_error("%s: out of memory", op);
+  sums_pass p = {dy ? dy->data : NULL, x->data, mean->data, part, C, rows, block, f32};
   parallel_for(blocks, 1, sum_rows, &p);
   for (int64_t c = 0; c < C; c++) {
     double a = 0, b = 0;
@@ -169,12 +169,105 @@ int bn_eager_sums(kiln_tensor *dy, kiln_tensor *x, kiln_tensor *mean, kiln_tenso
       a += f32 ? ((const float *)part)[blk * 2 * C + c] : ((const double *)part)[blk * 2 * C + c];
       b += f32 ? ((const float *)part)[blk * 2 * C + C + c] : ((const double *)part)[blk * 2 * C + C + c];
     }
-    if (f32)
-      ((float *)t0->data)[c] = (float)a, ((float *)t1->data)[c] = (float)b;
-    else
-      ((double *)t0->data)[c] = a, ((double *)t1->data)[c] = b;
+    if (f32) {
+      ((float *)t0->data)[c] = (float)(a * scale);
+      if (t1) ((float *)t1->data)[c] = (float)(b * scale);
+    } else {
+      ((double *)t0->data)[c] = a * scale;
+      if (t1) ((double *)t1->data)[c] = b * scale;
+    }
   }
-  free(part);
+  mem_scratch_put(&scratch);
+  return 0;
+}
+
+/* x and dy: the same dtype and shape */
+static bool same_dense(const kiln_tensor *a, const kiln_tensor *b) {
+  return a->dtype == b->dtype && a->rank == b->rank && !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->rank);
+}
+
+int bn_eager_sums(kiln_tensor *dy, kiln_tensor *x, kiln_tensor *mean, kiln_tensor **s0, kiln_tensor **s1) {
+  if (tape_active_count || !eager_cpu(x) || !eager_cpu(dy) || !same_dense(dy, x) || !per_channel(mean, x) ||
+      mean->size != x->shape[x->rank - 1])
+    return 1;
+  kiln_tensor *t0 = tensor_alloc("batch_norm", (kiln_dtype)x->dtype, mean->rank, mean->shape);
+  kiln_tensor *t1 = t0 ? tensor_alloc("batch_norm", (kiln_dtype)x->dtype, mean->rank, mean->shape) : NULL;
+  if (!t1 || channel_sums("batch_norm", dy, x, mean, 1.0, t0, t1)) {
+    kiln_release(t0), kiln_release(t1);
+    return kiln_has_error() ? -1 : kiln_set_error("batch_norm: out of memory");
+  }
   *s0 = scope_own(t0), *s1 = scope_own(t1);
   return 0;
+}
+
+int bn_eager_variance(kiln_tensor *x, kiln_tensor *mean, int rank, const int64_t *shape, kiln_tensor **var) {
+  if (tape_active_count || !eager_cpu(x) || !per_channel(mean, x) || mean->size != x->shape[x->rank - 1] ||
+      x->size == mean->size)
+    return 1;
+  kiln_tensor *v = tensor_alloc("moments", (kiln_dtype)x->dtype, rank, shape);
+  if (!v || channel_sums("moments", NULL, x, mean, 1.0 / (double)(x->size / mean->size), v, NULL)) {
+    kiln_release(v);
+    return kiln_has_error() ? -1 : kiln_set_error("moments: out of memory");
+  }
+  *var = scope_own(v);
+  return 0;
+}
+
+/* ---- dx = a dy + b (x - m) + c per channel ---- */
+
+typedef struct {
+  kiln_tensor *dx;
+  const kiln_tensor *dy, *x;
+  const void *p; /* per channel: m, a, b, c; C values each */
+  int64_t channels;
+} dx_pass;
+
+#define DX_ROWS(T)                                                                                            \
+  KILN_HOT static void dx_rows_##T(const dx_pass *q, int64_t r0, int64_t r1) {                               \
+    int64_t C = q->channels;                                                                                \
+    const T *KILN_RESTRICT m = q->p, *KILN_RESTRICT a = m + C, *KILN_RESTRICT b = a + C, *KILN_RESTRICT c = b + C; \
+    for (int64_t row = r0; row < r1; row++) {                                                               \
+      const T *KILN_RESTRICT x = (const T *)q->x->data + row * C, *KILN_RESTRICT dy = (const T *)q->dy->data + row * C; \
+      T *KILN_RESTRICT dx = (T *)q->dx->data + row * C;                                                     \
+      for (int64_t k = 0; k < C; k++) dx[k] = a[k] * dy[k] + b[k] * (x[k] - m[k]) + c[k];                   \
+    }                                                                                                       \
+  }
+DX_ROWS(float)
+DX_ROWS(double)
+
+static void dx_rows(void *ctx, int64_t r0, int64_t r1) {
+  const dx_pass *q = ctx;
+  if (q->x->dtype == KILN_F32)
+    dx_rows_float(q, r0, r1);
+  else
+    dx_rows_double(q, r0, r1);
+}
+
+kiln_tensor *bn_eager_dx(kiln_tensor *dy, kiln_tensor *x, kiln_tensor *mean, kiln_tensor *a, kiln_tensor *b,
+                         kiln_tensor *c) {
+  if (tape_active_count || !eager_cpu(x) || !eager_cpu(dy) || !same_dense(dy, x) || !per_channel(mean, x) ||
+      !per_channel(a, x) || !per_channel(b, x) || !per_channel(c, x))
+    return NULL;
+  kiln_tensor *dx = tensor_alloc("batch_norm", (kiln_dtype)x->dtype, x->rank, x->shape);
+  if (!dx) return NULL;
+  int64_t C = x->shape[x->rank - 1];
+  size_t bytes = 4 * (size_t)C * kiln_dtype_sizes[x->dtype];
+  mem_scratch scratch;
+  void *p = mem_scratch_get(&scratch, bytes);
+  if (!p) {
+    kiln_release(dx);
+    kiln_set_error("batch_norm: out of memory");
+    return NULL;
+  }
+  const kiln_tensor *src[4] = {mean, a, b, c};
+  for (int k = 0; k < 4; k++) {
+    if (x->dtype == KILN_F32)
+      bn_spread_float((float *)p + k * C, src[k], 0.0f, C);
+    else
+      bn_spread_double((double *)p + k * C, src[k], 0.0, C);
+  }
+  dx_pass q = {dx, dy, x, p, C};
+  parallel_for(x->size / C, (16384 + C - 1) / C, dx_rows, &q);
+  mem_scratch_put(&scratch);
+  return scope_own(dx);
 }

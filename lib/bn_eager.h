@@ -26,4 +26,16 @@ kiln_tensor *bn_eager_centered_scale(kiln_tensor *x, kiln_tensor *a, kiln_tensor
  * error set. */
 int bn_eager_sums(kiln_tensor *dy, kiln_tensor *x, kiln_tensor *mean, kiln_tensor **s0, kiln_tensor **s1);
 
+/* *var = mean((x - mean)^2) over every axis but the last, of the given
+ * shape (mean's elements), reading x once (the sum in bn_eager_sums'
+ * order, divided in f64). 0, 1 where it does not apply (or while a tape
+ * records), -1 with the error set. */
+int bn_eager_variance(kiln_tensor *x, kiln_tensor *mean, int rank, const int64_t *shape, kiln_tensor **var);
+
+/* dx = a * dy + b * (x - mean) + c, each of mean, a, b, c one value per
+ * channel, in one pass over dy and x. Not differentiable: NULL while a
+ * tape records. */
+kiln_tensor *bn_eager_dx(kiln_tensor *dy, kiln_tensor *x, kiln_tensor *mean, kiln_tensor *a, kiln_tensor *b,
+                         kiln_tensor *c);
+
 #endif

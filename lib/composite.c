@@ -477,11 +477,32 @@ static int broadcasts_into(const char *op, const char *what, const kiln_tensor *
  * inputs x, mean, variance + epsilon, then offset and scale where given;
  * the backward recomputes x - mean and rsqrt from them instead of the tape
  * keeping the op-by-op intermediates (two tensors of x's size per batch
- * norm). bn_forms[offset + 2 * scale] says which are given. */
+ * norm). bn_forms[offset + 2 * scale] says which are given.
+ *
+ * Eagerly, when mean and variance are kiln_moments of x per channel taken
+ * on the same (only) tape, the node is linked (bn_link): its gradient of x
+ * is the whole of it, through mean and variance too, as PyTorch's training
+ * batch norm's is (dx = a dy + b (x - mean) + c per channel, one pass), and
+ * it gives mean and variance none, unless the walk asks for their own
+ * gradients. Else moments' nodes carried those parts back to x: a
+ * broadcast, a pass over x - mean and two adds of x's size. */
 typedef struct {
   bool offset, scale;
 } bn_form;
 static const bn_form bn_forms[4] = {{false, false}, {true, false}, {false, true}, {true, true}};
+
+typedef struct {
+  bn_form form; /* first: bn_forward reads it */
+  atomic_int refs;
+  const kiln_tensor *variance; /* the moments' variance (held by the tape's node for it) */
+} bn_link;
+
+static void link_retain(void *user) { atomic_fetch_add(&((bn_link *)user)->refs, 1); }
+static void link_release(void *user) {
+  if (atomic_fetch_sub(&((bn_link *)user)->refs, 1) == 1) free(user);
+}
+static const tape_closure link_closure = {link_retain, link_release, "batch_norm"};
+static int var_gradient(void *user, int n, kiln_tensor *const *xs, kiln_tensor *y, kiln_tensor *dy, kiln_tensor **dxs);
 
 static kiln_tensor *bn_forward(void *user, int n, kiln_tensor *const *xs) {
   const bn_form *b = user;
@@ -505,10 +526,38 @@ static bool same_shape(const kiln_tensor *a, const kiln_tensor *b) {
  * dv = sum(dy s (x - m)) * -r^3 / 2, do = sum(dy), ds = sum(dy (x - m) r),
  * each summed over the axes its input broadcast along. Public ops only, so
  * outer tapes differentiate it again. */
+/* The linked node's gradient (bn_link): with N elements per channel,
+ * s0 = sum(dy), s1 = sum(dy (x - m)), g = s r,
+ * dx = g dy - g r^2 s1 / N (x - m) - g s0 / N. */
+static int bn_linked_gradient(const bn_form *b, kiln_tensor *const *xs, kiln_tensor *dy, kiln_tensor **dxs) {
+  kiln_tensor *x = xs[0], *mean = xs[1], *ve = xs[2];
+  kiln_tensor *offset = b->offset ? xs[3] : NULL, *scale = b->scale ? xs[3 + b->offset] : NULL;
+  kiln_tensor *r = kiln_rsqrt(ve), *s0, *s1;
+  int rc = bn_eager_sums(dy, x, mean, &s0, &s1); /* eagerly: one pass over dy and x */
+  if (rc < 0) return -1;
+  if (rc > 0) { /* on a tape: the public ops */
+    s0 = grad_unbroadcast(dy, ve);
+    s1 = grad_unbroadcast(kiln_mul(dy, kiln_sub(x, mean)), ve);
+  }
+  kiln_tensor *inv_n = kiln_scalar_like(ve, (double)kiln_tensor_size(ve) / (double)kiln_tensor_size(x));
+  kiln_tensor *g = scale ? kiln_mul(scale, r) : r;
+  kiln_tensor *bx = kiln_neg(kiln_mul(kiln_mul(g, kiln_mul(r, r)), kiln_mul(s1, inv_n)));
+  kiln_tensor *c = kiln_neg(kiln_mul(g, kiln_mul(s0, inv_n)));
+  dxs[0] = g && bx && c ? bn_eager_dx(dy, x, mean, g, bx, c) : NULL; /* eagerly: one pass */
+  if (!dxs[0] && !kiln_has_error()) dxs[0] = kiln_add(kiln_add(kiln_mul(dy, g), kiln_mul(kiln_sub(x, mean), bx)), c);
+  dxs[1] = dxs[2] = NULL;
+  if (offset) dxs[3] = kiln_reshape(s0, offset->rank, offset->shape);
+  if (scale) dxs[3 + b->offset] = kiln_reshape(kiln_mul(s1, r), scale->rank, scale->shape);
+  return dxs[0] && (!offset || dxs[3]) && (!scale || dxs[3 + b->offset]) ? 0 : -1;
+}
+
 static int bn_gradient(void *user, int n, kiln_tensor *const *xs, kiln_tensor *y, kiln_tensor *dy, kiln_tensor **dxs) {
   const bn_form *b = user;
   (void)y;
   kiln_tensor *x = xs[0], *mean = xs[1], *ve = xs[2];
+  if (b != &bn_forms[b->offset + 2 * b->scale] && !tape_walk_source(mean) &&
+      !tape_walk_source(((const bn_link *)user)->variance))
+    return bn_linked_gradient(b, xs, dy, dxs);
   kiln_tensor *offset = b->offset ? xs[3] : NULL, *scale = b->scale ? xs[3 + b->offset] : NULL;
   kiln_tensor *r = kiln_rsqrt(ve), *xm = NULL;
   if (same_shape(mean, ve) && (!offset || same_shape(offset, ve)) && (!scale || same_shape(scale, ve))) {
@@ -545,6 +594,9 @@ static int bn_gradient(void *user, int n, kiln_tensor *const *xs, kiln_tensor *y
   return 0;
 }
 
+static bool moments_link(kiln_tensor *x, kiln_tensor *mean, kiln_tensor *variance, kiln_tensor *offset,
+                         kiln_tensor *scale);
+
 /* (x - mean) * rsqrt(variance + epsilon) * scale + offset, in that order:
  * folding the per-channel factors first (x * a + b) would save passes over
  * x eagerly but gives NaN where this gives infinities (an infinite scale). */
@@ -566,7 +618,40 @@ kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *mean, kiln_tensor *var
   if (offset) xs[n++] = offset;
   if (scale) xs[n++] = scale;
   if (!xs[2]) return finish(NULL);
-  return finish(kiln_custom_gradient(bn_forward, bn_gradient, (void *)&bn_forms[(offset != NULL) + 2 * (scale != NULL)], n, xs));
+  const bn_form *form = &bn_forms[(offset != NULL) + 2 * (scale != NULL)];
+  if (!moments_link(x, mean, variance, offset, scale))
+    return finish(kiln_custom_gradient(bn_forward, bn_gradient, (void *)form, n, xs));
+  bn_link *link = malloc(sizeof *link);
+  if (!link) {
+    kiln_set_error("%s: out of memory", op);
+    return finish(NULL);
+  }
+  link->form = *form;
+  atomic_init(&link->refs, 1);
+  link->variance = variance;
+  kiln_tensor *y = tape_custom_gradient(bn_forward, bn_gradient, link, &link_closure, n, xs);
+  link_release(link);
+  return finish(y);
+}
+
+/* Are mean and variance kiln_moments of x over every axis but the last,
+ * recorded just now on the only active tape, eagerly on the CPU, with the
+ * offset and scale one value per channel (bn_link)? */
+static bool moments_link(kiln_tensor *x, kiln_tensor *mean, kiln_tensor *variance, kiln_tensor *offset,
+                         kiln_tensor *scale) {
+  if (tape_active_count != 1 || trace_current || (x->flags & TF_SYMBOLIC) || x->device || x->rank < 1) return false;
+  kiln_tensor *const *vin, *const *rin;
+  if (tape_recent(variance, OP_COUNT, var_gradient, &vin) != 2 || vin[0] != x) return false;
+  kiln_tensor *m = vin[1];
+  if (m != mean && (tape_recent(mean, OP_RESHAPE, NULL, &rin) != 1 || rin[0] != m)) return false;
+  int64_t C = x->shape[x->rank - 1];
+  const kiln_tensor *per[4] = {m, variance, offset, scale};
+  for (int k = 0; k < 4; k++) {
+    if (!per[k]) continue;
+    if (per[k]->size != C || per[k]->rank < 1 || per[k]->rank > x->rank || per[k]->shape[per[k]->rank - 1] != C)
+      return false;
+  }
+  return m->rank == x->rank && x->size > C;
 }
 
 /* The variance of moments on a tape is one node of x and the mean (kept
@@ -590,6 +675,16 @@ static const tape_closure var_closure = {var_retain, var_release, "moments"};
 static kiln_tensor *var_forward(void *user, int n, kiln_tensor *const *xs) {
   const var_node *v = user;
   (void)n;
+  int64_t shape[KILN_MAX_RANK];
+  int rank = 0;
+  for (int i = 0, k = 0; i < xs[0]->rank; i++) {
+    bool reduced = k < v->naxes && v->axes[k] == i;
+    k += reduced;
+    if (!reduced || v->keepdims) shape[rank++] = reduced ? 1 : xs[0]->shape[i];
+  }
+  kiln_tensor *fast;
+  int rc = bn_eager_variance(xs[0], xs[1], rank, shape, &fast); /* eagerly: one pass over x */
+  if (rc <= 0) return rc ? NULL : fast;
   kiln_tensor *d = kiln_sub(xs[0], xs[1]);
   return kiln_reduce_mean(kiln_mul(d, d), v->naxes, v->axes, v->keepdims);
 }

@@ -416,6 +416,29 @@ static int gradient_setup(const char *who, kiln_tape *tape, kiln_tensor *target)
  * reads of one variable), NULL where none is connected */
 static _Thread_local kiln_tensor *seed_override; /* tape_gradient_seeded: the target's gradient */
 
+/* the sources of the walk under way on this thread (tape_walk_source) */
+static _Thread_local kiln_tensor *const *walk_sources;
+static _Thread_local int64_t walk_n_sources;
+
+bool tape_walk_source(const kiln_tensor *t) {
+  for (int64_t i = 0; i < walk_n_sources; i++)
+    if (walk_sources[i] == t) return true;
+  return false;
+}
+
+int tape_recent(const kiln_tensor *out, op_id op, kiln_gradient_fn custom, kiln_tensor *const **in) {
+  if (tape_active_count != 1 || !innermost) return -1;
+  kiln_tape *tape = innermost;
+  for (int64_t k = tape->n_nodes, seen = 0; k-- > 0 && seen < TAPE_RECENT; seen++) {
+    tape_node *nd = &tape->nodes[k];
+    if (nd->out != out) continue;
+    if (nd->op != op || nd->custom != custom) return -1;
+    *in = node_inputs(nd);
+    return nd->n;
+  }
+  return -1;
+}
+
 static int walk(const char *who, kiln_tape *tape, kiln_tensor *target, int n, kiln_tensor *const *flat,
                 const int *group_end, kiln_tensor **out) {
   int64_t end = tape->n_nodes; /* a persistent tape's walk may record onto it */
@@ -436,7 +459,11 @@ static int walk(const char *who, kiln_tape *tape, kiln_tensor *target, int n, ki
     rc = seed ? kiln_set_error("%s: out of memory", who) : -1;
   } else if (rc == 0) {
     e->value = seed;
+    kiln_tensor *const *outer_sources = walk_sources;
+    int64_t outer_n = walk_n_sources;
+    walk_sources = flat, walk_n_sources = group_end[n > 0 ? n - 1 : 0] * (n > 0);
     rc = backward(tape, end, &useful, &grads);
+    walk_sources = outer_sources, walk_n_sources = outer_n;
   }
   for (int i = 0, j = 0; rc == 0 && i < n; i++) {
     kiln_tensor *sum = NULL;

@@ -256,3 +256,57 @@ TEST(BatchNormGrad, OnePassForwardEqualsTheOpsBitForBit) {
         kiln_scope_pop();
       }
 }
+
+namespace {
+
+// moments and batch_norm on one tape (eagerly the linked node, lib/composite.c
+// bn_link), with the loss reading the mean again when mode & 1; the
+// gradients of x and the scale, then (mode & 2) of the mean and the variance
+int linked_body(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  int mode = *(const int *)user;
+  bool also_mean = mode & 1;
+  kiln_tape *t = kiln_tape_begin(false);
+  kiln_tape_watch(t, in[0]);
+  kiln_tape_watch(t, in[1]);
+  kiln_tensor *mean = nullptr, *var = nullptr;
+  static const int axes[3] = {0, 1, 2};
+  int rc = kiln_moments(in[0], 3, axes, false, &mean, &var);
+  kiln_tensor *y = rc ? nullptr : kiln_batch_norm(in[0], mean, var, nullptr, in[1], 1e-3);
+  kiln_tensor *l = y ? kiln_reduce_sum(kiln_mul(y, in[2]), 0, nullptr, false) : nullptr;
+  if (l && also_mean) l = kiln_add(l, kiln_reduce_sum(kiln_mul(mean, mean), 0, nullptr, false));
+  kiln_tensor *src[4] = {in[0], in[1], mean, var};
+  rc = l ? kiln_tape_gradient(t, l, mode & 2 ? 4 : 2, src, out) : -1;
+  kiln_tape_free(t);
+  return rc;
+}
+
+}  // namespace
+
+// Eagerly, batch_norm of x's own moments is one linked node whose x
+// gradient includes the paths through the mean and the variance. Alone, or
+// with the mean read again by the loss, or asked for the mean's and the
+// variance's own gradients too, the walk gives every gradient the staged
+// function (op by op, never linked) gives.
+TEST(BatchNormGrad, LinkedMomentsGiveEveryGradientAsTheStagedOps) {
+  Scoped s;
+  std::mt19937_64 rng(31);
+  static const int modes[4] = {0, 1, 2, 3};
+  for (const int &mode : modes)
+    for (const V64 &sh : {V64{2, 3, 3, 5}, V64{4, 7, 9, 24}}) {
+      kiln_scope_push();
+      V64 ch = {sh.back()};
+      kiln_tensor *in[3] = {random_f64(sh, rng, -2, 2), random_f64(ch, rng, -2, 2), random_f64(sh, rng, -1, 1)};
+      void *user = (void *)&mode;
+      int n = mode & 2 ? 4 : 2;
+      kiln_tensor *got[4] = {}, *want[4] = {};
+      ASSERT_EQ(linked_body(user, 3, in, n, got), 0) << kiln_last_error();
+      kiln_function *f = kiln_function_new("linked", linked_body, user, 3, n);
+      ASSERT_EQ(kiln_function_call(f, in, want), 0) << kiln_last_error();
+      for (int i = 0; i < n; i++) {
+        ASSERT_NE(got[i], nullptr) << "gradient " << i;
+        EXPECT_TRUE(allclose(got[i], want[i], 1e-11, 1e-11)) << "gradient " << i << ", mode " << mode;
+      }
+      kiln_function_free(f);
+      kiln_scope_pop();
+    }
+}
