@@ -572,3 +572,35 @@ TEST(Fuse, MlpTrainingStep) {
 }
 
 }  // namespace
+
+// The library's label check (a host call whose only effect is to fail) is
+// no fusion barrier: the work on both sides of it joins one kernel, as the
+// forward and backward passes around a staged loss do. A user's host call
+// still is one.
+TEST(Fuse, TheLabelCheckIsNoBarrier) {
+  Scoped scope;
+  static const char *const kText[2] = {R"(
+func @f(%x: f32[8,16], %l: i64[8], %k: bool[0,16]) -> (f32[8,16], i64[8]) {
+  %y = mul %x, %x : f32[8,16]
+  %c = host_call @kiln.check_labels(%l, %k) : i64[8]
+  %z = add %y, %x : f32[8,16]
+  return %z, %c
+}
+)",
+                                        R"(
+func @f(%x: f32[8,16], %l: i64[8], %k: bool[0,16]) -> (f32[8,16], i64[8]) {
+  %y = mul %x, %x : f32[8,16]
+  %c = host_call @kiln_test_no_such_symbol(%l, %k) : i64[8]
+  %z = add %y, %x : f32[8,16]
+  return %z, %c
+}
+)"};
+  for (int user = 0; user < 2; user++) {
+    Module m(kText[user]);
+    ASSERT_TRUE(m.m);
+    ir_func *f = m.func("f");
+    ASSERT_EQ(kiln_pass_fuse(f), 0) << kiln_last_error();
+    EXPECT_EQ(count_ops(f, OP_FUSION), user ? 0 : 1) << m.text();
+    EXPECT_EQ(count_ops(f, OP_HOST_CALL), 1) << m.text();
+  }
+}
