@@ -68,25 +68,38 @@ static void affine_rows(void *ctx, int64_t r0, int64_t r1) {
     affine_rows_double(b, r0, r1);
 }
 
-static kiln_tensor *affine(const char *op, kiln_tensor *x, const kiln_tensor *const src[4]) {
+/* The result of x's shape and dtype, and src's per-channel values spread
+ * into four vectors of C (from the allocator's caches; an absent src[k]
+ * is neutral[k]); NULL with the error set. */
+static kiln_tensor *pass_setup(const char *op, kiln_tensor *x, const kiln_tensor *const src[4], const double neutral[4],
+                               mem_scratch *scratch, void **p) {
   kiln_tensor *y = tensor_alloc(op, (kiln_dtype)x->dtype, x->rank, x->shape);
   if (!y) return NULL;
   int64_t C = x->shape[x->rank - 1];
-  void *p = malloc(4 * (size_t)C * kiln_dtype_sizes[x->dtype]);
-  if (!p) {
+  if (!(*p = mem_scratch_get(scratch, 4 * (size_t)C * kiln_dtype_sizes[x->dtype]))) {
     kiln_release(y);
     kiln_set_error("%s: out of memory", op);
     return NULL;
   }
   for (int k = 0; k < 4; k++) {
     if (x->dtype == KILN_F32)
-      bn_spread_float((float *)p + k * C, src[k], k == 2 ? 1.0f : -0.0f, C);
+      bn_spread_float((float *)*p + k * C, src[k], (float)neutral[k], C);
     else
-      bn_spread_double((double *)p + k * C, src[k], k == 2 ? 1.0 : -0.0, C);
+      bn_spread_double((double *)*p + k * C, src[k], neutral[k], C);
   }
+  return y;
+}
+
+static kiln_tensor *affine(const char *op, kiln_tensor *x, const kiln_tensor *const src[4]) {
+  static const double neutral[4] = {-0.0, -0.0, 1.0, -0.0};
+  mem_scratch scratch;
+  void *p;
+  kiln_tensor *y = pass_setup(op, x, src, neutral, &scratch, &p);
+  if (!y) return NULL;
+  int64_t C = x->shape[x->rank - 1];
   affine_pass b = {y, x, p, C};
   parallel_for(x->size / C, (16384 + C - 1) / C, affine_rows, &b);
-  free(p);
+  mem_scratch_put(&scratch);
   return scope_own(y);
 }
 
@@ -260,24 +273,13 @@ kiln_tensor *bn_eager_dx(kiln_tensor *dy, kiln_tensor *x, kiln_tensor *mean, kil
   if (tape_active_count || !eager_cpu(x) || !eager_cpu(dy) || !same_dense(dy, x) || !per_channel(mean, x) ||
       !per_channel(a, x) || !per_channel(b, x) || !per_channel(c, x))
     return NULL;
-  kiln_tensor *dx = tensor_alloc("batch_norm", (kiln_dtype)x->dtype, x->rank, x->shape);
+  static const double neutral[4] = {0, 0, 0, 0};
+  const kiln_tensor *src[4] = {mean, a, b, c};
+  mem_scratch scratch;
+  void *p;
+  kiln_tensor *dx = pass_setup("batch_norm", x, src, neutral, &scratch, &p);
   if (!dx) return NULL;
   int64_t C = x->shape[x->rank - 1];
-  size_t bytes = 4 * (size_t)C * kiln_dtype_sizes[x->dtype];
-  mem_scratch scratch;
-  void *p = mem_scratch_get(&scratch, bytes);
-  if (!p) {
-    kiln_release(dx);
-    kiln_set_error("batch_norm: out of memory");
-    return NULL;
-  }
-  const kiln_tensor *src[4] = {mean, a, b, c};
-  for (int k = 0; k < 4; k++) {
-    if (x->dtype == KILN_F32)
-      bn_spread_float((float *)p + k * C, src[k], 0.0f, C);
-    else
-      bn_spread_double((double *)p + k * C, src[k], 0.0, C);
-  }
   dx_pass q = {dx, dy, x, p, C};
   parallel_for(x->size / C, (16384 + C - 1) / C, dx_rows, &q);
   mem_scratch_put(&scratch);
