@@ -1663,3 +1663,73 @@ TEST(CpuBackend, TenThousandOpChainCompilesOnASmallStack) {
 }
 
 }  // namespace
+
+// A column reduction too narrow to share among the threads (a [C] result
+// over N x H x W rows, C <= 768) is split (kernel.c's column_parts): a
+// first pass of partials per part of the rows, a second adding them in part
+// order; two kernels where there was one. Sums with their producers fused
+// (a batch norm's statistics), max and min, integers, a last tile of 44
+// columns, and reductions that are not split (inner axes only; a short
+// one) all equal the interpreter.
+TEST(CpuBackend, NarrowColumnReductionsAreSplitIntoParts) {
+  Scoped scope;
+  std::mt19937 rng(41);
+  struct Split {
+    const char *text;
+    std::vector<kiln_tensor *> args;
+    int kernels;
+    Tol tol;
+  };
+  const Split cases[] = {
+      {"func @s(%x: f32[8,56,56,64], %m: f32[1,1,1,64]) -> (f32[1,1,1,64], f32[64]) {\n"
+       "  %a = reduce_sum %x {axes=[0,1,2], keepdims=true} : f32[1,1,1,64]\n"
+       "  %d = sub %x, %m : f32[8,56,56,64]\n"
+       "  %q = mul %d, %d : f32[8,56,56,64]\n"
+       "  %v = reduce_sum %q {axes=[0,1,2], keepdims=false} : f32[64]\n"
+       "  return %a, %v\n}\n",
+       {random_tensor(rng, KILN_F32, {8, 56, 56, 64}), random_tensor(rng, KILN_F32, {1, 1, 1, 64})},
+       4,
+       Tol{0, 1e-5, 0}},
+      {"func @s(%x: f64[6,30,30,24]) -> (f64[24], f64[24]) {\n"
+       "  %a = reduce_max %x {axes=[0,1,2], keepdims=false} : f64[24]\n"
+       "  %b = reduce_min %x {axes=[0,1,2], keepdims=false} : f64[24]\n"
+       "  return %a, %b\n}\n",
+       {random_tensor(rng, KILN_F64, {6, 30, 30, 24})},
+       2,
+       Tol{0, 0, 0, true}},
+      {"func @s(%x: i64[4,200,100]) -> i64[100] {\n"
+       "  %a = reduce_sum %x {axes=[0,1], keepdims=false} : i64[100]\n"
+       "  return %a\n}\n",
+       {random_tensor(rng, KILN_I64, {4, 200, 100})},
+       2,
+       Tol{}},
+      {"func @s(%x: f32[2,40,40,300]) -> f32[300] {\n"
+       "  %a = reduce_sum %x {axes=[0,1,2], keepdims=false} : f32[300]\n"
+       "  return %a\n}\n",
+       {random_tensor(rng, KILN_F32, {2, 40, 40, 300})},
+       2,
+       Tol{0, 1e-5, 0}},
+      {"func @s(%x: f32[8,56,56,64]) -> f32[8,1,1,64] {\n"
+       "  %a = reduce_sum %x {axes=[1,2], keepdims=true} : f32[8,1,1,64]\n"
+       "  return %a\n}\n",
+       {random_tensor(rng, KILN_F32, {8, 56, 56, 64})},
+       1,
+       Tol{0, 1e-5, 0}},
+      {"func @s(%x: f32[30,64]) -> f32[64] {\n"
+       "  %a = reduce_sum %x {axes=[0], keepdims=false} : f32[64]\n"
+       "  return %a\n}\n",
+       {random_tensor(rng, KILN_F32, {30, 64})},
+       1,
+       Tol{0, 1e-6, 0}},
+  };
+  for (const Split &c : cases) {
+    ir_module *m = ir_parse(c.text, "split.kir");
+    ASSERT_NE(m, nullptr) << kiln_last_error();
+    ir_func *f = ir_module_find(m, "s");
+    ASSERT_EQ(kiln_pass_fuse(f), 0) << kiln_last_error();
+    int kernels = 0;
+    EXPECT_TRUE(same_as_interpreter(f, c.args, c.tol, c.text, &kernels));
+    EXPECT_EQ(kernels, c.kernels) << c.text;
+    ir_module_free(m);
+  }
+}

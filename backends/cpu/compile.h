@@ -110,6 +110,9 @@ int cpu_plan_overlap(cpu_build *cb);
  * entry calls it. 0, or -1 with the error set (ki->buf_slot still freed by
  * the caller). */
 int cpu_emit_kernel(cpu_build *cb, const plan_kernel *g, int id, kinfo *ki);
+/* the plan policy's split of kernel g (kernel.c): the parts of a column
+ * reduction too narrow to share among the threads, or 0 */
+int64_t cpu_column_split(const plan_kernel *g);
 /* The thread pool's task of kernel<id> (ki->fn, ki->n_bufs): its
  * buffers and flag from ctx, then the range; ki->task set. 0, or -1. */
 int cpu_emit_task(cpu_build *cb, kinfo *ki, int id);

@@ -84,6 +84,83 @@ static bool slots_overlap(const cpu_build *cb, const plan_kernel *g, int a, int 
 
 enum { COL_TILE = 256 }; /* outputs a column reduction accumulates at once */
 
+/* A column reduction with fewer tiles than threads to share them (its
+ * output one row of kept innermost dims, the reduced dims leading) is
+ * split: its rows cut into parts of COL_SPLIT_CHUNK elements or more (at
+ * most COL_SPLIT_MAX parts), a first pass writing each part's partials
+ * into the arena, a second adding them in part order. The parts depend on
+ * the shapes alone, so the sums are the same for any thread count. A
+ * training step's batch norm statistics and their backward's sums over
+ * [N,H,W,C] ran on one thread before. */
+enum { COL_SPLIT_MIN = 1 << 16, COL_SPLIT_CHUNK = 1 << 14, COL_SPLIT_MAX = 64, COL_SPLIT_TILES = 4 };
+
+/* is g a column reduction (kernel.c's emit_reduce_columns)? */
+static bool is_column(const plan_kernel *g) {
+  if (g->special || g->n_out < 1) return false;
+  const ir_func *f = g->f;
+  ir_value out = g->out[0];
+  if (out < f->n_params || f->def[out] < 0) return false;
+  const ir_instr *first = &f->instrs[f->def[out]];
+  if (!llvm_op_is_reduce(first->op)) return false;
+  const op_type *it = &f->types[first->in[0]], *ot = &f->types[out];
+  bool kept_last = it->rank > 0 && first->attrs.naxes > 0;
+  for (int k = 0; k < first->attrs.naxes; k++) kept_last = kept_last && first->attrs.axes[k] != it->rank - 1;
+  return kept_last && it->shape[it->rank - 1] >= 8 && plan_type_size(ot) > 0 && plan_type_size(it) > plan_type_size(ot);
+}
+
+/* the rows of g's column reduction in each part (*chunk) and the number
+ * of parts, or 0 when it is not split */
+static int64_t column_parts(const plan_kernel *g, int64_t *chunk) {
+  if (!is_column(g)) return 0;
+  const ir_func *f = g->f;
+  const ir_instr *first = &f->instrs[f->def[g->out[0]]];
+  const op_type *it = &f->types[first->in[0]];
+  for (int k = 0; k < first->attrs.naxes; k++)
+    if (first->attrs.axes[k] != k) return 0; /* the reduced dims lead */
+  int64_t n_out = plan_type_size(&f->types[g->out[0]]), n_in = plan_type_size(it), rows = n_in / n_out;
+  if (n_in < COL_SPLIT_MIN || (n_out + COL_TILE - 1) / COL_TILE >= COL_SPLIT_TILES) return 0;
+  int64_t c = (COL_SPLIT_CHUNK + n_out - 1) / n_out, least = (rows + COL_SPLIT_MAX - 1) / COL_SPLIT_MAX;
+  if (c < least) c = least;
+  int64_t parts = (rows + c - 1) / c;
+  if (chunk) *chunk = c;
+  return parts >= 2 ? parts : 0;
+}
+
+int64_t cpu_column_split(const plan_kernel *g) { return column_parts(g, NULL); }
+
+/* The second pass of a split column reduction: each output element the
+ * combination of its parts' partials (read as the reduction's leaf), in
+ * part order. */
+static int emit_combine_columns(cpu_build *cb, const plan_kernel *g, LLVMValueRef fn, LLVMValueRef *buf,
+                                LLVMValueRef begin, LLVMValueRef end, kinfo *ki) {
+  llvm_emit *e = &cb->e;
+  LLVMBuilderRef b = e->b;
+  const ir_func *f = g->f;
+  const ir_instr *first = &f->instrs[f->def[g->out[0]]];
+  kiln_dtype dt = f->types[first->in[0]].dtype;
+  int64_t chunk, parts = column_parts(g, &chunk), n_out = plan_type_size(&f->types[g->out[0]]);
+  if (parts < 2) return kiln_set_error("cpu: @%s: internal error: a combine pass of no split", cb->f->name);
+  ki->units = n_out;
+  ki->per_unit = parts;
+  llvm_loop lo, ls;
+  LLVMValueRef o = llvm_loop_begin(e, &lo, begin, end, "out");
+  for (int q = 0; q < g->n_out; q++) {
+    const ir_instr *rk = &f->instrs[f->def[g->out[q]]];
+    LLVMTypeRef at = llvm_reduce_type(e, rk->op, dt);
+    LLVMValueRef part = buf[g->out[q]], acc = LLVMBuildAlloca(b, at, "acc");
+    LLVMBuildStore(b, LLVMBuildLoad2(b, at, LLVMBuildGEP2(b, at, part, &o, 1, ""), ""), acc);
+    LLVMValueRef s = llvm_loop_begin(e, &ls, llvm_i64(e, 1), llvm_i64(e, parts), "part");
+    LLVMValueRef i = LLVMBuildAdd(b, LLVMBuildMul(b, s, llvm_i64(e, n_out), ""), o, "");
+    LLVMValueRef x = LLVMBuildLoad2(b, at, LLVMBuildGEP2(b, at, part, &i, 1, ""), "");
+    LLVMBuildStore(b, llvm_reduce_combine(e, rk->op, dt, LLVMBuildLoad2(b, at, acc, ""), x), acc);
+    llvm_loop_end(e, &ls);
+    llvm_emit_store(e, f->types[g->out[q]].dtype, LLVMGetParam(fn, (unsigned)q), o,
+                    llvm_reduce_finish(e, rk->op, dt, LLVMBuildLoad2(b, at, acc, "")));
+  }
+  llvm_loop_end(e, &lo);
+  return 0;
+}
+
 /* A reduction whose innermost input dims are kept: for each tile of an
  * output row, the rows of the reduced dims accumulate into an array, the
  * innermost loop running along contiguous memory (it vectorizes). */
@@ -102,8 +179,9 @@ static int emit_reduce_columns(cpu_build *cb, const plan_kernel *g, llvm_group *
   for (int d = it->rank - 1; d >= 0 && !reduced[d]; d--) nt++, inner *= it->shape[d];
   int64_t n_out = plan_type_size(ot), n_in = plan_type_size(it);
   int64_t tile = inner < COL_TILE ? inner : COL_TILE, ntile = (inner + tile - 1) / tile, rows = n_out / inner;
-  ki->units = rows * ntile;
-  ki->per_unit = tile * (n_in / n_out);
+  int64_t chunk = 0, parts = g->pass == 1 ? column_parts(g, &chunk) : 0; /* split: rows == 1 */
+  ki->units = (parts ? parts : rows) * ntile;
+  ki->per_unit = tile * (parts ? chunk : n_in / n_out);
   if (g->n_out > 64) return kiln_set_error("cpu: @%s: a kernel with more than 64 reductions", cb->f->name);
   LLVMValueRef acc[64];
   LLVMTypeRef at[64];
@@ -144,11 +222,26 @@ static int emit_reduce_columns(cpu_build *cb, const plan_kernel *g, llvm_group *
       dims[d] = ridx.dim[pos++];
     }
   }
-  for (int d = 0; d < io.rank; d++)
-    if (reduced[d]) dims[d] = llvm_loop_begin(e, &lr[nloops++], llvm_i64(e, 0), llvm_i64(e, it->shape[d]), "red");
-  llvm_index oidx;
-  llvm_index_dims(&oidx, &io, dims);
-  LLVMValueRef base = LLVMBuildMul(b, llvm_index_get_linear(e, &oidx), llvm_i64(e, inner), "");
+  LLVMValueRef part = NULL, base;
+  if (parts) { /* one loop over this part's rows (the reduced dims, leading) */
+    part = row; /* rows == 1: the unit's row is its part */
+    LLVMValueRef r0 = LLVMBuildMul(b, part, llvm_i64(e, chunk), "");
+    LLVMValueRef r1 = LLVMBuildAdd(b, r0, llvm_i64(e, chunk), "");
+    LLVMValueRef all = llvm_i64(e, n_in / n_out);
+    r1 = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSLT, r1, all, ""), r1, all, "");
+    LLVMValueRef r = llvm_loop_begin(e, &lr[nloops++], r0, r1, "red");
+    llvm_index pidx;
+    llvm_index_linear(&pidx, &io, r);
+    llvm_index_get_dims(e, &pidx);
+    for (int d = 0; d < io.rank; d++) dims[d] = pidx.dim[d];
+    base = LLVMBuildMul(b, r, llvm_i64(e, inner), "");
+  } else {
+    for (int d = 0; d < io.rank; d++)
+      if (reduced[d]) dims[d] = llvm_loop_begin(e, &lr[nloops++], llvm_i64(e, 0), llvm_i64(e, it->shape[d]), "red");
+    llvm_index oidx;
+    llvm_index_dims(&oidx, &io, dims);
+    base = LLVMBuildMul(b, llvm_index_get_linear(e, &oidx), llvm_i64(e, inner), "");
+  }
   jj = llvm_loop_begin(e, &lj, llvm_i64(e, 0), w, "col");
   LLVMValueRef col = LLVMBuildAdd(b, j0, jj, "");
   llvm_index xidx;
@@ -175,14 +268,17 @@ static int emit_reduce_columns(cpu_build *cb, const plan_kernel *g, llvm_group *
   llvm_group_forget(lg);
   llvm_loop_end(e, &lj);
   while (nloops > 0) llvm_loop_end(e, &lr[--nloops]);
-  /* out = acc */
+  /* out = acc; a part's partials: the accumulators as they are */
   LLVMValueRef obase = LLVMBuildAdd(b, LLVMBuildMul(b, row, llvm_i64(e, inner), ""), j0, "");
   jj = llvm_loop_begin(e, &lj, llvm_i64(e, 0), w, "store");
   for (int k = 0; k < g->n_out; k++) {
     const ir_instr *rk = &f->instrs[f->def[g->out[k]]];
     LLVMValueRef a = LLVMBuildLoad2(b, at[k], LLVMBuildGEP2(b, at[k], acc[k], &jj, 1, ""), "");
-    llvm_emit_store(e, ot->dtype, LLVMGetParam(fn, (unsigned)k), LLVMBuildAdd(b, obase, jj, ""),
-                    llvm_reduce_finish(e, rk->op, it->dtype, a));
+    LLVMValueRef i = LLVMBuildAdd(b, obase, jj, "");
+    if (parts)
+      LLVMBuildStore(b, a, LLVMBuildGEP2(b, at[k], LLVMGetParam(fn, (unsigned)k), &i, 1, ""));
+    else
+      llvm_emit_store(e, ot->dtype, LLVMGetParam(fn, (unsigned)k), i, llvm_reduce_finish(e, rk->op, it->dtype, a));
   }
   llvm_loop_end(e, &lj);
   llvm_loop_end(e, &lu);
@@ -686,6 +782,8 @@ int cpu_emit_kernel(cpu_build *cb, const plan_kernel *g, int id, kinfo *ki) {
     lg.bad_op = bad_op;
   } else if (tt) {
     emit_transpose_tiles(cb, g, tt, buf[tt->in[0]], LLVMGetParam(fn, 0), begin, end, ki);
+  } else if (g->pass == 2) {
+    rc = emit_combine_columns(cb, g, fn, buf, begin, end, ki);
   } else if (column) {
     rc = emit_reduce_columns(cb, g, &lg, fn, begin, end, bad_slot, ki);
   } else if (llvm_op_is_reduce(first->op)) {

@@ -133,6 +133,7 @@ static const plan_policy cpu_policy = {
     .dot_epilogue = dot_epilogue,
     .dot_transposes = trans_plan,
     .state_in_place = state_in_place,
+    .split = cpu_column_split,
     .swap_state = swap_state,
     .scan_one_kernel = cpu_scan_one_kernel,
 };
