@@ -94,7 +94,8 @@ enum { COL_TILE = 256 }; /* outputs a column reduction accumulates at once */
  * [N,H,W,C] ran on one thread before. */
 enum { COL_SPLIT_MIN = 1 << 16, COL_SPLIT_CHUNK = 1 << 14, COL_SPLIT_MAX = 64, COL_SPLIT_TILES = 4 };
 
-/* is g a column reduction (kernel.c's emit_reduce_columns)? */
+/* is g a column reduction (emit_reduce_columns): it keeps the innermost
+ * dim, and its rows accumulate into a tile? */
 static bool is_column(const plan_kernel *g) {
   if (g->special || g->n_out < 1) return false;
   const ir_func *f = g->f;
@@ -767,14 +768,7 @@ int cpu_emit_kernel(cpu_build *cb, const plan_kernel *g, int id, kinfo *ki) {
   int rc = 0;
   const ir_instr *first = &f->instrs[f->def[g->out[0]]];
   const op_type *ot = &f->types[g->out[0]];
-  bool column = false; /* a reduction that keeps the innermost dim: rows accumulate into a tile */
-  if (llvm_op_is_reduce(first->op)) {
-    const op_type *it = &f->types[first->in[0]];
-    bool kept_last = it->rank > 0 && first->attrs.naxes > 0;
-    for (int k = 0; k < first->attrs.naxes; k++) kept_last = kept_last && first->attrs.axes[k] != it->rank - 1;
-    column =
-        kept_last && it->shape[it->rank - 1] >= 8 && plan_type_size(ot) > 0 && plan_type_size(it) > plan_type_size(ot);
-  }
+  bool column = is_column(g); /* a reduction that keeps the innermost dim: rows accumulate into a tile */
   const ir_instr *tt = tile_transpose(g);
   if (g->special) { /* the CPU's only kernel of its own: a scan (scan_kernel.c) */
     op_id bad_op = OP_COUNT;
