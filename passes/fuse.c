@@ -63,6 +63,7 @@ typedef struct fz {
   /* union-find groups; a group's data lives at its root */
   int32_t *parent, *head, *next, *tail, *gmin, *gmax, *nred, *gdot, *gred;
   bool *has_elem;
+  bool *copied; /* per instruction of f: copied for its consumers (same_in_kernel) */
   uint8_t *gmoves; /* GROUP_EXPENSIVE | GROUP_MOVES of its members (moves_expensive) */
   op_type *dom; /* the loop domain: the root's shape, a reduction's input */
   /* graph walks */
@@ -292,12 +293,17 @@ static int copy_for_consumers(fz *z, const ir_instr *ins, int epoch, fz_class cl
     bool dup = false;
     for (int q = 0; q < nf && !dup; q++) dup = fus[q] == u;
     if (dup) continue;
-    if (takes_producers(z->nodes[u].cls) && z->nodes[u].epoch == epoch)
+    fz_class uc = z->nodes[u].cls;
+    if (takes_producers(uc) && z->nodes[u].epoch == epoch && (cls == CLS_MOVE || uc != CLS_MOVE))
       fus[nf++] = u;
     else
       n_other++;
   }
   int rc = 0;
+  /* a cheap chain is copied only when every consumer computes with it: one
+   * that does not (a call, a conv, a result, a reshape that views it) needs
+   * it written anyway, and the copies would only compute it again */
+  if (cls == CLS_ELEM && n_other > 0) nf = 0;
   if (nf >= 1 && nf + (n_other > 0) >= 2) {
     for (int j = n_other ? 0 : 1; j < nf && !rc; j++) {
       int32_t u = fus[j], c = new_val(z, &z->f->types[v]);
@@ -309,6 +315,7 @@ static int copy_for_consumers(fz *z, const ir_instr *ins, int epoch, fz_class cl
       for (int k = 0; k < un->n_in; k++)
         if (un->in[k] == v) un->in[k] = c;
       if (add_node(z, ins, ins->in, c, cls, epoch, true) < 0 || add_user(z, c, u)) rc = -1;
+      z->copied[ins - z->f->instrs] = true;
     }
   }
   free(fus);
@@ -327,7 +334,8 @@ static int build(fz *z) {
   z->ucap = malloc((size_t)cap * sizeof *z->ucap);
   int *epoch = malloc(((size_t)f->n_instrs + 1) * sizeof *epoch);
   int8_t *depth = malloc((size_t)f->n_values + 1);
-  if (!z->vtype || !z->is_result || !z->ul || !z->un || !z->ucap || !epoch || !depth) {
+  z->copied = calloc((size_t)f->n_instrs + 1, sizeof *z->copied);
+  if (!z->vtype || !z->is_result || !z->ul || !z->un || !z->ucap || !epoch || !depth || !z->copied) {
     free(epoch);
     free(depth);
     return kiln_set_error("fuse: out of memory");
@@ -442,6 +450,7 @@ static void fz_free(fz *z) {
   free(z->gdot);
   free(z->gred);
   free(z->has_elem);
+  free(z->copied);
   free(z->gmoves);
   free(z->dom);
   free(z->mark);
@@ -959,6 +968,23 @@ static int emit_plain(emitter *e, int32_t k) {
   return 0;
 }
 
+/* The value of the kernel being written that member i of mem (its operands'
+ * values in e->tmp) computes already: an earlier member that is the same
+ * instruction (a copy, or the original, of a cheap producer) on the same
+ * values, or -1. */
+static ir_value same_in_kernel(const fz *z, const emitter *e, const int32_t *mem, int i) {
+  const fz_node *nd = &z->nodes[mem[i]];
+  if (nd->n_out != 1 || !z->copied[nd->ins - z->f->instrs]) return -1;
+  for (int k = 0; k < i; k++) {
+    const fz_node *o = &z->nodes[mem[k]];
+    if (o->ins != nd->ins) continue;
+    bool same = true;
+    for (int j = 0; j < nd->n_in && same; j++) same = e->bmap[o->in[j]] == e->tmp[j];
+    if (same) return e->bmap[o->out];
+  }
+  return -1;
+}
+
 /* group g (members sorted, n of them) as a kernel: its body, a function of
  * the module, and one fusion instruction calling it */
 static int emit_kernel(emitter *e, int32_t g, int32_t *mem, int n) {
@@ -1008,7 +1034,12 @@ static int emit_kernel(emitter *e, int32_t g, int32_t *mem, int n) {
   for (int i = 0; i < n && !rc; i++) {
     const fz_node *nd = &z->nodes[mem[i]];
     for (int j = 0; j < nd->n_in; j++) e->tmp[j] = e->bmap[nd->in[j]];
-    ir_value v = ir_append(body, nd->ins->op, &nd->ins->attrs, nd->n_in, e->tmp, nd->ins->loc);
+    ir_value v = same_in_kernel(z, e, mem, i);
+    if (v >= 0) { /* copies of one instruction that met in one kernel: computed once */
+      e->bmap[nd->out] = v;
+      continue;
+    }
+    v = ir_append(body, nd->ins->op, &nd->ins->attrs, nd->n_in, e->tmp, nd->ins->loc);
     if (v < 0) {
       rc = -1;
       break;
