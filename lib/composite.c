@@ -488,8 +488,9 @@ static int broadcasts_into(const char *op, const char *what, const kiln_tensor *
  * broadcast, a pass over x - mean and two adds of x's size. */
 typedef struct {
   bool offset, scale;
+  bool linked; /* the form of a bn_link */
 } bn_form;
-static const bn_form bn_forms[4] = {{false, false}, {true, false}, {false, true}, {true, true}};
+static const bn_form bn_forms[4] = {{false, false, false}, {true, false, false}, {false, true, false}, {true, true, false}};
 
 typedef struct {
   bn_form form; /* first: bn_forward reads it */
@@ -522,10 +523,6 @@ static bool same_shape(const kiln_tensor *a, const kiln_tensor *b) {
   return true;
 }
 
-/* y = (x - m) * r * s + o with r = rsqrt(v): dx = dy s r, dm = -sum(dy s r),
- * dv = sum(dy s (x - m)) * -r^3 / 2, do = sum(dy), ds = sum(dy (x - m) r),
- * each summed over the axes its input broadcast along. Public ops only, so
- * outer tapes differentiate it again. */
 /* The linked node's gradient (bn_link): with N elements per channel,
  * s0 = sum(dy), s1 = sum(dy (x - m)), g = s r,
  * dx = g dy - g r^2 s1 / N (x - m) - g s0 / N. */
@@ -551,12 +548,15 @@ static int bn_linked_gradient(const bn_form *b, kiln_tensor *const *xs, kiln_ten
   return dxs[0] && (!offset || dxs[3]) && (!scale || dxs[3 + b->offset]) ? 0 : -1;
 }
 
+/* y = (x - m) * r * s + o with r = rsqrt(v): dx = dy s r, dm = -sum(dy s r),
+ * dv = sum(dy s (x - m)) * -r^3 / 2, do = sum(dy), ds = sum(dy (x - m) r),
+ * each summed over the axes its input broadcast along. Public ops only, so
+ * outer tapes differentiate it again. */
 static int bn_gradient(void *user, int n, kiln_tensor *const *xs, kiln_tensor *y, kiln_tensor *dy, kiln_tensor **dxs) {
   const bn_form *b = user;
   (void)y;
   kiln_tensor *x = xs[0], *mean = xs[1], *ve = xs[2];
-  if (b != &bn_forms[b->offset + 2 * b->scale] && !tape_walk_source(mean) &&
-      !tape_walk_source(((const bn_link *)user)->variance))
+  if (b->linked && !tape_walk_source(mean) && !tape_walk_source(((const bn_link *)user)->variance))
     return bn_linked_gradient(b, xs, dy, dxs);
   kiln_tensor *offset = b->offset ? xs[3] : NULL, *scale = b->scale ? xs[3 + b->offset] : NULL;
   kiln_tensor *r = kiln_rsqrt(ve), *xm = NULL;
@@ -627,6 +627,7 @@ kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *mean, kiln_tensor *var
     return finish(NULL);
   }
   link->form = *form;
+  link->form.linked = true;
   atomic_init(&link->refs, 1);
   link->variance = variance;
   kiln_tensor *y = tape_custom_gradient(bn_forward, bn_gradient, link, &link_closure, n, xs);

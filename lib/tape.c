@@ -449,7 +449,8 @@ static int walk(const char *who, kiln_tape *tape, kiln_tensor *target, int n, ki
     return 0;
   }
   ptr_map grads = {0}, useful = {0};
-  int rc = mark_useful(tape, end, group_end[n > 0 ? n - 1 : 0] * (n > 0), flat, &useful);
+  int n_flat = group_end[n > 0 ? n - 1 : 0] * (n > 0);
+  int rc = mark_useful(tape, end, n_flat, flat, &useful);
   kiln_scope_push();
   kiln_tensor *seed = seed_override ? seed_override : kiln_ones((kiln_dtype)target->dtype, target->rank, target->shape);
   seed_override = NULL;
@@ -461,7 +462,7 @@ static int walk(const char *who, kiln_tape *tape, kiln_tensor *target, int n, ki
     e->value = seed;
     kiln_tensor *const *outer_sources = walk_sources;
     int64_t outer_n = walk_n_sources;
-    walk_sources = flat, walk_n_sources = group_end[n > 0 ? n - 1 : 0] * (n > 0);
+    walk_sources = flat, walk_n_sources = n_flat;
     rc = backward(tape, end, &useful, &grads);
     walk_sources = outer_sources, walk_n_sources = outer_n;
   }
