@@ -67,7 +67,7 @@ int conv_direct(const conv_shape *s, kiln_dtype dt, const void *x, const void *f
  * summed by the filter-gradient micro-kernel (matmul.h) over the image's
  * pixels and added to df. 0, or -1 with the error set. The sums do not
  * depend on the thread count. */
-int conv_direct_filter(const conv_shape *s, kiln_dtype dt, const void *x, const void *dy, void *df, const char *op);
+KILN_EXPORT int conv_direct_filter(const conv_shape *s, kiln_dtype dt, const void *x, const void *dy, void *df, const char *op);
 
 #ifdef __cplusplus
 }

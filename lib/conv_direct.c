@@ -150,6 +150,7 @@ typedef struct {
   const char *x;
   char *xp;
   int64_t h, w, c, hp, wp, pt, pl;
+  int64_t first; /* xp holds the padded rows from this one on */
   size_t es;
 } prepad_job;
 
@@ -160,7 +161,7 @@ static void prepad_task(void *arg, int64_t b, int64_t e) {
   size_t row = (size_t)(p->wp * p->c) * p->es, run = (size_t)(p->w * p->c) * p->es;
   for (int64_t r = b; r < e; r++) {
     int64_t n = r / p->hp, iy = r % p->hp - p->pt;
-    char *dst = p->xp + (size_t)r * row;
+    char *dst = p->xp + (size_t)(r - p->first) * row;
     memset(dst, 0, row);
     if (iy >= 0 && iy < p->h)
       memcpy(dst + (size_t)(p->pl * p->c) * p->es, p->x + (size_t)((n * p->h + iy) * p->w * p->c) * p->es, run);
@@ -253,106 +254,257 @@ int conv_direct(const conv_shape *shape, kiln_dtype dt, const void *x, const voi
 /* ---- the filter gradient ----
  * df[ky, kx, c, o] = sum over (n, oy, ox) of x[n, oy*sh - pt + ky*dh,
  * ox*sw - pl + kx*dw, c] dy[n, oy, ox, o]: per tap ky (or (ky, kx)), a
- * product whose K runs over the pixels. Image by image, the image is copied
- * once into a zero-padded buffer (its padding, and slack for the tiles'
- * last rows); then, block by block of its output rows (as many as keep
- * their image and dy rows in L2), every tile of MR filter rows (kx, c) x NR
- * output channels sums, in registers, over the block's rows (one run of ow
- * pixels each: A the padded image read in place, B the rows of dy) and adds
- * the sum to df. A 1x1 filter without padding copies no image: each block's
- * pixels are packed MR channels at a time instead, and a tile runs over
- * them in one run. Tiles are split over threads, blocks taken in turn: each
- * element's sum runs over the blocks in order, whatever the thread count. */
+ * product whose K runs over the pixels. The pixels are taken in blocks of
+ * output rows (as many as keep their image and dy rows in L2). For a block,
+ * its image rows are copied zero-padded (a 1x1 filter without padding
+ * packs its pixels MR channels at a time instead: read in place, a tile's
+ * MR channels of a pixel are a piece of a long row, too far from the next
+ * pixel's for the prefetchers), and dy is packed NR channels at a time
+ * where its rows are as long (1 KiB or more); then every tile of MR filter
+ * rows (kx, c) x NR output channels sums, in registers, over the block's
+ * pixels (one run of ow pixels per row, or one of the packed pixels) and
+ * adds the sum to df.
+ *
+ * Where the images and dy are large next to df (the early layers), the
+ * blocks are split into parts, each summed whole by one thread into a df of
+ * its own, then added in part order: each core reads only its own blocks
+ * (split by tiles, both cores read every block: 1x1 64 -> 256 at 56x56 ran
+ * 1.35x faster on two threads than on one). Otherwise the blocks are taken
+ * in turn and each block's tiles split over the threads. The number of
+ * parts depends on the shapes alone, so every element's sum runs over the
+ * same pixels in the same order whatever the thread count. */
 
 typedef struct {
   const conv_shape *s;
   wgrad_ukernel uk;
   size_t es;
-  const char *x, *dy; /* this image's */
-  char *xp, *df;
-  int64_t hp, wp;        /* the padded image's rows and columns */
-  int64_t rows, tiles_m; /* filter rows per tap (kw * c folded, else c); their tiles */
-  int64_t tiles_n, taps;
-  int64_t oy0, oy1; /* the block of output rows */
-  /* a 1x1 filter without padding: the block's pixels packed, MR channels
-   * of each in turn, per tile of filter rows (tiles_m x npix x MR) */
-  char *pk;
-  int64_t npix;
-  int32_t flags;
+  const char *x, *dy;
+  char *df, *partials; /* parts 1.. each add into a df of their own (df's size, in turn) */
+  int64_t hp, wp;      /* the padded image's rows and columns */
+  int64_t rows, tiles_m, tiles_n, taps, tiles; /* filter rows per tap (kw * c folded, else c); the tiles */
+  int64_t block, per_image, blocks, parts;     /* output rows a block; blocks an image and in all */
+  int64_t xrows;                               /* padded image rows a block reads */
+  bool pack_x, pack_dy;
   atomic_int failed;
 } wgrad_job;
 
-/* The most bytes of image and dy rows one block of output rows reads: the
- * tiles of a block take turns over the same rows, which stay in L2. */
-enum { WGRAD_BLOCK_BYTES = 1 << 20 };
+/* one block of pixels as its tiles read it */
+typedef struct {
+  int64_t oy0, oy1, npix; /* the block's output rows of its image */
+  const char *x, *dy;     /* its image's */
+  char *xs;               /* pack_x: its pixels [tiles_m][npix][MR]; else padded image rows from yp0 */
+  int64_t yp0;
+  char *ds;   /* pack_dy: its dy [tiles_n][npix][NR] */
+  char *df;   /* the sums' destination */
+  int32_t flags;
+} wgrad_block;
 
-/* units [b, e) of the block's rows: each pixel's channels, read once,
- * dealt out to the tiles of filter rows (MR each, zeros past the filter's) */
-#define PACK_PIXELS(T)                                                                                  \
-  static void pack_pixels_##T(const wgrad_job *j, int64_t b, int64_t e) {                              \
-    const conv_shape *s = j->s;                                                                         \
-    int64_t mr = j->uk.mr, c = s->c;                                                                    \
-    for (int64_t r = b; r < e; r++) {                                                                   \
-      const T *src = (const T *)j->x + (j->oy0 + r) * s->sh * s->w * c;                                 \
-      T *dst = (T *)j->pk + r * s->ow * mr;                                                             \
-      for (int64_t ox = 0; ox < s->ow; ox++, src += s->sw * c, dst += mr)                               \
-        for (int64_t tm = 0; tm < j->tiles_m; tm++) {                                                   \
-          T *restrict d = dst + tm * j->npix * mr;                                                      \
-          const T *restrict v = src + tm * mr;                                                          \
-          int64_t w = min64(mr, c - tm * mr);                                                           \
-          for (int64_t i = 0; i < w; i++) d[i] = v[i];                                                  \
-          for (int64_t i = w; i < mr; i++) d[i] = 0;                                                    \
-        }                                                                                               \
+/* The most bytes of image and dy rows one block of output rows reads. */
+enum { WGRAD_BLOCK_BYTES = 1 << 20, WGRAD_PARTS = 16 };
+
+/* [panels][npix][W] from rows [b, e) of the block: pixel by pixel, its
+ * first `len` channels dealt out W at a time, zeros past them. A full
+ * piece's copy has W as a constant, so it is a few vector moves (a loop of
+ * W steps took a third of a 1x1 filter gradient's time). */
+#define DEAL_CASE(T, W)                                                                                 \
+  case W:                                                                                               \
+    for (int64_t q = 0; q < full; q++) memcpy(dst + q * panel, src + q * W, W * sizeof(T));             \
+    break;
+#define DEAL(T)                                                                                         \
+  static void deal_##T(const T *src, int64_t step, int64_t px, int64_t len, int64_t w, int64_t panels,  \
+                       int64_t panel, T *dst) {                                                         \
+    int64_t full = len / w;                                                                             \
+    for (int64_t p = 0; p < px; p++, src += step, dst += w) {                                          \
+      switch (w) {                                                                                      \
+        DEAL_CASE(T, 32)                                                                                \
+        DEAL_CASE(T, 16)                                                                                \
+        DEAL_CASE(T, 14)                                                                                \
+        DEAL_CASE(T, 8)                                                                                 \
+        DEAL_CASE(T, 7)                                                                                 \
+        DEAL_CASE(T, 6)                                                                                 \
+        default:                                                                                        \
+          for (int64_t q = 0; q < full; q++)                                                            \
+            for (int64_t i = 0; i < w; i++) dst[q * panel + i] = src[q * w + i];                        \
+      }                                                                                                 \
+      if (full < panels) { /* the last piece: what is left, then zeros */                               \
+        T *d = dst + full * panel;                                                                      \
+        for (int64_t i = 0; i < len - full * w; i++) d[i] = src[full * w + i];                          \
+        for (int64_t i = len - full * w; i < w; i++) d[i] = 0;                                          \
+      }                                                                                                 \
     }                                                                                                   \
   }
-PACK_PIXELS(float)
-PACK_PIXELS(double)
+DEAL(float)
+DEAL(double)
 
-static void pack_task(void *arg, int64_t b, int64_t e) {
-  const wgrad_job *j = arg;
-  if (j->es == 4)
-    pack_pixels_float(j, b, e);
-  else
-    pack_pixels_double(j, b, e);
+typedef struct {
+  const wgrad_job *j;
+  const wgrad_block *bk;
+} block_ref;
+
+/* output rows [b, e) of the block: its pixels and dy packed, or its image
+ * rows padded (row q pads the padded rows from q * sh on that the next
+ * output row does not start at; the block's last row, all it reads) */
+static void prepare_task(void *arg, int64_t b, int64_t e) {
+  const block_ref *r = arg;
+  const wgrad_job *j = r->j;
+  const wgrad_block *bk = r->bk;
+  const conv_shape *s = j->s;
+  int64_t rows = bk->oy1 - bk->oy0, mr = j->uk.mr, nr = j->uk.nr;
+  for (int64_t q = b; q < e; q++) {
+    if (j->pack_x) {
+      size_t at = (size_t)(q * s->ow * mr), from = (size_t)((bk->oy0 + q) * s->sh * s->w * s->c);
+      if (j->es == 4)
+        deal_float((const float *)bk->x + from, s->sw * s->c, s->ow, s->c, mr, j->tiles_m, bk->npix * mr,
+                   (float *)bk->xs + at);
+      else
+        deal_double((const double *)bk->x + from, s->sw * s->c, s->ow, s->c, mr, j->tiles_m, bk->npix * mr,
+                    (double *)bk->xs + at);
+    } else {
+      prepad_job pp = {.x = bk->x, .xp = bk->xs, .h = s->h, .w = s->w, .c = s->c, .hp = j->hp, .wp = j->wp,
+                       .pt = s->pt, .pl = s->pl, .first = bk->yp0, .es = j->es};
+      int64_t lo = bk->yp0 + q * s->sh, hi = q + 1 == rows ? bk->yp0 + (rows - 1) * s->sh + (s->kh - 1) * s->dh + 1
+                                                             : lo + s->sh;
+      prepad_task(&pp, lo, hi);
+    }
+    if (j->pack_dy) {
+      size_t at = (size_t)(q * s->ow * nr), from = (size_t)((bk->oy0 + q) * s->ow * s->o);
+      if (j->es == 4)
+        deal_float((const float *)bk->dy + from, s->o, s->ow, s->o, nr, j->tiles_n, bk->npix * nr,
+                   (float *)bk->ds + at);
+      else
+        deal_double((const double *)bk->dy + from, s->o, s->ow, s->o, nr, j->tiles_n, bk->npix * nr,
+                    (double *)bk->ds + at);
+    }
+  }
 }
 
-/* tiles [b, e) of taps x tiles_m x tiles_n */
-static void wgrad_task(void *arg, int64_t b, int64_t e) {
-  wgrad_job *j = arg;
+/* block g of the batch, its sums into df (added unless first); its
+ * packed or padded copies made in parallel or on this thread */
+static void block_begin(const wgrad_job *j, wgrad_block *bk, int64_t g, char *df, bool first, bool parallel) {
+  const conv_shape *s = j->s;
+  int64_t n = g / j->per_image;
+  bk->oy0 = g % j->per_image * j->block, bk->oy1 = min64(s->oh, bk->oy0 + j->block);
+  bk->npix = (bk->oy1 - bk->oy0) * s->ow;
+  bk->x = j->x + (size_t)(n * s->h * s->w * s->c) * j->es;
+  bk->dy = j->dy + (size_t)(n * s->oh * s->ow * s->o) * j->es;
+  bk->yp0 = bk->oy0 * s->sh;
+  bk->df = df, bk->flags = first ? 0 : GEMM_ACCUMULATE;
+  block_ref r = {j, bk};
+  if (parallel)
+    parallel_for(bk->oy1 - bk->oy0, 1, prepare_task, &r);
+  else
+    prepare_task(&r, 0, bk->oy1 - bk->oy0);
+}
+
+/* tiles [b, e) of taps x tiles_m x tiles_n of block bk, run: the block's
+ * rows' worth */
+static void block_tiles(const wgrad_job *j, const wgrad_block *bk, int64_t b, int64_t e, conv_run *run) {
   const conv_shape *s = j->s;
   size_t es = j->es;
   int64_t mr_full = j->uk.mr, nr_full = j->uk.nr;
-  mem_scratch sr = {0};
-  conv_run *run = mem_scratch_get(&sr, sizeof *run * (size_t)s->oh);
-  if (!run) {
-    atomic_store(&j->failed, 1);
-    return;
-  }
   for (int64_t t = b; t < e; t++) {
     int64_t tap = t / (j->tiles_m * j->tiles_n), tm = t / j->tiles_n % j->tiles_m, tn = t % j->tiles_n;
     int64_t ky = s->dw == 1 ? tap : tap / s->kw, kx = s->dw == 1 ? 0 : tap % s->kw;
     int64_t i0 = tm * mr_full, j0 = tn * nr_full;
-    char *dst = j->df + (size_t)((tap * j->rows + i0) * s->o + j0) * es;
+    /* filter row (tap, i0 + i) is df row tap * rows + i0 + i of c * o */
+    char *dst = bk->df + (size_t)((tap * j->rows + i0) * s->o + j0) * es;
     int64_t mr = min64(mr_full, j->rows - i0), nr = min64(nr_full, s->o - j0);
-    if (j->pk) { /* one run over the block's packed pixels */
-      run[0] = (conv_run){j->pk + (size_t)(tm * j->npix * mr_full) * es, j->dy + (size_t)(j->oy0 * s->ow * s->o + j0) * es,
-                          j->npix};
-      j->uk.fn(1, run, mr_full, s->o, dst, s->o, mr, nr, j->flags);
+    const char *dyb = j->pack_dy ? bk->ds + (size_t)(tn * bk->npix * nr_full) * es
+                                 : bk->dy + (size_t)(bk->oy0 * s->ow * s->o + j0) * es;
+    int64_t ldb = j->pack_dy ? nr_full : s->o;
+    if (j->pack_x) { /* one run over the block's packed pixels */
+      run[0] = (conv_run){bk->xs + (size_t)(tm * bk->npix * mr_full) * es, dyb, bk->npix};
+      j->uk.fn(1, run, mr_full, ldb, dst, s->o, mr, nr, bk->flags);
       continue;
     }
-    for (int64_t oy = j->oy0; oy < j->oy1; oy++) {
-      int64_t yp = oy * s->sh + ky * s->dh;
-      run[oy - j->oy0] = (conv_run){j->xp + (size_t)((yp * j->wp + kx * s->dw) * s->c + i0) * es,
-                           j->dy + (size_t)(oy * s->ow * s->o + j0) * es, s->ow};
+    for (int64_t oy = bk->oy0; oy < bk->oy1; oy++) {
+      int64_t yp = oy * s->sh + ky * s->dh - bk->yp0;
+      run[oy - bk->oy0] = (conv_run){bk->xs + (size_t)((yp * j->wp + kx * s->dw) * s->c + i0) * es,
+                                     dyb + (size_t)((oy - bk->oy0) * s->ow * ldb) * es, s->ow};
     }
-    /* filter row (tap, i0 + i) is df row tap * rows + i0 + i of c * o */
-    j->uk.fn(j->oy1 - j->oy0, run, s->sw * s->c, s->o, dst, s->o, mr, nr, j->flags);
+    j->uk.fn(bk->oy1 - bk->oy0, run, s->sw * s->c, ldb, dst, s->o, mr, nr, bk->flags);
   }
+}
+
+/* a block's scratch: its copies and its tiles' runs */
+typedef struct {
+  mem_scratch sx, sd, sr;
+  wgrad_block bk;
+  conv_run *run;
+} wgrad_scratch;
+
+static bool scratch_get(const wgrad_job *j, wgrad_scratch *w) {
+  const conv_shape *s = j->s;
+  size_t xs = j->pack_x ? (size_t)(j->tiles_m * j->uk.mr * j->block * s->ow)
+                        : (size_t)(j->xrows * j->wp * s->c + j->uk.mr); /* slack: a tile reads up to MR further */
+  w->bk.xs = mem_scratch_get(&w->sx, xs * j->es);
+  w->bk.ds = j->pack_dy ? mem_scratch_get(&w->sd, (size_t)(j->tiles_n * j->uk.nr * j->block * s->ow) * j->es) : NULL;
+  w->run = mem_scratch_get(&w->sr, sizeof *w->run * (size_t)j->block);
+  if (!w->bk.xs || (j->pack_dy && !w->bk.ds) || !w->run) return false;
+  if (!j->pack_x) memset(w->bk.xs + (xs - (size_t)j->uk.mr) * j->es, 0, (size_t)j->uk.mr * j->es);
+  return true;
+}
+
+static void scratch_put(wgrad_scratch *w) { mem_scratch_put(&w->sx), mem_scratch_put(&w->sd), mem_scratch_put(&w->sr); }
+
+typedef struct {
+  wgrad_job *j;
+  const wgrad_block *bk;
+} tiles_ref;
+
+static void tiles_task(void *arg, int64_t b, int64_t e) {
+  tiles_ref *r = arg;
+  mem_scratch sr = {0};
+  conv_run *run = mem_scratch_get(&sr, sizeof *run * (size_t)r->j->block);
+  if (run)
+    block_tiles(r->j, r->bk, b, e, run);
+  else
+    atomic_store(&r->j->failed, 1);
   mem_scratch_put(&sr);
 }
 
+/* parts [b, e): each its blocks, in order, on this thread */
+static void part_task(void *arg, int64_t b, int64_t e) {
+  wgrad_job *j = arg;
+  size_t df_bytes = (size_t)(j->taps * j->rows * j->s->o) * j->es;
+  wgrad_scratch w = {0};
+  if (!scratch_get(j, &w)) {
+    atomic_store(&j->failed, 1);
+    scratch_put(&w);
+    return;
+  }
+  for (int64_t p = b; p < e; p++) {
+    char *df = p == 0 ? j->df : j->partials + (size_t)(p - 1) * df_bytes;
+    for (int64_t g = j->blocks * p / j->parts; g < j->blocks * (p + 1) / j->parts; g++) {
+      block_begin(j, &w.bk, g, df, g == j->blocks * p / j->parts, false);
+      block_tiles(j, &w.bk, 0, j->tiles, w.run);
+    }
+  }
+  scratch_put(&w);
+}
+
+/* df[b, e) += the parts' sums, in part order */
+#define ADD_PARTS(T)                                                                                     \
+  static void add_parts_##T(const wgrad_job *j, int64_t b, int64_t e) {                                  \
+    int64_t size = j->taps * j->rows * j->s->o;                                                          \
+    T *df = (T *)j->df;                                                                                  \
+    const T *parts = (const T *)j->partials;                                                             \
+    for (int64_t p = 1; p < j->parts; p++)                                                               \
+      for (int64_t i = b; i < e; i++) df[i] += parts[(p - 1) * size + i];                                \
+  }
+ADD_PARTS(float)
+ADD_PARTS(double)
+
+static void add_task(void *arg, int64_t b, int64_t e) {
+  const wgrad_job *j = arg;
+  if (j->es == 4)
+    add_parts_float(j, b, e);
+  else
+    add_parts_double(j, b, e);
+}
+
 int conv_direct_filter(const conv_shape *s, kiln_dtype dt, const void *x, const void *dy, void *df, const char *op) {
-  wgrad_job j = {.s = s, .es = kiln_dtype_sizes[dt], .df = df};
+  wgrad_job j = {.s = s, .es = kiln_dtype_sizes[dt], .x = x, .dy = dy, .df = df};
   int64_t k = s->kh * s->kw * s->c;
   if (k == 0 || s->o == 0) return 0;
   if (s->n == 0 || s->oh == 0 || s->ow == 0) {
@@ -368,47 +520,45 @@ int conv_direct_filter(const conv_shape *s, kiln_dtype dt, const void *x, const 
   j.rows = s->dw == 1 ? s->kw * s->c : s->c;
   j.tiles_m = (j.rows + j.uk.mr - 1) / j.uk.mr;
   j.tiles_n = (s->o + j.uk.nr - 1) / j.uk.nr;
+  j.tiles = j.taps * j.tiles_m * j.tiles_n;
   atomic_init(&j.failed, 0);
-  /* A 1x1 filter without padding reads the image where it lies, packing
-   * each block's pixels for the tiles: read in place, a tile's MR channels
-   * of a pixel are one piece of a longer row, too far from the next pixel's
-   * for the prefetchers (1x1 256 -> 64 ran at half the 3x3's speed). */
-  mem_scratch sxp = {0}, spk = {0};
-  bool pack = s->kh == 1 && s->kw == 1 && s->pt == 0 && s->pl == 0 && (s->oh - 1) * s->sh < s->h &&
-              (s->ow - 1) * s->sw < s->w;
-  int64_t tiles = j.taps * j.tiles_m * j.tiles_n;
-  int64_t row_bytes = (pack ? s->ow * s->c : s->sh * j.wp * s->c) * (int64_t)j.es + s->ow * s->o * (int64_t)j.es;
-  int64_t block = WGRAD_BLOCK_BYTES / (row_bytes > 0 ? row_bytes : 1);
-  if (block < 1) block = 1;
-  if (block > s->oh) block = s->oh;
-  if (pack) {
-    j.pk = mem_scratch_get(&spk, (size_t)(j.tiles_m * j.uk.mr * block * s->ow) * j.es);
-    if (!j.pk) return kiln_set_error("%s: out of memory", op);
+  j.pack_x = s->kh == 1 && s->kw == 1 && s->pt == 0 && s->pl == 0 && (s->oh - 1) * s->sh < s->h &&
+             (s->ow - 1) * s->sw < s->w;
+  j.pack_dy = s->o * (int64_t)j.es >= 1024;
+  int64_t row_bytes = (j.pack_x ? s->ow * s->c : s->sh * j.wp * s->c) * (int64_t)j.es + s->ow * s->o * (int64_t)j.es;
+  j.block = WGRAD_BLOCK_BYTES / row_bytes;
+  if (j.block < 1) j.block = 1;
+  if (j.block > s->oh) j.block = s->oh;
+  j.xrows = (j.block - 1) * s->sh + (s->kh - 1) * s->dh + 1;
+  j.per_image = (s->oh + j.block - 1) / j.block;
+  j.blocks = s->n * j.per_image;
+  /* parts: while their own dfs cost a quarter of the bytes they read */
+  size_t df_bytes = (size_t)(k * s->o) * j.es;
+  double in_bytes = (double)(s->n * (s->h * s->w * s->c + s->oh * s->ow * s->o)) * (double)j.es;
+  double fit = in_bytes / (4.0 * (double)df_bytes);
+  j.parts = fit < (double)WGRAD_PARTS ? (int64_t)fit : WGRAD_PARTS;
+  if (j.parts > j.blocks) j.parts = j.blocks;
+  if (j.parts < 2) j.parts = 1;
+  mem_scratch sp = {0};
+  if (j.parts > 1) {
+    j.partials = mem_scratch_get(&sp, df_bytes * (size_t)(j.parts - 1));
+    if (!j.partials) return kiln_set_error("%s: out of memory", op);
+    parallel_for(j.parts, 1, part_task, &j);
+    if (!atomic_load(&j.failed)) parallel_for(k * s->o, 4096, add_task, &j);
   } else {
-    /* slack: a tile's rows past the filter's read up to MR further */
-    j.xp = mem_scratch_get(&sxp, (size_t)(j.hp * j.wp * s->c + j.uk.mr) * j.es);
-    if (!j.xp) return kiln_set_error("%s: out of memory", op);
-    memset(j.xp + (size_t)(j.hp * j.wp * s->c) * j.es, 0, (size_t)j.uk.mr * j.es);
-  }
-  for (int64_t n = 0; n < s->n && !atomic_load(&j.failed); n++) {
-    j.x = (const char *)x + (size_t)(n * s->h * s->w * s->c) * j.es;
-    j.dy = (const char *)dy + (size_t)(n * s->oh * s->ow * s->o) * j.es;
-    if (!pack) {
-      prepad_job pp = {.x = j.x, .xp = j.xp, .h = s->h, .w = s->w, .c = s->c, .hp = j.hp, .wp = j.wp, .pt = s->pt,
-                       .pl = s->pl, .es = j.es};
-      parallel_for(j.hp, 16, prepad_task, &pp);
+    wgrad_scratch w = {0};
+    if (!scratch_get(&j, &w)) {
+      scratch_put(&w);
+      return kiln_set_error("%s: out of memory", op);
     }
-    for (j.oy0 = 0; j.oy0 < s->oh; j.oy0 = j.oy1) {
-      j.oy1 = min64(s->oh, j.oy0 + block);
-      j.flags = n > 0 || j.oy0 > 0 ? GEMM_ACCUMULATE : 0;
-      if (pack) {
-        j.npix = (j.oy1 - j.oy0) * s->ow;
-        parallel_for(j.oy1 - j.oy0, 1, pack_task, &j);
-      }
-      parallel_for(tiles, 1, wgrad_task, &j);
+    tiles_ref r = {&j, &w.bk};
+    for (int64_t g = 0; g < j.blocks && !atomic_load(&j.failed); g++) {
+      block_begin(&j, &w.bk, g, df, g == 0, true);
+      parallel_for(j.tiles, 1, tiles_task, &r);
     }
+    scratch_put(&w);
   }
-  mem_scratch_put(&sxp), mem_scratch_put(&spk);
+  mem_scratch_put(&sp);
   if (atomic_load(&j.failed)) return kiln_set_error("%s: out of memory", op);
   return 0;
 }

@@ -1116,6 +1116,11 @@ std::vector<ConvCase> direct_cases() {
   v.push_back({"stride 4 past a 3x3 window", {1, 15, 30, 18}, {3, 3, 18, 7}, s4});
   // a filter of more than 1 MB a column tile: tasks take the columns in groups
   v.push_back({"3x3 1024 -> 70, 5 wide", {1, 3, 5, 1024}, {3, 3, 1024, 70}, p1});
+  // the filter gradient packs dy NR channels at a time from rows of 1 KiB
+  // on (the last tile partial), and splits blocks over parts with dfs of
+  // their own where df is small: both, with partial last blocks of rows
+  v.push_back({"1x1 to 260 channels", {2, 20, 30, 24}, {1, 1, 24, 260}, {}});
+  v.push_back({"3x3 stride 2 to 300 channels over blocks", {2, 50, 120, 8}, {3, 3, 8, 300}, s2});
   return v;
 }
 
