@@ -61,13 +61,15 @@ int conv_direct(const conv_shape *s, kiln_dtype dt, const void *x, const void *f
                 gemm_epilogue epi, const void *res, void *out, const char *op);
 
 /* df [kh, kw, c, o] = the gradient of the convolution s (flip unset) with
- * respect to its filter, from x [n, h, w, c] and dy [n, oh, ow, o]: image by
- * image (a zero-padded copy of one image at a time; a 1x1 filter without
- * padding packs each block of pixels, MR channels at a time), tiles of the filter
- * summed by the filter-gradient micro-kernel (matmul.h) over the image's
- * pixels and added to df. 0, or -1 with the error set. The sums do not
- * depend on the thread count. */
-KILN_EXPORT int conv_direct_filter(const conv_shape *s, kiln_dtype dt, const void *x, const void *dy, void *df, const char *op);
+ * respect to its filter, from x [n, h, w, c] and dy [n, oh, ow, o]: block
+ * by block of output rows (the block's image rows copied zero-padded, or a
+ * 1x1 filter's pixels packed; dy packed where its rows are 1 KiB or more),
+ * tiles of the filter summed by the filter-gradient micro-kernel (matmul.h)
+ * over the block's pixels and added to df; large images' blocks in parts of
+ * their own, added in order. 0, or -1 with the error set. The sums do not
+ * depend on the thread count. Exported for bench and tests. */
+KILN_EXPORT int conv_direct_filter(const conv_shape *s, kiln_dtype dt, const void *x, const void *dy, void *df,
+                                   const char *op);
 
 #ifdef __cplusplus
 }
