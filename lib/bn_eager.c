@@ -1,4 +1,5 @@
-/* bn_eager.c — batch norm's eager CPU passes (bn_eager.h). Per-channel
+/* bn_eager.c — batch norm's eager CPU passes, and the relu gradient that
+ * follows batch norm's backward in a conv block (bn_eager.h). Per-channel
  * statistics and parameters are spread into vectors along the last axis
  * (a scalar repeated), so each row's loop is branch-free and vectorises.
  * The elementwise passes compute each element with the op-by-op roundings
@@ -284,4 +285,38 @@ kiln_tensor *bn_eager_dx(kiln_tensor *dy, kiln_tensor *x, kiln_tensor *mean, kil
   parallel_for(x->size / C, (16384 + C - 1) / C, dx_rows, &q);
   mem_scratch_put(&scratch);
   return scope_own(dx);
+}
+
+/* ---- relu's gradient: dy where x > 0, else +0 ---- */
+
+typedef struct {
+  kiln_tensor *dx;
+  const kiln_tensor *dy, *x;
+} relu_pass;
+
+/* select(x > 0, dy, 0) element by element: NaN and -0 in x give +0 */
+#define RELU_GRAD(T)                                                                                   \
+  KILN_HOT static void relu_grad_##T(const relu_pass *q, int64_t b, int64_t e) {                       \
+    const T *KILN_RESTRICT x = q->x->data, *KILN_RESTRICT dy = q->dy->data;                            \
+    T *KILN_RESTRICT dx = q->dx->data;                                                                 \
+    for (int64_t i = b; i < e; i++) dx[i] = x[i] > 0 ? dy[i] : (T)0;                                   \
+  }
+RELU_GRAD(float)
+RELU_GRAD(double)
+
+static void relu_grad_task(void *ctx, int64_t b, int64_t e) {
+  const relu_pass *q = ctx;
+  if (q->x->dtype == KILN_F32)
+    relu_grad_float(q, b, e);
+  else
+    relu_grad_double(q, b, e);
+}
+
+int relu_eager_grad(kiln_tensor *dy, kiln_tensor *x, kiln_tensor **dx) {
+  if (tape_active_count || !eager_cpu(x) || !eager_cpu(dy) || !same_dense(dy, x)) return 1;
+  if (!(*dx = tensor_alloc("relu", (kiln_dtype)x->dtype, x->rank, x->shape))) return -1;
+  relu_pass q = {*dx, dy, x};
+  parallel_for(x->size, 16384, relu_grad_task, &q);
+  *dx = scope_own(*dx);
+  return 0;
 }

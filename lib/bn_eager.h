@@ -38,4 +38,9 @@ int bn_eager_variance(kiln_tensor *x, kiln_tensor *mean, int rank, const int64_t
 kiln_tensor *bn_eager_dx(kiln_tensor *dy, kiln_tensor *x, kiln_tensor *mean, kiln_tensor *a, kiln_tensor *b,
                          kiln_tensor *c);
 
+/* *dx = relu's gradient select(x > 0, dy, 0), with its bits, in one pass
+ * over dy and x (the public ops write and read a mask). 0, 1 where it does
+ * not apply (or while a tape records), -1 with the error set. */
+int relu_eager_grad(kiln_tensor *dy, kiln_tensor *x, kiln_tensor **dx);
+
 #endif

@@ -3,6 +3,7 @@
  * is itself made of ordinary, recordable, traceable ops. A rule gets
  * out = op(in) and dout, and writes dx[i] with in[i]'s shape (NULL = none). */
 #include "autodiff.h"
+#include "bn_eager.h"
 #include "dist.h"
 
 #define X(i) (g->in[i])
@@ -59,6 +60,8 @@ static int g_sigmoid(const grad_args *g) {
   return g->dx[0] = kiln_mul(DOUT, kiln_mul(OUT, kiln_sub(C(OUT, 1), OUT))), done(g);
 }
 static int g_relu(const grad_args *g) {
+  int rc = relu_eager_grad(DOUT, X(0), &g->dx[0]); /* eagerly: one pass */
+  if (rc <= 0) return rc;
   kiln_tensor *pos = kiln_greater(X(0), C(X(0), 0));
   return g->dx[0] = kiln_select(pos, DOUT, C(DOUT, 0)), done(g);
 }
