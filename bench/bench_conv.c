@@ -6,9 +6,11 @@
  * (padding k/2, as torchvision's). Forward eager and staged (a
  * kiln_function whose body is one conv2d), the input gradient (eager
  * kiln_conv2d_transpose) and the filter gradient (a tape's gradient of the
- * conv with respect to the filter alone: the tape seeds ones). Medians over
- * runs. The PyTorch peer is bench/conv_torch.py (same layers, NCHW and
- * channels_last, forward and both gradients).
+ * conv with respect to the filter alone: the tape seeds ones), and the
+ * filter gradient's kernel alone (dw-kernel: conv_direct_filter on a given
+ * dy, no tape, no allocation). Medians over runs. The PyTorch peer is
+ * bench/conv_torch.py (same layers, NCHW and channels_last, forward and
+ * both gradients).
  *
  *   bench_conv [--runs R] [--batch N] [--only LAYER] [--shape C,O,K,S,HW]
  *
@@ -23,13 +25,14 @@
 #include <kiln.h>
 
 #include "bench_util.h"
+#include "conv.h"
 #include "peak.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { MAX_RUNS = 31, IMPLS = 4 };
+enum { MAX_RUNS = 31, IMPLS = 5 };
 
 typedef struct {
   const char *name;
@@ -52,11 +55,12 @@ static int bench(const layer *l, int64_t batch, int runs, double peak) {
   kiln_tensor *x = kiln_random_normal(KILN_F32, KILN_SHAPE(batch, l->hw, l->hw, l->c));
   kiln_tensor *w = kiln_random_normal(KILN_F32, KILN_SHAPE(l->k, l->k, l->c, l->o));
   kiln_tensor *dy = kiln_random_normal(KILN_F32, KILN_SHAPE(batch, oh, oh, l->o));
+  kiln_tensor *df = kiln_zeros(KILN_F32, KILN_SHAPE(l->k, l->k, l->c, l->o));
   kiln_function *f = kiln_function_new("conv", conv_body, NULL, 2, 1);
   kiln_tensor *in[2] = {x, w};
   int64_t hw[2] = {l->hw, l->hw};
   double s[IMPLS][MAX_RUNS];
-  int rc = x && w && dy && f ? 0 : -1;
+  int rc = x && w && dy && df && f ? 0 : -1;
   for (int r = -1; !rc && r < runs; r++) { /* run -1 warms up (and traces) */
     for (int k = 0; k < IMPLS && !rc; k++) {
       kiln_scope_push();
@@ -74,9 +78,16 @@ static int bench(const layer *l, int64_t batch, int runs, double peak) {
         rc = kiln_function_call(f, in, &y);
       } else if (k == 2) {
         if (!kiln_conv2d_transpose(dy, w, hw, &conv_opts)) rc = -1;
-      } else if (!rc) {
-        kiln_tensor *dw = NULL;
-        rc = kiln_tape_gradient(tape, y, 1, &w, &dw);
+      } else if (k == 3) {
+        if (!rc) {
+          kiln_tensor *dw = NULL;
+          rc = kiln_tape_gradient(tape, y, 1, &w, &dw);
+        }
+      } else { /* the filter gradient's kernel alone: no tape, dy given, df written in place */
+        conv_shape cs = {.n = batch, .h = l->hw, .w = l->hw, .c = l->c, .oh = oh, .ow = oh, .o = l->o, .kh = l->k,
+                         .kw = l->k, .sh = l->stride, .sw = l->stride, .dh = 1, .dw = 1, .pt = l->k / 2,
+                         .pl = l->k / 2};
+        rc = conv_direct_filter(&cs, KILN_F32, x->data, dy->data, df->data, "bench_conv");
       }
       double t = now_s() - t0;
       kiln_tape_free(tape);
@@ -87,10 +98,10 @@ static int bench(const layer *l, int64_t batch, int runs, double peak) {
   if (rc) {
     fprintf(stderr, "bench_conv: %s: %s\n", l->name, kiln_last_error());
   } else {
-    static const char *impl[IMPLS] = {"eager", "staged", "dx", "dw"};
+    static const char *impl[IMPLS] = {"eager", "staged", "dx", "dw", "dw-kernel"};
     for (int k = 0; k < IMPLS; k++) {
       double g = flops / median(s[k], runs) * 1e-9;
-      printf("conv %-16s %-6s %8.1f GFLOP/s  %5.1f%% of the FMA peak\n", l->name, impl[k], g, 100 * g / peak);
+      printf("conv %-16s %-9s %8.1f GFLOP/s  %5.1f%% of the FMA peak\n", l->name, impl[k], g, 100 * g / peak);
       char key[64];
       snprintf(key, sizeof key, "conv.%s.%s", l->name, impl[k]);
       bench_figure(key, g, "GFLOP/s");
@@ -100,6 +111,7 @@ static int bench(const layer *l, int64_t batch, int runs, double peak) {
   kiln_release(x);
   kiln_release(w);
   kiln_release(dy);
+  kiln_release(df);
   return rc;
 }
 
