@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "cpu/compile.h"
+#include "ir_internal.h"
 
 enum {
   FLAT_BLOCK = 64,   /* elements: a flat kernel's tasks start 64-byte aligned, whatever the dtype */
@@ -87,14 +88,10 @@ static bool exactly_in_place(const cpu_build *cb, const plan_kernel *g, const bo
   const plan_slot *x = &cb->pl.slots[out], *y = &cb->pl.slots[in];
   if (!at || g->n_out != 1 || g->out_slot[0] != out) return false;
   if (out != in && (x->kind != PLAN_SLOT_ARENA || y->kind != PLAN_SLOT_ARENA || x->offset != y->offset)) return false;
-  const op_type *t = &g->f->types[g->out[0]];
   bool read = false;
   for (int v = 0; v < g->f->n_values; v++) {
     if (g->leaf[v] != in) continue;
-    const op_type *u = &g->f->types[v];
-    bool same = at[v] && u->dtype == t->dtype && u->rank == t->rank;
-    for (int d = 0; same && d < t->rank; d++) same = u->shape[d] == t->shape[d];
-    if (!same) return false;
+    if (!at[v] || !ir_type_eq(&g->f->types[v], &g->f->types[g->out[0]])) return false;
     read = true;
   }
   return read;
