@@ -1766,3 +1766,79 @@ TEST(CpuBackend, NarrowColumnReductionsAreSplitIntoParts) {
     ir_module_free(m);
   }
 }
+
+// A fusion of reductions that also returns elementwise values of their
+// input's shape (a batch norm backward: dy after relu beside its two sums)
+// is one kernel that stores those values as it reads each element. Before,
+// the backend ran such a body op by op (ten kernels, each a pass over
+// memory). Column reductions split into parts (the first case), not split
+// (1024 columns: four tiles), a row reduction and a reduction over a
+// middle axis with a side output that reads a broadcast and is a mask.
+TEST(CpuBackend, ReductionKernelsStoreTheirSideOutputs) {
+  Scoped scope;
+  std::mt19937 rng(43);
+  struct Side {
+    const char *text;
+    std::vector<kiln_tensor *> args;
+    int kernels;
+    Tol tol;
+  };
+  const Side cases[] = {
+      {"func @s(%x: f32[8,28,28,128], %m: f32[1,1,1,128], %r: f32[128], %w: f32[128], %b: f32[128], %z: f32[],"
+       " %dy: f32[8,28,28,128]) -> (f32[8,28,28,128], f32[1,1,1,128], f32[1,1,1,128]) {\n"
+       "  %5 = sub %x, %m : f32[8,28,28,128]\n"
+       "  %6 = mul %5, %r : f32[8,28,28,128]\n"
+       "  %7 = mul %6, %w : f32[8,28,28,128]\n"
+       "  %8 = add %7, %b : f32[8,28,28,128]\n"
+       "  %9 = gt %8, %z : bool[8,28,28,128]\n"
+       "  %10 = select %9, %dy, %z : f32[8,28,28,128]\n"
+       "  %11 = reduce_sum %10 {axes=[0,1,2], keepdims=true} : f32[1,1,1,128]\n"
+       "  %12 = mul %10, %5 : f32[8,28,28,128]\n"
+       "  %13 = reduce_sum %12 {axes=[0,1,2], keepdims=true} : f32[1,1,1,128]\n"
+       "  return %10, %11, %13\n}\n",
+       {random_tensor(rng, KILN_F32, {8, 28, 28, 128}), random_tensor(rng, KILN_F32, {1, 1, 1, 128}),
+        random_tensor(rng, KILN_F32, {128}), random_tensor(rng, KILN_F32, {128}), random_tensor(rng, KILN_F32, {128}),
+        random_tensor(rng, KILN_F32, {}), random_tensor(rng, KILN_F32, {8, 28, 28, 128})},
+       2,  // the parts' pass (storing the side output) and the pass that adds the parts
+       Tol{0, 1e-5, 1e-4}},
+      {"func @s(%a: f32[2,7,7,1024], %b: f32[2,7,7,1024]) -> (f32[1024], f32[2,7,7,1024], f32[1024]) {\n"
+       "  %s = add %a, %b : f32[2,7,7,1024]\n"
+       "  %t = tanh %s : f32[2,7,7,1024]\n"
+       "  %u = reduce_sum %s {axes=[0,1,2], keepdims=false} : f32[1024]\n"
+       "  %v = reduce_max %t {axes=[0,1,2], keepdims=false} : f32[1024]\n"
+       "  return %u, %t, %v\n}\n",
+       {random_tensor(rng, KILN_F32, {2, 7, 7, 1024}), random_tensor(rng, KILN_F32, {2, 7, 7, 1024})},
+       1,
+       Tol{4, 1e-5, 1e-5}},
+      {"func @s(%x: f64[64,1000], %c: f64[]) -> (f64[64,1000], f64[64,1]) {\n"
+       "  %e = exp %x : f64[64,1000]\n"
+       "  %y = mul %e, %c : f64[64,1000]\n"
+       "  %s = reduce_sum %y {axes=[1], keepdims=true} : f64[64,1]\n"
+       "  return %y, %s\n}\n",
+       {random_tensor(rng, KILN_F64, {64, 1000}), random_tensor(rng, KILN_F64, {})},
+       1,
+       Tol{4, 1e-12, 0}},
+      {"func @s(%x: f32[6,50,40], %b: f32[6,1,40]) -> (bool[6,50,40], f32[6,40], f32[6,50,40]) {\n"
+       "  %y = add %x, %b : f32[6,50,40]\n"
+       "  %k = ge %y, %x : bool[6,50,40]\n"
+       "  %m = reduce_min %y {axes=[1], keepdims=false} : f32[6,40]\n"
+       "  %n = neg %y : f32[6,50,40]\n"
+       "  return %k, %m, %n\n}\n",
+       {random_tensor(rng, KILN_F32, {6, 50, 40}, -5, 5, false, true), random_tensor(rng, KILN_F32, {6, 1, 40})},
+       1,
+       Tol{0, 0, 0, true}},
+  };
+  for (const Side &c : cases) {
+    ir_module *m = ir_parse(c.text, "side.kir");
+    ASSERT_NE(m, nullptr) << kiln_last_error();
+    ir_func *f = ir_module_find(m, "s");
+    ASSERT_EQ(kiln_pass_fuse(f), 0) << kiln_last_error();
+    int fusions = 0;
+    for (int i = 0; i < f->n_instrs; i++) fusions += f->instrs[i].op == OP_FUSION;
+    EXPECT_EQ(fusions, 1) << c.text;
+    int kernels = 0;
+    EXPECT_TRUE(same_as_interpreter(f, c.args, c.tol, c.text, &kernels));
+    EXPECT_EQ(kernels, c.kernels) << c.text;
+    ir_module_free(m);
+  }
+}

@@ -184,6 +184,26 @@ static int emit_combine_columns(cpu_build *cb, const plan_kernel *g, LLVMValueRe
   return 0;
 }
 
+/* A reduction kernel's side outputs (plan_kernel.n_side) at xidx, an
+ * element of the reductions' input (their shape): each computed from what
+ * the reductions read there and stored after it. */
+static int emit_side_outputs(const plan_kernel *g, llvm_group *lg, LLVMValueRef fn, llvm_index *xidx) {
+  if (!g->n_side) return 0;
+  LLVMValueRef *v = malloc((size_t)g->n_side * sizeof *v);
+  if (!v) return cpu_oom();
+  int first = g->n_out - g->n_side;
+  for (int k = 0; k < g->n_side; k++)
+    if (!(v[k] = llvm_emit_value(lg, g->out[first + k], xidx))) {
+      free(v);
+      return -1;
+    }
+  LLVMValueRef at = llvm_index_get_linear(lg->e, xidx);
+  for (int k = 0; k < g->n_side; k++)
+    llvm_emit_store(lg->e, g->f->types[g->out[first + k]].dtype, LLVMGetParam(fn, (unsigned)(first + k)), at, v[k]);
+  free(v);
+  return 0;
+}
+
 /* A reduction whose innermost input dims are kept: for each tile of an
  * output row, the rows of the reduced dims accumulate into an array, the
  * innermost loop running along contiguous memory (it vectorizes). */
@@ -205,10 +225,11 @@ static int emit_reduce_columns(cpu_build *cb, const plan_kernel *g, llvm_group *
   int64_t chunk = 0, parts = g->pass == 1 ? column_parts(g, &chunk) : 0; /* split: rows == 1 */
   ki->units = (parts ? parts : rows) * ntile;
   ki->per_unit = tile * (parts ? chunk : n_in / n_out);
-  if (g->n_out > 64) return kiln_set_error("cpu: @%s: a kernel with more than 64 reductions", cb->f->name);
+  int nr = g->n_out - g->n_side; /* the reductions, then the side outputs */
+  if (nr > 64) return kiln_set_error("cpu: @%s: a kernel with more than 64 reductions", cb->f->name);
   LLVMValueRef acc[64];
   LLVMTypeRef at[64];
-  for (int k = 0; k < g->n_out; k++) {
+  for (int k = 0; k < nr; k++) {
     at[k] = llvm_reduce_type(e, f->instrs[f->def[g->out[k]]].op, it->dtype);
     acc[k] = LLVMBuildAlloca(b, LLVMArrayType2(at[k], (uint64_t)tile), "acc");
   }
@@ -223,7 +244,7 @@ static int emit_reduce_columns(cpu_build *cb, const plan_kernel *g, llvm_group *
   }
   /* acc = identity */
   LLVMValueRef jj = llvm_loop_begin(e, &lj, llvm_i64(e, 0), w, "init");
-  for (int k = 0; k < g->n_out; k++) {
+  for (int k = 0; k < nr; k++) {
     op_id op = f->instrs[f->def[g->out[k]]].op;
     LLVMBuildStore(b, llvm_reduce_identity(e, op, it->dtype), LLVMBuildGEP2(b, at[k], acc[k], &jj, 1, ""));
   }
@@ -280,13 +301,14 @@ static int emit_reduce_columns(cpu_build *cb, const plan_kernel *g, llvm_group *
     for (int d = 0; d < nt; d++) dims[io.rank + d] = tidx.dim[d];
     llvm_index_dims(&xidx, it, dims);
   }
-  for (int k = 0; k < g->n_out; k++) {
+  for (int k = 0; k < nr; k++) {
     const ir_instr *rk = &f->instrs[f->def[g->out[k]]];
     LLVMValueRef xv = llvm_emit_value(lg, rk->in[0], &xidx);
     if (!xv) return -1;
     LLVMValueRef a = LLVMBuildGEP2(b, at[k], acc[k], &jj, 1, "");
     LLVMBuildStore(b, llvm_reduce_combine(e, rk->op, it->dtype, LLVMBuildLoad2(b, at[k], a, ""), xv), a);
   }
+  if (emit_side_outputs(g, lg, fn, &xidx)) return -1;
   flush_bad(e, lg, bad_slot);
   llvm_group_forget(lg);
   llvm_loop_end(e, &lj);
@@ -294,7 +316,7 @@ static int emit_reduce_columns(cpu_build *cb, const plan_kernel *g, llvm_group *
   /* out = acc; a part's partials: the accumulators as they are */
   LLVMValueRef obase = LLVMBuildAdd(b, LLVMBuildMul(b, row, llvm_i64(e, inner), ""), j0, "");
   jj = llvm_loop_begin(e, &lj, llvm_i64(e, 0), w, "store");
-  for (int k = 0; k < g->n_out; k++) {
+  for (int k = 0; k < nr; k++) {
     const ir_instr *rk = &f->instrs[f->def[g->out[k]]];
     LLVMValueRef a = LLVMBuildLoad2(b, at[k], LLVMBuildGEP2(b, at[k], acc[k], &jj, 1, ""), "");
     LLVMValueRef i = LLVMBuildAdd(b, obase, jj, "");
@@ -819,18 +841,19 @@ int cpu_emit_kernel(cpu_build *cb, const plan_kernel *g, int id, kinfo *ki) {
     ki->per_unit = n_out ? n_in / n_out : 0;
     LLVMValueRef acc_slot[64];
     LLVMTypeRef acc_type[64];
-    if (g->n_out > 64) {
+    int nr = g->n_out - g->n_side; /* the reductions, then the side outputs */
+    if (nr > 64) {
       free(buf);
       return kiln_set_error("cpu: @%s: a kernel with more than 64 reductions", cb->f->name);
     }
-    for (int k = 0; k < g->n_out; k++) {
+    for (int k = 0; k < nr; k++) {
       const ir_instr *rk = &f->instrs[f->def[g->out[k]]];
       acc_type[k] = llvm_reduce_type(e, rk->op, it->dtype);
       acc_slot[k] = LLVMBuildAlloca(e->b, acc_type[k], "acc");
     }
     llvm_loop lo;
     LLVMValueRef o = llvm_loop_begin(e, &lo, begin, end, "out");
-    for (int k = 0; k < g->n_out; k++) {
+    for (int k = 0; k < nr; k++) {
       const ir_instr *rk = &f->instrs[f->def[g->out[k]]];
       LLVMBuildStore(e->b, llvm_reduce_identity(e, rk->op, it->dtype), acc_slot[k]);
     }
@@ -854,7 +877,7 @@ int cpu_emit_kernel(cpu_build *cb, const plan_kernel *g, int id, kinfo *ki) {
           dims[d] = llvm_loop_begin(e, &loops[nloops++], llvm_i64(e, 0), llvm_i64(e, it->shape[d]), "red");
       llvm_index_dims(&xidx, it, dims);
     }
-    for (int k = 0; k < g->n_out && !rc; k++) {
+    for (int k = 0; k < nr && !rc; k++) {
       const ir_instr *rk = &f->instrs[f->def[g->out[k]]];
       LLVMValueRef xv = llvm_emit_value(&lg, rk->in[0], &xidx);
       if (!xv) {
@@ -864,10 +887,11 @@ int cpu_emit_kernel(cpu_build *cb, const plan_kernel *g, int id, kinfo *ki) {
       LLVMValueRef acc = LLVMBuildLoad2(e->b, acc_type[k], acc_slot[k], "");
       LLVMBuildStore(e->b, llvm_reduce_combine(e, rk->op, it->dtype, acc, xv), acc_slot[k]);
     }
+    if (!rc) rc = emit_side_outputs(g, &lg, fn, &xidx);
     flush_bad(e, &lg, bad_slot);
     llvm_group_forget(&lg);
     while (nloops > 0) llvm_loop_end(e, &loops[--nloops]);
-    for (int k = 0; k < g->n_out && !rc; k++) {
+    for (int k = 0; k < nr && !rc; k++) {
       const ir_instr *rk = &f->instrs[f->def[g->out[k]]];
       LLVMValueRef acc = LLVMBuildLoad2(e->b, acc_type[k], acc_slot[k], "");
       llvm_emit_store(e, ot->dtype, LLVMGetParam(fn, (unsigned)k), o, llvm_reduce_finish(e, rk->op, it->dtype, acc));

@@ -29,7 +29,7 @@ static bool dot_in_fusion(const ir_func *c, const ir_instr *in) {
 }
 
 /* Whether a fusion's body can be one kernel (the shared rule) */
-static bool fusion_ok(const ir_func *c) { return llvm_fusion_one_kernel(c, dot_in_fusion); }
+static bool fusion_ok(const ir_func *c) { return llvm_fusion_one_kernel(c, dot_in_fusion, true); }
 
 /* v's other operand in binary instruction in (which reads v once), or -1 */
 static ir_value other_operand(const ir_instr *in, ir_value v) {

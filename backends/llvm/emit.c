@@ -635,7 +635,15 @@ void llvm_splat_all(llvm_emit *e, int lanes, LLVMValueRef *x, int n) {
   for (int i = 0; any && i < n; i++) x[i] = llvm_splat(e, lanes, x[i]);
 }
 
-bool llvm_fusion_one_kernel(const ir_func *c, bool (*dot_ok)(const ir_func *c, const ir_instr *in)) {
+/* the same shape (any dtypes) */
+static bool same_dims(const op_type *a, const op_type *b) {
+  if (a->rank != b->rank) return false;
+  for (int k = 0; k < a->rank; k++)
+    if (a->shape[k] != b->shape[k]) return false;
+  return true;
+}
+
+bool llvm_fusion_one_kernel(const ir_func *c, bool (*dot_ok)(const ir_func *c, const ir_instr *in), bool side_outputs) {
   if (c->n_results < 1) return false;
   const ir_instr *red = NULL;
   for (int i = 0; i < c->n_instrs; i++) {
@@ -656,26 +664,27 @@ bool llvm_fusion_one_kernel(const ir_func *c, bool (*dot_ok)(const ir_func *c, c
       if (red) {
         const op_type *a = &c->types[red->in[0]], *b = &c->types[in->in[0]];
         bool same = a->dtype == b->dtype && /* the kernels accumulate every reduction in one dtype's way */
-                    a->rank == b->rank && red->attrs.naxes == in->attrs.naxes && red->attrs.keepdims == in->attrs.keepdims;
-        for (int d = 0; same && d < a->rank; d++) same = a->shape[d] == b->shape[d];
+                    same_dims(a, b) && red->attrs.naxes == in->attrs.naxes && red->attrs.keepdims == in->attrs.keepdims;
         for (int k = 0; same && k < in->attrs.naxes; k++) same = red->attrs.axes[k] == in->attrs.axes[k];
         if (!same) return false;
       }
       red = in;
     }
   }
-  const op_type *t0 = &c->types[c->results[0]];
+  const op_type *t0 = NULL; /* the shape of every result but the side outputs */
   for (int r = 0; r < c->n_results; r++) {
     ir_value v = c->results[r];
     const ir_instr *d = ir_def(c, v);
     if (!d) return false;
     for (int q = 0; q < r; q++)
       if (c->results[q] == v) return false;
-    if (red && !llvm_op_is_reduce(d->op)) return false;
     const op_type *t = &c->types[v];
-    if (t->rank != t0->rank) return false;
-    for (int k = 0; k < t->rank; k++)
-      if (t->shape[k] != t0->shape[k]) return false;
+    if (red && !llvm_op_is_reduce(d->op)) { /* a side output: over the reductions' input */
+      if (!side_outputs || !same_dims(t, &c->types[red->in[0]])) return false;
+      continue;
+    }
+    if (!t0) t0 = t;
+    if (!same_dims(t, t0)) return false;
   }
   return true;
 }

@@ -138,11 +138,11 @@ static int kernel_step(plan *pl) {
   if (split == 0) return add_kernel_step(pl, gi);
   g->pass = 1;
   if (split == 1) return add_kernel_step(pl, gi);
-  plan_kernel *g2 = plan_new_kernel(pl, g->f, g->n_out, g->op);
+  plan_kernel *g2 = plan_new_kernel(pl, g->f, g->n_out - g->n_side, g->op); /* the reductions */
   if (!g2) return -1;
   g = &pl->kernels[gi];
   g2->pass = 2;
-  for (int q = 0; q < g->n_out; q++) {
+  for (int q = 0; q < g2->n_out; q++) {
     op_type t = {KILN_F64, 1, {split * plan_type_size(&g->f->types[g->out[q]])}}; /* 8 bytes: any accumulator */
     int s = plan_arena_slot(pl, &t);
     if (s < 0) return -1;
@@ -407,13 +407,21 @@ static int fusion_kernel(plan *pl, const ir_func *f, const ir_instr *in, int *vs
   }
   for (int k = 0; k < in->n_in; k++) g->leaf[k] = unread[k] ? -1 : vs[in->in[k]];
   free(unread);
-  for (int r = 0; r < c->n_results; r++) {
-    int s = plan_value_slot(pl, f, in->out + r, top);
-    if (s < 0) return -1;
-    vs[in->out + r] = s;
-    g->out[r] = c->results[r];
-    g->out_slot[r] = s;
-  }
+  /* the reductions first, then the side outputs (plan_kernel.n_side) */
+  bool any_reduce = false;
+  for (int r = 0; r < c->n_results; r++)
+    any_reduce = any_reduce || kiln_ops[ir_def(c, c->results[r])->op].kind == OPK_REDUCE;
+  for (int round = 0, n = 0; round < 2; round++)
+    for (int r = 0; r < c->n_results; r++) {
+      bool side = any_reduce && kiln_ops[ir_def(c, c->results[r])->op].kind != OPK_REDUCE;
+      if (side != (round == 1)) continue;
+      int s = plan_value_slot(pl, f, in->out + r, top);
+      if (s < 0) return -1;
+      vs[in->out + r] = s;
+      g->out[n] = c->results[r];
+      g->out_slot[n++] = s;
+      g->n_side += side;
+    }
   return kernel_step(pl);
 }
 

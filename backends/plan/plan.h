@@ -42,6 +42,10 @@ typedef struct plan_kernel {
   int n_out;
   ir_value *out; /* the values it stores, all of one shape (or reductions of one input shape) */
   int *out_slot;
+  /* the last n_side outputs, after a reduction kernel's reductions: values
+   * of the reductions' input shape, each element stored as the reductions
+   * read it (llvm_fusion_one_kernel's side outputs) */
+  int n_side;
   op_id op;                /* the instruction it computes (fusion for a fusion's body), for messages */
   const ir_instr *special; /* PLAN_AS_SPECIAL: that instruction (of f), its inputs leaves */
   /* a reduction split in two (plan_policy.split): 1 the first pass (into
