@@ -894,6 +894,57 @@ TEST(Ptx, ColumnReductionForms) {
   if (!have_ptxas()) GTEST_SKIP() << "ptxas not installed: PTX generated but not assembled";
 }
 
+// A fusion of reductions that also returns elementwise values of their
+// input's shape (a batch norm backward's dy after relu beside its two sums)
+// is one kernel, or its parts' kernel and their sum, that stores those
+// values as its threads read each element; it was ten kernels, op by op.
+// A column reduction split over blocks and a row reduction a block per row.
+TEST(Ptx, ReductionKernelsStoreTheirSideOutputs) {
+  Scoped scope;
+  struct C {
+    std::string text;
+    int kernels;
+    int first_bufs;  // the first kernel's buffers: side outputs, partials or sums, inputs
+  };
+  const std::vector<C> cs = {
+      {"func @k(%x: f32[8,28,28,128], %m: f32[1,1,1,128], %z: f32[], %dy: f32[8,28,28,128])"
+       " -> (f32[8,28,28,128], f32[1,1,1,128], f32[1,1,1,128]) {\n"
+       "  %d = sub %x, %m : f32[8,28,28,128]\n"
+       "  %p = gt %d, %z : bool[8,28,28,128]\n"
+       "  %s = select %p, %dy, %z : f32[8,28,28,128]\n"
+       "  %a = reduce_sum %s {axes=[0,1,2], keepdims=true} : f32[1,1,1,128]\n"
+       "  %e = mul %s, %d : f32[8,28,28,128]\n"
+       "  %b = reduce_sum %e {axes=[0,1,2], keepdims=true} : f32[1,1,1,128]\n"
+       "  return %s, %a, %b\n}\n"
+       "func @f(%x: f32[8,28,28,128], %m: f32[1,1,1,128], %z: f32[], %dy: f32[8,28,28,128])"
+       " -> (f32[8,28,28,128], f32[1,1,1,128], f32[1,1,1,128]) {\n"
+       "  %s, %a, %b = fusion @k(%x, %m, %z, %dy) : f32[8,28,28,128], f32[1,1,1,128], f32[1,1,1,128]\n"
+       "  return %s, %a, %b\n}\n",
+       2, 7},
+      {"func @k(%x: f32[64,1000]) -> (f32[64,1000], f32[64]) {\n"
+       "  %e = exp %x : f32[64,1000]\n"
+       "  %s = reduce_sum %e {axes=[1]} : f32[64]\n"
+       "  return %e, %s\n}\n"
+       "func @f(%x: f32[64,1000]) -> (f32[64,1000], f32[64]) {\n"
+       "  %e, %s = fusion @k(%x) : f32[64,1000], f32[64]\n"
+       "  return %e, %s\n}\n",
+       1, 3},
+  };
+  for (const C &c : cs) {
+    SCOPED_TRACE(c.text);
+    Parsed p(c.text);
+    ASSERT_NE(p.f(), nullptr);
+    for (const char *arch : {"sm_90", "sm_80"}) check_ptx(p.f(), arch, c.kernels, c.text);
+    cuda_program *prog = cuda_compile(p.f(), "sm_90");
+    ASSERT_NE(prog, nullptr) << kiln_last_error();
+    auto ks = kernel_steps(prog);
+    ASSERT_EQ((int)ks.size(), c.kernels);
+    EXPECT_EQ(ks[0]->n_bufs, c.first_bufs);
+    cuda_program_free(prog);
+  }
+  if (!have_ptxas()) GTEST_SKIP() << "ptxas not installed: PTX generated but not assembled";
+}
+
 // ---- TF32 tensor cores (KILN_CUDA_TF32=1) ----
 
 // f32 dot through mma.sync m16n8k8 TF32 only when asked; the launch shape is

@@ -58,7 +58,7 @@ static int64_t column_split(const plan_kernel *k) {
  * activation, an SGD update) run just before that kernel as the kernel of
  * its own it is when alone (place: PLAN_AS_SPECIAL), into a temporary. Two
  * launches, not one per epilogue op. */
-static bool fusion_ok(const ir_func *c) { return llvm_fusion_one_kernel(c, plan_head_apart, false); }
+static bool fusion_ok(const ir_func *c) { return llvm_fusion_one_kernel(c, plan_head_apart, true); }
 
 static plan_as place(const ir_func *f, const ir_instr *in) {
   (void)f;

@@ -423,12 +423,20 @@ static int accumulate(kctx *k, llvm_group *lg, kiln_dtype dt, const op_id *ops, 
   llvm_emit *e = &k->cb->e;
   const plan_kernel *g = k->g;
   const ir_func *f = g->f;
-  for (int q = 0; q < g->n_out; q++) {
+  int nr = g->n_out - g->n_side;
+  for (int q = 0; q < nr; q++) {
     const ir_instr *rk = &f->instrs[f->def[g->out[q]]];
     LLVMValueRef xv = llvm_emit_value(lg, rk->in[0], xidx);
     if (!xv) return -1;
     LLVMBuildStore(e->b, llvm_reduce_combine(e, ops[q], dt, LLVMBuildLoad2(e->b, at[q], acc[q], ""), xv), acc[q]);
   }
+  /* the side outputs (plan_kernel.n_side): each element of the input is
+   * read by one thread once, which stores them there */
+  LLVMValueRef side[16];
+  for (int q = nr; q < g->n_out; q++)
+    if (!(side[q - nr] = llvm_emit_value(lg, g->out[q], xidx))) return -1;
+  LLVMValueRef at_x = g->n_side ? llvm_index_get_linear(e, xidx) : NULL;
+  for (int q = nr; q < g->n_out; q++) llvm_emit_store(e, f->types[g->out[q]].dtype, k->outp[q], at_x, side[q - nr]);
   flush_bad(e, lg, k->bad);
   llvm_group_forget(lg);
   return 0;
@@ -484,6 +492,7 @@ static int emit_reduce(kctx *k, llvm_group *lg) {
   const ir_func *f = g->f;
   rplan rp;
   rplan_init(&rp, g);
+  int nr = g->n_out - g->n_side; /* the reductions, then the side outputs */
   bool column = rp.it->rank > 0 && !rp.reduced[rp.it->rank - 1] && rp.first->attrs.naxes > 0;
   int form = column || rp.len < WARP ? RED_THREAD : rp.len < BLOCK_ROW ? RED_WARP : RED_BLOCK;
   if (g->n_out > 16) return kiln_set_error("cuda: @%s: a kernel with more than 16 reductions", k->cb->f->name);
@@ -491,7 +500,7 @@ static int emit_reduce(kctx *k, llvm_group *lg) {
   LLVMValueRef acc[16] = {0}, shared[16] = {0};
   op_id ops[16];
   kiln_dtype dt = rp.it->dtype;
-  for (int o = 0; o < g->n_out; o++) {
+  for (int o = 0; o < nr; o++) {
     ops[o] = f->instrs[f->def[g->out[o]]].op;
     at[o] = llvm_reduce_type(e, ops[o], dt);
     acc[o] = LLVMBuildAlloca(b, at[o], "acc");
@@ -515,7 +524,7 @@ static int emit_reduce(kctx *k, llvm_group *lg) {
     if (form == RED_WARP) lane = LLVMBuildAnd(b, sreg(e, "tid.x"), llvm_i32(e, WARP - 1), "");
     o = grid_loop_begin(e, &lo, rp.n_out, form == RED_WARP ? WARP : 1);
   }
-  for (int q = 0; q < g->n_out; q++) LLVMBuildStore(b, llvm_reduce_identity(e, ops[q], dt), acc[q]);
+  for (int q = 0; q < nr; q++) LLVMBuildStore(b, llvm_reduce_identity(e, ops[q], dt), acc[q]);
   /* this thread's share of the row */
   LLVMTypeRef rt = index_type(e, rp.len);
   LLVMValueRef r0 = form == RED_THREAD ? llvm_const_i(rt, 0)
@@ -529,10 +538,10 @@ static int emit_reduce(kctx *k, llvm_group *lg) {
   if (accumulate(k, lg, dt, ops, at, acc, &xidx)) return -1;
   sloop_end(e, &lr);
   LLVMValueRef v[16];
-  for (int q = 0; q < g->n_out; q++) v[q] = LLVMBuildLoad2(b, at[q], acc[q], "");
+  for (int q = 0; q < nr; q++) v[q] = LLVMBuildLoad2(b, at[q], acc[q], "");
   if (form != RED_THREAD) /* across the warp: every lane ends with the total */
     for (int m = WARP / 2; m >= 1; m /= 2)
-      for (int q = 0; q < g->n_out; q++) v[q] = llvm_reduce_combine(e, ops[q], dt, v[q], shfl_xor(e, v[q], m));
+      for (int q = 0; q < nr; q++) v[q] = llvm_reduce_combine(e, ops[q], dt, v[q], shfl_xor(e, v[q], m));
   LLVMValueRef fn = k->fn;
   if (form == RED_BLOCK) { /* warps' totals through shared memory, then warp 0 */
     LLVMValueRef warp = LLVMBuildLShr(b, tid, llvm_i32(e, 5), "");
@@ -541,13 +550,13 @@ static int emit_reduce(kctx *k, llvm_group *lg) {
                       sync = LLVMAppendBasicBlockInContext(e->ctx, fn, "sync");
     LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntEQ, wl, llvm_i32(e, 0), ""), put, sync);
     LLVMPositionBuilderAtEnd(b, put);
-    for (int q = 0; q < g->n_out; q++) LLVMBuildStore(b, v[q], shared_gep(e, at[q], shared[q], warp));
+    for (int q = 0; q < nr; q++) LLVMBuildStore(b, v[q], shared_gep(e, at[q], shared[q], warp));
     LLVMBuildBr(b, sync);
     LLVMPositionBuilderAtEnd(b, sync);
     barrier(e);
     LLVMValueRef in_range = LLVMBuildICmp(b, LLVMIntULT, wl, llvm_i32(e, THREADS / WARP), "");
     LLVMValueRef safe = LLVMBuildSelect(b, in_range, wl, llvm_i32(e, 0), "");
-    for (int q = 0; q < g->n_out; q++) {
+    for (int q = 0; q < nr; q++) {
       LLVMValueRef part = LLVMBuildLoad2(b, at[q], shared_gep(e, at[q], shared[q], safe), "");
       v[q] = LLVMBuildSelect(b, in_range, part, llvm_reduce_identity(e, ops[q], dt), "");
       for (int m = WARP / 2; m >= 1; m /= 2) v[q] = llvm_reduce_combine(e, ops[q], dt, v[q], shfl_xor(e, v[q], m));
@@ -562,7 +571,7 @@ static int emit_reduce(kctx *k, llvm_group *lg) {
     LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntEQ, lane, llvm_i32(e, 0), ""), store, next);
     LLVMPositionBuilderAtEnd(b, store);
   }
-  for (int q = 0; q < g->n_out; q++)
+  for (int q = 0; q < nr; q++)
     llvm_emit_store(e, rp.ot->dtype, k->outp[q], o, llvm_reduce_finish(e, ops[q], dt, v[q]));
   if (lane) {
     LLVMBuildBr(b, next);
@@ -583,6 +592,7 @@ static int emit_column(kctx *k, llvm_group *lg) {
   const colplan *cp = &k->col;
   rplan rp;
   rplan_init(&rp, g);
+  int nr = g->n_out - g->n_side; /* the reductions, then the side outputs */
   if (g->n_out > 16) return kiln_set_error("cuda: @%s: a kernel with more than 16 reductions", k->cb->f->name);
   cuda_step *st = k->st;
   st->grid[0] = (unsigned)cp->tiles, st->grid[1] = (unsigned)cp->split, st->grid[2] = 1;
@@ -591,7 +601,7 @@ static int emit_column(kctx *k, llvm_group *lg) {
   LLVMTypeRef at[16];
   LLVMValueRef acc[16], shared[16];
   op_id ops[16];
-  for (int q = 0; q < g->n_out; q++) {
+  for (int q = 0; q < nr; q++) {
     ops[q] = f->instrs[f->def[g->out[q]]].op;
     at[q] = llvm_reduce_type(e, ops[q], dt);
     acc[q] = LLVMBuildAlloca(b, at[q], "acc");
@@ -625,7 +635,7 @@ static int emit_column(kctx *k, llvm_group *lg) {
   LLVMBuildBr(b, tree);
   LLVMPositionBuilderAtEnd(b, tree);
   /* the tree over ty: halves fold into the lower half, a barrier each */
-  for (int q = 0; q < g->n_out; q++)
+  for (int q = 0; q < nr; q++)
     LLVMBuildStore(b, LLVMBuildLoad2(b, at[q], acc[q], ""), shared_gep(e, at[q], shared[q], tid));
   barrier(e);
   for (int half = cp->ty / 2; half >= 1; half /= 2) {
@@ -634,7 +644,7 @@ static int emit_column(kctx *k, llvm_group *lg) {
     LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntULT, ty, llvm_i32(e, half), ""), fold, sync);
     LLVMPositionBuilderAtEnd(b, fold);
     LLVMValueRef other = LLVMBuildAdd(b, tid, llvm_i32(e, half * cp->tx), "");
-    for (int q = 0; q < g->n_out; q++) {
+    for (int q = 0; q < nr; q++) {
       LLVMValueRef mine = shared_gep(e, at[q], shared[q], tid);
       LLVMValueRef v = llvm_reduce_combine(e, ops[q], dt, LLVMBuildLoad2(b, at[q], mine, ""),
                                            LLVMBuildLoad2(b, at[q], shared_gep(e, at[q], shared[q], other), ""));
@@ -648,7 +658,7 @@ static int emit_column(kctx *k, llvm_group *lg) {
                     done = LLVMAppendBasicBlockInContext(e->ctx, k->fn, "stored");
   LLVMBuildCondBr(b, LLVMBuildAnd(b, ok, LLVMBuildICmp(b, LLVMIntEQ, ty, llvm_i32(e, 0), ""), ""), store, done);
   LLVMPositionBuilderAtEnd(b, store);
-  for (int q = 0; q < g->n_out; q++) {
+  for (int q = 0; q < nr; q++) {
     LLVMValueRef v = LLVMBuildLoad2(b, at[q], shared_gep(e, at[q], shared[q], tid), "");
     if (cp->split == 1) {
       llvm_emit_store(e, rp.ot->dtype, k->outp[q], o, llvm_reduce_finish(e, ops[q], dt, v));

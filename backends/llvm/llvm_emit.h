@@ -133,7 +133,7 @@ bool llvm_dot_inline(const ir_func *f, const ir_instr *in);
  * nothing in the body reads, with side_outputs maybe values of the
  * reductions' input shape too (elementwise results a reduction kernel
  * stores as it reads each element: a batch norm backward's dy after relu
- * beside its two sums). */
+ * beside its two sums; plan_kernel.n_side). */
 bool llvm_fusion_one_kernel(const ir_func *c, bool (*dot_ok)(const ir_func *c, const ir_instr *in), bool side_outputs);
 
 /* ---- reductions: the accumulator, in a type wide enough (f64 for f32
