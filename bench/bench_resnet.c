@@ -181,7 +181,8 @@ static int time_mode(mode *md, resnet_model *m, kiln_tensor *x, kiln_tensor *lab
 /* ---- --breakdown: where an eager training step's time goes ----
  * Each piece of the step timed alone with the step's shapes (median of
  * `reps` after a warm-up): every conv's forward, input gradient (conv2d_
- * transpose) and filter gradient (a tape's, less the forward), every batch norm's
+ * transpose; none for the stem, whose images need none) and filter
+ * gradient (a tape's, less the forward), every batch norm's
  * training forward (moments + batch_norm) and its backward (a tape's
  * gradient w.r.t. x, scale and offset, less the forward), relu, its
  * gradient and the residual adds (timed on layer1's 56x56x256 output and
@@ -283,8 +284,11 @@ static int breakdown(resnet_model *m, int64_t batch, int reps, double *sec) {
     p.o.stride[0] = p.o.stride[1] = g->stride;
     for (int k = 0; k < 4; k++) p.o.padding[k] = (int)(g->k / 2);
     p.hw_in[0] = p.hw_in[1] = g->hw_in;
-    double t[3];
-    for (p.what = 0; p.what < 3 && !rc; p.what++) t[p.what] = piece_time(&p, reps, &rc);
+    double t[3] = {0, 0, 0};
+    /* the stem reads the images, which need no gradient: the step computes
+     * no input gradient for it */
+    for (p.what = 0; p.what < 3 && !rc; p.what++)
+      if (p.what != 1 || i > 0) t[p.what] = piece_time(&p, reps, &rc);
     if (!rc) sec[BK_CONV_FWD] += t[0], sec[BK_CONV_BPI] += t[1], sec[BK_CONV_BPF] += t[2] - t[0];
     conv_sec[i][0] = t[0], conv_sec[i][1] = t[1], conv_sec[i][2] = t[2] - t[0];
     /* the batch norm after this conv, on its output */
@@ -342,15 +346,18 @@ static int breakdown(resnet_model *m, int64_t batch, int reps, double *sec) {
 /* the convs' GFLOP/s by kind, and the slowest layers (summed over their three kinds, merged by shape) */
 static void print_convs(const resnet_model *m, int64_t batch, double peak) {
   static const char *const kind[3] = {"forward", "input gradient", "filter gradient"};
-  double flops = 0, t[3] = {0, 0, 0};
+  double flops[3] = {0, 0, 0}, t[3] = {0, 0, 0};
   for (int i = 0; i < m->nconvs; i++) {
     const rn_conv_geo *g = &m->convs[i];
-    flops += 2.0 * (double)(batch * g->hw_out * g->hw_out) * (double)(g->k * g->k * g->cin * g->cout);
-    for (int k = 0; k < 3; k++) t[k] += conv_sec[i][k];
+    for (int k = 0; k < 3; k++)
+      if (conv_sec[i][k] > 0) { /* the stem's input gradient: none */
+        flops[k] += 2.0 * (double)(batch * g->hw_out * g->hw_out) * (double)(g->k * g->k * g->cin * g->cout);
+        t[k] += conv_sec[i][k];
+      }
   }
   for (int k = 0; k < 3; k++)
-    printf("  convs' %-16s %7.1f GFLOP/s  %5.1f%% of the FMA peak\n", kind[k], flops / t[k] * 1e-9,
-           100 * flops / t[k] * 1e-9 / peak);
+    printf("  convs' %-16s %7.1f GFLOP/s  %5.1f%% of the FMA peak\n", kind[k], flops[k] / t[k] * 1e-9,
+           100 * flops[k] / t[k] * 1e-9 / peak);
   /* layers of the same shape together: shape key -> time, flops, count */
   double lt[RN_MAX_CONVS][3], lf[RN_MAX_CONVS];
   int first[RN_MAX_CONVS], count[RN_MAX_CONVS], n = 0;
@@ -378,7 +385,8 @@ static void print_convs(const resnet_model *m, int64_t batch, double peak) {
     printf("    %2dx %lldx%lld %4lld->%-4lld /%d at %3lldx%-3lld %6.0f / %6.0f / %6.0f ms  %5.0f / %5.0f / %5.0f GFLOP/s\n",
            count[best], (long long)g->k, (long long)g->k, (long long)g->cin, (long long)g->cout, g->stride,
            (long long)g->hw_in, (long long)g->hw_in, lt[best][0] * 1e3, lt[best][1] * 1e3, lt[best][2] * 1e3,
-           lf[best] / lt[best][0] * 1e-9, lf[best] / lt[best][1] * 1e-9, lf[best] / lt[best][2] * 1e-9);
+           lf[best] / lt[best][0] * 1e-9, lt[best][1] > 0 ? lf[best] / lt[best][1] * 1e-9 : 0,
+           lf[best] / lt[best][2] * 1e-9);
     count[best] = -count[best];
   }
 }
