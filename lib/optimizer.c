@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "autodiff.h"
+#include "sgd_eager.h"
 #include "variable.h"
 #include "../jit/jit.h"
 
@@ -249,6 +250,10 @@ static int update(kiln_optimizer *o, kiln_variable *var, kiln_dtype dt, kiln_ten
   kiln_dtype cd = compute_dtype(dt);
   if (cd != dt) g = kiln_cast(g, cd);
   kiln_tensor *delta = NULL, *m = NULL, *v = NULL;
+  if (o->kind == OPT_MOMENTUM && cd == dt) { /* eagerly: one pass */
+    int rc = sgd_momentum_eager(var, s->m, g, o->momentum, o->lr, o->nesterov);
+    if (rc <= 0) return rc;
+  }
   switch (o->kind) {
   case OPT_SGD:
     delta = scaled(g, o->lr);

@@ -89,6 +89,46 @@ TEST(Optimizer, NesterovTwoSteps) {
   EXPECT_NEAR(read<float>(w)[0], 0.349f, 1e-6);
 }
 
+// The eager momentum step in one pass (sgd_eager.c) has the bits of the
+// ops it replaces (m = m * 0.9 + g; w = w - m * 0.1; Nesterov: w = w - (g +
+// m * 0.9) * 0.1), run here as eager ops: f32 and f64, three steps over
+// NaN, infinities, -0, subnormals and huge values in the variable and the
+// gradients, 70000 elements (many tasks).
+TEST(Optimizer, MomentumInOnePassEqualsTheOpsBitForBit) {
+  Scoped s;
+  const int64_t n = 70000;
+  const double specials[] = {NAN, INFINITY, -INFINITY, -0.0, 0.0, 1e-40, -3e-310, 3e38, -1e300, 1.0};
+  for (kiln_dtype dt : {KILN_F32, KILN_F64}) {
+    for (bool nesterov : {false, true}) {
+      SCOPED_TRACE(std::string(kiln_dtype_name(dt)) + (nesterov ? " nesterov" : " plain"));
+      Owned own;
+      unsigned seed = 7;
+      auto draw = [&]() {
+        std::vector<double> v((size_t)n);
+        for (int64_t i = 0; i < n; i++) {
+          seed = seed * 1103515245u + 12345u;
+          v[(size_t)i] = (seed >> 8) % 50 == 0 ? specials[(seed >> 16) % 10] : ((double)(seed >> 9) / 8388608.0 - 1) * 3;
+        }
+        return kiln_cast(kiln_tensor_new(KILN_F64, KILN_SHAPE(n), v.data()), dt);
+      };
+      kiln_tensor *w = draw(), *m = kiln_zeros(dt, KILN_SHAPE(n));
+      kiln_variable *fast = own.var(w, "fast");
+      kiln_optimizer *o = own.opt(kiln_sgd_momentum_new(0.1, 0.9, nesterov));
+      kiln_tensor *mom = kiln_scalar(dt, 0.9), *lr = kiln_scalar(dt, 0.1);
+      for (int step = 0; step < 3; step++) {
+        kiln_tensor *g = draw();
+        ASSERT_EQ(apply1(o, fast, g), 0) << kiln_last_error();
+        m = kiln_add(kiln_mul(m, mom), g);
+        w = kiln_sub(w, kiln_mul(nesterov ? kiln_add(g, kiln_mul(m, mom)) : m, lr));
+        ASSERT_NE(w, nullptr) << kiln_last_error();
+        kiln_tensor *got = kiln_variable_read(fast);
+        size_t bytes = (size_t)n * kiln_dtype_size(dt);
+        EXPECT_EQ(memcmp(kiln_tensor_data(got), kiln_tensor_data(w), bytes), 0) << "step " << step;
+      }
+    }
+  }
+}
+
 TEST(Optimizer, MomentumZeroIsSgd) {
   Scoped s;
   Owned own;
