@@ -151,9 +151,10 @@ static int time_mode(mode *md, resnet_model *m, kiln_tensor *x, kiln_tensor *lab
     printf("kiln  resnet50 %-12s batch %lld: %7.2f img/s  %5.1f%% of the FMA peak  (median of %d, %.0f ms per step",
            md->name, (long long)batch, md->ips, 100 * flops / med * 1e-9 / peak, runs, med * 1e3);
     if (md->train) printf(", loss %.4f", last_loss);
-    printf(")\n      per step: %.2f GB of fresh pages faulted in (%.0f minor faults), %.0f ms of system time; "
-           "peak RSS so far %.1f GB\n",
-           faults * 4096 / 1e9, faults, sys * 1e3, (double)ru1.ru_maxrss / 1e6);
+    /* a fault brings in 4 KiB, or 2 MiB of a huge page (alloc.c asks for
+     * them): the count, not bytes */
+    printf(")\n      per step: %.0f minor page faults, %.0f ms of system time; peak RSS so far %.1f GB\n", faults,
+           sys * 1e3, (double)ru1.ru_maxrss / 1e6);
     char key[96];
     snprintf(key, sizeof key, "resnet.b%lld.%s.kiln-%s", (long long)batch, md->train ? "train" : "infer",
              md->staged ? "staged" : "eager");
