@@ -1697,6 +1697,31 @@ TEST(CpuBackend, TenThousandOpChainCompilesOnASmallStack) {
 
 }  // namespace
 
+// A function @s of plain ops, fused by the pass, and the fusions it must
+// become: it equals the interpreter and compiles to `kernels` kernels.
+struct FusedCase {
+  const char *text;
+  std::vector<kiln_tensor *> args;
+  int kernels;
+  Tol tol;
+};
+
+void check_fused(const FusedCase &c, int fusions) {
+  ir_module *m = ir_parse(c.text, "fused.kir");
+  ASSERT_NE(m, nullptr) << kiln_last_error();
+  ir_func *f = ir_module_find(m, "s");
+  ASSERT_EQ(kiln_pass_fuse(f), 0) << kiln_last_error();
+  if (fusions >= 0) {
+    int n = 0;
+    for (int i = 0; i < f->n_instrs; i++) n += f->instrs[i].op == OP_FUSION;
+    EXPECT_EQ(n, fusions) << c.text;
+  }
+  int kernels = 0;
+  EXPECT_TRUE(same_as_interpreter(f, c.args, c.tol, c.text, &kernels));
+  EXPECT_EQ(kernels, c.kernels) << c.text;
+  ir_module_free(m);
+}
+
 // A column reduction too narrow to share among the threads (a [C] result
 // over N x H x W rows, C <= 768) is split (kernel.c's column_parts): a
 // first pass of partials per part of the rows, a second adding them in part
@@ -1707,13 +1732,7 @@ TEST(CpuBackend, TenThousandOpChainCompilesOnASmallStack) {
 TEST(CpuBackend, NarrowColumnReductionsAreSplitIntoParts) {
   Scoped scope;
   std::mt19937 rng(41);
-  struct Split {
-    const char *text;
-    std::vector<kiln_tensor *> args;
-    int kernels;
-    Tol tol;
-  };
-  const Split cases[] = {
+  const FusedCase cases[] = {
       {"func @s(%x: f32[8,56,56,64], %m: f32[1,1,1,64]) -> (f32[1,1,1,64], f32[64]) {\n"
        "  %a = reduce_sum %x {axes=[0,1,2], keepdims=true} : f32[1,1,1,64]\n"
        "  %d = sub %x, %m : f32[8,56,56,64]\n"
@@ -1755,16 +1774,7 @@ TEST(CpuBackend, NarrowColumnReductionsAreSplitIntoParts) {
        1,
        Tol{0, 1e-6, 0}},
   };
-  for (const Split &c : cases) {
-    ir_module *m = ir_parse(c.text, "split.kir");
-    ASSERT_NE(m, nullptr) << kiln_last_error();
-    ir_func *f = ir_module_find(m, "s");
-    ASSERT_EQ(kiln_pass_fuse(f), 0) << kiln_last_error();
-    int kernels = 0;
-    EXPECT_TRUE(same_as_interpreter(f, c.args, c.tol, c.text, &kernels));
-    EXPECT_EQ(kernels, c.kernels) << c.text;
-    ir_module_free(m);
-  }
+  for (const FusedCase &c : cases) check_fused(c, -1);
 }
 
 // A fusion of reductions that also returns elementwise values of their
@@ -1777,13 +1787,7 @@ TEST(CpuBackend, NarrowColumnReductionsAreSplitIntoParts) {
 TEST(CpuBackend, ReductionKernelsStoreTheirSideOutputs) {
   Scoped scope;
   std::mt19937 rng(43);
-  struct Side {
-    const char *text;
-    std::vector<kiln_tensor *> args;
-    int kernels;
-    Tol tol;
-  };
-  const Side cases[] = {
+  const FusedCase cases[] = {
       {"func @s(%x: f32[8,28,28,128], %m: f32[1,1,1,128], %r: f32[128], %w: f32[128], %b: f32[128], %z: f32[],"
        " %dy: f32[8,28,28,128]) -> (f32[8,28,28,128], f32[1,1,1,128], f32[1,1,1,128]) {\n"
        "  %5 = sub %x, %m : f32[8,28,28,128]\n"
@@ -1828,17 +1832,5 @@ TEST(CpuBackend, ReductionKernelsStoreTheirSideOutputs) {
        1,
        Tol{0, 0, 0, true}},
   };
-  for (const Side &c : cases) {
-    ir_module *m = ir_parse(c.text, "side.kir");
-    ASSERT_NE(m, nullptr) << kiln_last_error();
-    ir_func *f = ir_module_find(m, "s");
-    ASSERT_EQ(kiln_pass_fuse(f), 0) << kiln_last_error();
-    int fusions = 0;
-    for (int i = 0; i < f->n_instrs; i++) fusions += f->instrs[i].op == OP_FUSION;
-    EXPECT_EQ(fusions, 1) << c.text;
-    int kernels = 0;
-    EXPECT_TRUE(same_as_interpreter(f, c.args, c.tol, c.text, &kernels));
-    EXPECT_EQ(kernels, c.kernels) << c.text;
-    ir_module_free(m);
-  }
+  for (const FusedCase &c : cases) check_fused(c, 1);
 }

@@ -184,24 +184,25 @@ static int emit_combine_columns(cpu_build *cb, const plan_kernel *g, LLVMValueRe
   return 0;
 }
 
+/* Outputs [first, first + n) of g at idx (linear index at), from the
+ * kernel's parameters of the same numbers (llvm_emit_outputs). */
+static int emit_outputs_from(const plan_kernel *g, llvm_group *lg, LLVMValueRef fn, int first, int n, llvm_index *idx,
+                             LLVMValueRef at) {
+  if (n == 0) return 0;
+  LLVMValueRef *p = malloc((size_t)n * sizeof *p);
+  if (!p) return cpu_oom();
+  for (int k = 0; k < n; k++) p[k] = LLVMGetParam(fn, (unsigned)(first + k));
+  int rc = llvm_emit_outputs(lg, n, g->out + first, p, idx, at);
+  free(p);
+  return rc;
+}
+
 /* A reduction kernel's side outputs (plan_kernel.n_side) at xidx, an
- * element of the reductions' input (their shape): each computed from what
- * the reductions read there and stored after it. */
+ * element of the reductions' input (their shape), stored as the
+ * reductions read it. */
 static int emit_side_outputs(const plan_kernel *g, llvm_group *lg, LLVMValueRef fn, llvm_index *xidx) {
   if (!g->n_side) return 0;
-  LLVMValueRef *v = malloc((size_t)g->n_side * sizeof *v);
-  if (!v) return cpu_oom();
-  int first = g->n_out - g->n_side;
-  for (int k = 0; k < g->n_side; k++)
-    if (!(v[k] = llvm_emit_value(lg, g->out[first + k], xidx))) {
-      free(v);
-      return -1;
-    }
-  LLVMValueRef at = llvm_index_get_linear(lg->e, xidx);
-  for (int k = 0; k < g->n_side; k++)
-    llvm_emit_store(lg->e, g->f->types[g->out[first + k]].dtype, LLVMGetParam(fn, (unsigned)(first + k)), at, v[k]);
-  free(v);
-  return 0;
+  return emit_outputs_from(g, lg, fn, g->n_out - g->n_side, g->n_side, xidx, llvm_index_get_linear(lg->e, xidx));
 }
 
 /* A reduction whose innermost input dims are kept: for each tile of an
@@ -582,21 +583,9 @@ static bool reads_across_rows(const plan_kernel *g) {
   return false;
 }
 
-/* Stores each of g's outputs at idx (linear index at): every output's
- * value first, then the stores, so an output stored over a loop's state
- * (plan_policy.state_in_place) follows every load of that element. */
+/* Stores each of g's outputs at idx (linear index at) */
 static int emit_outputs(const plan_kernel *g, llvm_group *lg, LLVMValueRef fn, llvm_index *idx, LLVMValueRef at) {
-  LLVMValueRef *v = malloc(((size_t)g->n_out + 1) * sizeof *v);
-  if (!v) return cpu_oom();
-  for (int k = 0; k < g->n_out; k++)
-    if (!(v[k] = llvm_emit_value(lg, g->out[k], idx))) {
-      free(v);
-      return -1;
-    }
-  for (int k = 0; k < g->n_out; k++)
-    llvm_emit_store(lg->e, g->f->types[g->out[k]].dtype, LLVMGetParam(fn, (unsigned)k), at, v[k]);
-  free(v);
-  return 0;
+  return emit_outputs_from(g, lg, fn, 0, g->n_out, idx, at);
 }
 
 /* ---- packed rows: short rows, expensive elementwise tails ---- */

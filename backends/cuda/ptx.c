@@ -359,18 +359,7 @@ int cuda_emit_element(llvm_emit *e, llvm_group *lg, const plan_kernel *g, LLVMVa
   const ir_func *f = g->f;
   llvm_index idx;
   llvm_index_linear(&idx, &f->types[g->out[0]], i);
-  /* every output's value first, then the stores: an output stored over a
-   * loop's state (plan_policy.state_in_place, plan.c) follows every load
-   * of that element */
-  LLVMValueRef *v = malloc(((size_t)g->n_out + 1) * sizeof *v);
-  if (!v) return cuda_oom();
-  for (int o = 0; o < g->n_out; o++)
-    if (!(v[o] = llvm_emit_value(lg, g->out[o], &idx))) {
-      free(v);
-      return -1;
-    }
-  for (int o = 0; o < g->n_out; o++) llvm_emit_store(e, f->types[g->out[o]].dtype, outp[o], i, v[o]);
-  free(v);
+  if (llvm_emit_outputs(lg, g->n_out, g->out, outp, &idx, i)) return -1;
   flush_bad(e, lg, bad);
   llvm_group_forget(lg);
   return 0;
@@ -432,11 +421,8 @@ static int accumulate(kctx *k, llvm_group *lg, kiln_dtype dt, const op_id *ops, 
   }
   /* the side outputs (plan_kernel.n_side): each element of the input is
    * read by one thread once, which stores them there */
-  LLVMValueRef side[16];
-  for (int q = nr; q < g->n_out; q++)
-    if (!(side[q - nr] = llvm_emit_value(lg, g->out[q], xidx))) return -1;
-  LLVMValueRef at_x = g->n_side ? llvm_index_get_linear(e, xidx) : NULL;
-  for (int q = nr; q < g->n_out; q++) llvm_emit_store(e, f->types[g->out[q]].dtype, k->outp[q], at_x, side[q - nr]);
+  if (g->n_side && llvm_emit_outputs(lg, g->n_side, g->out + nr, k->outp + nr, xidx, llvm_index_get_linear(e, xidx)))
+    return -1;
   flush_bad(e, lg, k->bad);
   llvm_group_forget(lg);
   return 0;

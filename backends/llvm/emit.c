@@ -635,6 +635,20 @@ void llvm_splat_all(llvm_emit *e, int lanes, LLVMValueRef *x, int n) {
   for (int i = 0; any && i < n; i++) x[i] = llvm_splat(e, lanes, x[i]);
 }
 
+int llvm_emit_outputs(llvm_group *g, int n, const ir_value *vals, LLVMValueRef const *ptrs, llvm_index *idx,
+                      LLVMValueRef at) {
+  LLVMValueRef *v = malloc(((size_t)n + 1) * sizeof *v);
+  if (!v) return kiln_set_error("llvm: out of memory");
+  for (int k = 0; k < n; k++)
+    if (!(v[k] = llvm_emit_value(g, vals[k], idx))) {
+      free(v);
+      return -1;
+    }
+  for (int k = 0; k < n; k++) llvm_emit_store(g->e, g->f->types[vals[k]].dtype, ptrs[k], at, v[k]);
+  free(v);
+  return 0;
+}
+
 /* the same shape (any dtypes) */
 static bool same_dims(const op_type *a, const op_type *b) {
   if (a->rank != b->rank) return false;

@@ -110,6 +110,13 @@ LLVMValueRef llvm_emit_value(llvm_group *g, ir_value v, llvm_index *idx);
  * (the store instruction is returned, for metadata). */
 LLVMValueRef llvm_emit_load(llvm_emit *e, kiln_dtype dt, LLVMValueRef p, LLVMValueRef i);
 LLVMValueRef llvm_emit_store(llvm_emit *e, kiln_dtype dt, LLVMValueRef p, LLVMValueRef i, LLVMValueRef v);
+/* A kernel's outputs at one element: values vals[0..n) (of g's function)
+ * at idx, each stored in its dtype at linear index at of ptrs[k]. Every
+ * value first, then the stores, so an output stored over a loop's state
+ * (plan_policy.state_in_place) follows every load of that element. 0, or
+ * -1 with the error set. */
+int llvm_emit_outputs(llvm_group *g, int n, const ir_value *vals, LLVMValueRef const *ptrs, llvm_index *idx,
+                      LLVMValueRef at);
 
 /* Whether every instruction of the group reads its inputs at the output's
  * own linear index (or at a single element): then the group can run as one
