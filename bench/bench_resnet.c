@@ -95,12 +95,13 @@ static double mem_available(void) {
   return kb < 0 ? -1 : kb * 1024;
 }
 
-/* The memory a mode needs at this batch, from peak RSS measured at batch 8
- * (eager training 9.0 GB: the tape keeps every intermediate; staged
- * training 2.2 GB, a 1.69 GB arena, and 7.2 GB at batch 32, a 6.77 GB
- * arena, since backends/plan/arena.c; inference well under 1 GB), with room. */
+/* The memory a mode needs at this batch, from the peak RSS measured (eager
+ * training 2.0 GB at batch 8 and 6.1 GB at batch 32 since the tape's walk
+ * frees as it goes: 3.3 and 10.5 GB before; staged training 2.2 GB, a 1.69
+ * GB arena, and 7.2 GB at batch 32, a 6.77 GB arena, since
+ * backends/plan/arena.c; inference well under 1 GB), with room. */
 static double mode_bytes(const mode *md, int64_t batch) {
-  double per_image = md->train ? (md->staged ? 0.25e9 : 1.15e9) : 0.1e9;
+  double per_image = md->train ? (md->staged ? 0.25e9 : 0.3e9) : 0.1e9;
   return 0.6e9 + per_image * (double)batch;
 }
 

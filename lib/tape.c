@@ -61,11 +61,16 @@ static map_entry *map_insert(ptr_map *m, kiln_tensor *key, bool *added) {
   return &m->slots[i];
 }
 
+/* The value of a tracked entry whose key a walk has released already (the
+ * tracked map's values are otherwise NULL): the key stays as a tombstone. */
+static kiln_tensor released_key_mark;
+#define RELEASED_KEY (&released_key_mark)
+
 /* Releases every key (and value, if owned) and the table. */
 static void map_free(ptr_map *m, bool release_keys, bool release_values) {
   for (int64_t i = 0; i < m->cap; i++) {
     if (!m->slots[i].key) continue;
-    if (release_keys) kiln_release(m->slots[i].key);
+    if (release_keys && m->slots[i].value != RELEASED_KEY) kiln_release(m->slots[i].key);
     if (release_values) kiln_release(m->slots[i].value);
   }
   free(m->slots);
@@ -157,16 +162,20 @@ void kiln_tape_end(kiln_tape *tape) {
   tape_active_count--;
 }
 
+/* Drops what node nd holds (its inputs, result, attributes and closure);
+ * it is left empty, so dropping it again does nothing. */
+static void drop_node(tape_node *nd) {
+  kiln_tensor **ins = node_inputs(nd);
+  for (int j = 0; j < nd->n; j++) kiln_release(ins[j]);
+  kiln_release(nd->out);
+  if (nd->closure) nd->closure->release(nd->user);
+  free(nd->big);
+  free(nd->attrs);
+  *nd = (tape_node){.op = OP_COUNT};
+}
+
 static void free_nodes(kiln_tape *tape) {
-  for (int64_t i = 0; i < tape->n_nodes; i++) {
-    tape_node *nd = &tape->nodes[i];
-    kiln_tensor **ins = node_inputs(nd);
-    for (int j = 0; j < nd->n; j++) kiln_release(ins[j]);
-    kiln_release(nd->out);
-    if (nd->closure) nd->closure->release(nd->user);
-    free(nd->big);
-    free(nd->attrs);
-  }
+  for (int64_t i = 0; i < tape->n_nodes; i++) drop_node(&tape->nodes[i]);
   free(tape->nodes);
   tape->nodes = NULL;
   tape->n_nodes = tape->cap_nodes = 0;
@@ -334,8 +343,6 @@ static int check_grad_shape(const char *what, int i, const kiln_tensor *dx, cons
                         kiln_dtype_name((kiln_dtype)x->dtype), shape_str(b, sizeof b, x->rank, x->shape));
 }
 
-/* Walks nodes [0, end) backwards from grads[target] = ones. Everything made
- * lands in the caller's open scope. */
 /* The tensors of nodes [0, end) through which some source is reached:
  * the sources, and the outputs of nodes with such an input. Gradients are
  * worth computing only for these (a batch of inputs to a model needs none). */
@@ -355,14 +362,47 @@ static int mark_useful(kiln_tape *tape, int64_t end, int n, kiln_tensor *const *
   return 0;
 }
 
-static int backward(kiln_tape *tape, int64_t end, const ptr_map *useful, ptr_map *grads) {
+/* Has the walk done with t's gradient (it is no source)? Then the walk
+ * gives it up, and a tape that is done with t (drop) gives t up too. */
+static void forget(kiln_tape *tape, ptr_map *grads, const ptr_map *sources, kiln_tensor *t, bool drop) {
+  if (!t || map_find(sources, t)) return;
+  map_entry *g = map_find(grads, t);
+  if (g && g->value) {
+    kiln_release(g->value);
+    g->value = NULL;
+  }
+  map_entry *k = drop ? map_find(&tape->tracked, t) : NULL;
+  if (k && k->value != RELEASED_KEY) {
+    k->value = RELEASED_KEY;
+    kiln_release(t);
+  }
+}
+
+/* The walk from node end - 1 down to node 0. grads owns its values (one
+ * reference each). Each node's rule runs in a scope of its own, which
+ * closes once its results are added in: only the gradients still to be
+ * used stay alive, as in PyTorch's engine, not every intermediate of the
+ * backward pass. The gradient of a node's result is given up once the
+ * node is done: every node that reads the result was walked before it.
+ * With drop (a tape that takes one gradient), the tape also gives up each
+ * node as it is walked, and with it the forward's intermediates it kept,
+ * so that the step's memory shrinks as the walk goes on. A tensor given up
+ * may be freed and its address reused, but only by a tensor made during
+ * the walk, which no later lookup asks about: every key still looked up
+ * belongs to a node not walked yet, which keeps it alive. */
+static int backward(kiln_tape *tape, int64_t end, const ptr_map *useful, const ptr_map *sources, ptr_map *grads,
+                    bool drop) {
   enum { SMALL = 8 };
   for (int64_t k = end; k-- > 0;) {
     /* a copy: the rules may record onto this tape and move its node array */
     tape_node node = tape->nodes[k], *nd = &node;
     kiln_tensor **in = node_inputs(nd);
-    map_entry *e = map_find(grads, nd->out);
-    if (!e || !e->value || !map_find(useful, nd->out)) continue;
+    map_entry *e = nd->out ? map_find(grads, nd->out) : NULL;
+    if (!e || !e->value || !map_find(useful, nd->out)) {
+      forget(tape, grads, sources, nd->out, drop);
+      if (drop) drop_node(&tape->nodes[k]);
+      continue;
+    }
     kiln_tensor *small[SMALL] = {NULL}, **dx = nd->n <= SMALL ? small : calloc((size_t)nd->n, sizeof *dx);
     bool need_small[SMALL] = {false}, *need = nd->n <= SMALL ? need_small : calloc((size_t)nd->n, sizeof *need);
     if (!dx || !need) {
@@ -372,6 +412,7 @@ static int backward(kiln_tape *tape, int64_t end, const ptr_map *useful, ptr_map
     }
     for (int i = 0; i < nd->n; i++)
       need[i] = differentiable(in[i]) && tracks(tape, in[i]) && map_find(useful, in[i]);
+    kiln_scope_push();
     int rc;
     const char *what;
     if (nd->custom) {
@@ -393,12 +434,21 @@ static int backward(kiln_tape *tape, int64_t end, const ptr_map *useful, ptr_map
         rc = kiln_set_error("tape_gradient: out of memory");
         break;
       }
-      acc->value = acc->value ? kiln_add(acc->value, dx[i]) : dx[i];
-      if (!acc->value) rc = -1;
+      kiln_tensor *sum = acc->value ? kiln_add(acc->value, dx[i]) : dx[i];
+      if (!sum) {
+        rc = -1;
+        break;
+      }
+      kiln_retain(sum); /* past the node's scope */
+      kiln_release(acc->value);
+      acc->value = sum;
     }
+    kiln_scope_pop();
     if (dx != small) free(dx);
     if (need != need_small) free(need);
     if (rc) return -1;
+    forget(tape, grads, sources, nd->out, drop);
+    if (drop) drop_node(&tape->nodes[k]);
   }
   return 0;
 }
@@ -448,22 +498,24 @@ static int walk(const char *who, kiln_tape *tape, kiln_tensor *target, int n, ki
     if (!tape->persistent) free_nodes(tape);
     return 0;
   }
-  ptr_map grads = {0}, useful = {0};
+  ptr_map grads = {0}, useful = {0}, sources = {0};
   int n_flat = group_end[n > 0 ? n - 1 : 0] * (n > 0);
   int rc = mark_useful(tape, end, n_flat, flat, &useful);
+  bool added;
+  for (int i = 0; rc == 0 && i < n_flat; i++)
+    if (!map_insert(&sources, flat[i], &added)) rc = kiln_set_error("%s: out of memory", who);
   kiln_scope_push();
   kiln_tensor *seed = seed_override ? seed_override : kiln_ones((kiln_dtype)target->dtype, target->rank, target->shape);
   seed_override = NULL;
-  bool added;
   map_entry *e = seed ? map_insert(&grads, target, &added) : NULL;
   if (!e) {
     rc = seed ? kiln_set_error("%s: out of memory", who) : -1;
   } else if (rc == 0) {
-    e->value = seed;
+    e->value = kiln_retain(seed);
     kiln_tensor *const *outer_sources = walk_sources;
     int64_t outer_n = walk_n_sources;
     walk_sources = flat, walk_n_sources = n_flat;
-    rc = backward(tape, end, &useful, &grads);
+    rc = backward(tape, end, &useful, &sources, &grads, !tape->persistent);
     walk_sources = outer_sources, walk_n_sources = outer_n;
   }
   for (int i = 0, j = 0; rc == 0 && i < n; i++) {
@@ -483,9 +535,10 @@ static int walk(const char *who, kiln_tape *tape, kiln_tensor *target, int n, ki
     if (rc == 0 && out[i]) kiln_scope_escape(out[i]);
     else out[i] = NULL;
   }
-  map_free(&grads, false, false);
-  map_free(&useful, false, false); /* values belong to the scope */
   kiln_scope_pop();
+  map_free(&grads, false, true);
+  map_free(&useful, false, false);
+  map_free(&sources, false, false);
   if (!tape->persistent) free_nodes(tape);
   return rc;
 }

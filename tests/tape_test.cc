@@ -649,6 +649,115 @@ TEST(Tape, GradientsBelongToTheCallersScope) {
   EXPECT_EQ(kiln_debug_live_tensors(), live);
 }
 
+// The walk frees as it goes, as PyTorch's engine does: each node's rule runs
+// in a scope of its own, a gradient is given up once the node that made its
+// tensor is walked, and a tape that takes one gradient gives up each node
+// it walks, with the tensors it kept. A custom gradient at the bottom of a
+// chain of kChain multiplications counts the tensors alive when the walk
+// reaches it (all tensors are the caller's: no scope is open).
+constexpr int kChain = 200;
+int64_t live_at_probe;
+kiln_tensor *twice_fwd(void *, int, kiln_tensor *const *xs) { return kiln_add(xs[0], xs[0]); }
+int twice_probe_grad(void *, int, kiln_tensor *const *, kiln_tensor *, kiln_tensor *dy, kiln_tensor **dxs) {
+  live_at_probe = kiln_debug_live_tensors();
+  return (dxs[0] = kiln_add(dy, dy)) ? 0 : -1;
+}
+int refusing_probe_grad(void *, int, kiln_tensor *const *, kiln_tensor *, kiln_tensor *, kiln_tensor **) {
+  live_at_probe = kiln_debug_live_tensors();
+  return kiln_fail("probe: refused");
+}
+
+// twice(x) * c^kChain, elementwise; *mid gets the product after half the
+// multiplications (the caller's reference), when asked for
+kiln_tensor *probe_chain(kiln_tensor *x, kiln_tensor *c, kiln_gradient_fn grad, kiln_tensor **mid) {
+  kiln_tensor *h = kiln_custom_gradient(twice_fwd, grad, nullptr, 1, &x);
+  for (int i = 0; i < kChain; i++) {
+    kiln_tensor *next = kiln_mul(h, c);
+    if (mid && i == kChain / 2) *mid = kiln_retain(next);
+    kiln_release(h);
+    h = next;
+  }
+  return h;
+}
+
+// the mean, max and min of t (made in a scope, so nothing is left behind)
+double stat(kiln_tensor *t, int which) {
+  kiln_scope_push();
+  kiln_tensor *r = which == 0 ? kiln_reduce_mean(t, 0, nullptr, false)
+                   : which == 1 ? kiln_reduce_max(t, 0, nullptr, false)
+                                : kiln_reduce_min(t, 0, nullptr, false);
+  double v = r ? kiln_tensor_item(r) : NAN;
+  kiln_scope_pop();
+  return v;
+}
+
+TEST(Tape, TheWalkFreesAsItGoes) {
+  int64_t baseline = kiln_debug_live_tensors();
+  kiln_tensor *x = kiln_fill(KILN_F64, 1, std::vector<int64_t>{64}.data(), 0.5);
+  kiln_tensor *c = kiln_scalar(KILN_F64, 1.01);
+  for (bool persistent : {false, true}) {
+    int64_t start = kiln_debug_live_tensors();
+    kiln_tape *tape = kiln_tape_begin(persistent);
+    kiln_tape_watch(tape, x);
+    kiln_tensor *y = probe_chain(x, c, twice_probe_grad, nullptr);
+    kiln_tape_end(tape);
+    // the tape keeps every result of the chain until the walk
+    EXPECT_GE(kiln_debug_live_tensors(), start + kChain);
+    kiln_tensor *g = nullptr;
+    live_at_probe = -1;
+    ASSERT_EQ(kiln_tape_gradient(tape, y, 1, &x, &g), 0) << kiln_last_error();
+    ASSERT_GE(live_at_probe, 0);
+    if (persistent) // the records stay; the gradients above the probe are gone (was 2 * kChain more)
+      EXPECT_LE(live_at_probe - start, kChain + 16);
+    else // the chain above the probe is gone, records and gradients
+      EXPECT_LE(live_at_probe - start, 16);
+    EXPECT_NEAR(stat(g, 0), 2 * std::pow(1.01, kChain), 1e-9) << kiln_last_error();
+    kiln_tape_free(tape);
+    kiln_release(g);
+    kiln_release(y);
+    EXPECT_EQ(kiln_debug_live_tensors(), start) << (persistent ? "persistent" : "non-persistent");
+  }
+  kiln_release(x);
+  kiln_release(c);
+  EXPECT_EQ(kiln_debug_live_tensors(), baseline);
+}
+
+// A source in the middle of the chain keeps its gradient through the walk
+// (its node is given up, its gradient is not); a walk that fails half way
+// leaves nothing behind.
+TEST(Tape, TheWalkKeepsItsSourcesAndFailsCleanly) {
+  int64_t baseline = kiln_debug_live_tensors();
+  kiln_tensor *x = kiln_fill(KILN_F64, 1, std::vector<int64_t>{8}.data(), 0.25);
+  kiln_tensor *c = kiln_scalar(KILN_F64, 1.01);
+  kiln_tape *tape = kiln_tape_begin(false);
+  kiln_tape_watch(tape, x);
+  kiln_tensor *mid = nullptr, *y = probe_chain(x, c, twice_probe_grad, &mid);
+  kiln_tensor *src[2] = {x, mid}, *g[2] = {nullptr, nullptr};
+  ASSERT_EQ(kiln_tape_gradient(tape, y, 2, src, g), 0) << kiln_last_error();
+  ASSERT_TRUE(g[0] && g[1]);
+  EXPECT_NEAR(stat(g[0], 1), 2 * std::pow(1.01, kChain), 1e-9);
+  EXPECT_NEAR(stat(g[0], 2), 2 * std::pow(1.01, kChain), 1e-9);
+  EXPECT_NEAR(stat(g[1], 1), std::pow(1.01, kChain - 1 - kChain / 2), 1e-9);
+  EXPECT_NEAR(stat(g[1], 2), std::pow(1.01, kChain - 1 - kChain / 2), 1e-9);
+  kiln_tape_free(tape);
+  for (kiln_tensor *t : {y, mid, g[0], g[1]}) kiln_release(t);
+
+  for (bool persistent : {false, true}) {
+    tape = kiln_tape_begin(persistent);
+    kiln_tape_watch(tape, x);
+    y = probe_chain(x, c, refusing_probe_grad, nullptr);
+    g[0] = x;
+    EXPECT_EQ(kiln_tape_gradient(tape, y, 1, &x, g), -1);
+    EXPECT_THAT(kiln_last_error(), StartsWith("probe: refused"));
+    EXPECT_EQ(g[0], nullptr);
+    kiln_tape_free(tape);
+    kiln_release(y);
+  }
+  kiln_release(x);
+  kiln_release(c);
+  EXPECT_EQ(kiln_debug_live_tensors(), baseline);
+}
+
 // ---- custom gradients ----
 
 // log(1 + e^x): f32 e^100 overflows, so the plain gradient is inf/inf = NaN;
