@@ -31,6 +31,7 @@
 #include <kiln.h>
 
 #include "bench_util.h"
+#include "conv.h"
 #include "peak.h"
 #include "resnet_model.h"
 
@@ -156,6 +157,12 @@ static int time_mode(mode *md, resnet_model *m, kiln_tensor *x, kiln_tensor *lab
      * them): the count, not bytes */
     printf(")\n      per step: %.0f minor page faults, %.0f ms of system time; peak RSS so far %.1f GB\n", faults,
            sys * 1e3, (double)ru1.ru_maxrss / 1e6);
+    if (!md->staged) { /* the packed filters eager convs keep (lib/conv_cache.c), since the process began */
+      int64_t entries, bytes, hits, fills;
+      conv_cache_stats(&entries, &bytes, &hits, &fills);
+      printf("      packed filters kept: %lld (%.0f MB), %lld hits, %lld kept in all\n", (long long)entries,
+             (double)bytes / 1e6, (long long)hits, (long long)fills);
+    }
     char key[96];
     snprintf(key, sizeof key, "resnet.b%lld.%s.kiln-%s", (long long)batch, md->train ? "train" : "infer",
              md->staged ? "staged" : "eager");

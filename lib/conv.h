@@ -55,10 +55,30 @@ typedef struct conv_shape {
 } conv_shape;
 
 /* out [n, oh, ow, o] = the convolution, then the epilogue (bias [o]; res
- * of out's shape when not NULL). f32 or f64. 0, or -1 with the error set
+ * of out's shape when not NULL). f32 or f64. owner: the tensor whose data f
+ * is, when it is a live tensor (an eager op's operand: its packed panels
+ * may be kept, conv_cache.c), else NULL. 0, or -1 with the error set
  * ("<op>: out of memory"). The sums do not depend on the thread count. */
-int conv_direct(const conv_shape *s, kiln_dtype dt, const void *x, const void *f, const void *bias,
-                gemm_epilogue epi, const void *res, void *out, const char *op);
+int conv_direct(const conv_shape *s, kiln_dtype dt, const void *x, const void *f, const kiln_tensor *owner,
+                const void *bias, gemm_epilogue epi, const void *res, void *out, const char *op);
+
+/* ---- packed filters kept across eager calls (conv_cache.c) ---- */
+typedef struct conv_cache_pin {
+  void *e;    /* the entry pinned, or NULL */
+  void *fill; /* panels the caller packs now (the entry's first keeping), or NULL */
+} conv_cache_pin;
+/* The panels of owner's filter at f packed for s (normalised), dt and nr
+ * (bytes of them), pinned until conv_cache_unpin; or NULL, when pin->fill
+ * may be panels for the caller to pack into (kept from the unpin on). */
+const void *conv_cache_find(const kiln_tensor *owner, const void *f, const conv_shape *s, kiln_dtype dt, int64_t nr,
+                            size_t bytes, conv_cache_pin *pin);
+void conv_cache_unpin(conv_cache_pin *pin);
+/* the same, when pin->fill was not packed after all (it is not kept) */
+void conv_cache_discard(conv_cache_pin *pin);
+/* entries with panels, their bytes, hits and keepings so far (tests, bench) */
+KILN_EXPORT void conv_cache_stats(int64_t *entries, int64_t *bytes, int64_t *hits, int64_t *fills);
+/* drops every entry not in use */
+KILN_EXPORT void conv_cache_clear(void);
 
 /* df [kh, kw, c, o] = the gradient of the convolution s (flip unset) with
  * respect to its filter, from x [n, h, w, c] and dy [n, oh, ow, o]: block

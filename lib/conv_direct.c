@@ -41,6 +41,9 @@ typedef struct {
  * filter one task streams through (tile after tile, so it stays in L2:
  * 3x3 512 -> 512 has 9.4 MB of it). */
 enum { SEG_TILES = 8, GROUP_BYTES = 1 << 20 };
+/* filters with fewer elements are packed on every call: a lookup would cost
+ * about what their packing does */
+enum { CACHE_MIN_ELEMS = 4096 };
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -168,8 +171,8 @@ static void prepad_task(void *arg, int64_t b, int64_t e) {
   }
 }
 
-int conv_direct(const conv_shape *shape, kiln_dtype dt, const void *x, const void *f, const void *bias,
-                gemm_epilogue epi, const void *res, void *out, const char *op) {
+int conv_direct(const conv_shape *shape, kiln_dtype dt, const void *x, const void *f, const kiln_tensor *owner,
+                const void *bias, gemm_epilogue epi, const void *res, void *out, const char *op) {
   conv_shape norm = *shape, *s = &norm; /* the optional fields filled in */
   if (!s->fkh) {
     s->fkh = s->kh, s->fkw = s->kw;
@@ -200,17 +203,23 @@ int conv_direct(const conv_shape *shape, kiln_dtype dt, const void *x, const voi
   atomic_init(&j.failed, 0);
   int64_t blocks = (s->o + j.uk.nr - 1) / j.uk.nr;
   mem_scratch sbp = {0}, sz = {0};
-  void *bp = mem_scratch_get(&sbp, (size_t)(blocks * j.uk.nr * j.k) * j.es + 64);
+  size_t bp_bytes = (size_t)(blocks * j.uk.nr * j.k) * j.es + 64;
+  conv_cache_pin pin;
+  const void *kept = conv_cache_find(j.k * s->o >= CACHE_MIN_ELEMS ? owner : NULL, f, s, dt, j.uk.nr, bp_bytes, &pin);
+  void *bp = kept ? NULL : pin.fill ? pin.fill : mem_scratch_get(&sbp, bp_bytes);
   size_t zbytes = ((size_t)(j.span * s->c) + 16) * j.es;
   void *zeros = mem_scratch_get(&sz, zbytes);
-  if (!bp || !zeros) {
+  if ((!kept && !bp) || !zeros) {
+    conv_cache_discard(&pin);
     mem_scratch_put(&sbp), mem_scratch_put(&sz);
     return kiln_set_error("%s: out of memory", op);
   }
   memset(zeros, 0, zbytes);
-  pack_filter_job pj = {s, f, bp, j.uk.nr, dt};
-  parallel_for(blocks * j.k, 256, pack_filter_task, &pj); /* a 3x3 512 -> 512 filter is 9.4 MB */
-  j.bp = bp, j.zeros = zeros;
+  if (!kept) {
+    pack_filter_job pj = {s, f, bp, j.uk.nr, dt};
+    parallel_for(blocks * j.k, 256, pack_filter_task, &pj); /* a 3x3 512 -> 512 filter is 9.4 MB */
+  }
+  j.bp = kept ? kept : bp, j.zeros = zeros;
   j.seg = SEG_TILES * j.uk.mr;
   j.segs = (s->ow + j.seg - 1) / j.seg;
   j.pieces = rows * j.segs;
@@ -235,6 +244,7 @@ int conv_direct(const conv_shape *shape, kiln_dtype dt, const void *x, const voi
     /* slack: the last row's tiles read up to a tile's span further */
     pp.xp = mem_scratch_get(&sxp, (size_t)((s->n * pp.hp * pp.wp + j.span) * s->c) * j.es);
     if (!pp.xp) {
+      conv_cache_unpin(&pin);
       mem_scratch_put(&sbp), mem_scratch_put(&sz);
       return kiln_set_error("%s: out of memory", op);
     }
@@ -246,6 +256,7 @@ int conv_direct(const conv_shape *shape, kiln_dtype dt, const void *x, const voi
   int64_t unit_work = min64(s->ow, j.seg) * min64(s->o, j.group * j.uk.nr) * j.k;
   parallel_for(groups * j.pieces, unit_work >= ((int64_t)1 << 20) ? 1 : ((int64_t)1 << 20) / unit_work + 1, direct_task,
                &j);
+  conv_cache_unpin(&pin);
   mem_scratch_put(&sbp), mem_scratch_put(&sz), mem_scratch_put(&sxp);
   if (atomic_load(&j.failed)) return kiln_set_error("%s: out of memory", op);
   return 0;

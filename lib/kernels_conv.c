@@ -315,9 +315,10 @@ EPILOGUE_PASS(float)
 EPILOGUE_PASS(double)
 
 /* out = act((conv2d(x, f) + bias) + res) (res may be NULL; bias read only
- * with an epilogue) */
-static int conv2d_run(const geom *gp, op_id op, const void *x, const void *f, const void *bias, gemm_epilogue epi,
-                      const void *res, void *out) {
+ * with an epilogue); owner: f's tensor, when its packing may be kept
+ * (conv_direct) */
+static int conv2d_run(const geom *gp, op_id op, const void *x, const void *f, const kiln_tensor *owner,
+                      const void *bias, gemm_epilogue epi, const void *res, void *out) {
   geom g = *gp;
   kiln_tensor A, B, C;
   int64_t m = g.n * g.oh * g.ow;
@@ -328,7 +329,7 @@ static int conv2d_run(const geom *gp, op_id op, const void *x, const void *f, co
     memset(out, 0, (size_t)(m * g.o) * g.es);
   } else if (g.groups == 1) {
     conv_shape s = direct_shape(&g);
-    rc = conv_direct(&s, g.dt, x, f, bias, epi, res, out, kiln_ops[op].api);
+    rc = conv_direct(&s, g.dt, x, f, owner, bias, epi, res, out, kiln_ops[op].api);
     done = true;
   } else if (depthwise(&g)) {
     dw_ctx t = {&g, x, f, out};
@@ -363,7 +364,7 @@ static int conv2d_run(const geom *gp, op_id op, const void *x, const void *f, co
 static int conv2d_kernel(const op_call *c) {
   geom g;
   geom_init(&g, c->in[0]->shape, c->in[1]->shape, c->out->shape, c->attrs, (kiln_dtype)c->out->dtype);
-  return conv2d_run(&g, c->op, c->in[0]->data, c->in[1]->data, NULL, GEMM_EPI_NONE, NULL, c->out->data);
+  return conv2d_run(&g, c->op, c->in[0]->data, c->in[1]->data, c->in[1], NULL, GEMM_EPI_NONE, NULL, c->out->data);
 }
 
 /* conv2d_epilogue and conv2d_epilogue_residual: the checks, then conv2d_run */
@@ -387,7 +388,7 @@ static int conv2d_fused(const kiln_tensor *x, const kiln_tensor *filter, const k
   if (res && res->data == out->data) return kiln_set_error("conv2d: the residual and the output must not alias");
   geom g;
   geom_init(&g, x->shape, filter->shape, out->shape, attrs, (kiln_dtype)x->dtype);
-  return conv2d_run(&g, OP_CONV2D, x->data, filter->data, epi != GEMM_EPI_NONE ? bias->data : NULL, epi,
+  return conv2d_run(&g, OP_CONV2D, x->data, filter->data, filter, epi != GEMM_EPI_NONE ? bias->data : NULL, epi,
                     res ? res->data : NULL, out->data);
 }
 
@@ -411,7 +412,8 @@ int conv2d_epilogue_residual(const kiln_tensor *x, const kiln_tensor *filter, co
  * pixel of dx. A phase no tap reaches (a 1x1 filter's, stride 2) is zeros.
  * Each element of dx is one sum of one phase: the bits do not depend on the
  * thread count. */
-static int bp_input_phases(const geom *g, const void *dy, const void *f, void *dx, const char *op) {
+static int bp_input_phases(const geom *g, const void *dy, const void *f, const kiln_tensor *owner, void *dx,
+                           const char *op) {
   for (int64_t ry = 0; ry < g->sh && ry < g->h; ry++)
     for (int64_t rx = 0; rx < g->sw && rx < g->w; rx++) {
       int64_t ky0 = (ry + g->pt) % g->sh, kx0 = (rx + g->pl) % g->sw;
@@ -433,7 +435,7 @@ static int bp_input_phases(const geom *g, const void *dy, const void *f, void *d
                       .flip = true, .fkh = g->kh, .fkw = g->kw, .fy0 = ky0 + (my - 1) * g->sh, .fys = -g->sh,
                       .fx0 = kx0 + (mx - 1) * g->sw, .fxs = -g->sw, .opx = g->sw * g->c,
                       .orow = g->sh * g->w * g->c, .oimg = g->h * g->w * g->c};
-      if (conv_direct(&s, g->dt, dy, f, NULL, GEMM_EPI_NONE, NULL, out, op)) return -1;
+      if (conv_direct(&s, g->dt, dy, f, owner, NULL, GEMM_EPI_NONE, NULL, out, op)) return -1;
     }
   return 0;
 }
@@ -449,7 +451,7 @@ static int conv2d_bp_input_kernel(const op_call *c) {
    * than DIRECT_MIN_C (an RGB stem's 3) im2col + GEMM wastes less */
   bool direct = g.groups == 1 && g.c >= DIRECT_MIN_C && m > 0 && g.o > 0;
   if (direct && (g.sh > 1 || g.sw > 1) && g.dh == 1 && g.dw == 1)
-    return bp_input_phases(&g, c->in[0]->data, c->in[1]->data, c->out->data, kiln_ops[c->op].api);
+    return bp_input_phases(&g, c->in[0]->data, c->in[1]->data, c->in[1], c->out->data, kiln_ops[c->op].api);
   if (direct && g.sh == 1 && g.sw == 1) {
     /* stride 1: the convolution of dy with the flipped filter, its in and
      * out channels swapped, padded by the window's span less the padding
@@ -457,8 +459,8 @@ static int conv2d_bp_input_kernel(const op_call *c) {
     conv_shape s = {.n = g.n, .h = g.oh, .w = g.ow, .c = g.o, .oh = g.h, .ow = g.w, .o = g.c, .kh = g.kh,
                     .kw = g.kw, .sh = 1, .sw = 1, .dh = g.dh, .dw = g.dw, .pt = g.dh * (g.kh - 1) - g.pt,
                     .pl = g.dw * (g.kw - 1) - g.pl, .flip = true};
-    return conv_direct(&s, g.dt, c->in[0]->data, c->in[1]->data, NULL, GEMM_EPI_NONE, NULL, c->out->data,
-                       kiln_ops[c->op].api);
+    return conv_direct(&s, g.dt, c->in[0]->data, c->in[1]->data, c->in[1], NULL, GEMM_EPI_NONE, NULL,
+                       c->out->data, kiln_ops[c->op].api);
   }
   memset(c->out->data, 0, tensor_bytes(c->out));
   if (m == 0 || g.og == 0) return 0;

@@ -10,7 +10,7 @@
 
 /* a header for a raw buffer of type t: what a kernel reads of a tensor */
 void raw_call_header(kiln_tensor *h, const op_type *t, void *data) {
-  memset(h, 0, sizeof *h);
+  memset(h, 0, sizeof *h); /* serial 0: no cache keeps what it derives from the buffer */
   atomic_init(&h->refs, 1);
   h->dtype = (uint8_t)t->dtype;
   h->rank = (int8_t)t->rank;

@@ -30,8 +30,14 @@ struct kiln_tensor {
   void *data_block;  /* separately allocated data, else NULL */
   int32_t data_class;
   void *sym;         /* the tracer's value when TF_SYMBOLIC (staging issue) */
-  void *grad;        /* autodiff bookkeeping (autodiff issue) */
+  /* distinct for every tensor made and renewed by every write over its data
+   * (a staged call's donation): what a cache of data derived from the
+   * tensor's keys on (conv_cache.c), since an address is reused */
+  uint64_t serial;
 };
+
+/* A serial no tensor had before (tensor.c). */
+uint64_t tensor_new_serial(void);
 
 /* ---- dtypes ---- */
 extern const uint8_t kiln_dtype_sizes[KILN_DTYPE_COUNT];

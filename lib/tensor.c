@@ -37,6 +37,20 @@ int shape_check(const char *op, int rank, const int64_t *shape, int64_t *size) {
   return 0;
 }
 
+/* Serials come from the global counter in blocks, so that making a tensor
+ * touches no shared cache line (0 is never one). */
+enum { SERIAL_BLOCK = 1 << 16 };
+static _Atomic uint64_t serial_blocks = 1;
+static _Thread_local uint64_t serial_next KILN_TLS_FAST, serial_end KILN_TLS_FAST;
+
+uint64_t tensor_new_serial(void) {
+  if (KILN_UNLIKELY(serial_next == serial_end)) {
+    serial_next = atomic_fetch_add_explicit(&serial_blocks, 1, memory_order_relaxed) * SERIAL_BLOCK;
+    serial_end = serial_next + SERIAL_BLOCK;
+  }
+  return serial_next++;
+}
+
 static kiln_tensor *header_alloc(size_t data_bytes, int32_t *cls) {
   size_t bytes = HEADER_BYTES + (data_bytes <= INLINE_MAX ? data_bytes : 0);
   return mem_alloc(bytes, cls);
@@ -62,7 +76,7 @@ kiln_tensor *tensor_alloc(const char *op, kiln_dtype dt, int rank, const int64_t
   for (int i = 0; i < rank; i++) t->shape[i] = shape[i];
   t->base = NULL;
   t->sym = NULL;
-  t->grad = NULL;
+  t->serial = tensor_new_serial();
   t->data_block = NULL;
   if (bytes <= INLINE_MAX) {
     t->data = (char *)t + HEADER_BYTES;
@@ -118,7 +132,7 @@ kiln_tensor *tensor_view(kiln_tensor *base, int rank, const int64_t *shape) {
   t->rank = (int8_t)rank;
   for (int i = 0; i < rank; i++) t->shape[i] = shape[i];
   t->data_block = NULL;
-  t->grad = NULL;
+  t->serial = tensor_new_serial();
   t->base = kiln_retain(base->base ? base->base : base);
   atomic_fetch_add_explicit(&live_tensors, 1, memory_order_relaxed);
   return t;

@@ -277,7 +277,7 @@ section "ThreadSanitizer build (build-tsan/): the threaded tests"
 # (load 10-16), a fresh build 22 min and the tests 60 s; an idle machine
 # takes a fraction of that. Any report fails the stage (halt_on_error); tests/tsan.supp lists
 # the benign reports of code TSan cannot see into, each with its reason.
-tsan_filter='Threads*:Staging.Concurrent*:TraceCache.Concurrent*:DatasetPrefetch.*:Summary.ManyThreadsOneWriter'
+tsan_filter='Threads*:Staging.Concurrent*:TraceCache.Concurrent*:DatasetPrefetch.*:Summary.ManyThreadsOneWriter:ConvCache.Concurrent*'
 if configure build-tsan -DKILN_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_NATIVE=ON &&
    cmake --build build-tsan --target kiln_tests; then
   section "threaded tests under ThreadSanitizer (build-tsan/)"

@@ -73,7 +73,8 @@ int cpu_run_donating(cpu_program *p, kiln_tensor *const *args, kiln_tensor **res
     rp[r] = NULL;
     if (p->results[r].kind != CPU_RES_OWN) continue;
     int q = donate ? cpu_program_donor(p, r) : -1;
-    if (q >= 0 && donate[q]) { /* written in place */
+    if (q >= 0 && donate[q]) { /* written in place: a new value, so a new serial */
+      args[q]->serial = tensor_new_serial();
       outs[r] = kiln_retain(args[q]);
       rp[r] = outs[r]->data;
       continue;
