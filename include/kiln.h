@@ -306,7 +306,10 @@ int kiln_variable_assign_sub(kiln_variable *, const kiln_tensor *delta);
  * depends on a tensor it watches. Tapes nest; each sees the ops of the
  * others, so an outer tape records the gradient computation of an inner
  * one (higher-order derivatives). Recorded tensors stay alive until
- * kiln_tape_free. */
+ * kiln_tape_free; a non-persistent tape lets each go as its gradient's
+ * walk passes the op that made it (the walk's own temporaries too, as
+ * each op's gradient is done), so a training step's memory shrinks
+ * through its backward pass. */
 kiln_tape *kiln_tape_begin(bool persistent); /* starts recording; NULL on failure */
 void kiln_tape_watch(kiln_tape *, kiln_tensor *); /* NULL/int tensors are ignored */
 void kiln_tape_end(kiln_tape *);  /* stops recording; must be the innermost active tape */

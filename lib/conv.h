@@ -33,9 +33,10 @@ KILN_EXPORT int conv2d_epilogue_residual(const kiln_tensor *x, const kiln_tensor
  * one output row times NR output channels, each tile summed in registers by
  * the convolution micro-kernel (matmul.h) straight from the image (row i of
  * the tile reads the window of pixel ox0 + i in place, stride sw * c apart),
- * the filter packed once per call; tiles whose windows hang over the left
- * or right padding (or past the last pixel) read a small zero-padded copy,
- * rows over the top or bottom padding a row of zeros. No im2col. */
+ * the filter packed once per call (or kept from an eager call before:
+ * conv_cache.c); tiles whose windows hang over the left or right padding
+ * (or past the last pixel) read a small zero-padded copy, rows over the top
+ * or bottom padding a row of zeros. No im2col. */
 typedef struct conv_shape {
   int64_t n, h, w, c; /* the image */
   int64_t oh, ow, o;  /* the output */
