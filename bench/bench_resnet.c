@@ -23,7 +23,7 @@
  * /usr/bin/python3) imports torch, torchvision and numpy; exit status 0 when
  * everything agrees. --breakdown times each piece of the training step
  * alone (below) and ranks them against the measured steps. A mode whose
- * memory (estimated from the peak RSS measured at batch 8) would not fit in
+ * memory (estimated from the peak RSS measured at batch 8 and 32) would not fit in
  * 80% of MemAvailable is skipped with a message unless --force.
  *
  * Lines starting with "@" (resnet.bBATCH.MODE.IMPL) are machine-readable. */
