@@ -15,8 +15,8 @@
  * The first packing of a key only leaves a note; the second keeps the
  * panels. A training step's filters are new tensors every step and packed
  * once per layout, so they are never kept. Bounded: CACHE_ENTRIES keys and
- * CACHE_BYTES of panels, the least recently used out first; an entry in
- * use is pinned. */
+ * CACHE_BYTES of panels; notes go out before packings, each the least
+ * recently used first; an entry in use is pinned. */
 #include <pthread.h>
 
 #include "conv.h"
@@ -62,17 +62,25 @@ static void drop(entry *e) {
   memset(e, 0, sizeof *e);
 }
 
-/* The least recently used unpinned entry (panels first when want_bytes),
- * or NULL. Under mu. */
+/* The entry to give up, or NULL: for bytes (want_bytes), the least
+ * recently used unpinned one with panels; for a key, a free one, else the
+ * least recently used note, else the least recently used unpinned one with
+ * panels. Notes go first: a training step leaves a note for every filter
+ * it packs (new tensors every step), and those must not push out the
+ * packings an evaluation between steps keeps. Under mu. */
 static entry *victim(bool want_bytes) {
-  entry *v = NULL;
+  entry *note = NULL, *kept = NULL;
   for (int i = 0; i < CACHE_ENTRIES; i++) {
     entry *e = &table[i];
-    if (!e->used) return want_bytes ? v : e;
-    if (e->pins || (want_bytes && !e->panels)) continue;
-    if (!v || e->last < v->last) v = e;
+    if (!e->used) {
+      if (!want_bytes) return e;
+      continue;
+    }
+    if (e->pins) continue;
+    entry **v = e->panels ? &kept : &note;
+    if (!*v || e->last < (*v)->last) *v = e;
   }
-  return v;
+  return want_bytes ? kept : note ? note : kept;
 }
 
 const void *conv_cache_find(const kiln_tensor *owner, const void *f, const conv_shape *s, kiln_dtype dt, int64_t nr,

@@ -113,6 +113,25 @@ TEST(ConvCache, FiltersUsedOnceAreNotKept) {
   EXPECT_EQ(after.hits - before.hits, 0);
 }
 
+// A packing kept outlives the notes of many filters used once (a training
+// step's, between two evaluations of a model).
+TEST(ConvCache, KeptPackingsOutliveNotes) {
+  Scoped scope;
+  conv_cache_clear();
+  kiln_tensor *x = kiln_random_normal(KILN_F32, KILN_SHAPE(1, 4, 4, 64));
+  kiln_tensor *w = kiln_random_normal(KILN_F32, KILN_SHAPE(1, 1, 64, 64));
+  kiln_tensor *want = kiln_conv2d(x, fresh(w), nullptr);
+  for (int k = 0; k < 2; k++) ASSERT_NE(kiln_conv2d(x, w, nullptr), nullptr); // kept
+  for (int i = 0; i < 300; i++) { // more notes than the cache has keys
+    kiln_scope_push();
+    ASSERT_NE(kiln_conv2d(x, kiln_random_normal(KILN_F32, KILN_SHAPE(1, 1, 64, 64)), nullptr), nullptr);
+    kiln_scope_pop();
+  }
+  Stats before;
+  EXPECT_TRUE(same_bits(kiln_conv2d(x, w, nullptr), want));
+  EXPECT_EQ(Stats().hits - before.hits, 1);
+}
+
 // A staged call that assigns the variable writes its new value over the
 // old one's buffer (donation) in the same tensor: the tensor's serial is
 // renewed, so the packing kept for the old value is not used for the new.
