@@ -266,7 +266,9 @@ int conv_direct(const conv_shape *shape, kiln_dtype dt, const void *x, const voi
  * df[ky, kx, c, o] = sum over (n, oy, ox) of x[n, oy*sh - pt + ky*dh,
  * ox*sw - pl + kx*dw, c] dy[n, oy, ox, o]: per tap ky (or (ky, kx)), a
  * product whose K runs over the pixels. The pixels are taken in blocks of
- * output rows (as many as keep their image and dy rows in L2). For a block,
+ * output rows (as many as keep their image and dy rows in L2), or of
+ * whole images where they are small (7x7: a tile's sums then run over
+ * several images before they are added to df). For a block,
  * its image rows are copied zero-padded (a 1x1 filter without padding
  * packs its pixels MR channels at a time instead: read in place, a tile's
  * MR channels of a pixel are a piece of a long row, too far from the next
@@ -294,6 +296,7 @@ typedef struct {
   int64_t hp, wp;      /* the padded image's rows and columns */
   int64_t rows, tiles_m, tiles_n, taps, tiles; /* filter rows per tap (kw * c folded, else c); the tiles */
   int64_t block, per_image, blocks, parts;     /* output rows a block; blocks an image and in all */
+  int64_t images;                              /* images a block (more than 1 only when block is oh) */
   int64_t xrows;                               /* padded image rows a block reads */
   bool pack_x, pack_dy;
   atomic_int failed;
@@ -301,17 +304,22 @@ typedef struct {
 
 /* one block of pixels as its tiles read it */
 typedef struct {
-  int64_t oy0, oy1, npix; /* the block's output rows of its image */
-  const char *x, *dy;     /* its image's */
-  char *xs;               /* pack_x: its pixels [tiles_m][npix][MR]; else padded image rows from yp0 */
+  int64_t oy0, oy1, npix; /* the block's output rows of each of its images; its pixels in all */
+  int64_t images;         /* its images, consecutive */
+  const char *x, *dy;     /* its first image's */
+  char *xs; /* pack_x: its pixels [tiles_m][npix][MR]; else its images' padded rows from yp0, hp apart */
   int64_t yp0;
   char *ds;   /* pack_dy: its dy [tiles_n][npix][NR] */
   char *df;   /* the sums' destination */
   int32_t flags;
 } wgrad_block;
 
-/* The most bytes of image and dy rows one block of output rows reads. */
-enum { WGRAD_BLOCK_BYTES = 1 << 20, WGRAD_PARTS = 16 };
+/* The most bytes of image and dy rows one block of output rows reads; the
+ * most pixels a block of several small images has (a tile's rows of image
+ * and dy over more of them leave L1: 3x3 256 -> 256 at 14x14, 2 images a
+ * block, ran 20% slower than 1; at 7x7, 5 images a block ran 5-15% faster
+ * than 1). */
+enum { WGRAD_BLOCK_BYTES = 1 << 20, WGRAD_BLOCK_PIXELS = 256, WGRAD_PARTS = 16 };
 
 /* [panels][npix][W] from rows [b, e) of the block: pixel by pixel, its
  * first `len` channels dealt out W at a time, zeros past them. A full
@@ -361,9 +369,11 @@ static void prepare_task(void *arg, int64_t b, int64_t e) {
   const wgrad_block *bk = r->bk;
   const conv_shape *s = j->s;
   int64_t rows = bk->oy1 - bk->oy0, mr = j->uk.mr, nr = j->uk.nr;
-  for (int64_t q = b; q < e; q++) {
+  for (int64_t q = b; q < e; q++) { /* row q % rows of image q / rows */
+    int64_t img = q / rows, r = q % rows;
     if (j->pack_x) {
-      size_t at = (size_t)(q * s->ow * mr), from = (size_t)((bk->oy0 + q) * s->sh * s->w * s->c);
+      size_t at = (size_t)(q * s->ow * mr),
+             from = (size_t)((img * s->h + (bk->oy0 + r) * s->sh) * s->w * s->c);
       if (j->es == 4)
         deal_float((const float *)bk->x + from, s->sw * s->c, s->ow, s->c, mr, j->tiles_m, bk->npix * mr,
                    (float *)bk->xs + at);
@@ -373,12 +383,12 @@ static void prepare_task(void *arg, int64_t b, int64_t e) {
     } else {
       prepad_job pp = {.x = bk->x, .xp = bk->xs, .h = s->h, .w = s->w, .c = s->c, .hp = j->hp, .wp = j->wp,
                        .pt = s->pt, .pl = s->pl, .first = bk->yp0, .es = j->es};
-      int64_t lo = bk->yp0 + q * s->sh, hi = q + 1 == rows ? bk->yp0 + (rows - 1) * s->sh + (s->kh - 1) * s->dh + 1
-                                                             : lo + s->sh;
+      int64_t lo = img * j->hp + bk->yp0 + r * s->sh,
+              hi = r + 1 == rows ? img * j->hp + bk->yp0 + (rows - 1) * s->sh + (s->kh - 1) * s->dh + 1 : lo + s->sh;
       prepad_task(&pp, lo, hi);
     }
     if (j->pack_dy) {
-      size_t at = (size_t)(q * s->ow * nr), from = (size_t)((bk->oy0 + q) * s->ow * s->o);
+      size_t at = (size_t)(q * s->ow * nr), from = (size_t)((img * s->oh + bk->oy0 + r) * s->ow * s->o);
       if (j->es == 4)
         deal_float((const float *)bk->dy + from, s->o, s->ow, s->o, nr, j->tiles_n, bk->npix * nr,
                    (float *)bk->ds + at);
@@ -393,18 +403,19 @@ static void prepare_task(void *arg, int64_t b, int64_t e) {
  * packed or padded copies made in parallel or on this thread */
 static void block_begin(const wgrad_job *j, wgrad_block *bk, int64_t g, char *df, bool first, bool parallel) {
   const conv_shape *s = j->s;
-  int64_t n = g / j->per_image;
+  int64_t n = g / j->per_image * j->images;
+  bk->images = min64(j->images, s->n - n);
   bk->oy0 = g % j->per_image * j->block, bk->oy1 = min64(s->oh, bk->oy0 + j->block);
-  bk->npix = (bk->oy1 - bk->oy0) * s->ow;
+  bk->npix = bk->images * (bk->oy1 - bk->oy0) * s->ow;
   bk->x = j->x + (size_t)(n * s->h * s->w * s->c) * j->es;
   bk->dy = j->dy + (size_t)(n * s->oh * s->ow * s->o) * j->es;
   bk->yp0 = bk->oy0 * s->sh;
   bk->df = df, bk->flags = first ? 0 : GEMM_ACCUMULATE;
   block_ref r = {j, bk};
   if (parallel)
-    parallel_for(bk->oy1 - bk->oy0, 1, prepare_task, &r);
+    parallel_for(bk->images * (bk->oy1 - bk->oy0), 1, prepare_task, &r);
   else
-    prepare_task(&r, 0, bk->oy1 - bk->oy0);
+    prepare_task(&r, 0, bk->images * (bk->oy1 - bk->oy0));
 }
 
 /* tiles [b, e) of taps x tiles_m x tiles_n of block bk, run: the block's
@@ -428,12 +439,13 @@ static void block_tiles(const wgrad_job *j, const wgrad_block *bk, int64_t b, in
       j->uk.fn(1, run, mr_full, ldb, dst, s->o, mr, nr, bk->flags);
       continue;
     }
-    for (int64_t oy = bk->oy0; oy < bk->oy1; oy++) {
-      int64_t yp = oy * s->sh + ky * s->dh - bk->yp0;
-      run[oy - bk->oy0] = (conv_run){bk->xs + (size_t)((yp * j->wp + kx * s->dw) * s->c + i0) * es,
-                                     dyb + (size_t)((oy - bk->oy0) * s->ow * ldb) * es, s->ow};
+    int64_t rows = bk->oy1 - bk->oy0;
+    for (int64_t q = 0; q < bk->images * rows; q++) { /* row q % rows of image q / rows */
+      int64_t yp = q / rows * j->hp + (bk->oy0 + q % rows) * s->sh + ky * s->dh - bk->yp0;
+      run[q] = (conv_run){bk->xs + (size_t)((yp * j->wp + kx * s->dw) * s->c + i0) * es,
+                          dyb + (size_t)(q * s->ow * ldb) * es, s->ow};
     }
-    j->uk.fn(bk->oy1 - bk->oy0, run, s->sw * s->c, ldb, dst, s->o, mr, nr, bk->flags);
+    j->uk.fn(bk->images * rows, run, s->sw * s->c, ldb, dst, s->o, mr, nr, bk->flags);
   }
 }
 
@@ -446,11 +458,13 @@ typedef struct {
 
 static bool scratch_get(const wgrad_job *j, wgrad_scratch *w) {
   const conv_shape *s = j->s;
-  size_t xs = j->pack_x ? (size_t)(j->tiles_m * j->uk.mr * j->block * s->ow)
-                        : (size_t)(j->xrows * j->wp * s->c + j->uk.mr); /* slack: a tile reads up to MR further */
+  size_t xs = j->pack_x ? (size_t)(j->tiles_m * j->uk.mr * j->images * j->block * s->ow)
+                        : (size_t)(((j->images - 1) * j->hp + j->xrows) * j->wp * s->c + j->uk.mr); /* slack: a tile
+                                                                                       reads up to MR further */
   w->bk.xs = mem_scratch_get(&w->sx, xs * j->es);
-  w->bk.ds = j->pack_dy ? mem_scratch_get(&w->sd, (size_t)(j->tiles_n * j->uk.nr * j->block * s->ow) * j->es) : NULL;
-  w->run = mem_scratch_get(&w->sr, sizeof *w->run * (size_t)j->block);
+  w->bk.ds = j->pack_dy ? mem_scratch_get(&w->sd, (size_t)(j->tiles_n * j->uk.nr * j->images * j->block * s->ow) * j->es)
+                        : NULL;
+  w->run = mem_scratch_get(&w->sr, sizeof *w->run * (size_t)(j->images * j->block));
   if (!w->bk.xs || (j->pack_dy && !w->bk.ds) || !w->run) return false;
   if (!j->pack_x) memset(w->bk.xs + (xs - (size_t)j->uk.mr) * j->es, 0, (size_t)j->uk.mr * j->es);
   return true;
@@ -466,7 +480,7 @@ typedef struct {
 static void tiles_task(void *arg, int64_t b, int64_t e) {
   tiles_ref *r = arg;
   mem_scratch sr = {0};
-  conv_run *run = mem_scratch_get(&sr, sizeof *run * (size_t)r->j->block);
+  conv_run *run = mem_scratch_get(&sr, sizeof *run * (size_t)(r->j->images * r->j->block));
   if (run)
     block_tiles(r->j, r->bk, b, e, run);
   else
@@ -542,7 +556,14 @@ int conv_direct_filter(const conv_shape *s, kiln_dtype dt, const void *x, const 
   if (j.block > s->oh) j.block = s->oh;
   j.xrows = (j.block - 1) * s->sh + (s->kh - 1) * s->dh + 1;
   j.per_image = (s->oh + j.block - 1) / j.block;
-  j.blocks = s->n * j.per_image;
+  /* small images: several a block, up to WGRAD_BLOCK_PIXELS, so that a
+   * tile sums over more than one image's pixels in registers before it adds
+   * to df */
+  j.images = j.block == s->oh ? WGRAD_BLOCK_BYTES / (s->oh * row_bytes) : 1;
+  if (j.images > WGRAD_BLOCK_PIXELS / (s->oh * s->ow)) j.images = WGRAD_BLOCK_PIXELS / (s->oh * s->ow);
+  if (j.images < 1) j.images = 1;
+  if (j.images > s->n) j.images = s->n;
+  j.blocks = (s->n + j.images - 1) / j.images * j.per_image;
   /* parts: while their own dfs cost a quarter of the bytes they read */
   size_t df_bytes = (size_t)(k * s->o) * j.es;
   double in_bytes = (double)(s->n * (s->h * s->w * s->c + s->oh * s->ow * s->o)) * (double)j.es;

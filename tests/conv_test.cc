@@ -1121,6 +1121,10 @@ std::vector<ConvCase> direct_cases() {
   // their own where df is small: both, with partial last blocks of rows
   v.push_back({"1x1 to 260 channels", {2, 20, 30, 24}, {1, 1, 24, 260}, {}});
   v.push_back({"3x3 stride 2 to 300 channels over blocks", {2, 50, 120, 8}, {3, 3, 8, 300}, s2});
+  // small images: the filter gradient sums several a block (8 of 30
+  // pixels here), the last block fewer (2, 3)
+  v.push_back({"1x1 over blocks of 8 images", {10, 5, 6, 64}, {1, 1, 64, 64}, {}});
+  v.push_back({"3x3 over blocks of 8 images", {11, 6, 5, 32}, {3, 3, 32, 40}, p1});
   return v;
 }
 
