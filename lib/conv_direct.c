@@ -18,6 +18,9 @@
 #include <stdlib.h>
 
 #include "conv.h"
+#if KILN_MULTIVERSION
+#include <immintrin.h>
+#endif
 
 typedef struct {
   const conv_shape *s;
@@ -298,7 +301,9 @@ typedef struct {
   int64_t block, per_image, blocks, parts;     /* output rows a block; blocks an image and in all */
   int64_t images;                              /* images a block (more than 1 only when block is oh) */
   int64_t xrows;                               /* padded image rows a block reads */
+  int64_t xa; /* pack_x: a pixel's MR channels in a panel take xa elements (MR rounded up to 64 bytes) */
   bool pack_x, pack_dy;
+  bool deal_z; /* pack with AVX-512 (not under KILN_GEMM=c, so the tests reach the C copy too) */
   atomic_int failed;
 } wgrad_job;
 
@@ -307,7 +312,7 @@ typedef struct {
   int64_t oy0, oy1, npix; /* the block's output rows of each of its images; its pixels in all */
   int64_t images;         /* its images, consecutive */
   const char *x, *dy;     /* its first image's */
-  char *xs; /* pack_x: its pixels [tiles_m][npix][MR]; else its images' padded rows from yp0, hp apart */
+  char *xs; /* pack_x: its pixels [tiles_m][npix][xa]; else its images' padded rows from yp0, hp apart */
   int64_t yp0;
   char *ds;   /* pack_dy: its dy [tiles_n][npix][NR] */
   char *df;   /* the sums' destination */
@@ -321,19 +326,20 @@ typedef struct {
  * than 1). */
 enum { WGRAD_BLOCK_BYTES = 1 << 20, WGRAD_BLOCK_PIXELS = 256, WGRAD_PARTS = 16 };
 
-/* [panels][npix][W] from rows [b, e) of the block: pixel by pixel, its
- * first `len` channels dealt out W at a time, zeros past them. A full
- * piece's copy has W as a constant, so it is a few vector moves (a loop of
- * W steps took a third of a 1x1 filter gradient's time). */
+/* [panels][npix][ld] from rows [b, e) of the block: pixel by pixel, its
+ * first `len` channels dealt out W at a time (ld >= W apart; the elements
+ * between are never read), zeros past them. A full piece's copy has W as a
+ * constant, so it is a few vector moves (a loop of W steps took a third of
+ * a 1x1 filter gradient's time). */
 #define DEAL_CASE(T, W)                                                                                 \
   case W:                                                                                               \
     for (int64_t q = 0; q < full; q++) memcpy(dst + q * panel, src + q * W, W * sizeof(T));             \
     break;
 #define DEAL(T)                                                                                         \
-  static void deal_##T(const T *src, int64_t step, int64_t px, int64_t len, int64_t w, int64_t panels,  \
-                       int64_t panel, T *dst) {                                                         \
+  static void deal_##T(const T *src, int64_t step, int64_t px, int64_t len, int64_t w, int64_t ld,      \
+                       int64_t panels, int64_t panel, T *dst) {                                         \
     int64_t full = len / w;                                                                             \
-    for (int64_t p = 0; p < px; p++, src += step, dst += w) {                                          \
+    for (int64_t p = 0; p < px; p++, src += step, dst += ld) {                                         \
       switch (w) {                                                                                      \
         DEAL_CASE(T, 32)                                                                                \
         DEAL_CASE(T, 16)                                                                                \
@@ -355,6 +361,43 @@ enum { WGRAD_BLOCK_BYTES = 1 << 20, WGRAD_BLOCK_PIXELS = 256, WGRAD_PARTS = 16 }
 DEAL(float)
 DEAL(double)
 
+#if KILN_MULTIVERSION
+/* deal_float with AVX-512: each piece of up to 32 channels one or two
+ * masked loads and stores, the last piece's zeros included (the C copy's
+ * 16-byte moves and scalar tail were a store-bound third of a 1x1 filter
+ * gradient's time) */
+KILN_HOT_AVX512 static void deal_float_z(const float *src, int64_t step, int64_t px, int64_t len, int64_t w,
+                                         int64_t ld, int64_t panels, int64_t panel, float *dst) {
+  int64_t full = len / w, rest = len - full * w;
+  __mmask16 lo = (__mmask16)((1u << (w < 16 ? w : 16)) - 1), hi = (__mmask16)(w > 16 ? (1u << (w - 16)) - 1 : 0);
+  __mmask16 rlo = (__mmask16)((1u << (rest < 16 ? rest : 16)) - 1),
+            rhi = (__mmask16)(rest > 16 ? (1u << (rest - 16)) - 1 : 0);
+  for (int64_t p = 0; p < px; p++, src += step, dst += ld) {
+    for (int64_t q = 0; q < full; q++) {
+      _mm512_mask_storeu_ps(dst + q * panel, lo, _mm512_maskz_loadu_ps(lo, src + q * w));
+      if (hi) _mm512_mask_storeu_ps(dst + q * panel + 16, hi, _mm512_maskz_loadu_ps(hi, src + q * w + 16));
+    }
+    if (full < panels) { /* the last piece: what is left, then zeros */
+      _mm512_mask_storeu_ps(dst + full * panel, lo, _mm512_maskz_loadu_ps(rlo, src + full * w));
+      if (hi) _mm512_mask_storeu_ps(dst + full * panel + 16, hi, _mm512_maskz_loadu_ps(rhi, src + full * w + 16));
+    }
+  }
+}
+#endif
+
+static void deal_f32(bool z, const float *src, int64_t step, int64_t px, int64_t len, int64_t w, int64_t ld,
+                     int64_t panels, int64_t panel, float *dst) {
+#if KILN_MULTIVERSION
+  if (z && w <= 32) {
+    deal_float_z(src, step, px, len, w, ld, panels, panel, dst);
+    return;
+  }
+#else
+  (void)z;
+#endif
+  deal_float(src, step, px, len, w, ld, panels, panel, dst);
+}
+
 typedef struct {
   const wgrad_job *j;
   const wgrad_block *bk;
@@ -368,17 +411,17 @@ static void prepare_task(void *arg, int64_t b, int64_t e) {
   const wgrad_job *j = r->j;
   const wgrad_block *bk = r->bk;
   const conv_shape *s = j->s;
-  int64_t rows = bk->oy1 - bk->oy0, mr = j->uk.mr, nr = j->uk.nr;
+  int64_t rows = bk->oy1 - bk->oy0, mr = j->uk.mr, nr = j->uk.nr, xa = j->xa;
   for (int64_t q = b; q < e; q++) { /* row q % rows of image q / rows */
     int64_t img = q / rows, r = q % rows;
     if (j->pack_x) {
-      size_t at = (size_t)(q * s->ow * mr),
+      size_t at = (size_t)(q * s->ow * xa),
              from = (size_t)((img * s->h + (bk->oy0 + r) * s->sh) * s->w * s->c);
       if (j->es == 4)
-        deal_float((const float *)bk->x + from, s->sw * s->c, s->ow, s->c, mr, j->tiles_m, bk->npix * mr,
+        deal_f32(j->deal_z, (const float *)bk->x + from, s->sw * s->c, s->ow, s->c, mr, xa, j->tiles_m, bk->npix * xa,
                    (float *)bk->xs + at);
       else
-        deal_double((const double *)bk->x + from, s->sw * s->c, s->ow, s->c, mr, j->tiles_m, bk->npix * mr,
+        deal_double((const double *)bk->x + from, s->sw * s->c, s->ow, s->c, mr, xa, j->tiles_m, bk->npix * xa,
                     (double *)bk->xs + at);
     } else {
       prepad_job pp = {.x = bk->x, .xp = bk->xs, .h = s->h, .w = s->w, .c = s->c, .hp = j->hp, .wp = j->wp,
@@ -390,10 +433,10 @@ static void prepare_task(void *arg, int64_t b, int64_t e) {
     if (j->pack_dy) {
       size_t at = (size_t)(q * s->ow * nr), from = (size_t)((img * s->oh + bk->oy0 + r) * s->ow * s->o);
       if (j->es == 4)
-        deal_float((const float *)bk->dy + from, s->o, s->ow, s->o, nr, j->tiles_n, bk->npix * nr,
+        deal_f32(j->deal_z, (const float *)bk->dy + from, s->o, s->ow, s->o, nr, nr, j->tiles_n, bk->npix * nr,
                    (float *)bk->ds + at);
       else
-        deal_double((const double *)bk->dy + from, s->o, s->ow, s->o, nr, j->tiles_n, bk->npix * nr,
+        deal_double((const double *)bk->dy + from, s->o, s->ow, s->o, nr, nr, j->tiles_n, bk->npix * nr,
                     (double *)bk->ds + at);
     }
   }
@@ -435,8 +478,8 @@ static void block_tiles(const wgrad_job *j, const wgrad_block *bk, int64_t b, in
                                  : bk->dy + (size_t)(bk->oy0 * s->ow * s->o + j0) * es;
     int64_t ldb = j->pack_dy ? nr_full : s->o;
     if (j->pack_x) { /* one run over the block's packed pixels */
-      run[0] = (conv_run){bk->xs + (size_t)(tm * bk->npix * mr_full) * es, dyb, bk->npix};
-      j->uk.fn(1, run, mr_full, ldb, dst, s->o, mr, nr, bk->flags);
+      run[0] = (conv_run){bk->xs + (size_t)(tm * bk->npix * j->xa) * es, dyb, bk->npix};
+      j->uk.fn(1, run, j->xa, ldb, dst, s->o, mr, nr, bk->flags);
       continue;
     }
     int64_t rows = bk->oy1 - bk->oy0;
@@ -458,7 +501,7 @@ typedef struct {
 
 static bool scratch_get(const wgrad_job *j, wgrad_scratch *w) {
   const conv_shape *s = j->s;
-  size_t xs = j->pack_x ? (size_t)(j->tiles_m * j->uk.mr * j->images * j->block * s->ow)
+  size_t xs = j->pack_x ? (size_t)(j->tiles_m * j->xa * j->images * j->block * s->ow)
                         : (size_t)(((j->images - 1) * j->hp + j->xrows) * j->wp * s->c + j->uk.mr); /* slack: a tile
                                                                                        reads up to MR further */
   w->bk.xs = mem_scratch_get(&w->sx, xs * j->es);
@@ -544,6 +587,11 @@ int conv_direct_filter(const conv_shape *s, kiln_dtype dt, const void *x, const 
   j.taps = s->dw == 1 ? s->kh : s->kh * s->kw;
   j.rows = s->dw == 1 ? s->kw * s->c : s->c;
   j.tiles_m = (j.rows + j.uk.mr - 1) / j.uk.mr;
+  /* a packed pixel's MR channels start a 64-byte line: one line a step for
+   * the micro-kernel, and no copy split over two (14 -> 16 floats) */
+  const char *gemm = getenv("KILN_GEMM");
+  j.deal_z = KILN_HAVE_AVX512() && !(gemm && !strcmp(gemm, "c"));
+  j.xa = (j.uk.mr * (int64_t)j.es + 63) / 64 * 64 / (int64_t)j.es;
   j.tiles_n = (s->o + j.uk.nr - 1) / j.uk.nr;
   j.tiles = j.taps * j.tiles_m * j.tiles_n;
   atomic_init(&j.failed, 0);
