@@ -52,8 +52,30 @@ static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* packed filter column block jt: element (r, j) at bp[(jt * K + r) * NR + j],
  * r = (ky * kw + kx) * c + ci, zeros past o; tap (ky, kx) is the filter's
- * (fy0 + ky * fys, fx0 + kx * fxs) (s normalised: fkh etc. set) */
+ * (fy0 + ky * fys, fx0 + kx * fxs) (s normalised: fkh etc. set).
+ * pack_rows_T: rows [b, e), each read whole and dealt out to every column
+ * block (a row of 2048 channels is 8 KiB: column block by column block,
+ * every 128 bytes read were a page away from the last); pack_filter_T
+ * (flipped filters, whose rows are columns of the filter): units [b, e)
+ * of column block jt's rows, block by block. */
 #define PACK_FILTER(T)                                                                                 \
+  static void pack_rows_##T(const conv_shape *s, const T *f, int64_t nr, T *bp, int64_t b, int64_t e) { \
+    int64_t k = s->kh * s->kw * s->c, blocks = (s->o + nr - 1) / nr, full = s->o / nr;                \
+    for (int64_t r = b; r < e; r++) {                                                                  \
+      int64_t tap = r / s->c, ci = r % s->c;                                                           \
+      int64_t ft = (s->fy0 + tap / s->kw * s->fys) * s->fkw + s->fx0 + tap % s->kw * s->fxs;           \
+      const T *restrict src = f + (ft * s->c + ci) * s->o;                                             \
+      T *restrict d = bp + r * nr;                                                                     \
+      if (nr == 32)                                                                                    \
+        for (int64_t jt = 0; jt < full; jt++) memcpy(d + jt * k * nr, src + jt * nr, 32 * sizeof(T));  \
+      else                                                                                             \
+        for (int64_t jt = 0; jt < full; jt++) memcpy(d + jt * k * nr, src + jt * nr, (size_t)nr * sizeof(T)); \
+      if (full < blocks) {                                                                             \
+        T *restrict l = d + full * k * nr;                                                             \
+        for (int64_t j = 0; j < nr; j++) l[j] = full * nr + j < s->o ? src[full * nr + j] : 0;        \
+      }                                                                                                \
+    }                                                                                                  \
+  }                                                                                                    \
   static void pack_filter_##T(const conv_shape *s, const T *f, int64_t nr, T *bp, int64_t b, int64_t e) { \
     int64_t k = s->kh * s->kw * s->c;                                                                  \
     for (int64_t u = b; u < e; u++) { /* row r of column block jt */                                  \
@@ -82,10 +104,15 @@ typedef struct {
   kiln_dtype dt;
 } pack_filter_job;
 
-/* rows [b, e) of the packed filter, all its column blocks' in turn */
+/* rows [b, e) of the packed filter: the filter's rows, or (flipped) all
+ * its column blocks' in turn */
 static void pack_filter_task(void *arg, int64_t b, int64_t e) {
   const pack_filter_job *p = arg;
-  if (p->dt == KILN_F32)
+  if (!p->s->flip && p->dt == KILN_F32)
+    pack_rows_float(p->s, p->f, p->nr, p->bp, b, e);
+  else if (!p->s->flip)
+    pack_rows_double(p->s, p->f, p->nr, p->bp, b, e);
+  else if (p->dt == KILN_F32)
     pack_filter_float(p->s, p->f, p->nr, p->bp, b, e);
   else
     pack_filter_double(p->s, p->f, p->nr, p->bp, b, e);
@@ -220,7 +247,10 @@ int conv_direct(const conv_shape *shape, kiln_dtype dt, const void *x, const voi
   memset(zeros, 0, zbytes);
   if (!kept) {
     pack_filter_job pj = {s, f, bp, j.uk.nr, dt};
-    parallel_for(blocks * j.k, 256, pack_filter_task, &pj); /* a 3x3 512 -> 512 filter is 9.4 MB */
+    if (s->flip) /* a 3x3 512 -> 512 filter is 9.4 MB */
+      parallel_for(blocks * j.k, 256, pack_filter_task, &pj);
+    else
+      parallel_for(j.k, 256 / blocks + 1, pack_filter_task, &pj);
   }
   j.bp = kept ? kept : bp, j.zeros = zeros;
   j.seg = SEG_TILES * j.uk.mr;
