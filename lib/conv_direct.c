@@ -347,6 +347,8 @@ typedef struct {
   char *ds;   /* pack_dy: its dy [tiles_n][npix][NR] */
   char *df;   /* the sums' destination */
   int32_t flags;
+  const char *pf[2]; /* the next block's x and dy, which its tiles' kernels fetch into L2 */
+  int64_t pf_lines[2];
 } wgrad_block;
 
 /* The most bytes of image and dy rows one block of output rows reads; the
@@ -472,6 +474,23 @@ static void prepare_task(void *arg, int64_t b, int64_t e) {
   }
 }
 
+/* The 64-byte lines of x and of dy that block g reads (from the first
+ * row of its first image it reads to the last of its last) into bk's pf. */
+static void block_lines(const wgrad_job *j, int64_t g, wgrad_block *bk) {
+  const conv_shape *s = j->s;
+  int64_t n = g / j->per_image * j->images, last = n + min64(j->images, s->n - n) - 1;
+  int64_t oy0 = g % j->per_image * j->block, oy1 = min64(s->oh, oy0 + j->block);
+  int64_t y0 = oy0 * s->sh - s->pt, y1 = (oy1 - 1) * s->sh - s->pt + (s->kh - 1) * s->dh + 1;
+  if (y0 < 0) y0 = 0;
+  if (y1 > s->h) y1 = s->h;
+  int64_t from = n * s->h + y0, to = last * s->h + y1, row = s->w * s->c * (int64_t)j->es;
+  bk->pf[0] = j->x + from * row;
+  bk->pf_lines[0] = to > from ? (to - from) * row / 64 : 0;
+  row = s->ow * s->o * (int64_t)j->es;
+  bk->pf[1] = j->dy + (n * s->oh + oy0) * row;
+  bk->pf_lines[1] = (last * s->oh + oy1 - n * s->oh - oy0) * row / 64;
+}
+
 /* block g of the batch, its sums into df (added unless first); its
  * packed or padded copies made in parallel or on this thread */
 static void block_begin(const wgrad_job *j, wgrad_block *bk, int64_t g, char *df, bool first, bool parallel) {
@@ -484,6 +503,8 @@ static void block_begin(const wgrad_job *j, wgrad_block *bk, int64_t g, char *df
   bk->dy = j->dy + (size_t)(n * s->oh * s->ow * s->o) * j->es;
   bk->yp0 = bk->oy0 * s->sh;
   bk->df = df, bk->flags = first ? 0 : GEMM_ACCUMULATE;
+  bk->pf_lines[0] = bk->pf_lines[1] = 0;
+  if (j->pack_x && g + 1 < j->blocks) block_lines(j, g + 1, bk);
   block_ref r = {j, bk};
   if (parallel)
     parallel_for(bk->images * (bk->oy1 - bk->oy0), 1, prepare_task, &r);
@@ -497,7 +518,13 @@ static void block_tiles(const wgrad_job *j, const wgrad_block *bk, int64_t b, in
   const conv_shape *s = j->s;
   size_t es = j->es;
   int64_t mr_full = j->uk.mr, nr_full = j->uk.nr;
+  int64_t lines = bk->pf_lines[0] + bk->pf_lines[1];
   for (int64_t t = b; t < e; t++) {
+    /* tile t's share of the next block's lines: x's, then dy's */
+    int64_t l0 = lines * t / j->tiles, l1 = lines * (t + 1) / j->tiles, r = l0 < bk->pf_lines[0] ? 0 : 1;
+    if (r) l0 -= bk->pf_lines[0], l1 -= bk->pf_lines[0];
+    else if (l1 > bk->pf_lines[0]) l1 = bk->pf_lines[0];
+    const char *pf = bk->pf[r] + l0 * 64;
     int64_t tap = t / (j->tiles_m * j->tiles_n), tm = t / j->tiles_n % j->tiles_m, tn = t % j->tiles_n;
     int64_t ky = s->dw == 1 ? tap : tap / s->kw, kx = s->dw == 1 ? 0 : tap % s->kw;
     int64_t i0 = tm * mr_full, j0 = tn * nr_full;
@@ -508,15 +535,16 @@ static void block_tiles(const wgrad_job *j, const wgrad_block *bk, int64_t b, in
                                  : bk->dy + (size_t)(bk->oy0 * s->ow * s->o + j0) * es;
     int64_t ldb = j->pack_dy ? nr_full : s->o;
     if (j->pack_x) { /* one run over the block's packed pixels */
-      run[0] = (conv_run){bk->xs + (size_t)(tm * bk->npix * j->xa) * es, dyb, bk->npix};
+      run[0] = (conv_run){bk->xs + (size_t)(tm * bk->npix * j->xa) * es, dyb, bk->npix, l1 > l0 ? pf : dyb, l1 - l0};
       j->uk.fn(1, run, j->xa, ldb, dst, s->o, mr, nr, bk->flags);
       continue;
     }
     int64_t rows = bk->oy1 - bk->oy0;
     for (int64_t q = 0; q < bk->images * rows; q++) { /* row q % rows of image q / rows */
       int64_t yp = q / rows * j->hp + (bk->oy0 + q % rows) * s->sh + ky * s->dh - bk->yp0;
-      run[q] = (conv_run){bk->xs + (size_t)((yp * j->wp + kx * s->dw) * s->c + i0) * es,
-                          dyb + (size_t)(q * s->ow * ldb) * es, s->ow};
+      int64_t n = bk->images * rows, q0 = (l1 - l0) * q / n, q1 = (l1 - l0) * (q + 1) / n;
+      const char *a = bk->xs + (size_t)((yp * j->wp + kx * s->dw) * s->c + i0) * es;
+      run[q] = (conv_run){a, dyb + (size_t)(q * s->ow * ldb) * es, s->ow, q1 > q0 ? pf + q0 * 64 : a, q1 - q0};
     }
     j->uk.fn(bk->images * rows, run, s->sw * s->c, ldb, dst, s->o, mr, nr, bk->flags);
   }
@@ -535,8 +563,8 @@ static bool scratch_get(const wgrad_job *j, wgrad_scratch *w) {
                         : (size_t)(((j->images - 1) * j->hp + j->xrows) * j->wp * s->c + j->uk.mr); /* slack: a tile
                                                                                        reads up to MR further */
   w->bk.xs = mem_scratch_get(&w->sx, xs * j->es);
-  w->bk.ds = j->pack_dy ? mem_scratch_get(&w->sd, (size_t)(j->tiles_n * j->uk.nr * j->images * j->block * s->ow) * j->es)
-                        : NULL;
+  size_t ds = (size_t)(j->tiles_n * j->uk.nr * j->images * j->block * s->ow) * j->es;
+  w->bk.ds = j->pack_dy ? mem_scratch_get(&w->sd, ds) : NULL;
   w->run = mem_scratch_get(&w->sr, sizeof *w->run * (size_t)(j->images * j->block));
   if (!w->bk.xs || (j->pack_dy && !w->bk.ds) || !w->run) return false;
   if (!j->pack_x) memset(w->bk.xs + (xs - (size_t)j->uk.mr) * j->es, 0, (size_t)j->uk.mr * j->es);
@@ -609,7 +637,13 @@ int conv_direct_filter(const conv_shape *s, kiln_dtype dt, const void *x, const 
     memset(df, 0, (size_t)(k * s->o) * j.es);
     return 0;
   }
-  j.uk = matmul_wgrad_ukernel(dt, s->n * s->oh * s->ow * s->o * k >= MATMUL_JIT_WORK);
+  j.pack_x = s->kh == 1 && s->kw == 1 && s->pt == 0 && s->pl == 0 && (s->oh - 1) * s->sh < s->h &&
+             (s->ow - 1) * s->sw < s->w;
+  /* packing x reads it from memory while no sums run: the kernel that
+   * fetches the next block meanwhile (1x1 256 -> 64 and 64 -> 256 at 56x56
+   * +13-35% on two threads; where x is padded instead, 3x3 shapes, its
+   * instructions cost more than it saved: 3x3 256 -> 256 at 14x14 -10%) */
+  j.uk = matmul_wgrad_ukernel(dt, s->n * s->oh * s->ow * s->o * k >= MATMUL_JIT_WORK, j.pack_x);
   j.hp = (s->oh - 1) * s->sh + (s->kh - 1) * s->dh + 1;
   j.wp = (s->ow - 1) * s->sw + (s->kw - 1) * s->dw + 1;
   if (j.hp < s->h + s->pt) j.hp = s->h + s->pt;
@@ -625,8 +659,6 @@ int conv_direct_filter(const conv_shape *s, kiln_dtype dt, const void *x, const 
   j.tiles_n = (s->o + j.uk.nr - 1) / j.uk.nr;
   j.tiles = j.taps * j.tiles_m * j.tiles_n;
   atomic_init(&j.failed, 0);
-  j.pack_x = s->kh == 1 && s->kw == 1 && s->pt == 0 && s->pl == 0 && (s->oh - 1) * s->sh < s->h &&
-             (s->ow - 1) * s->sw < s->w;
   j.pack_dy = s->o * (int64_t)j.es >= 1024;
   int64_t row_bytes = (j.pack_x ? s->ow * s->c : s->sh * j.wp * s->c) * (int64_t)j.es + s->ow * s->o * (int64_t)j.es;
   j.block = WGRAD_BLOCK_BYTES / row_bytes;

@@ -106,10 +106,10 @@ static _Atomic(wgrad_provider_fn) wgrad_provider;
 
 void matmul_set_wgrad_provider(wgrad_provider_fn fn) { atomic_store(&wgrad_provider, fn); }
 
-wgrad_ukernel matmul_wgrad_ukernel(kiln_dtype dt, bool jit) {
+wgrad_ukernel matmul_wgrad_ukernel(kiln_dtype dt, bool jit, bool prefetch) {
   wgrad_ukernel uk;
   wgrad_provider_fn get = atomic_load(&wgrad_provider);
-  if (jit && get && get(dt, &uk)) return uk;
+  if (jit && get && get(dt, prefetch, &uk)) return uk;
 #if KILN_MULTIVERSION
   if (KILN_HAVE_AVX512())
     return dt == KILN_F32 ? (wgrad_ukernel){wgrad_ukernel_z_f32, MR_Z_F32, NR_Z_F32}

@@ -82,6 +82,13 @@ KILN_EXPORT conv_ukernel matmul_conv_ukernel(kiln_dtype dt, gemm_epilogue epi, i
 typedef struct conv_run {
   const void *a, *b;
   int64_t kc;
+  /* memory the kernel fetches into L2 while it sums (a later block's rows,
+   * which would otherwise be read from memory while no sums run): at step
+   * p < pf_lines, the 64-byte line pf + 64 p, where the kernel is one that
+   * prefetches (the C ones do not). pf is readable (a, when there is
+   * nothing to fetch). */
+  const void *pf;
+  int64_t pf_lines;
 } conv_run;
 typedef void (*wgrad_ukernel_fn)(int64_t runs, const conv_run *run, int64_t lda, int64_t ldb, void *c, int64_t ldc,
                                  int64_t mr, int64_t nr, int32_t flags);
@@ -89,10 +96,10 @@ typedef struct wgrad_ukernel {
   wgrad_ukernel_fn fn;
   int mr, nr;
 } wgrad_ukernel;
-typedef bool (*wgrad_provider_fn)(kiln_dtype dt, wgrad_ukernel *uk);
+typedef bool (*wgrad_provider_fn)(kiln_dtype dt, bool prefetch, wgrad_ukernel *uk);
 void matmul_set_wgrad_provider(wgrad_provider_fn fn);
 /* The provider's when jit and it has one, else the C one. */
-KILN_EXPORT wgrad_ukernel matmul_wgrad_ukernel(kiln_dtype dt, bool jit);
+KILN_EXPORT wgrad_ukernel matmul_wgrad_ukernel(kiln_dtype dt, bool jit, bool prefetch);
 
 /* m*n*k from which the blocked matmul asks the provider for its
  * micro-kernel. Smaller products (down to 32^3) mostly run faster with it

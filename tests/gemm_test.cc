@@ -862,7 +862,8 @@ TEST(GemmConv, CompiledConvolutionKernelsPerLdaGiveTheCKernelsBits) {
     EnvGuard c("KILN_GEMM", "c");
     EXPECT_FALSE(cpu_conv_ukernel(KILN_F32, GEMM_EPI_NONE, 64, false, &uk));
     wgrad_ukernel w;
-    EXPECT_FALSE(cpu_wgrad_ukernel(KILN_F32, &w));
+    EXPECT_FALSE(cpu_wgrad_ukernel(KILN_F32, false, &w));
+    EXPECT_FALSE(cpu_wgrad_ukernel(KILN_F32, true, &w));
   }
 }
 
@@ -873,37 +874,41 @@ template <typename T>
 void check_wgrad_kernels(kiln_dtype dt) {
   std::mt19937 rng(9);
   std::uniform_real_distribution<T> u(-1, 1);
-  wgrad_ukernel jit, c = matmul_wgrad_ukernel(dt, false);
-  ASSERT_TRUE(cpu_wgrad_ukernel(dt, &jit));
-  EXPECT_NE(jit.fn, c.fn);
-  const int64_t lda = 23, ldb = 45, steps[2] = {13, 6}, cols = 45;
-  std::vector<T> a((size_t)(19 * lda + 32)), b((size_t)(19 * ldb));
-  for (T &e : a) e = u(rng);
-  for (T &e : b) e = u(rng);
-  for (int64_t nr : {(int64_t)jit.nr, (int64_t)5}) {
-    const int64_t mr = jit.mr - 3;
-    std::vector<T> cj((size_t)(jit.mr * cols), (T)0.5), cc = cj;
-    for (int32_t flags : {0, (int32_t)GEMM_ACCUMULATE}) {
-      // two runs: steps 0..12, then 6 steps from row 13; B's last row is b's end when nr = ldb - (ldb - nr)
-      conv_run runs[2] = {{a.data(), b.data() + (ldb - nr), steps[0]},
-                          {a.data() + 13 * lda, b.data() + 13 * ldb + (ldb - nr), steps[1]}};
-      jit.fn(2, runs, lda, ldb, cj.data(), cols, mr, nr, flags);
-      for (int64_t i0 = 0; i0 < mr; i0 += c.mr)
-        for (int64_t j0 = 0; j0 < nr; j0 += c.nr) {
-          conv_run cr[2] = {{(const T *)runs[0].a + i0, (const T *)runs[0].b + j0, steps[0]},
-                            {(const T *)runs[1].a + i0, (const T *)runs[1].b + j0, steps[1]}};
-          c.fn(2, cr, lda, ldb, cc.data() + i0 * cols + j0, cols, std::min<int64_t>(c.mr, mr - i0),
-               std::min<int64_t>(c.nr, nr - j0), flags);
-        }
-      EXPECT_EQ(cj, cc) << "nr " << nr << " flags " << flags;
-      for (int64_t i = 0; i < mr; i++)
-        for (int64_t j = 0; j < nr; j++) {
-          double want = 0;
-          for (int64_t p = 0; p < 19; p++)
-            want += (double)a[(size_t)(p * lda + i)] * b[(size_t)(p * ldb + ldb - nr + j)];
-          if (flags) want = 2 * want;  // the first pass's sum, added to again
-          EXPECT_NEAR(cj[(size_t)(i * cols + j)], want, 1e-4) << i << " " << j;
-        }
+  for (bool prefetch : {false, true}) {
+    SCOPED_TRACE(prefetch ? "the kernel that prefetches" : "the kernel without prefetches");
+    wgrad_ukernel jit, c = matmul_wgrad_ukernel(dt, false, prefetch);
+    ASSERT_TRUE(cpu_wgrad_ukernel(dt, prefetch, &jit));
+    EXPECT_NE(jit.fn, c.fn);
+    const int64_t lda = 23, ldb = 45, steps[2] = {13, 6}, cols = 45;
+    std::vector<T> a((size_t)(19 * lda + 32)), b((size_t)(19 * ldb));
+    for (T &e : a) e = u(rng);
+    for (T &e : b) e = u(rng);
+    for (int64_t nr : {(int64_t)jit.nr, (int64_t)5}) {
+      const int64_t mr = jit.mr - 3;
+      std::vector<T> cj((size_t)(jit.mr * cols), (T)0.5), cc = cj;
+      for (int32_t flags : {0, (int32_t)GEMM_ACCUMULATE}) {
+        // two runs: steps 0..12, then 6 steps from row 13; B's last row is b's end when nr = ldb - (ldb - nr);
+        // the first fetches 5 lines of b ahead, the second a's (more lines than steps: as many as steps)
+        conv_run runs[2] = {{a.data(), b.data() + (ldb - nr), steps[0], b.data(), 5},
+                            {a.data() + 13 * lda, b.data() + 13 * ldb + (ldb - nr), steps[1], a.data(), 100}};
+        jit.fn(2, runs, lda, ldb, cj.data(), cols, mr, nr, flags);
+        for (int64_t i0 = 0; i0 < mr; i0 += c.mr)
+          for (int64_t j0 = 0; j0 < nr; j0 += c.nr) {
+            conv_run cr[2] = {{(const T *)runs[0].a + i0, (const T *)runs[0].b + j0, steps[0], runs[0].a, 0},
+                              {(const T *)runs[1].a + i0, (const T *)runs[1].b + j0, steps[1], runs[1].a, 0}};
+            c.fn(2, cr, lda, ldb, cc.data() + i0 * cols + j0, cols, std::min<int64_t>(c.mr, mr - i0),
+                 std::min<int64_t>(c.nr, nr - j0), flags);
+          }
+        EXPECT_EQ(cj, cc) << "nr " << nr << " flags " << flags;
+        for (int64_t i = 0; i < mr; i++)
+          for (int64_t j = 0; j < nr; j++) {
+            double want = 0;
+            for (int64_t p = 0; p < 19; p++)
+              want += (double)a[(size_t)(p * lda + i)] * b[(size_t)(p * ldb + ldb - nr + j)];
+            if (flags) want = 2 * want;  // the first pass's sum, added to again
+            EXPECT_NEAR(cj[(size_t)(i * cols + j)], want, 1e-4) << i << " " << j;
+          }
+      }
     }
   }
 }

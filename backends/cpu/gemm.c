@@ -357,7 +357,7 @@ static void emit_conv_ukernel(llvm_emit *e, const char *name, kiln_dtype dt, gem
  * acc, *ap, *bp to their values after the loop; returns p after it. */
 static LLVMValueRef emit_wgrad_loop(kgen *g, LLVMValueRef fn, LLVMValueRef lo, int step, LLVMValueRef *acc,
                                     LLVMValueRef *ap, LLVMValueRef *bp, LLVMValueRef lda, LLVMValueRef ldb,
-                                    const LLVMValueRef *colmask) {
+                                    const LLVMValueRef *colmask, LLVMValueRef pf, LLVMValueRef pf_lines) {
   llvm_emit *e = g->e;
   int n = g->t.mr * g->t.nv, nv = g->t.nv, vl = g->t.vl;
   LLVMBasicBlockRef pre = LLVMGetInsertBlock(e->b);
@@ -380,6 +380,15 @@ static LLVMValueRef emit_wgrad_loop(kgen *g, LLVMValueRef fn, LLVMValueRef lo, i
   LLVMBuildCondBr(e->b, LLVMBuildICmp(e->b, LLVMIntSLE, end, g->kc, ""), body, exit);
   LLVMPositionBuilderAtEnd(e->b, body);
   for (int s = 0; s < step; s++) {
+    /* the prefetch of step p + s: line p + s of pf while there are lines left, else pf again */
+    if (pf) {
+      LLVMValueRef idx = s ? LLVMBuildAdd(e->b, p, llvm_i64(e, s), "") : p;
+      LLVMValueRef off = LLVMBuildMul(e->b, idx, llvm_i64(e, 64), "");
+      LLVMValueRef line = LLVMBuildGEP2(e->b, LLVMInt8TypeInContext(e->ctx), pf, &off, 1, "");
+      LLVMValueRef at = LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, idx, pf_lines, ""), line, pf, "");
+      LLVMValueRef pargs[4] = {at, llvm_i32(e, 0), llvm_i32(e, 2), llvm_i32(e, 1)}; /* read, L2 (prefetcht1), data */
+      llvm_intr(e, "llvm.prefetch", pargs, 4);
+    }
     LLVMValueRef as = a, bs = b;
     if (s) {
       LLVMValueRef oa = LLVMBuildMul(e->b, lda, llvm_i64(e, s), ""), ob = LLVMBuildMul(e->b, ldb, llvm_i64(e, s), "");
@@ -420,7 +429,7 @@ static LLVMValueRef emit_wgrad_loop(kgen *g, LLVMValueRef fn, LLVMValueRef lo, i
  * b, i64 kc} each) around the loops over their steps; the tile added to C
  * (GEMM_ACCUMULATE) or stored. */
 static void emit_wgrad_ukernel(llvm_emit *e, const char *name, kiln_dtype dt, tile t, LLVMTargetMachineRef tm,
-                               bool avx512) {
+                               bool avx512, bool prefetch) {
   LLVMTypeRef params[9] = {e->t_i64, e->t_ptr, e->t_i64, e->t_i64, e->t_ptr, e->t_i64, e->t_i64, e->t_i64, e->t_i32};
   LLVMValueRef fn = LLVMAddFunction(e->mod, name, LLVMFunctionType(e->t_void, params, 9, 0));
   kernel_attrs(e, fn, tm, avx512);
@@ -451,14 +460,18 @@ static void emit_wgrad_ukernel(llvm_emit *e, const char *name, kiln_dtype dt, ti
   }
   LLVMBuildCondBr(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, tp, runs, ""), body, exit);
   LLVMPositionBuilderAtEnd(e->b, body);
-  /* run t: {a, b, kc} at run + 24 t bytes */
-  LLVMValueRef base = LLVMBuildMul(e->b, tp, llvm_i64(e, 3), "");
-  LLVMValueRef f1 = LLVMBuildAdd(e->b, base, llvm_i64(e, 1), ""), f2 = LLVMBuildAdd(e->b, base, llvm_i64(e, 2), "");
-  LLVMValueRef ap = LLVMBuildLoad2(e->b, e->t_ptr, LLVMBuildGEP2(e->b, e->t_i64, runp, &base, 1, ""), "ra");
-  LLVMValueRef bp = LLVMBuildLoad2(e->b, e->t_ptr, LLVMBuildGEP2(e->b, e->t_i64, runp, &f1, 1, ""), "rb");
-  g.kc = LLVMBuildLoad2(e->b, e->t_i64, LLVMBuildGEP2(e->b, e->t_i64, runp, &f2, 1, ""), "kc");
-  LLVMValueRef p = emit_wgrad_loop(&g, fn, i0, UNROLL, acc, &ap, &bp, lda, ldb, colmask);
-  emit_wgrad_loop(&g, fn, p, 1, acc, &ap, &bp, lda, ldb, colmask);
+  /* run t: {a, b, kc, pf, pf_lines} at run + 40 t bytes */
+  LLVMValueRef base = LLVMBuildMul(e->b, tp, llvm_i64(e, 5), ""), field[5];
+  for (int k = 0; k < 5; k++) {
+    LLVMValueRef at = k ? LLVMBuildAdd(e->b, base, llvm_i64(e, k), "") : base;
+    field[k] = LLVMBuildLoad2(e->b, k == 2 || k == 4 ? e->t_i64 : e->t_ptr,
+                              LLVMBuildGEP2(e->b, e->t_i64, runp, &at, 1, ""), "run");
+  }
+  LLVMValueRef ap = field[0], bp = field[1];
+  g.kc = field[2];
+  LLVMValueRef pf = prefetch ? field[3] : NULL;
+  LLVMValueRef p = emit_wgrad_loop(&g, fn, i0, UNROLL, acc, &ap, &bp, lda, ldb, colmask, pf, field[4]);
+  emit_wgrad_loop(&g, fn, p, 1, acc, &ap, &bp, lda, ldb, colmask, pf, field[4]);
   LLVMValueRef tnext = LLVMBuildAdd(e->b, tp, llvm_i64(e, 1), "");
   LLVMBasicBlockRef latch = LLVMGetInsertBlock(e->b);
   LLVMAddIncoming(tp, &tnext, &latch, 1);
@@ -474,12 +487,13 @@ static void emit_wgrad_ukernel(llvm_emit *e, const char *name, kiln_dtype dt, ti
 /* ---- compilation and the cache of kernels ---- */
 
 /* lda (here and below): -1 the matmul kernel; -2 the filter-gradient
- * kernel; 0 the convolution kernel, its lda a parameter; > 0 the
- * convolution kernel for that lda */
-enum { LDA_GEMM = -1, LDA_WGRAD = -2 };
+ * kernel, -3 the one that prefetches; 0 the convolution kernel, its lda a
+ * parameter; > 0 the convolution kernel for that lda */
+enum { LDA_GEMM = -1, LDA_WGRAD = -2, LDA_WGRAD_PF = -3 };
 static void kernel_name(char *name, size_t len, kiln_dtype dt, gemm_epilogue epi, tile t, int64_t lda) {
-  if (lda == LDA_WGRAD)
-    snprintf(name, len, "kiln_wgrad_%s_%dx%d", kiln_dtype_name(dt), t.mr, t.nv * t.vl);
+  if (lda == LDA_WGRAD || lda == LDA_WGRAD_PF)
+    snprintf(name, len, "kiln_wgrad%s_%s_%dx%d", lda == LDA_WGRAD_PF ? "_pf" : "", kiln_dtype_name(dt), t.mr,
+             t.nv * t.vl);
   else if (lda < 0)
     snprintf(name, len, "kiln_gemm_%s_%s_%dx%d", kiln_dtype_name(dt), epi_names[epi], t.mr, t.nv * t.vl);
   else
@@ -503,8 +517,8 @@ static LLVMModuleRef build_module(LLVMContextRef ctx, kiln_dtype dt, gemm_epilog
   LLVMDisposeTargetData(layout);
   llvm_emit e;
   llvm_emit_init(&e, ctx, mod);
-  if (lda == LDA_WGRAD)
-    emit_wgrad_ukernel(&e, name, dt, *t, tm, avx512);
+  if (lda == LDA_WGRAD || lda == LDA_WGRAD_PF)
+    emit_wgrad_ukernel(&e, name, dt, *t, tm, avx512, lda == LDA_WGRAD_PF);
   else if (lda >= 0)
     emit_conv_ukernel(&e, name, dt, epi, *t, tm, avx512, lda);
   else
@@ -521,7 +535,7 @@ typedef struct {
 } variant;
 
 static variant variants[2][GEMM_EPI_COUNT]; /* f32, f64 */
-static variant wgrad_variants[2];
+static variant wgrad_variants[2][2]; /* [f64][prefetch] */
 /* The convolution kernels: one per (dtype, epilogue, lda) in use (a
  * network has a few image widths x strides), then the generic one (lda 0)
  * for any further lda. Looked up and filled under compile_mu. */
@@ -654,7 +668,7 @@ static int try_compile(kiln_dtype dt, gemm_epilogue epi, int64_t lda, bool narro
   state = compile_variant(dt, epi, lda, narrow, v) ? FAILED : READY;
   if (state == FAILED && env_is("KILN_LOG", "gemm"))
     fprintf(stderr, "kiln: gemm: no compiled %s micro-kernel for %s %s: %s\n",
-            lda == LDA_WGRAD ? "filter-gradient" : lda >= 0 ? "convolution" : "matmul",
+            lda <= LDA_WGRAD ? "filter-gradient" : lda >= 0 ? "convolution" : "matmul",
             kiln_dtype_name(dt), epi_names[epi], kiln_last_error());
   kiln_set_error("%s", saved);
   atomic_store_explicit(&v->state, state, memory_order_release);
@@ -701,13 +715,13 @@ bool cpu_conv_ukernel(kiln_dtype dt, gemm_epilogue epi, int64_t lda, bool narrow
   return true;
 }
 
-bool cpu_wgrad_ukernel(kiln_dtype dt, wgrad_ukernel *uk) {
+bool cpu_wgrad_ukernel(kiln_dtype dt, bool prefetch, wgrad_ukernel *uk) {
   if (!usable(dt, GEMM_EPI_NONE)) return false;
-  variant *v = &wgrad_variants[dt == KILN_F64];
+  variant *v = &wgrad_variants[dt == KILN_F64][prefetch];
   int state = atomic_load_explicit(&v->state, memory_order_acquire);
   if (state == UNTRIED) {
     pthread_mutex_lock(&compile_mu);
-    state = try_compile(dt, GEMM_EPI_NONE, LDA_WGRAD, false, v);
+    state = try_compile(dt, GEMM_EPI_NONE, prefetch ? LDA_WGRAD_PF : LDA_WGRAD, false, v);
     pthread_mutex_unlock(&compile_mu);
   }
   if (state != READY) return false;

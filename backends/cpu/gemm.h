@@ -27,8 +27,9 @@ KILN_EXPORT bool cpu_gemm_ukernel(kiln_dtype dt, gemm_epilogue epi, gemm_ukernel
 KILN_EXPORT bool cpu_conv_ukernel(kiln_dtype dt, gemm_epilogue epi, int64_t lda, bool narrow, conv_ukernel *uk);
 
 /* The compiled filter-gradient micro-kernel for dt (lib/matmul.h's
- * wgrad_provider_fn), as cpu_gemm_ukernel. */
-KILN_EXPORT bool cpu_wgrad_ukernel(kiln_dtype dt, wgrad_ukernel *uk);
+ * wgrad_provider_fn), as cpu_gemm_ukernel; prefetch: the one that fetches
+ * its runs' pf lines (one step's worth of instructions more a step). */
+KILN_EXPORT bool cpu_wgrad_ukernel(kiln_dtype dt, bool prefetch, wgrad_ukernel *uk);
 
 /* The LLVM IR ("llvm") or assembly ("asm") of the micro-kernel for (dt,
  * epi), or of the convolution kernel ("conv-llvm", "conv-asm"; "convN-asm" for lda N), or of the
