@@ -309,7 +309,10 @@ int conv_direct(const conv_shape *shape, kiln_dtype dt, const void *x, const voi
  * where its rows are as long (1 KiB or more); then every tile of MR filter
  * rows (kx, c) x NR output channels sums, in registers, over the block's
  * pixels (one run of ow pixels per row, or one of the packed pixels) and
- * adds the sum to df.
+ * adds the sum to df. Packing the pixels reads them from memory while no
+ * sums run, so there each tile's kernel also fetches its share of the next
+ * block's image and dy rows into L2 (conv_run's pf), as BLIS's kernels
+ * fetch their next panels; the packing then reads L2.
  *
  * Where the images and dy are large next to df (the early layers), the
  * blocks are split into parts, each summed whole by one thread into a df of
