@@ -562,9 +562,9 @@ typedef struct {
 
 static bool scratch_get(const wgrad_job *j, wgrad_scratch *w) {
   const conv_shape *s = j->s;
+  /* padded rows: with slack, as a tile reads up to MR further */
   size_t xs = j->pack_x ? (size_t)(j->tiles_m * j->xa * j->images * j->block * s->ow)
-                        : (size_t)(((j->images - 1) * j->hp + j->xrows) * j->wp * s->c + j->uk.mr); /* slack: a tile
-                                                                                       reads up to MR further */
+                        : (size_t)(((j->images - 1) * j->hp + j->xrows) * j->wp * s->c + j->uk.mr);
   w->bk.xs = mem_scratch_get(&w->sx, xs * j->es);
   size_t ds = (size_t)(j->tiles_n * j->uk.nr * j->images * j->block * s->ow) * j->es;
   w->bk.ds = j->pack_dy ? mem_scratch_get(&w->sd, ds) : NULL;
@@ -654,10 +654,10 @@ int conv_direct_filter(const conv_shape *s, kiln_dtype dt, const void *x, const 
   j.taps = s->dw == 1 ? s->kh : s->kh * s->kw;
   j.rows = s->dw == 1 ? s->kw * s->c : s->c;
   j.tiles_m = (j.rows + j.uk.mr - 1) / j.uk.mr;
-  /* a packed pixel's MR channels start a 64-byte line: one line a step for
-   * the micro-kernel, and no copy split over two (14 -> 16 floats) */
   const char *gemm = getenv("KILN_GEMM");
   j.deal_z = KILN_HAVE_AVX512() && !(gemm && !strcmp(gemm, "c"));
+  /* a packed pixel's MR channels start a 64-byte line: one line a step for
+   * the micro-kernel, and no copy split over two (14 -> 16 floats) */
   j.xa = (j.uk.mr * (int64_t)j.es + 63) / 64 * 64 / (int64_t)j.es;
   j.tiles_n = (s->o + j.uk.nr - 1) / j.uk.nr;
   j.tiles = j.taps * j.tiles_m * j.tiles_n;
