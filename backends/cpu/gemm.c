@@ -353,8 +353,9 @@ static void emit_conv_ukernel(llvm_emit *e, const char *name, kiln_dtype dt, gem
 
 /* One loop of the filter-gradient kernel over p from lo while p + step <=
  * kc: acc += A[:, p] (x) B[p, :] with A's column at *ap (+ lda a step) and
- * B's row at *bp (+ ldb a step), B's vectors loaded under colmask. Updates
- * acc, *ap, *bp to their values after the loop; returns p after it. */
+ * B's row at *bp (+ ldb a step), B's vectors loaded under colmask; with pf
+ * (not NULL), each step also prefetches line p of pf while p < pf_lines.
+ * Updates acc, *ap, *bp to their values after the loop; returns p after it. */
 static LLVMValueRef emit_wgrad_loop(kgen *g, LLVMValueRef fn, LLVMValueRef lo, int step, LLVMValueRef *acc,
                                     LLVMValueRef *ap, LLVMValueRef *bp, LLVMValueRef lda, LLVMValueRef ldb,
                                     const LLVMValueRef *colmask, LLVMValueRef pf, LLVMValueRef pf_lines) {
@@ -426,7 +427,8 @@ static LLVMValueRef emit_wgrad_loop(kgen *g, LLVMValueRef fn, LLVMValueRef lo, i
 
 /* void name(i64 runs, ptr run, i64 lda, i64 ldb, ptr c, i64 ldc, i64 mr,
  * i64 nr, i32 flags): wgrad_ukernel_fn. A loop over the runs ({ptr a, ptr
- * b, i64 kc} each) around the loops over their steps; the tile added to C
+ * b, i64 kc, ptr pf, i64 pf_lines} each: conv_run) around the loops over
+ * their steps, which prefetch where prefetch is set; the tile added to C
  * (GEMM_ACCUMULATE) or stored. */
 static void emit_wgrad_ukernel(llvm_emit *e, const char *name, kiln_dtype dt, tile t, LLVMTargetMachineRef tm,
                                bool avx512, bool prefetch) {
