@@ -6,9 +6,11 @@
  * (padding k/2, as torchvision's). Forward eager and staged (a
  * kiln_function whose body is one conv2d), the input gradient (eager
  * kiln_conv2d_transpose) and the filter gradient (a tape's gradient of the
- * conv with respect to the filter alone: the tape seeds ones), and the
+ * conv with respect to the filter alone: the tape seeds ones), the
  * filter gradient's kernel alone (dw-kernel: conv_direct_filter on a given
- * dy, no tape, no allocation). Medians over runs. The PyTorch peer is
+ * dy, no tape, no allocation), and the input gradient staged (dx-staged: a
+ * kiln_function whose body is one conv2d_transpose; compiled code packs
+ * the flipped filter on every call, where eager calls keep the packing). Medians over runs. The PyTorch peer is
  * bench/conv_torch.py (same layers, NCHW and channels_last, forward and
  * both gradients).
  *
@@ -32,7 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { MAX_RUNS = 31, IMPLS = 5 };
+enum { MAX_RUNS = 31, IMPLS = 6 };
 
 typedef struct {
   const char *name;
@@ -40,10 +42,17 @@ typedef struct {
 } layer;
 
 static kiln_conv_opts conv_opts;
+static int64_t conv_hw[2];
 
 static int conv_body(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
   (void)user, (void)n_in, (void)n_out;
   out[0] = kiln_conv2d(in[0], in[1], &conv_opts);
+  return out[0] ? 0 : -1;
+}
+
+static int dx_body(void *user, int n_in, kiln_tensor *const *in, int n_out, kiln_tensor **out) {
+  (void)user, (void)n_in, (void)n_out;
+  out[0] = kiln_conv2d_transpose(in[0], in[1], conv_hw, &conv_opts);
   return out[0] ? 0 : -1;
 }
 
@@ -57,10 +66,12 @@ static int bench(const layer *l, int64_t batch, int runs, double peak) {
   kiln_tensor *dy = kiln_random_normal(KILN_F32, KILN_SHAPE(batch, oh, oh, l->o));
   kiln_tensor *df = kiln_zeros(KILN_F32, KILN_SHAPE(l->k, l->k, l->c, l->o));
   kiln_function *f = kiln_function_new("conv", conv_body, NULL, 2, 1);
-  kiln_tensor *in[2] = {x, w};
+  kiln_function *fdx = kiln_function_new("conv_dx", dx_body, NULL, 2, 1);
+  kiln_tensor *in[2] = {x, w}, *in_dx[2] = {dy, w};
   int64_t hw[2] = {l->hw, l->hw};
+  conv_hw[0] = conv_hw[1] = l->hw;
   double s[IMPLS][MAX_RUNS];
-  int rc = x && w && dy && df && f ? 0 : -1;
+  int rc = x && w && dy && df && f && fdx ? 0 : -1;
   for (int r = -1; !rc && r < runs; r++) { /* run -1 warms up (and traces) */
     for (int k = 0; k < IMPLS && !rc; k++) {
       kiln_scope_push();
@@ -83,6 +94,8 @@ static int bench(const layer *l, int64_t batch, int runs, double peak) {
           kiln_tensor *dw = NULL;
           rc = kiln_tape_gradient(tape, y, 1, &w, &dw);
         }
+      } else if (k == 5) {
+        rc = kiln_function_call(fdx, in_dx, &y);
       } else { /* the filter gradient's kernel alone: no tape, dy given, df written in place */
         conv_shape cs = {.n = batch, .h = l->hw, .w = l->hw, .c = l->c, .oh = oh, .ow = oh, .o = l->o, .kh = l->k,
                          .kw = l->k, .sh = l->stride, .sw = l->stride, .dh = 1, .dw = 1, .pt = l->k / 2,
@@ -98,7 +111,7 @@ static int bench(const layer *l, int64_t batch, int runs, double peak) {
   if (rc) {
     fprintf(stderr, "bench_conv: %s: %s\n", l->name, kiln_last_error());
   } else {
-    static const char *impl[IMPLS] = {"eager", "staged", "dx", "dw", "dw-kernel"};
+    static const char *impl[IMPLS] = {"eager", "staged", "dx", "dw", "dw-kernel", "dx-staged"};
     for (int k = 0; k < IMPLS; k++) {
       double g = flops / median(s[k], runs) * 1e-9;
       printf("conv %-16s %-9s %8.1f GFLOP/s  %5.1f%% of the FMA peak\n", l->name, impl[k], g, 100 * g / peak);
@@ -108,6 +121,7 @@ static int bench(const layer *l, int64_t batch, int runs, double peak) {
     }
   }
   kiln_function_free(f);
+  kiln_function_free(fdx);
   kiln_release(x);
   kiln_release(w);
   kiln_release(dy);
