@@ -10,9 +10,9 @@
  * filter gradient's kernel alone (dw-kernel: conv_direct_filter on a given
  * dy, no tape, no allocation), and the input gradient staged (dx-staged: a
  * kiln_function whose body is one conv2d_transpose; compiled code packs
- * the flipped filter on every call, where eager calls keep the packing). Medians over runs. The PyTorch peer is
- * bench/conv_torch.py (same layers, NCHW and channels_last, forward and
- * both gradients).
+ * the flipped filter on every call, where eager calls keep the packing).
+ * Medians over runs. The PyTorch peer is bench/conv_torch.py (same layers,
+ * NCHW and channels_last, forward and both gradients).
  *
  *   bench_conv [--runs R] [--batch N] [--only LAYER] [--shape C,O,K,S,HW]
  *

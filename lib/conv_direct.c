@@ -477,18 +477,16 @@ static void prepare_task(void *arg, int64_t b, int64_t e) {
   }
 }
 
-/* The 64-byte lines of x and of dy that block g reads (from the first
- * row of its first image it reads to the last of its last) into bk's pf. */
+/* The 64-byte lines of x and of dy that block g of a packing (1x1,
+ * unpadded) filter gradient reads, from the first row of its first image
+ * to the last of its last, into bk's pf. */
 static void block_lines(const wgrad_job *j, int64_t g, wgrad_block *bk) {
   const conv_shape *s = j->s;
   int64_t n = g / j->per_image * j->images, last = n + min64(j->images, s->n - n) - 1;
   int64_t oy0 = g % j->per_image * j->block, oy1 = min64(s->oh, oy0 + j->block);
-  int64_t y0 = oy0 * s->sh - s->pt, y1 = (oy1 - 1) * s->sh - s->pt + (s->kh - 1) * s->dh + 1;
-  if (y0 < 0) y0 = 0;
-  if (y1 > s->h) y1 = s->h;
-  int64_t from = n * s->h + y0, to = last * s->h + y1, row = s->w * s->c * (int64_t)j->es;
+  int64_t from = n * s->h + oy0 * s->sh, to = last * s->h + (oy1 - 1) * s->sh + 1, row = s->w * s->c * (int64_t)j->es;
   bk->pf[0] = j->x + from * row;
-  bk->pf_lines[0] = to > from ? (to - from) * row / 64 : 0;
+  bk->pf_lines[0] = (to - from) * row / 64;
   row = s->ow * s->o * (int64_t)j->es;
   bk->pf[1] = j->dy + (n * s->oh + oy0) * row;
   bk->pf_lines[1] = (last * s->oh + oy1 - n * s->oh - oy0) * row / 64;
@@ -523,11 +521,6 @@ static void block_tiles(const wgrad_job *j, const wgrad_block *bk, int64_t b, in
   int64_t mr_full = j->uk.mr, nr_full = j->uk.nr;
   int64_t lines = bk->pf_lines[0] + bk->pf_lines[1];
   for (int64_t t = b; t < e; t++) {
-    /* tile t's share of the next block's lines: x's, then dy's */
-    int64_t l0 = lines * t / j->tiles, l1 = lines * (t + 1) / j->tiles, r = l0 < bk->pf_lines[0] ? 0 : 1;
-    if (r) l0 -= bk->pf_lines[0], l1 -= bk->pf_lines[0];
-    else if (l1 > bk->pf_lines[0]) l1 = bk->pf_lines[0];
-    const char *pf = bk->pf[r] + l0 * 64;
     int64_t tap = t / (j->tiles_m * j->tiles_n), tm = t / j->tiles_n % j->tiles_m, tn = t % j->tiles_n;
     int64_t ky = s->dw == 1 ? tap : tap / s->kw, kx = s->dw == 1 ? 0 : tap % s->kw;
     int64_t i0 = tm * mr_full, j0 = tn * nr_full;
@@ -537,17 +530,21 @@ static void block_tiles(const wgrad_job *j, const wgrad_block *bk, int64_t b, in
     const char *dyb = j->pack_dy ? bk->ds + (size_t)(tn * bk->npix * nr_full) * es
                                  : bk->dy + (size_t)(bk->oy0 * s->ow * s->o + j0) * es;
     int64_t ldb = j->pack_dy ? nr_full : s->o;
-    if (j->pack_x) { /* one run over the block's packed pixels */
-      run[0] = (conv_run){bk->xs + (size_t)(tm * bk->npix * j->xa) * es, dyb, bk->npix, l1 > l0 ? pf : dyb, l1 - l0};
+    if (j->pack_x) { /* one run over the block's packed pixels, fetching the tile's share of the next block's
+                        lines: x's, then dy's */
+      int64_t l0 = lines * t / j->tiles, l1 = lines * (t + 1) / j->tiles, r = l0 < bk->pf_lines[0] ? 0 : 1;
+      if (r) l0 -= bk->pf_lines[0], l1 -= bk->pf_lines[0];
+      else if (l1 > bk->pf_lines[0]) l1 = bk->pf_lines[0];
+      run[0] = (conv_run){bk->xs + (size_t)(tm * bk->npix * j->xa) * es, dyb, bk->npix,
+                          l1 > l0 ? bk->pf[r] + l0 * 64 : dyb, l1 - l0};
       j->uk.fn(1, run, j->xa, ldb, dst, s->o, mr, nr, bk->flags);
       continue;
     }
     int64_t rows = bk->oy1 - bk->oy0;
     for (int64_t q = 0; q < bk->images * rows; q++) { /* row q % rows of image q / rows */
       int64_t yp = q / rows * j->hp + (bk->oy0 + q % rows) * s->sh + ky * s->dh - bk->yp0;
-      int64_t n = bk->images * rows, q0 = (l1 - l0) * q / n, q1 = (l1 - l0) * (q + 1) / n;
       const char *a = bk->xs + (size_t)((yp * j->wp + kx * s->dw) * s->c + i0) * es;
-      run[q] = (conv_run){a, dyb + (size_t)(q * s->ow * ldb) * es, s->ow, q1 > q0 ? pf + q0 * 64 : a, q1 - q0};
+      run[q] = (conv_run){a, dyb + (size_t)(q * s->ow * ldb) * es, s->ow, a, 0}; /* its kernel does not prefetch */
     }
     j->uk.fn(bk->images * rows, run, s->sw * s->c, ldb, dst, s->o, mr, nr, bk->flags);
   }
