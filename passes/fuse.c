@@ -226,15 +226,21 @@ static int add_node(fz *z, const ir_instr *ins, const int32_t *in, int32_t out, 
 }
 
 /* ---- cheap elementwise work computed again by its consumers ----
- * An elementwise chain of cheap steps over one large value that is written
- * anyway (a parameter, the result of an opaque instruction, a conv2d result
- * read twice, so never a conv's epilogue), whose other operands are small
- * (scalars, per-channel vectors broadcast), is copied into each kernel that
- * reads it, as XLA duplicates cheap producers: each consumer reads the large
- * value in its place, and the chain's result is never written. A training
- * step's batch norm is the case: x - mean and the pre-relu output, read
- * again by the backward, were written by the forward only to be read back. */
-enum { RECOMPUTE_MAX_DEPTH = 8 };
+ * An elementwise chain of cheap steps over one or two large values that are
+ * written anyway (parameters, the results of opaque instructions, conv2d
+ * results read twice, so never a conv's epilogue), whose other operands are
+ * small (scalars, per-channel vectors broadcast), is copied into each
+ * kernel that reads it, as XLA duplicates cheap producers: each consumer
+ * reads the large values in its place, and the chain's result is never
+ * written. A training step's batch norm is the case: x - mean and the
+ * pre-relu output, read again by the backward, were written by the forward
+ * only to be read back; and the backward's relu-masked gradient, a chain
+ * over x and the incoming gradient, was written by the kernel that sums it
+ * only to be read back by the one that makes dx, which reads x anyway. A
+ * chain over two values is copied for at most RECOMPUTE_TWO_USERS readers:
+ * each may read one value more than it would have, and a write costs about
+ * two reads. */
+enum { RECOMPUTE_MAX_DEPTH = 8, RECOMPUTE_TWO_USERS = 3 };
 
 /* Does operand v of an instruction with n result elements stand for fewer
  * elements: a scalar or a broadcast of a smaller value? */
@@ -244,15 +250,21 @@ static bool small_source(const ir_func *f, ir_value v, int64_t n) {
   return d && d->op == OP_BROADCAST && pass_elems(&f->types[d->in[0]]) < n;
 }
 
-/* depth[v]: the steps of the cheap chain value v ends, computed from one
- * large value written anyway; 0 for that large value, -1 for anything else. */
+/* depth[v]: the steps of the cheap chain value v ends, computed from one or
+ * two large values written anyway (leaf[2 v], leaf[2 v + 1], -1 for none);
+ * 0 for such a large value, -1 for anything else. */
 static int recompute_depths(const ir_func *f, int8_t *depth) {
   int32_t *users = calloc((size_t)f->n_values + 1, sizeof *users);
-  if (!users) return kiln_set_error("fuse: out of memory");
+  int32_t *leaf = malloc(((size_t)f->n_values + 1) * 2 * sizeof *leaf);
+  if (!users || !leaf) {
+    free(users);
+    free(leaf);
+    return kiln_set_error("fuse: out of memory");
+  }
   for (int i = 0; i < f->n_instrs; i++)
     for (int j = 0; j < f->instrs[i].n_in; j++)
       if (j == 0 || f->instrs[i].in[j] != f->instrs[i].in[j - 1]) users[f->instrs[i].in[j]]++;
-  for (int v = 0; v < f->n_values; v++) depth[v] = -1;
+  for (int v = 0; v < f->n_values; v++) depth[v] = -1, leaf[2 * v] = v, leaf[2 * v + 1] = -1;
   for (int p = 0; p < f->n_params; p++) depth[p] = 0;
   for (int i = 0; i < f->n_instrs; i++) {
     const ir_instr *ins = &f->instrs[i];
@@ -263,17 +275,33 @@ static int recompute_depths(const ir_func *f, int8_t *depth) {
     }
     if (cls != CLS_ELEM || is_expensive(ins->op) || has_effect(ins)) continue;
     int64_t n = pass_elems(&f->types[ins->out]);
-    ir_value big = -1;
+    int32_t set[2] = {-1, -1};
+    int d = -1;
     bool ok = true;
     for (int j = 0; j < ins->n_in && ok; j++) {
       ir_value v = ins->in[j];
-      if (small_source(f, v, n) || v == big) continue;
-      ok = big < 0 && pass_elems(&f->types[v]) == n && depth[v] >= 0 && depth[v] < RECOMPUTE_MAX_DEPTH;
-      big = v;
+      if (small_source(f, v, n)) continue;
+      ok = pass_elems(&f->types[v]) == n && depth[v] >= 0 && depth[v] < RECOMPUTE_MAX_DEPTH;
+      if (depth[v] > d) d = depth[v];
+      for (int k = 0; k < 2 && ok; k++) { /* v's large values join the set */
+        int32_t l = leaf[2 * v + k];
+        if (l < 0 || l == set[0] || l == set[1]) continue;
+        if (set[0] < 0)
+          set[0] = l;
+        else if (set[1] < 0)
+          set[1] = l;
+        else
+          ok = false;
+      }
     }
-    if (ok && big >= 0) depth[ins->out] = (int8_t)(depth[big] + 1);
+    if (ok && set[1] >= 0 && users[ins->out] > RECOMPUTE_TWO_USERS) ok = false;
+    if (ok && d >= 0) {
+      depth[ins->out] = (int8_t)(d + 1);
+      leaf[2 * ins->out] = set[0], leaf[2 * ins->out + 1] = set[1];
+    }
   }
   free(users);
+  free(leaf);
   return 0;
 }
 

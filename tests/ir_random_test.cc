@@ -859,22 +859,24 @@ TEST(IrRandom, RowChainsWithControlFlowMatchTheInterpreterAndKernelsApart) { che
 // way, and the f32 max came back 0 (interpreted 2) and an f64 max beside an
 // i32 sum failed to compile ("FPExt only operates on FP"). Found by
 // DenseBlocksCompiledAfterThePipelineMatchTheInterpreter, seed 19 (its
-// reduce_sum of f64 values and reduce_max of them converted to f32).
+// reduce_sum of f64 values and reduce_max of them converted to f32). The
+// inputs are large enough (1024 elements) for the two kernels, each
+// computing the chain over both inputs again (fuse.c), to merge as siblings.
 TEST(IrRandom, FusedReductionsOfTwoDtypesCompiledMatchTheInterpreter) {
   Scoped scope;
   const char *texts[] = {
-      "func @m(%0: f64[3,7,7], %1: f64[3,7,7]) -> (f64[], f32[]) {\n"
-      "  %2 = sub %0, %1 : f64[3,7,7]\n"
-      "  %3 = sub %2, %0 : f64[3,7,7]\n"
+      "func @m(%0: f64[4,16,16], %1: f64[4,16,16]) -> (f64[], f32[]) {\n"
+      "  %2 = sub %0, %1 : f64[4,16,16]\n"
+      "  %3 = sub %2, %0 : f64[4,16,16]\n"
       "  %4 = reduce_sum %3 {axes=[0,1,2], keepdims=false} : f64[]\n"
-      "  %5 = convert %3 {dtype=f32} : f32[3,7,7]\n"
+      "  %5 = convert %3 {dtype=f32} : f32[4,16,16]\n"
       "  %6 = reduce_max %5 {axes=[0,1,2], keepdims=false} : f32[]\n"
       "  return %4, %6\n}\n",
-      "func @m(%0: f64[3,7], %1: f64[3,7]) -> (f64[], i32[]) {\n"
-      "  %2 = sub %0, %1 : f64[3,7]\n"
-      "  %3 = sub %2, %0 : f64[3,7]\n"
+      "func @m(%0: f64[16,64], %1: f64[16,64]) -> (f64[], i32[]) {\n"
+      "  %2 = sub %0, %1 : f64[16,64]\n"
+      "  %3 = sub %2, %0 : f64[16,64]\n"
       "  %4 = reduce_max %3 {axes=[0,1], keepdims=false} : f64[]\n"
-      "  %5 = convert %3 {dtype=i32} : i32[3,7]\n"
+      "  %5 = convert %3 {dtype=i32} : i32[16,64]\n"
       "  %6 = reduce_sum %5 {axes=[0,1], keepdims=false} : i32[]\n"
       "  return %4, %6\n}\n",
   };
