@@ -15,12 +15,23 @@ typedef struct trace trace;
  * path tests only this. */
 extern _Thread_local trace *trace_current KILN_TLS_FAST;
 
-/* Does op(in) belong to the active trace? Symbolic inputs, and random draws
- * (so that each call of the staged function draws afresh). */
-static inline bool trace_routes(op_id op, int n, kiln_tensor *const *in) {
+/* Does op(in) -> out belong to the active trace? Symbolic inputs, random
+ * draws (so that each call of the staged function draws afresh), and a
+ * broadcast of a concrete value to TRACE_EXPAND_ELEMS elements or more: run
+ * eagerly, it would be captured at its full size and read by every call
+ * (a loss's seed broadcast to the summed tensor's shape, in a training
+ * step), where traced it is a broadcast that the kernels reading it fold
+ * into their loops. */
+enum { TRACE_EXPAND_ELEMS = 4096 };
+static inline bool trace_routes(op_id op, int n, kiln_tensor *const *in, const op_type *out) {
   if (kiln_ops[op].kind == OPK_RANDOM) return true;
   for (int i = 0; i < n; i++)
     if (in[i]->flags & TF_SYMBOLIC) return true;
+  if (op == OP_BROADCAST && n == 1) {
+    int64_t elems = 1;
+    for (int d = 0; d < out->rank; d++) elems *= out->shape[d];
+    return elems >= TRACE_EXPAND_ELEMS && elems > in[0]->size;
+  }
   return false;
 }
 

@@ -104,7 +104,7 @@ kiln_tensor *op_apply(op_id op, const op_attrs *attrs, int n, kiln_tensor *const
 
   /* Symbolic inputs (and random draws) go to the tracer while one records
    * on this thread, whatever their devices. */
-  if (KILN_UNLIKELY(trace_current) && trace_routes(op, n, in)) {
+  if (KILN_UNLIKELY(trace_current) && trace_routes(op, n, in, &out_type)) {
     out = trace_apply(op, attrs, n, in);
     goto done;
   }

@@ -252,24 +252,38 @@ static bool small_source(const ir_func *f, ir_value v, int64_t n) {
 
 /* depth[v]: the steps of the cheap chain value v ends, computed from one or
  * two large values written anyway (leaf[2 v], leaf[2 v + 1], -1 for none);
- * 0 for such a large value, -1 for anything else. */
+ * 0 for such a large value (a parameter, an opaque result, an elementwise
+ * one that must be written for a reader that cannot compute it: a
+ * residual block's output, which the next conv reads), -1 for anything
+ * else. */
 static int recompute_depths(const ir_func *f, int8_t *depth) {
   int32_t *users = calloc((size_t)f->n_values + 1, sizeof *users);
   int32_t *leaf = malloc(((size_t)f->n_values + 1) * 2 * sizeof *leaf);
-  if (!users || !leaf) {
+  bool *kept = calloc((size_t)f->n_values + 1, sizeof *kept);
+  if (!users || !leaf || !kept) {
     free(users);
     free(leaf);
+    free(kept);
     return kiln_set_error("fuse: out of memory");
   }
   for (int i = 0; i < f->n_instrs; i++)
     for (int j = 0; j < f->instrs[i].n_in; j++)
       if (j == 0 || f->instrs[i].in[j] != f->instrs[i].in[j - 1]) users[f->instrs[i].in[j]]++;
+  /* written anyway: a result, or read by something that does not compute
+   * with its copy (a conv, a call, a reshape that views it) */
+  for (int r = 0; r < f->n_results; r++) kept[f->results[r]] = true;
+  for (int i = 0; i < f->n_instrs; i++) {
+    fz_class c = classify(f, &f->instrs[i]);
+    if (c != CLS_ELEM && c != CLS_REDUCE)
+      for (int j = 0; j < f->instrs[i].n_in; j++) kept[f->instrs[i].in[j]] = true;
+  }
   for (int v = 0; v < f->n_values; v++) depth[v] = -1, leaf[2 * v] = v, leaf[2 * v + 1] = -1;
   for (int p = 0; p < f->n_params; p++) depth[p] = 0;
   for (int i = 0; i < f->n_instrs; i++) {
     const ir_instr *ins = &f->instrs[i];
     fz_class cls = classify(f, ins);
-    if (cls == CLS_OPAQUE || (ins->op == OP_CONV2D && users[ins->out] >= 2)) {
+    if (cls == CLS_OPAQUE || (ins->op == OP_CONV2D && users[ins->out] >= 2) ||
+        (cls == CLS_ELEM && kept[ins->out])) {
       for (int r = 0; r < ins->n_out; r++) depth[ins->out + r] = 0;
       continue;
     }
@@ -295,13 +309,14 @@ static int recompute_depths(const ir_func *f, int8_t *depth) {
       }
     }
     if (ok && set[1] >= 0 && users[ins->out] > RECOMPUTE_TWO_USERS) ok = false;
-    if (ok && d >= 0) {
-      depth[ins->out] = (int8_t)(d + 1);
+    if (ok) { /* (from small values alone, a broadcast's worth of work: depth 1) */
+      depth[ins->out] = (int8_t)(d + 1 > 1 ? d + 1 : 1);
       leaf[2 * ins->out] = set[0], leaf[2 * ins->out + 1] = set[1];
     }
   }
   free(users);
   free(leaf);
+  free(kept);
   return 0;
 }
 

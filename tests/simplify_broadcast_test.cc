@@ -163,3 +163,64 @@ TEST(SimplifyBroadcast, BatchNormGradientNeverWritesTheCenteredInput) {
   ir_module_free(m);
   kiln_function_free(f);
 }
+
+namespace {
+
+// a residual block's end, as ResNet's: z0 (a block's output, read by the
+// next conv, so written anyway) feeds a conv whose batch-normed output is
+// added back to z0 before the relu; the loss weighs each channel
+int residual_body(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tape *t = kiln_tape_begin(false);
+  kiln_tape_watch(t, in[1]);
+  kiln_tensor *z0 = kiln_relu(kiln_mul(in[0], in[0]));
+  kiln_tensor *y = kiln_conv2d(z0, in[1], nullptr), *mean = nullptr, *var = nullptr;
+  int ax[3] = {0, 1, 2};
+  int rc = y ? kiln_moments(y, 3, ax, false, &mean, &var) : -1;
+  kiln_tensor *pre = rc ? nullptr : kiln_add(kiln_batch_norm(y, mean, var, in[3], in[2], 1e-5), z0);
+  kiln_tensor *loss = kiln_reduce_sum(kiln_mul(kiln_relu(pre), in[4]), 0, nullptr, false);
+  rc = loss ? kiln_tape_gradient(t, loss, 1, &in[1], out) : -1;
+  kiln_tape_free(t);
+  return rc;
+}
+
+}  // namespace
+
+// At a residual block's end the pre-relu sum bn(y) + z0 is a cheap chain
+// over two values written anyway (y, and z0, which a conv reads), so the
+// backward's relu mask computes it again instead of reading it back: the
+// forward never writes it (it did until session 23, once per block end).
+// Nor is the masked gradient written: the loss's seed, broadcast while
+// tracing, is a broadcast of one element, not a captured tensor of the
+// image's size. What the step writes at the image's size: z0 (the conv's
+// input), y (its output) and dx of the batch norm (the filter gradient's).
+TEST(SimplifyBroadcast, ResidualBlockEndNeverWritesThePreReluSum) {
+  Scoped s;
+  kiln_random_seed(7);
+  int64_t xs[4] = {4, 8, 8, 16}, ws[4] = {1, 1, 16, 16}, cs[1] = {16};
+  kiln_tensor *in[5] = {kiln_random_normal(KILN_F64, 4, xs), kiln_random_normal(KILN_F64, 4, ws),
+                        kiln_random_normal(KILN_F64, 1, cs), kiln_random_normal(KILN_F64, 1, cs),
+                        kiln_random_normal(KILN_F64, 1, cs)};
+  kiln_function *f = kiln_function_new("residual_grad", residual_body, nullptr, 5, 1);
+  kiln_tensor *got = nullptr, *want = nullptr;
+  ASSERT_EQ(kiln_function_call(f, in, &got), 0) << kiln_last_error();
+  ASSERT_EQ(residual_body(nullptr, 5, in, 1, &want), 0) << kiln_last_error();
+  EXPECT_TRUE(allclose(got, want, 1e-12, 1e-12));
+  char *text = kiln_function_ir(f, 0, "optimized");
+  ASSERT_NE(text, nullptr) << kiln_last_error();
+  ir_module *m = ir_parse(text, "residual.kir");
+  std::free(text);
+  ASSERT_NE(m, nullptr) << kiln_last_error();
+  int written = 0;  // values of the image's size the top function writes
+  for (int i = 0; i < m->n_funcs; i++) {
+    const ir_func *g = m->funcs[i];
+    if (std::strcmp(g->name, "residual_grad")) continue;
+    for (int j = 0; j < g->n_instrs; j++)
+      for (int r = 0; r < g->instrs[j].n_out; r++) {
+        const op_type *ty = &g->types[g->instrs[j].out + r];
+        if (ty->rank == 4 && ty->shape[0] == 4 && ty->shape[3] == 16) written++;
+      }
+  }
+  EXPECT_EQ(written, 3) << "z0, y and the batch norm's dx";
+  ir_module_free(m);
+  kiln_function_free(f);
+}

@@ -450,6 +450,18 @@ static void emit_wgrad_ukernel(llvm_emit *e, const char *name, kiln_dtype dt, ti
     for (int l = 0; l < t.vl; l++) lanes[l] = llvm_i64(e, (int64_t)v * t.vl + l);
     colmask[v] = LLVMBuildICmp(e->b, LLVMIntSLT, LLVMConstVector(lanes, (unsigned)t.vl), nrv, "cols");
   }
+  /* the tile of C into L2 now, for the sums added to it at the end: a
+   * tile's run lasts about a microsecond, and on two threads its lines are
+   * often in the other core's cache (prefetches never fault, so rows past
+   * mr cost nothing but the fetch) */
+  int row_lines = (t.nv * t.vl * g.esize + 63) / 64;
+  for (int r = 0; r < t.mr; r++)
+    for (int l = 0; l < row_lines; l++) {
+      LLVMValueRef off = LLVMBuildAdd(e->b, LLVMBuildMul(e->b, ldc, llvm_i64(e, r), ""), llvm_i64(e, l * 64 / g.esize), "");
+      LLVMValueRef pargs[4] = {LLVMBuildGEP2(e->b, g.ty, c, &off, 1, "c_line"), llvm_i32(e, 0), llvm_i32(e, 2),
+                               llvm_i32(e, 1)}; /* read, L2 (prefetcht1), data */
+      llvm_intr(e, "llvm.prefetch", pargs, 4);
+    }
   int n = t.mr * t.nv;
   LLVMValueRef acc[64], phis[64], zero = LLVMConstNull(g.vty), i0 = llvm_i64(e, 0);
   LLVMBuildBr(e->b, head);
