@@ -216,6 +216,36 @@ TEST(Staging, CapturesWithEqualBitsAreOneParameter) {
   kiln_function_free(f);
 }
 
+// A concrete value broadcast to a large shape while tracing (a loss's seed
+// broadcast to the shape it summed): traced as a broadcast of the small
+// capture, where run eagerly it was captured at its full size and read by
+// every call; a small broadcast still runs eagerly.
+int broadcast_constants(void *, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  int64_t big[2] = {64, 64}, small[2] = {2, 3};
+  out[0] = kiln_add(in[0], kiln_broadcast_to(kiln_scalar(KILN_F32, 1.5), 2, big));
+  out[1] = kiln_broadcast_to(kiln_scalar(KILN_F32, 2.0), 2, small);
+  return out[0] && out[1] ? 0 : -1;
+}
+
+TEST(Staging, LargeBroadcastsOfConstantsAreTraced) {
+  Scoped s;
+  kiln_function *f = kiln_function_new("bcast", broadcast_constants, nullptr, 1, 2);
+  int64_t big[2] = {64, 64};
+  kiln_tensor *x = kiln_ones(KILN_F32, 2, big), *out[2];
+  ASSERT_EQ(kiln_function_call(f, &x, out), 0) << kiln_last_error();
+  std::vector<float> got(64 * 64);
+  ASSERT_EQ(kiln_tensor_read(out[0], got.data(), got.size() * sizeof(float)), 0);
+  for (float v : got) ASSERT_EQ(v, 2.5f);
+  EXPECT_EQ(values(out[1]), (VD{2, 2, 2, 2, 2, 2}));
+  char *ir = kiln_function_ir(f, 0, "traced");
+  ASSERT_NE(ir, nullptr);
+  // x and 1.5; the small broadcast's result captured (an output)
+  EXPECT_THAT(ir, HasSubstr("(%0: f32[64,64], %1: f32[], %2: f32[2,3])")) << ir;
+  EXPECT_THAT(ir, HasSubstr("broadcast %1")) << ir;
+  free(ir);
+  kiln_function_free(f);
+}
+
 int read_var(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
   out[0] = kiln_mul(kiln_variable_read((kiln_variable *)user), in[0]);
   return out[0] ? 0 : -1;
