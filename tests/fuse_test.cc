@@ -604,3 +604,53 @@ func @f(%x: f32[8,16], %l: i64[8], %k: bool[0,16]) -> (f32[8,16], i64[8]) {
     EXPECT_EQ(count_ops(f, OP_HOST_CALL), 1) << m.text();
   }
 }
+
+namespace {
+
+// A cheap chain over two large parameters, a + b, read by `readers`
+// reductions over different axes (so each is a kernel of its own): the
+// fused module's top function.
+std::string two_leaf_chain(int readers) {
+  std::string s = "func @f(%a: f32[64,64], %b: f32[64,64]) -> (";
+  for (int r = 0; r < readers; r++) s += r ? ", f32[64]" : "f32[64]";
+  s += ") {\n  %s = add %a, %b : f32[64,64]\n  %t = mul %s, %s : f32[64,64]\n";
+  for (int r = 0; r < readers; r++) {
+    std::string k = std::to_string(r);
+    // reader r: exp(t) + r summed over axis r % 2 (readers over one axis
+    // differ in their constant, so CSE keeps them apart)
+    s += "  %c" + k + " = constant dense<" + k + ".0> : f32[]\n";
+    s += "  %e" + k + " = add %t, %c" + k + " : f32[64,64]\n";
+    s += "  %r" + k + " = reduce_sum %e" + k + " {axes=[" + std::to_string(r % 2) + "], keepdims=false} : f32[64]\n";
+  }
+  s += "  return ";
+  for (int r = 0; r < readers; r++) s += (r ? ", %r" : "%r") + std::to_string(r);
+  return s + "\n}\n";
+}
+
+}  // namespace
+
+// fuse.c's cost model for cheap chains over two large values: each of up to
+// three readers computes the chain again (one more read each, no write);
+// with four or more, the chain is written once and read (a write costs
+// about two reads). Either way the results keep their bits.
+TEST(Fuse, ChainsOverTwoValuesAreComputedAgainByUpToThreeReaders) {
+  Scoped s;
+  for (int readers : {2, 3, 4, 5}) {
+    SCOPED_TRACE(readers);
+    Module plain(two_leaf_chain(readers).c_str()), fused(two_leaf_chain(readers).c_str());
+    ASSERT_NE(plain.m, nullptr);
+    pass_all(fused.m, kiln_pass_fuse);
+    const ir_func *top = fused.func("f");
+    ASSERT_NE(top, nullptr);
+    int written = 0;  // values of [64,64] the top function writes
+    for (int i = 0; i < top->n_instrs; i++)
+      for (int r = 0; r < top->instrs[i].n_out; r++) {
+        const op_type *t = &top->types[top->instrs[i].out + r];
+        written += t->rank == 2 && t->shape[0] == 64 && t->shape[1] == 64;
+      }
+    EXPECT_EQ(written, readers <= 3 ? 0 : 1) << fused.text();
+    std::vector<kiln_tensor *> args = {kiln_random_normal(KILN_F32, KILN_SHAPE(64, 64)),
+                                       kiln_random_normal(KILN_F32, KILN_SHAPE(64, 64))};
+    EXPECT_TRUE(same_results(run(plain.func("f"), args), run(top, args)));
+  }
+}
