@@ -9,8 +9,9 @@
  * conv with respect to the filter alone: the tape seeds ones), the
  * filter gradient's kernel alone (dw-kernel: conv_direct_filter on a given
  * dy, no tape, no allocation), and the input gradient staged (dx-staged: a
- * kiln_function whose body is one conv2d_transpose; compiled code packs
- * the flipped filter on every call, where eager calls keep the packing).
+ * kiln_function whose body is one conv2d_transpose; since session 23
+ * compiled code keeps a parameter filter's packing across calls, as eager
+ * calls do: before, it packed on every call).
  * Medians over runs. The PyTorch peer is bench/conv_torch.py (same layers,
  * NCHW and channels_last, forward and both gradients).
  *

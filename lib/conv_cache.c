@@ -3,7 +3,10 @@
  * micro-kernel's panels on every call; an eager network calls each conv on
  * the same weight tensor step after step (ResNet-50's eager inference spent
  * 4.5% of a step re-packing them), as oneDNN's primitive cache keeps
- * reordered weights.
+ * reordered weights. Compiled code's convolutions whose filter is a
+ * parameter of the program (a variable's value, a capture, an input) key
+ * on that tensor too (backends/cpu/run.c), except one the call writes over
+ * in place: its serial is the new value's before the old bytes are read.
  *
  * An entry is keyed on the filter tensor's serial (runtime.h: distinct for
  * every tensor made and renewed by a donation's write over its data), never

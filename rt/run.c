@@ -111,7 +111,7 @@ KILN_EXPORT int32_t kiln_rt_helper(kiln_rt_call *call, int32_t index, void **buf
   const kiln_rt_helper_rec *h = &call->prog->helpers[index];
   const op_type *types = h->types;
   raw_call c = {(op_id)h->op, h->attrs, h->n_in, h->n_out, types, types + h->n_in, h->epilogue,
-                h->trans_a != 0, h->trans_b != 0};
+                h->trans_a != 0, h->trans_b != 0, NULL};
   return raw_call_run(&c, bufs);
 }
 

@@ -263,3 +263,90 @@ TEST(ConvCache, ConcurrentCallsAgree) {
 }
 
 }  // namespace
+
+namespace {
+
+// conv2d(x, w) and conv2d_transpose(x', w) with w a variable: compiled code
+// reads the filter as a parameter
+int staged_convs(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_tensor *w = kiln_variable_read((kiln_variable *)user);
+  kiln_conv_opts o = opts(1, 1);
+  int64_t hw[2] = {7, 7};
+  out[0] = kiln_conv2d(in[0], w, &o);
+  out[1] = out[0] ? kiln_conv2d_transpose(out[0], w, hw, &o) : nullptr;
+  return out[0] && out[1] ? 0 : -1;
+}
+
+// two convolutions of one layout with the variable, then the variable
+// doubled: a staged call writes it over in place (donation) after its
+// convolutions read it
+int staged_convs_then_double(void *user, int, kiln_tensor *const *in, int, kiln_tensor **out) {
+  kiln_variable *v = (kiln_variable *)user;
+  kiln_tensor *w = kiln_variable_read(v);
+  kiln_conv_opts o = opts(1, 1);
+  out[0] = kiln_conv2d(in[0], w, &o);
+  out[1] = kiln_conv2d(kiln_neg(in[0]), w, &o);
+  if (!out[0] || !out[1]) return -1;
+  return kiln_variable_assign(v, kiln_mul(w, kiln_scalar(KILN_F32, 2)));
+}
+
+}  // namespace
+
+// A staged function's convolutions whose filter is a parameter keep its
+// packing across calls, as eager ones do (compiled code passed no owner, so
+// it packed every filter on every call); the bits stay those of eager
+// calls.
+TEST(ConvCache, StagedConvolutionsKeepTheirFiltersPacking) {
+  Scoped scope;
+  conv_cache_clear();
+  kiln_tensor *x = kiln_random_normal(KILN_F32, KILN_SHAPE(2, 7, 7, 32));
+  kiln_variable *v = kiln_variable_new(kiln_random_normal(KILN_F32, KILN_SHAPE(3, 3, 32, 40)), "w");
+  kiln_function *f = kiln_function_new("convs", staged_convs, v, 1, 2);
+  ASSERT_TRUE(v && f) << kiln_last_error();
+  kiln_tensor *want[2];
+  ASSERT_EQ(staged_convs(v, 1, &x, 2, want), 0) << kiln_last_error();
+  for (int k = 0; k < 4; k++) {
+    kiln_tensor *got[2];
+    ASSERT_EQ(kiln_function_call(f, &x, got), 0) << kiln_last_error();
+    EXPECT_TRUE(same_bits(got[0], want[0])) << "call " << k;
+    EXPECT_TRUE(same_bits(got[1], want[1])) << "call " << k;
+  }
+  Stats s;
+  EXPECT_GE(s.hits, 2) << "the compiled calls kept no packing";
+  kiln_function_free(f);
+  kiln_variable_free(v);
+}
+
+// A staged call that convolves twice with a variable (one layout) and then
+// writes it over in place: the new value's serial is given before the
+// program runs, so its convolutions (which read the old bytes) must not
+// key a packing on it, or the next call that reads the variable finds the
+// old filter's packing under the new value.
+TEST(ConvCache, AStagedCallThatWritesItsFilterInPlaceGivesFreshBits) {
+  Scoped scope;
+  conv_cache_clear();
+  kiln_tensor *x = kiln_random_normal(KILN_F32, KILN_SHAPE(2, 7, 7, 32));
+  kiln_variable *v = kiln_variable_new(kiln_random_normal(KILN_F32, KILN_SHAPE(3, 3, 32, 40)), "w");
+  kiln_function *write = kiln_function_new("convs_double", staged_convs_then_double, v, 1, 2);
+  kiln_function *read = kiln_function_new("convs", staged_convs, v, 1, 2);
+  ASSERT_TRUE(v && write && read) << kiln_last_error();
+  const void *buffer = nullptr;
+  for (int k = 0; k < 4; k++) {
+    kiln_scope_push();
+    kiln_tensor *out[2], *got[2], *want[2];
+    ASSERT_EQ(kiln_function_call(write, &x, out), 0) << kiln_last_error();
+    kiln_tensor *now = kiln_variable_read(v);
+    if (k == 0) buffer = kiln_tensor_data(now);
+    ASSERT_EQ(kiln_tensor_data(now), buffer) << "call " << k << " did not write the variable in place";
+    ASSERT_EQ(kiln_function_call(read, &x, got), 0) << kiln_last_error();
+    kiln_variable *copy = kiln_variable_new(fresh(now), "copy");  // eagerly, from a copy of the value now
+    ASSERT_EQ(staged_convs(copy, 1, &x, 2, want), 0) << kiln_last_error();
+    kiln_variable_free(copy);
+    EXPECT_TRUE(same_bits(got[0], want[0])) << "call " << k;
+    EXPECT_TRUE(same_bits(got[1], want[1])) << "call " << k;
+    kiln_scope_pop();
+  }
+  kiln_function_free(write);
+  kiln_function_free(read);
+  kiln_variable_free(v);
+}

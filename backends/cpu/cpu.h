@@ -99,6 +99,8 @@ typedef struct cpu_call {
   int32_t failed_kernel;
   const cpu_program *prog;
   struct dist_job **jobs; /* per helper: its collective in flight (overlap.c), or NULL */
+  kiln_tensor *const *args; /* the call's parameters: a helper's input that is one reads as it */
+  const bool *donate;       /* (NULL, or per parameter: written over in place by this call) */
 } cpu_call;
 
 /* An op run by a runtime helper: an eager kernel over the raw buffers (dot,

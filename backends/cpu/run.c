@@ -103,7 +103,7 @@ int cpu_run_donating(cpu_program *p, kiln_tensor *const *args, kiln_tensor **res
     for (int h = 0; jobs && h < p->n_helpers; h++) jobs[h] = NULL;
   }
   if (!rc) {
-    cpu_call call = {0, -1, p, jobs};
+    cpu_call call = {0, -1, p, jobs, args, donate};
     rc = p->entry(pp, rp, arena, &call);
     if (rc && !kiln_has_error()) kiln_set_error("cpu: @%s failed", p->name);
   }
@@ -196,7 +196,23 @@ int cpu_rt_helper(cpu_call *call, int32_t index, void **bufs) {
   if (kiln_ops[h->op].kind == OPK_HOST) return run_host(h, bufs);
   if (kiln_ops[h->op].kind == OPK_COLLECTIVE) /* started; waited for by a later step */
     return dist_staged_start(h->op, &h->attrs, h->in_types, h->out_types, bufs[1], bufs[0], &call->jobs[index]);
-  raw_call c = {h->op, &h->attrs, h->n_in, h->n_out, h->in_types, h->out_types, h->epilogue, h->trans_a, h->trans_b};
+  raw_call c = {h->op, &h->attrs, h->n_in, h->n_out, h->in_types, h->out_types, h->epilogue, h->trans_a, h->trans_b,
+                NULL};
+  /* a convolution's filter that is a parameter (a variable's value, a
+   * capture) reads as that tensor, serial included: its packing is then
+   * kept across calls (conv_cache.c), as an eager call's is. Not one this
+   * call writes over in place: its serial is already the new value's. */
+  uint64_t serials[4] = {0};
+  if (h->op == OP_CONV2D || h->op == OP_CONV2D_BP_INPUT) {
+    const void *f = h->n_in > 1 ? bufs[h->n_out + 1] : NULL;
+    for (int i = 0; f && call->args && i < call->prog->n_params; i++)
+      if (call->args[i]->data == f && op_type_is(call->args[i], &h->in_types[1]) &&
+          !(call->donate && call->donate[i])) {
+        serials[1] = call->args[i]->serial;
+        c.serials = serials;
+        break;
+      }
+  }
   return raw_call_run(&c, bufs);
 }
 
