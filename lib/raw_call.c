@@ -31,7 +31,7 @@ int raw_call_run(const raw_call *c, void **bufs) {
   }
   for (int k = 0; k < c->n_in; k++) {
     raw_call_header(&hdr[k], &c->in_types[k], bufs[c->n_out + k]);
-    if (c->serials && k < 4) hdr[k].serial = c->serials[k];
+    if (c->serials) hdr[k].serial = c->serials[k];
     in[k] = &hdr[k];
   }
   raw_call_header(&out, c->out_type, bufs[0]);

@@ -21,8 +21,8 @@ typedef struct raw_call {
   const op_type *out_type; /* the first output's (the others, if any, are the kernel's to know) */
   int epilogue;            /* a gemm_epilogue of lib/matmul.h; 0 = a plain op */
   bool trans_a, trans_b;   /* a dot's operands as they lay before transposes (matmul_trans) */
-  const uint64_t *serials; /* NULL, or per input (n_in, at most 4 read): the serial of the tensor whose
-                              data it is, 0 for none (caches key on it: conv_cache.c) */
+  const uint64_t *serials; /* NULL, or n_in: the serial of the tensor whose data each input is, 0 for
+                              none (caches key on it: conv_cache.c) */
 } raw_call;
 
 /* a header for a raw buffer of type t: what a kernel reads of a tensor */

@@ -202,8 +202,8 @@ int cpu_rt_helper(cpu_call *call, int32_t index, void **bufs) {
    * capture) reads as that tensor, serial included: its packing is then
    * kept across calls (conv_cache.c), as an eager call's is. Not one this
    * call writes over in place: its serial is already the new value's. */
-  uint64_t serials[4] = {0};
-  if (h->op == OP_CONV2D || h->op == OP_CONV2D_BP_INPUT) {
+  uint64_t serials[4] = {0}; /* a convolution's inputs: x, the filter, a bias, a residual */
+  if ((h->op == OP_CONV2D || h->op == OP_CONV2D_BP_INPUT) && h->n_in <= 4) {
     const void *f = h->n_in > 1 ? bufs[h->n_out + 1] : NULL;
     for (int i = 0; f && call->args && i < call->prog->n_params; i++)
       if (call->args[i]->data == f && op_type_is(call->args[i], &h->in_types[1]) &&
